@@ -1,0 +1,153 @@
+"""The one settings module. Everything configurable comes from the environment (README: Configuration)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from config import embedded_redis
+from config.env import ConfigError, env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var")
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("DEBUG", False)
+
+_secret = env_str("SECRET_KEY")
+if _secret is None:
+    if not DEBUG:
+        raise ConfigError(
+            "SECRET_KEY is required when DEBUG is off; set SECRET_KEY, or DEBUG=true for development"
+        )
+    _secret = "dev-only-insecure-secret-key-do-not-deploy"
+SECRET_KEY: str = _secret
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_htmx",
+    "channels",
+    "audit",
+    "seasons",
+    "leaderboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database: PostgreSQL in production and CI, a SQLite file as the embedded default.
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'leaderboard.sqlite3'}")
+_db = dj_database_url.parse(DATABASE_URL or "", conn_max_age=env_int("DB_CONN_MAX_AGE", 60))
+_db["CONN_HEALTH_CHECKS"] = True
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # IMMEDIATE takes the write lock at BEGIN: writers queue instead of failing with
+    # "database is locked" on upgrade, and ledger ids are handed out in commit order.
+    _db["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
+    _db["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: the materialized views, the Celery broker and the channel layer.
+_redis_url = env_str("REDIS_URL")
+REDIS_EMBEDDED = _redis_url is None
+REDIS_URL: str = _redis_url if _redis_url is not None else embedded_redis.ensure(VAR_DIR)
+REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "lb") or "lb"
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ACKS_LATE = True
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_KEY_PREFIX}:asgi"},
+    }
+}
+
+# --- Leaderboard behaviour.
+EPOCH_SECONDS = env_float("EPOCH_SECONDS", 1.0, minimum=0.05)
+SCORES_MAX_BATCH = 1000
+# A full batch of 1,000 events is about 250 KB; beyond this the request is refused with 413
+# before its body is read.
+SCORES_MAX_BODY_BYTES = env_int("SCORES_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = SCORES_MAX_BODY_BYTES
+
+REST_FRAMEWORK = {
+    "DEFAULT_RENDERER_CLASSES": ["leaderboard.api.rendering.OrjsonRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["leaderboard.api.rendering.OrjsonParser"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "leaderboard.api.errors.api_exception_handler",
+}
+
+# --- Security: safe unless DEBUG says this is a developer's machine.
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY", False) else None
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 3600, minimum=0)
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+
+from leaderboard.redis_client import redis_get
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    """The process is up; says nothing of its dependencies."""
+    return JsonResponse({"status": "ok"})
+
+
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Ready to serve: the database and Redis both answer."""
+    checks: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        checks["database"] = f"error: {exc.__class__.__name__}"
+    try:
+        redis_get().ping()
+        checks["redis"] = "ok"
+    except Exception as exc:  # noqa: BLE001
+        checks["redis"] = f"error: {exc.__class__.__name__}"
+    ready = all(value == "ok" for value in checks.values())
+    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)

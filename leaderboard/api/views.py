@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from leaderboard.api.auth import ApiClientTokenAuthentication, scope_required
+from leaderboard.api.errors import ApiError, validation_error
+from leaderboard.core.events import MAX_BATCH, BatchTooLarge, EventValidationError, events_parse
+from leaderboard.services import score_events_apply
+from seasons.selectors import season_get
+
+
+def _too_large(detail: str) -> ApiError:
+    return ApiError(status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, code="payload_too_large", detail=detail)
+
+
+class ScoresApplyView(APIView):
+    """POST /internal/v1/seasons/{season_id}/scores:apply (CONTRACT.md 2)."""
+
+    authentication_classes = [ApiClientTokenAuthentication]
+    permission_classes = [scope_required("scores:write")]
+
+    def post(self, request: Request, season_id: str) -> Response:
+        season = season_get(slug=season_id)
+        if season is None:
+            raise ApiError(status_code=404, code="season_not_found", detail=f"no season {season_id!r}")
+        limit = settings.SCORES_MAX_BODY_BYTES
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            raise _too_large(f"the body is {declared} bytes; the limit is {limit}")
+        try:
+            body: Any = request.data
+        except RequestDataTooBig as exc:
+            raise _too_large(f"the body exceeds {limit} bytes") from exc
+        try:
+            events = events_parse(body)
+        except BatchTooLarge as exc:
+            raise _too_large(f"a batch holds at most {MAX_BATCH} events, got {exc.size}") from exc
+        except EventValidationError as exc:
+            raise validation_error(exc.errors) from exc
+        result = score_events_apply(season=season, events=events, client=request.auth)
+        return Response(result.as_dict())

@@ -1,0 +1,209 @@
+"""Score events as the trusted match service sends them (CONTRACT.md 2), and their validation.
+
+Hand-written rather than a DRF serializer: a batch of 1,000 events is validated on every
+write and a serializer costs ~40x more per event. Errors are keyed by JSON path
+(`events[3].best_score`) so the caller can fix exactly what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+MIN_SCORE = 0
+MAX_SCORE = 1_000_000
+MAX_BATCH = 1000
+MAX_ID_LENGTH = 64
+MAX_REASON_LENGTH = 500
+MAX_SCORE_VERSION = 2**63 - 1
+
+KIND_RESULT = "result"
+KIND_CORRECTION = "correction"
+KINDS = (KIND_RESULT, KIND_CORRECTION)
+
+PLAYER_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# RFC 3339 date-time with a mandatory offset ("Z" or +hh:mm); fromisoformat alone would
+# also take naive times and week dates.
+_RFC3339_RE = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+REQUIRED_FIELDS = ("event_id", "match_id", "player_id", "best_score", "score_version", "completed_at")
+OPTIONAL_FIELDS = ("kind", "reason")
+ALLOWED_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreEvent:
+    event_id: str
+    match_id: str
+    player_id: str
+    best_score: int
+    score_version: int
+    completed_at: datetime
+    kind: str = KIND_RESULT
+    reason: str = ""
+
+    def payload_hash(self) -> str:
+        """SHA-256 of the canonical payload: what decides duplicate vs conflict.
+
+        completed_at is normalised to UTC, so the same instant written with another
+        offset is the same payload.
+        """
+        canonical = "\x1f".join(
+            (
+                self.event_id,
+                self.match_id,
+                self.player_id,
+                str(self.best_score),
+                str(self.score_version),
+                self.completed_at.astimezone(UTC).isoformat(timespec="microseconds"),
+                self.kind,
+                self.reason,
+            )
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class EventValidationError(ValueError):
+    def __init__(self, errors: dict[str, list[str]]):
+        super().__init__("invalid score events")
+        self.errors = errors
+
+
+class BatchTooLarge(ValueError):
+    def __init__(self, size: int):
+        super().__init__(f"a batch holds at most {MAX_BATCH} events, got {size}")
+        self.size = size
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass in Python; JSON true must not pass as score 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_text_id(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return "must be a string"
+    if not 1 <= len(value) <= MAX_ID_LENGTH:
+        return f"must be 1..{MAX_ID_LENGTH} characters"
+    if _CONTROL_RE.search(value):
+        return "must not contain control characters"
+    return None
+
+
+def check_player_id(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return "must be a string"
+    if not PLAYER_ID_RE.fullmatch(value):
+        return "must be 1..64 characters from [A-Za-z0-9_.:-]"
+    return None
+
+
+def parse_rfc3339(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not _RFC3339_RE.fullmatch(value):
+        return None
+    text = value.replace("z", "Z").replace("t", "T")
+    # Python < 3.11 parity and >6 fractional digits: trim to microseconds.
+    match = re.search(r"\.(\d+)", text)
+    if match and len(match.group(1)) > 6:
+        text = text[: match.start(1) + 6] + text[match.end(1) :]
+    try:
+        parsed = datetime.fromisoformat(text.replace(" ", "T"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent | None:
+    if not isinstance(raw, dict):
+        errors[path or "body"] = ["must be a JSON object"]
+        return None
+    prefix = f"{path}." if path else ""
+    start = len(errors)
+
+    def fail(field: str, message: str) -> None:
+        errors.setdefault(prefix + field, []).append(message)
+
+    for field in raw.keys() - ALLOWED_FIELDS:
+        fail(str(field), "unknown field")
+    for field in REQUIRED_FIELDS:
+        if field not in raw:
+            fail(field, "this field is required")
+
+    for field in ("event_id", "match_id"):
+        if field in raw and (problem := _check_text_id(raw[field])):
+            fail(field, problem)
+    if "player_id" in raw and (problem := check_player_id(raw["player_id"])):
+        fail("player_id", problem)
+
+    score = raw.get("best_score")
+    if "best_score" in raw and not (_is_int(score) and MIN_SCORE <= score <= MAX_SCORE):
+        fail("best_score", f"must be an integer in {MIN_SCORE}..{MAX_SCORE}")
+    version = raw.get("score_version")
+    if "score_version" in raw and not (_is_int(version) and 1 <= version <= MAX_SCORE_VERSION):
+        fail("score_version", "must be an integer >= 1")
+
+    completed_at = None
+    if "completed_at" in raw:
+        completed_at = parse_rfc3339(raw["completed_at"])
+        if completed_at is None:
+            fail("completed_at", "must be an RFC 3339 date-time with an offset, e.g. 2026-01-31T18:00:00Z")
+
+    kind = raw.get("kind", KIND_RESULT)
+    if kind not in KINDS:
+        fail("kind", "must be 'result' or 'correction'")
+    reason = raw.get("reason", "")
+    if reason is None:
+        reason = ""
+    if not isinstance(reason, str):
+        fail("reason", "must be a string")
+    elif len(reason) > MAX_REASON_LENGTH:
+        fail("reason", f"must be at most {MAX_REASON_LENGTH} characters")
+    elif kind == KIND_CORRECTION and not reason.strip():
+        fail("reason", "is required for a correction")
+
+    if len(errors) != start or completed_at is None:
+        return None
+    return ScoreEvent(
+        event_id=raw["event_id"],
+        match_id=raw["match_id"],
+        player_id=raw["player_id"],
+        best_score=score,  # type: ignore[arg-type]
+        score_version=version,  # type: ignore[arg-type]
+        completed_at=completed_at,
+        kind=kind,
+        reason=reason,
+    )
+
+
+def events_parse(body: Any) -> list[ScoreEvent]:
+    """Validate a request body: one event object, or {"events": [...]} with 1..1,000 events.
+
+    All or nothing: any invalid event makes the whole batch invalid, so nothing is written.
+    """
+    errors: dict[str, list[str]] = {}
+    if isinstance(body, dict) and "events" in body:
+        extra = body.keys() - {"events"}
+        if extra:
+            for field in sorted(map(str, extra)):
+                errors[field] = ["unknown field (a batch body holds only 'events')"]
+        raw_events = body["events"]
+        if not isinstance(raw_events, list):
+            errors["events"] = ["must be a list of event objects"]
+            raise EventValidationError(errors)
+        if not raw_events:
+            errors["events"] = ["must hold at least one event"]
+            raise EventValidationError(errors)
+        if len(raw_events) > MAX_BATCH:
+            raise BatchTooLarge(len(raw_events))
+        events = [_parse_one(raw, f"events[{i}]", errors) for i, raw in enumerate(raw_events)]
+    else:
+        events = [_parse_one(body, "", errors)]
+    if errors:
+        raise EventValidationError(errors)
+    return [event for event in events if event is not None]

@@ -1,0 +1,219 @@
+"""The ledger rules of CONTRACT.md 2 as a pure function over one batch.
+
+The database layer fetches what the batch needs (earlier events with the same ids, the
+current score of each player involved), `batch_plan` decides every outcome in order, and
+the database layer writes the plan in one statement. Keeping the decision here makes it
+exact, testable against a brute-force model, and independent of the SQL dialect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from leaderboard.core.events import KIND_CORRECTION, ScoreEvent
+
+APPLIED = "applied"
+UNCHANGED = "unchanged"
+STALE = "stale"
+REJECTED = "rejected"
+DUPLICATE = "duplicate"
+CONFLICT = "conflict"
+RECORDED_STATUSES = (APPLIED, UNCHANGED, STALE, REJECTED)
+ALL_STATUSES = RECORDED_STATUSES + (DUPLICATE, CONFLICT)
+
+
+@dataclass(frozen=True, slots=True)
+class PlayerState:
+    score: int
+    score_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    """What the ledger remembers of an event id: enough to answer a retry exactly."""
+
+    payload_hash: str
+    status: str
+    reason: str
+    player_id: str
+    score: int | None
+    score_version: int | None
+    pending_version: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    event_id: str
+    status: str
+    player_id: str
+    score: int | None
+    score_version: int | None
+    pending_version: int | None
+    reason: str = ""
+    first_status: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"event_id": self.event_id, "status": self.status}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.first_status is not None:
+            out["first_status"] = self.first_status
+        out["player_id"] = self.player_id
+        out["score"] = self.score
+        out["score_version"] = self.score_version
+        out["pending_version"] = self.pending_version
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    event: ScoreEvent
+    payload_hash: str
+    status: str
+    reason: str
+    score: int | None
+    score_version: int | None
+    pending_version: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """ScoreChanged of CONTRACT.md 2 (season and commit time are added when written)."""
+
+    player_id: str
+    old_score: int | None
+    new_score: int
+    score_version: int
+    event_id: str
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    outcomes: list[Outcome] = field(default_factory=list)
+    ledger_rows: list[LedgerRow] = field(default_factory=list)
+    # The final state of each player whose version moved, one entry per player.
+    player_states: dict[str, PlayerState] = field(default_factory=dict)
+    changes: list[Change] = field(default_factory=list)
+    conflicts: list[tuple[ScoreEvent, str]] = field(default_factory=list)
+
+
+def batch_plan(
+    *,
+    events: list[ScoreEvent],
+    recorded: Mapping[str, RecordedEvent],
+    current: Mapping[str, PlayerState],
+    rejection: Callable[[ScoreEvent], str | None],
+    pending_version: int,
+) -> BatchPlan:
+    """Decide every event of a batch in order.
+
+    `recorded` holds earlier ledger rows for the batch's event ids, `current` the current
+    state of the batch's players; neither is mutated.
+    """
+    plan = BatchPlan()
+    seen: dict[str, RecordedEvent] = dict(recorded)
+    state: dict[str, PlayerState] = dict(current)
+
+    for event in events:
+        digest = event.payload_hash()
+        prior = seen.get(event.event_id)
+        if prior is not None:
+            if prior.payload_hash == digest:
+                plan.outcomes.append(
+                    Outcome(
+                        event_id=event.event_id,
+                        status=DUPLICATE,
+                        first_status=prior.status,
+                        reason=prior.reason,
+                        player_id=prior.player_id,
+                        score=prior.score,
+                        score_version=prior.score_version,
+                        pending_version=prior.pending_version,
+                    )
+                )
+            else:
+                plan.conflicts.append((event, digest))
+                plan.outcomes.append(
+                    Outcome(
+                        event_id=event.event_id,
+                        status=CONFLICT,
+                        reason="event_id_reused_with_different_payload",
+                        player_id=event.player_id,
+                        score=None,
+                        score_version=None,
+                        pending_version=None,
+                    )
+                )
+            continue
+
+        before = state.get(event.player_id)
+        status, reason, pending = _decide(event, before, rejection, pending_version)
+        after = before
+        if status in (APPLIED, UNCHANGED):
+            new_score = event.best_score
+            if event.kind != KIND_CORRECTION and before is not None:
+                new_score = max(before.score, event.best_score)
+            after = PlayerState(score=new_score, score_version=event.score_version)
+            state[event.player_id] = after
+            plan.player_states[event.player_id] = after
+            if before is None or before.score != new_score:
+                plan.changes.append(
+                    Change(
+                        player_id=event.player_id,
+                        old_score=before.score if before is not None else None,
+                        new_score=new_score,
+                        score_version=event.score_version,
+                        event_id=event.event_id,
+                    )
+                )
+            else:
+                pending = None
+                if status == APPLIED and event.kind != KIND_CORRECTION:
+                    status = UNCHANGED
+
+        row = LedgerRow(
+            event=event,
+            payload_hash=digest,
+            status=status,
+            reason=reason,
+            score=after.score if after is not None else None,
+            score_version=after.score_version if after is not None else None,
+            pending_version=pending,
+        )
+        plan.ledger_rows.append(row)
+        seen[event.event_id] = RecordedEvent(
+            payload_hash=digest,
+            status=status,
+            reason=reason,
+            player_id=event.player_id,
+            score=row.score,
+            score_version=row.score_version,
+            pending_version=pending,
+        )
+        plan.outcomes.append(
+            Outcome(
+                event_id=event.event_id,
+                status=status,
+                reason=reason,
+                player_id=event.player_id,
+                score=row.score,
+                score_version=row.score_version,
+                pending_version=pending,
+            )
+        )
+    return plan
+
+
+def _decide(
+    event: ScoreEvent,
+    before: PlayerState | None,
+    rejection: Callable[[ScoreEvent], str | None],
+    pending_version: int,
+) -> tuple[str, str, int | None]:
+    why = rejection(event)
+    if why is not None:
+        return REJECTED, why, None
+    if before is not None and event.score_version <= before.score_version:
+        return STALE, "score_version_not_newer", None
+    return APPLIED, "", pending_version

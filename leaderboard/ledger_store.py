@@ -1,0 +1,221 @@
+"""Set-based reads and writes of the ledger tables for one batch.
+
+PostgreSQL gets one round trip per step with arrays (`= ANY`, `unnest`) and the three
+inserts fused into one statement; other backends (the embedded SQLite default) use the
+ORM's bulk operations. Both write exactly what `core.ledger.batch_plan` decided; the
+tests run the same suite on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db import connection
+
+from leaderboard.core.ledger import BatchPlan, PlayerState, RecordedEvent
+from leaderboard.models import PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
+
+# Namespace of the per-season advisory lock (pg_advisory_xact_lock(int, int)).
+_SEASON_WRITE_LOCK = 0x5C0E
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def season_write_lock(*, season_id: int) -> None:
+    """Serialize writers of one season until the transaction ends.
+
+    Events of a batch take effect in order and a player's version only moves forward;
+    serializing per season keeps that exact without row-lock ordering or retry loops.
+    On SQLite, BEGIN IMMEDIATE (settings) already serializes every writer.
+    """
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_SEASON_WRITE_LOCK, season_id])
+
+
+def recorded_events_fetch(*, season_id: int, event_ids: Iterable[str]) -> dict[str, RecordedEvent]:
+    ids = list(set(event_ids))
+    fields = (
+        "event_id", "payload_hash", "status", "status_reason", "player_id",
+        "score_after", "version_after", "pending_version",
+    )
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {', '.join(fields)} FROM leaderboard_scoreevent "
+                "WHERE season_id = %s AND event_id = ANY(%s)",
+                [season_id, ids],
+            )
+            rows = cursor.fetchall()
+    else:
+        rows = list(
+            ScoreEvent.objects.filter(season_id=season_id, event_id__in=ids).values_list(*fields)
+        )
+    return {
+        row[0]: RecordedEvent(
+            payload_hash=row[1], status=row[2], reason=row[3], player_id=row[4],
+            score=row[5], score_version=row[6], pending_version=row[7],
+        )
+        for row in rows
+    }
+
+
+def player_states_fetch(*, season_id: int, player_ids: Iterable[str]) -> dict[str, PlayerState]:
+    ids = list(set(player_ids))
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT player_id, score, score_version FROM leaderboard_playerscore "
+                "WHERE season_id = %s AND player_id = ANY(%s)",
+                [season_id, ids],
+            )
+            rows = cursor.fetchall()
+    else:
+        rows = list(
+            PlayerScore.objects.filter(season_id=season_id, player_id__in=ids).values_list(
+                "player_id", "score", "score_version"
+            )
+        )
+    return {row[0]: PlayerState(score=row[1], score_version=row[2]) for row in rows}
+
+
+_PG_WRITE = """
+WITH ledger AS (
+    INSERT INTO leaderboard_scoreevent (
+        season_id, client_id, received_at, event_id, match_id, player_id, best_score,
+        score_version, completed_at, kind, reason, payload_hash, status, status_reason,
+        score_after, version_after, pending_version)
+    SELECT %(season)s, %(client)s, %(now)s, e.*
+    FROM unnest(%(e_id)s::text[], %(e_match)s::text[], %(e_player)s::text[], %(e_best)s::int[],
+                %(e_version)s::bigint[], %(e_completed)s::timestamptz[], %(e_kind)s::text[],
+                %(e_reason)s::text[], %(e_hash)s::text[], %(e_status)s::text[],
+                %(e_status_reason)s::text[], %(e_score_after)s::int[],
+                %(e_version_after)s::bigint[], %(e_pending)s::bigint[]) AS e
+), scores AS (
+    INSERT INTO leaderboard_playerscore (season_id, updated_at, player_id, score, score_version)
+    SELECT %(season)s, %(now)s, s.*
+    FROM unnest(%(s_player)s::text[], %(s_score)s::int[], %(s_version)s::bigint[]) AS s
+    ON CONFLICT (season_id, player_id) DO UPDATE
+        SET score = EXCLUDED.score, score_version = EXCLUDED.score_version,
+            updated_at = EXCLUDED.updated_at
+), changes AS (
+    INSERT INTO leaderboard_scorechange (
+        season_id, committed_at, txid, player_id, old_score, new_score, score_version, event_id)
+    SELECT %(season)s, %(now)s, pg_current_xact_id()::text::bigint, c.*
+    FROM unnest(%(c_player)s::text[], %(c_old)s::int[], %(c_new)s::int[],
+                %(c_version)s::bigint[], %(c_event)s::text[]) AS c
+)
+SELECT 1
+"""
+
+
+def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime) -> None:
+    if plan.conflicts:
+        ScoreEventConflict.objects.bulk_create(
+            ScoreEventConflict(
+                season_id=season_id,
+                event_id=event.event_id,
+                payload_hash=digest,
+                payload={
+                    "event_id": event.event_id, "match_id": event.match_id,
+                    "player_id": event.player_id, "best_score": event.best_score,
+                    "score_version": event.score_version,
+                    "completed_at": event.completed_at.isoformat(), "kind": event.kind,
+                    "reason": event.reason,
+                },
+                client_id=client_id,
+                received_at=now,
+            )
+            for event, digest in plan.conflicts
+        )
+    if not plan.ledger_rows:
+        return
+    if is_postgres():
+        _pg_write(season_id=season_id, plan=plan, client_id=client_id, now=now)
+    else:
+        _orm_write(season_id=season_id, plan=plan, client_id=client_id, now=now)
+
+
+def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime) -> None:
+    rows = plan.ledger_rows
+    states = plan.player_states
+    changes = plan.changes
+    params = {
+        "season": season_id,
+        "client": client_id,
+        "now": now,
+        "e_id": [r.event.event_id for r in rows],
+        "e_match": [r.event.match_id for r in rows],
+        "e_player": [r.event.player_id for r in rows],
+        "e_best": [r.event.best_score for r in rows],
+        "e_version": [r.event.score_version for r in rows],
+        "e_completed": [r.event.completed_at for r in rows],
+        "e_kind": [r.event.kind for r in rows],
+        "e_reason": [r.event.reason for r in rows],
+        "e_hash": [r.payload_hash for r in rows],
+        "e_status": [r.status for r in rows],
+        "e_status_reason": [r.reason for r in rows],
+        "e_score_after": [r.score for r in rows],
+        "e_version_after": [r.score_version for r in rows],
+        "e_pending": [r.pending_version for r in rows],
+        "s_player": list(states),
+        "s_score": [s.score for s in states.values()],
+        "s_version": [s.score_version for s in states.values()],
+        "c_player": [c.player_id for c in changes],
+        "c_old": [c.old_score for c in changes],
+        "c_new": [c.new_score for c in changes],
+        "c_version": [c.score_version for c in changes],
+        "c_event": [c.event_id for c in changes],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_PG_WRITE, params)
+
+
+def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime) -> None:
+    ScoreEvent.objects.bulk_create(
+        ScoreEvent(
+            season_id=season_id,
+            event_id=r.event.event_id,
+            match_id=r.event.match_id,
+            player_id=r.event.player_id,
+            best_score=r.event.best_score,
+            score_version=r.event.score_version,
+            completed_at=r.event.completed_at,
+            kind=r.event.kind,
+            reason=r.event.reason,
+            payload_hash=r.payload_hash,
+            status=r.status,
+            status_reason=r.reason,
+            score_after=r.score,
+            version_after=r.score_version,
+            pending_version=r.pending_version,
+            client_id=client_id,
+            received_at=now,
+        )
+        for r in plan.ledger_rows
+    )
+    if plan.player_states:
+        PlayerScore.objects.bulk_create(
+            [
+                PlayerScore(
+                    season_id=season_id, player_id=player_id, score=state.score,
+                    score_version=state.score_version, updated_at=now,
+                )
+                for player_id, state in plan.player_states.items()
+            ],
+            update_conflicts=True,
+            unique_fields=["season", "player_id"],
+            update_fields=["score", "score_version", "updated_at"],
+        )
+    if plan.changes:
+        ScoreChange.objects.bulk_create(
+            ScoreChange(
+                season_id=season_id, player_id=c.player_id, old_score=c.old_score,
+                new_score=c.new_score, score_version=c.score_version, event_id=c.event_id,
+                committed_at=now, txid=0,
+            )
+            for c in plan.changes
+        )

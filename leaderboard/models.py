@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from django.db import models
+
+from leaderboard.core.ledger import RECORDED_STATUSES
+
+
+class ApiClient(models.Model):
+    """A machine identity (the match-results service). Only a hash of its token is kept."""
+
+    name = models.CharField(max_length=100, unique=True)
+    token_prefix = models.CharField(max_length=12)
+    token_hash = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def has_scope(self, scope: str) -> bool:
+        return self.active and scope in self.scopes
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScoreEvent(models.Model):
+    """The immutable ledger: one row per received event id, whatever its outcome.
+
+    A database trigger (migration 0002) refuses UPDATE, so a row can never be rewritten.
+    """
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+")
+    event_id = models.CharField(max_length=64)
+    match_id = models.CharField(max_length=64)
+    player_id = models.CharField(max_length=64)
+    best_score = models.IntegerField()
+    score_version = models.BigIntegerField()
+    completed_at = models.DateTimeField()
+    kind = models.CharField(max_length=16)
+    reason = models.TextField(blank=True)
+    payload_hash = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=[(s, s) for s in RECORDED_STATUSES])
+    status_reason = models.CharField(max_length=64, blank=True)
+    # The player's score and version once this event was decided.
+    score_after = models.IntegerField(null=True)
+    version_after = models.BigIntegerField(null=True)
+    pending_version = models.BigIntegerField(null=True)
+    client = models.ForeignKey(ApiClient, null=True, on_delete=models.PROTECT, related_name="+")
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["season", "event_id"], name="score_event_unique_event_id"),
+        ]
+        indexes = [models.Index(fields=["season", "player_id", "id"], name="score_event_player")]
+
+
+class ScoreEventConflict(models.Model):
+    """A reuse of an event id with another payload: kept for forensics, never applied."""
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+")
+    event_id = models.CharField(max_length=64)
+    payload_hash = models.CharField(max_length=64)
+    payload = models.JSONField()
+    client = models.ForeignKey(ApiClient, null=True, on_delete=models.PROTECT, related_name="+")
+    received_at = models.DateTimeField()
+
+
+class PlayerScore(models.Model):
+    """The current season score of each player: with the ledger, the source of truth."""
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+")
+    player_id = models.CharField(max_length=64)
+    score = models.IntegerField()
+    score_version = models.BigIntegerField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["season", "player_id"], name="player_score_unique_player"),
+        ]
+        indexes = [models.Index(fields=["season", "score"], name="player_score_by_score")]
+
+
+class ScoreChange(models.Model):
+    """The durable change stream (ScoreChanged of CONTRACT.md 2), written with the ledger.
+
+    `txid` is the writing transaction's id on PostgreSQL (0 on SQLite, where writers are
+    serialized): readers walk (txid, id) and stop below the oldest running transaction,
+    so a change that commits out of id order is never skipped (selectors.score_changes_after).
+    """
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+")
+    player_id = models.CharField(max_length=64)
+    old_score = models.IntegerField(null=True)
+    new_score = models.IntegerField()
+    score_version = models.BigIntegerField()
+    event_id = models.CharField(max_length=64)
+    committed_at = models.DateTimeField()
+    txid = models.BigIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["season", "txid", "id"], name="score_change_cursor")]

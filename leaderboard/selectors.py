@@ -1,0 +1,88 @@
+"""Reads of the leaderboard app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection
+from django.db.models import Q
+
+from leaderboard.models import ApiClient, ScoreChange
+from leaderboard.services import api_token_hash
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ChangeCursor:
+    """A position in a season's change stream: everything at or before it was read."""
+
+    txid: int = 0
+    id: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.txid}:{self.id}"
+
+    @classmethod
+    def parse(cls, text: str) -> ChangeCursor:
+        txid, _, ident = text.partition(":")
+        return cls(txid=int(txid), id=int(ident))
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRow:
+    cursor: ChangeCursor
+    player_id: str
+    old_score: int | None
+    new_score: int
+    score_version: int
+    event_id: str
+    committed_at: datetime
+
+
+def score_changes_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10_000) -> list[ChangeRow]:
+    """Committed changes after `cursor`, in cursor order, that no later read can precede.
+
+    Sequence ids are handed out before commit, so concurrent writers can commit ids out
+    of order: reading "id > last id" would skip the slower one forever. On PostgreSQL
+    each change carries its writer's transaction id and we only return changes of
+    transactions older than the oldest one still running (pg_snapshot_xmin); any
+    transaction that can still commit has a larger txid, so it sorts after the cursor.
+    On SQLite writers are serialized (BEGIN IMMEDIATE), so ids are in commit order.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as db:
+            db.execute(
+                "SELECT txid, id, player_id, old_score, new_score, score_version, event_id, committed_at "
+                "FROM leaderboard_scorechange "
+                "WHERE season_id = %s AND (txid, id) > (%s, %s) "
+                "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
+                "ORDER BY txid, id LIMIT %s",
+                [season_id, cursor.txid, cursor.id, limit],
+            )
+            rows = db.fetchall()
+    else:
+        rows = list(
+            ScoreChange.objects.filter(season_id=season_id)
+            .filter(Q(txid__gt=cursor.txid) | Q(txid=cursor.txid, id__gt=cursor.id))
+            .order_by("txid", "id")
+            .values_list(
+                "txid", "id", "player_id", "old_score", "new_score", "score_version", "event_id",
+                "committed_at",
+            )[:limit]
+        )
+    return [
+        ChangeRow(
+            cursor=ChangeCursor(txid=row[0], id=row[1]),
+            player_id=row[2],
+            old_score=row[3],
+            new_score=row[4],
+            score_version=row[5],
+            event_id=row[6],
+            committed_at=row[7],
+        )
+        for row in rows
+    ]
+
+
+def api_client_by_token(*, token: str) -> ApiClient | None:
+    return ApiClient.objects.filter(token_hash=api_token_hash(token), active=True).first()

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.text import slugify
+
+from audit.services import Actor
+from leaderboard.core.events import parse_rfc3339
+from seasons.services import SeasonError, season_create
+
+
+class Command(BaseCommand):
+    help = "Create a season. Times are RFC 3339 with an offset, e.g. 2026-12-01T00:00:00Z."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("slug")
+        parser.add_argument("--name", required=True)
+        parser.add_argument("--starts-at", required=True)
+        parser.add_argument("--cutoff", required=True)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        slug = options["slug"]
+        if slugify(slug) != slug or len(slug) > 64:
+            raise CommandError("SLUG must be lowercase letters, digits and dashes, at most 64 characters")
+        starts_at = parse_rfc3339(options["starts_at"])
+        cutoff = parse_rfc3339(options["cutoff"])
+        if starts_at is None or cutoff is None:
+            raise CommandError("--starts-at and --cutoff must be RFC 3339 date-times with an offset")
+        try:
+            season = season_create(
+                slug=slug, name=options["name"], starts_at=starts_at, cutoff=cutoff,
+                actor=Actor(kind="system", id="", label="manage.py create_season"),
+            )
+        except SeasonError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"season {season.slug} created, state {season.state}")

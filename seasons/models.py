@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from django.db import models
+
+from leaderboard.core.lifecycle import SeasonState
+
+
+class Season(models.Model):
+    """A season: its public id is the slug (the {season_id} of every URL)."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    state = models.CharField(
+        max_length=16,
+        choices=[(s.value, s.value) for s in SeasonState],
+        default=SeasonState.SCHEDULED.value,
+    )
+    starts_at = models.DateTimeField()
+    cutoff = models.DateTimeField()
+    # The last published leaderboard version (0 until the first epoch publishes);
+    # writes answer pending_version from it without touching Redis.
+    published_version = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-starts_at", "slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(cutoff__gt=models.F("starts_at")), name="season_cutoff_after_start"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug

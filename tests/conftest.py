@@ -1,0 +1,105 @@
+"""Shared fixtures: real database (PostgreSQL in CI, SQLite by default) and real Redis."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from audit.services import Actor
+from leaderboard.models import ApiClient
+from leaderboard.services import api_client_create
+from seasons.models import Season
+from seasons.services import season_create
+
+TEST_ACTOR = Actor(kind="system", id="", label="tests")
+SEASON_START = datetime(2026, 11, 1, tzinfo=UTC)
+SEASON_CUTOFF = datetime.now(UTC) + timedelta(days=30)
+
+requires_postgres = pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="needs PostgreSQL (set DATABASE_URL)"
+)
+
+
+@pytest.fixture
+def season_factory(db: Any) -> Callable[..., Season]:
+    counter = itertools.count(1)
+
+    def make(**overrides: Any) -> Season:
+        params: dict[str, Any] = {
+            "slug": f"season-{next(counter)}",
+            "name": "Test season",
+            "starts_at": SEASON_START,
+            "cutoff": SEASON_CUTOFF,
+            "actor": TEST_ACTOR,
+        }
+        params.update(overrides)
+        return season_create(**params)
+
+    return make
+
+
+@pytest.fixture
+def season(season_factory: Callable[..., Season]) -> Season:
+    return season_factory(slug="s1")
+
+
+@pytest.fixture
+def writer(db: Any) -> tuple[ApiClient, str]:
+    return api_client_create(name="match-service", scopes=["scores:write"], actor=TEST_ACTOR)
+
+
+@pytest.fixture
+def api(writer: tuple[ApiClient, str]) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {writer[1]}")
+    return client
+
+
+@pytest.fixture
+def event_factory() -> Callable[..., dict[str, Any]]:
+    counter = itertools.count(1)
+
+    def make(**overrides: Any) -> dict[str, Any]:
+        n = next(counter)
+        event: dict[str, Any] = {
+            "event_id": f"evt-{n}",
+            "match_id": f"match-{n}",
+            "player_id": "player-1",
+            "best_score": 1000,
+            "score_version": n,
+            "completed_at": "2026-11-15T12:00:00Z",
+        }
+        event.update(overrides)
+        return event
+
+    return make
+
+
+@pytest.fixture
+def post_scores(api: APIClient) -> Callable[..., Any]:
+    def post(season_slug: str, body: Any, **extra: Any) -> Any:
+        return api.post(
+            f"/internal/v1/seasons/{season_slug}/scores:apply", body, format="json", **extra
+        )
+
+    return post
+
+
+@pytest.fixture
+def redis_flushed() -> Iterator[Any]:
+    from leaderboard.redis_client import redis_get
+
+    client = redis_get()
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
