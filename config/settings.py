@@ -95,7 +95,6 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
 CHANNEL_LAYERS = {
     "default": {
@@ -106,6 +105,23 @@ CHANNEL_LAYERS = {
 
 # --- Leaderboard behaviour.
 EPOCH_SECONDS = env_float("EPOCH_SECONDS", 1.0, minimum=0.05)
+# A coordinator's lease on a season; a crashed one is replaced after this long.
+EPOCH_LEASE_SECONDS = env_float("EPOCH_LEASE_SECONDS", 30.0, minimum=1.0)
+# A read gives up and retries on the current version after READ_DEADLINE_SECONDS; a copy
+# is mutated only COPY_GRACE_SECONDS after it stopped being current, so no read that
+# respects its deadline ever sees a copy change under it (the generation check is the
+# second guard).
+READ_DEADLINE_SECONDS = env_float("READ_DEADLINE_SECONDS", 0.2, minimum=0.01)
+COPY_GRACE_SECONDS = env_float("COPY_GRACE_SECONDS", 0.5, minimum=0.02)
+if COPY_GRACE_SECONDS <= READ_DEADLINE_SECONDS:
+    raise ConfigError("COPY_GRACE_SECONDS must be longer than READ_DEADLINE_SECONDS")
+CELERY_BEAT_SCHEDULE = {
+    "leaderboard-epochs": {
+        "task": "leaderboard.tasks.epochs_dispatch",
+        "schedule": EPOCH_SECONDS,
+        "options": {"expires": max(EPOCH_SECONDS * 2, 1.0)},
+    },
+}
 SCORES_MAX_BATCH = 1000
 # A full batch of 1,000 events is about 250 KB; beyond this the request is refused with 413
 # before its body is read.

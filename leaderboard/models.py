@@ -100,3 +100,30 @@ class ScoreChange(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["season", "txid", "id"], name="score_change_cursor")]
+
+
+class Manifest(models.Model):
+    """A published leaderboard version, as recorded after its pointer swap in Redis."""
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="manifests")
+    version = models.BigIntegerField()
+    as_of = models.DateTimeField()
+    watermark_txid = models.BigIntegerField()
+    watermark_id = models.BigIntegerField()
+    copy = models.CharField(max_length=16)
+    layout = models.JSONField()
+    # [{"bucket", "low", "high", "count", "checksum"}] as in the Redis manifest.
+    buckets = models.JSONField()
+    total_players = models.BigIntegerField()
+    changed_players = models.BigIntegerField(default=0)
+    epoch_ms = models.FloatField(default=0)
+    published_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["season", "version"], name="manifest_unique_version"),
+        ]
+        ordering = ["-version"]
+
+    def __str__(self) -> str:
+        return f"{self.season_id} v{self.version}"

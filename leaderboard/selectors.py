@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
-from leaderboard.models import ApiClient, ScoreChange
+from leaderboard.core.ranking import Entry
+from leaderboard.models import ApiClient, PlayerScore, ScoreChange
+from leaderboard.rankview import Keys, RankReader
+from leaderboard.redis_client import redis_get
 from leaderboard.services import api_token_hash
 
 
@@ -86,3 +90,36 @@ def score_changes_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10
 
 def api_client_by_token(*, token: str) -> ApiClient | None:
     return ApiClient.objects.filter(token_hash=api_token_hash(token), active=True).first()
+
+
+# ------------------------------------------------------------------ leaderboard reads
+
+
+def leaderboard_reader(*, season_slug: str) -> RankReader:
+    return RankReader(
+        redis_get(), Keys(settings.REDIS_KEY_PREFIX, season_slug), deadline=settings.READ_DEADLINE_SECONDS
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PendingScore:
+    score: int
+    score_version: int
+    pending_version: int
+
+
+def player_pending_score(*, season_slug: str, player_id: str, published: Entry | None,
+                         version: int) -> PendingScore | None:
+    """The ledger's committed score when the published version does not have it yet."""
+    row = (
+        PlayerScore.objects.filter(season__slug=season_slug, player_id=player_id)
+        .values_list("score", "score_version", "season__published_version")
+        .first()
+    )
+    if row is None:
+        return None
+    score, score_version, published_version = row
+    if published is not None and published.score == score:
+        return None
+    return PendingScore(score=score, score_version=score_version,
+                        pending_version=max(version, published_version) + 1)

@@ -2,7 +2,12 @@ from __future__ import annotations
 
 from django.db import models
 
+from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.lifecycle import SeasonState
+
+
+def default_layout() -> dict[str, object]:
+    return BucketLayout.uniform().as_dict()
 
 
 class Season(models.Model):
@@ -20,6 +25,9 @@ class Season(models.Model):
     # The last published leaderboard version (0 until the first epoch publishes);
     # writes answer pending_version from it without touching Redis.
     published_version = models.BigIntegerField(default=0)
+    # The bucket layout new versions are built with (CONTRACT.md 4; 101 x 10,000 points
+    # unless the season was created with another).
+    layout = models.JSONField(default=default_layout)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -32,3 +40,7 @@ class Season(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def bucket_layout(self) -> BucketLayout:
+        return BucketLayout.from_dict(self.layout)

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_log
+from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.lifecycle import initial_state
 from seasons.models import Season
 
@@ -17,7 +18,13 @@ class SeasonError(ValueError):
 
 
 def season_create(
-    *, slug: str, name: str, starts_at: datetime, cutoff: datetime, actor: Actor
+    *,
+    slug: str,
+    name: str,
+    starts_at: datetime,
+    cutoff: datetime,
+    actor: Actor,
+    layout: BucketLayout | None = None,
 ) -> Season:
     if cutoff <= starts_at:
         raise SeasonError("the cutoff must be after the start")
@@ -26,7 +33,8 @@ def season_create(
     state = initial_state(starts_at=starts_at, cutoff=cutoff, now=timezone.now())
     with transaction.atomic():
         season = Season.objects.create(
-            slug=slug, name=name, starts_at=starts_at, cutoff=cutoff, state=state.value
+            slug=slug, name=name, starts_at=starts_at, cutoff=cutoff, state=state.value,
+            layout=(layout or BucketLayout.uniform()).as_dict(),
         )
         audit_log(
             actor=actor,
@@ -37,6 +45,7 @@ def season_create(
             after={
                 "name": name, "state": season.state,
                 "starts_at": starts_at.isoformat(), "cutoff": cutoff.isoformat(),
+                "buckets": len(season.layout["lower_bounds"]),
             },
         )
     return season

@@ -28,12 +28,14 @@ SQLITE_DOWN = "DROP TRIGGER IF EXISTS score_event_append_only;"
 
 def forwards(apps, schema_editor):  # type: ignore[no-untyped-def]
     sql = PG_UP if schema_editor.connection.vendor == "postgresql" else SQLITE_UP
-    schema_editor.execute(sql)
+    # params=None: no placeholder parsing, so the PL/pgSQL "%" in RAISE stays literal.
+    schema_editor.execute(sql, params=None)
 
 
 def backwards(apps, schema_editor):  # type: ignore[no-untyped-def]
     sql = PG_DOWN if schema_editor.connection.vendor == "postgresql" else SQLITE_DOWN
-    schema_editor.execute(sql)
+    # params=None: no placeholder parsing, so the PL/pgSQL "%" in RAISE stays literal.
+    schema_editor.execute(sql, params=None)
 
 
 class Migration(migrations.Migration):

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.text import slugify
 
 from audit.services import Actor
+from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, BucketLayout, LayoutError
 from leaderboard.core.events import parse_rfc3339
 from seasons.services import SeasonError, season_create
 
@@ -18,6 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("--name", required=True)
         parser.add_argument("--starts-at", required=True)
         parser.add_argument("--cutoff", required=True)
+        parser.add_argument("--bucket-width", type=int, default=DEFAULT_BUCKET_WIDTH,
+                            help="points per score bucket (default 10,000: 101 buckets)")
+        parser.add_argument("--single-bucket", action="store_true", help="one bucket for the whole range")
 
     def handle(self, *args: Any, **options: Any) -> None:
         slug = options["slug"]
@@ -28,7 +32,13 @@ class Command(BaseCommand):
         if starts_at is None or cutoff is None:
             raise CommandError("--starts-at and --cutoff must be RFC 3339 date-times with an offset")
         try:
+            layout = (BucketLayout.single() if options["single_bucket"]
+                      else BucketLayout.uniform(width=options["bucket_width"]))
+        except LayoutError as exc:
+            raise CommandError(str(exc)) from exc
+        try:
             season = season_create(
+                layout=layout,
                 slug=slug, name=options["name"], starts_at=starts_at, cutoff=cutoff,
                 actor=Actor(kind="system", id="", label="manage.py create_season"),
             )

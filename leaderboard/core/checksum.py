@@ -1,0 +1,33 @@
+"""An order-independent checksum of a bucket's (player, score) pairs.
+
+The sum of a 64-bit hash per pair, modulo 2**64: adding or removing one pair updates it
+in O(1), and a full scan recomputes it in any order. A missing, extra or wrong-score
+member changes it with probability 1 - 2**-64.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+MODULUS = 2**64
+
+
+def pair_hash(player_id: str, score: int) -> int:
+    digest = hashlib.blake2b(f"{player_id}\x00{score}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def checksum_add(checksum: int, player_id: str, score: int) -> int:
+    return (checksum + pair_hash(player_id, score)) % MODULUS
+
+
+def checksum_remove(checksum: int, player_id: str, score: int) -> int:
+    return (checksum - pair_hash(player_id, score)) % MODULUS
+
+
+def checksum_of(pairs: Iterable[tuple[str, int]]) -> int:
+    total = 0
+    for player_id, score in pairs:
+        total += pair_hash(player_id, score)
+    return total % MODULUS

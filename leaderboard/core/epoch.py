@@ -1,0 +1,98 @@
+"""Epoch planning: what one epoch must do to bring a copy of the index up to date.
+
+Pure: given the copy's bucket counts and checksums, its current score for each changed
+player and the newest score from the change stream, produce the sorted-set and lookup
+operations and the new counts and checksums. Work is proportional to the changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.checksum import checksum_add, checksum_remove
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChange:
+    player_id: str
+    new_score: int
+    score_version: int
+
+
+def changes_newest(changes: Iterable[StreamChange]) -> dict[str, int]:
+    """The newest score per player: the highest score_version wins, whatever the order."""
+    best: dict[str, StreamChange] = {}
+    for change in changes:
+        seen = best.get(change.player_id)
+        if seen is None or change.score_version >= seen.score_version:
+            best[change.player_id] = change
+    return {player_id: change.new_score for player_id, change in best.items()}
+
+
+@dataclass(slots=True)
+class EpochPlan:
+    # (bucket, player_id) members to remove; (bucket, player_id, score) members to add.
+    removals: list[tuple[int, str]] = field(default_factory=list)
+    additions: list[tuple[int, str, int]] = field(default_factory=list)
+    # The lookup player -> score after the epoch, for every player that moved.
+    lookups: dict[str, int] = field(default_factory=dict)
+    counts: list[int] = field(default_factory=list)
+    checksums: list[int] = field(default_factory=list)
+    touched: set[int] = field(default_factory=set)
+
+
+def epoch_plan(
+    *,
+    layout: BucketLayout,
+    counts: list[int],
+    checksums: list[int],
+    old_scores: Mapping[str, int | None],
+    new_scores: Mapping[str, int],
+) -> EpochPlan:
+    """Operations that move each changed player from its old score to its new one.
+
+    Absolute and idempotent: re-planning from the copy's actual state after a partial
+    apply yields only what is still missing.
+    """
+    plan = EpochPlan(counts=list(counts), checksums=list(checksums))
+    for player_id, new in new_scores.items():
+        old = old_scores.get(player_id)
+        if old == new:
+            continue
+        new_bucket = layout.bucket_of(new)
+        if old is not None:
+            old_bucket = layout.bucket_of(old)
+            plan.counts[old_bucket] -= 1
+            plan.checksums[old_bucket] = checksum_remove(plan.checksums[old_bucket], player_id, old)
+            plan.touched.add(old_bucket)
+            if old_bucket != new_bucket:
+                plan.removals.append((old_bucket, player_id))
+        plan.counts[new_bucket] += 1
+        plan.checksums[new_bucket] = checksum_add(plan.checksums[new_bucket], player_id, new)
+        plan.touched.add(new_bucket)
+        # ZADD to the same bucket just rescores the member.
+        plan.additions.append((new_bucket, player_id, new))
+        plan.lookups[player_id] = new
+    return plan
+
+
+def higher_counts(counts: list[int]) -> list[int]:
+    """higher[b] = players in buckets above b (buckets are ordered by score, ascending)."""
+    out = [0] * len(counts)
+    running = 0
+    for bucket in range(len(counts) - 1, -1, -1):
+        out[bucket] = running
+        running += counts[bucket]
+    return out
+
+
+def locate_position(counts: list[int], position: int) -> tuple[int, int] | None:
+    """The bucket holding display position `position` (1-based) and the 0-based index in it."""
+    remaining = position - 1
+    for bucket in range(len(counts) - 1, -1, -1):
+        if remaining < counts[bucket]:
+            return bucket, remaining
+        remaining -= counts[bucket]
+    return None

@@ -1,0 +1,87 @@
+"""The ranking rules of CONTRACT.md 1, as plain functions.
+
+Rank is competition ranking: 1 + the number of players with a strictly higher score.
+Display order is score descending, then player_id ascending by its UTF-8 bytes; position
+is the 1-based index in display order and never changes rank. The brute-force
+`Standings` is the reference the Redis views are tested against, and it is what the
+FINAL standings are built with.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+def display_key(player_id: str, score: int) -> tuple[int, bytes]:
+    return (-score, player_id.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    position: int
+    rank: int
+    player_id: str
+    score: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {"position": self.position, "rank": self.rank, "player_id": self.player_id, "score": self.score}
+
+
+def ranked(pairs: Iterable[tuple[str, int]], *, first_position: int = 1, higher_before: int = 0,
+           rank_of_first: int | None = None) -> list[Entry]:
+    """Entries for consecutive pairs already in display order.
+
+    `higher_before` is how many players precede the first pair; `rank_of_first` is the
+    first pair's rank when players above the window share its score.
+    """
+    out: list[Entry] = []
+    prev_score: int | None = None
+    rank = 0
+    for offset, (player_id, score) in enumerate(pairs):
+        position = first_position + offset
+        if score != prev_score:
+            rank = rank_of_first if (offset == 0 and rank_of_first is not None) else position
+            prev_score = score
+        out.append(Entry(position=position, rank=rank, player_id=player_id, score=score))
+    return out
+
+
+class Standings:
+    """A whole board in memory: exact by construction, O(N log N) to build."""
+
+    def __init__(self, scores: Mapping[str, int]):
+        self._order = sorted(scores.items(), key=lambda item: display_key(item[0], item[1]))
+        self._scores = dict(scores)
+        self._position = {player_id: i + 1 for i, (player_id, _) in enumerate(self._order)}
+        self._neg_scores = [-score for _, score in self._order]
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def rank_of_score(self, score: int) -> int:
+        return 1 + bisect_left(self._neg_scores, -score)
+
+    def entry(self, player_id: str) -> Entry | None:
+        if player_id not in self._scores:
+            return None
+        score = self._scores[player_id]
+        return Entry(position=self._position[player_id], rank=self.rank_of_score(score),
+                     player_id=player_id, score=score)
+
+    def window(self, *, from_position: int, limit: int) -> list[Entry]:
+        start = max(from_position, 1) - 1
+        pairs = self._order[start : start + limit]
+        return [Entry(position=start + 1 + i, rank=self.rank_of_score(score), player_id=p, score=score)
+                for i, (p, score) in enumerate(pairs)]
+
+    def top(self, limit: int) -> list[Entry]:
+        return self.window(from_position=1, limit=limit)
+
+    def neighbors(self, player_id: str, radius: int) -> list[Entry]:
+        me = self.entry(player_id)
+        if me is None:
+            return []
+        first = max(1, me.position - radius)
+        return self.window(from_position=first, limit=me.position + radius - first + 1)

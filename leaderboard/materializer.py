@@ -1,0 +1,251 @@
+"""Services that materialize and publish leaderboard versions (CONTRACT.md 4).
+
+`season_epoch_run` is one epoch for one season: it brings the oldest copy of the index
+up to date with the change stream, verifies it, and publishes it with a fenced pointer
+swap. `season_copy_build` fills a copy from the current-scores table at a recorded
+watermark (first start, lost views, the bulk loader).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+
+from leaderboard import rankview
+from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.checksum import checksum_add
+from leaderboard.core.epoch import StreamChange, changes_newest
+from leaderboard.core.manifest import Manifest
+from leaderboard.models import Manifest as ManifestRow
+from leaderboard.models import PlayerScore
+from leaderboard.redis_client import redis_get
+from leaderboard.selectors import ChangeCursor, score_changes_after
+from seasons.models import Season
+
+log = logging.getLogger(__name__)
+
+COPIES = ("0", "1")
+STREAM_PAGE = 50_000
+BUILD_BATCH = 20_000
+MAX_CURSOR_ID = 2**63 - 1
+
+
+class EpochError(RuntimeError):
+    pass
+
+
+class BuildProgress(Protocol):
+    def start(self, total: int) -> None: ...
+
+    def advance(self, done: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EpochResult:
+    status: str  # published | skipped | idle
+    version: int | None = None
+    changed_players: int = 0
+    duration_ms: float = 0.0
+    detail: str = ""
+
+
+def season_keys(season: Season) -> rankview.Keys:
+    return rankview.Keys(settings.REDIS_KEY_PREFIX, season.slug)
+
+
+def season_epoch_run(*, season: Season, r: redis.Redis | None = None) -> EpochResult:
+    """One epoch: at most one coordinator per season runs it (a fenced lease)."""
+    r = r or redis_get()
+    keys = season_keys(season)
+    token = rankview.lease_acquire(r, keys, ttl_ms=int(settings.EPOCH_LEASE_SECONDS * 1000))
+    if token is None:
+        return EpochResult(status="skipped", detail="another coordinator holds the season")
+    try:
+        return _epoch(season=season, r=r, keys=keys, token=token)
+    finally:
+        rankview.lease_release(r, keys, token)
+
+
+def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> EpochResult:
+    started = time.monotonic()
+    season.refresh_from_db(fields=["published_version", "layout"])
+    current_version = rankview.pointer_get(r, keys)
+    current = rankview.manifest_get(r, keys, current_version) if current_version else None
+    if current is not None and current.version > season.published_version:
+        # A coordinator died between the pointer swap and its database record.
+        _manifest_record(season=season, manifest=current, changed=0, epoch_ms=0.0)
+
+    target_name = next(c for c in COPIES if current is None or c != current.copy)
+    target = rankview.copy_meta_load(r, keys, target_name)
+    layout = current.layout if current is not None else season.bucket_layout
+    if target is None or target.state == "broken" or target.layout != layout:
+        target = season_copy_build(season=season, copy=target_name, layout=layout, r=r, token=token)
+    else:
+        wait = target.released_at + settings.COPY_GRACE_SECONDS - time.time()
+        if wait > 0:
+            # Readers of the version this copy last served may still be running.
+            time.sleep(min(wait, settings.COPY_GRACE_SECONDS))
+        target = rankview.copy_begin_mutation(r, keys, token, target)
+
+    changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark)))
+    head = changes[-1].cursor if changes else ChangeCursor(*target.watermark)
+    if current is not None and (head.txid, head.id) <= current.watermark:
+        # Nothing committed since the current version: finish the copy, publish nothing.
+        rankview.copy_finish(r, keys, token, target, watermark=(head.txid, head.id), version=target.version)
+        return EpochResult(status="idle", version=current.version)
+
+    newest = changes_newest(
+        StreamChange(player_id=c.player_id, new_score=c.new_score, score_version=c.score_version) for c in changes
+    )
+    old_scores = rankview.copy_scores_get(r, keys, target.copy, list(newest))
+    touched = rankview.copy_apply(r, keys, token, target, old_scores, newest)
+    problems = rankview.copy_verify_counts(r, keys, target, touched)
+    if problems:
+        r.hset(keys.copy_meta(target.copy), "state", "broken")
+        raise EpochError(f"copy {target.copy} failed verification, not published: {'; '.join(problems)}")
+
+    version = max(current_version or 0, season.published_version) + 1
+    target = rankview.copy_finish(r, keys, token, target, watermark=(head.txid, head.id), version=version)
+    as_of = datetime.now(UTC)
+    manifest = Manifest(
+        season=season.slug, version=version, as_of=as_of.isoformat(timespec="milliseconds"),
+        watermark=(head.txid, head.id), copy=target.copy, gen=target.gen, layout=target.layout,
+        counts=list(target.counts), checksums=list(target.checksums),
+        top=rankview.copy_top(r, keys, target, limit=100),
+    )
+    rankview.manifest_store(r, keys, manifest)
+    rankview.pointer_publish(r, keys, token=token, expected=current_version, version=version)
+    if current is not None:
+        rankview.copy_release(r, keys, current.copy, at=time.time())
+    epoch_ms = (time.monotonic() - started) * 1000
+    _manifest_record(season=season, manifest=manifest, changed=len(newest), epoch_ms=epoch_ms)
+    return EpochResult(status="published", version=version, changed_players=len(newest), duration_ms=epoch_ms)
+
+
+def _changes_after(*, season_id: int, cursor: ChangeCursor) -> Iterator:  # type: ignore[type-arg]
+    while True:
+        page = score_changes_after(season_id=season_id, cursor=cursor, limit=STREAM_PAGE)
+        yield from page
+        if len(page) < STREAM_PAGE:
+            return
+        cursor = page[-1].cursor
+
+
+def _manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_ms: float) -> None:
+    with transaction.atomic():
+        data = manifest.to_dict()
+        ManifestRow.objects.get_or_create(
+            season=season,
+            version=manifest.version,
+            defaults={
+                "as_of": datetime.fromisoformat(manifest.as_of),
+                "watermark_txid": manifest.watermark[0],
+                "watermark_id": manifest.watermark[1],
+                "copy": manifest.copy,
+                "layout": data["layout"],
+                "buckets": data["buckets"],
+                "total_players": manifest.total,
+                "changed_players": changed,
+                "epoch_ms": epoch_ms,
+                "published_at": datetime.now(UTC),
+            },
+        )
+        Season.objects.filter(pk=season.pk, published_version__lt=manifest.version).update(
+            published_version=manifest.version
+        )
+    season.published_version = max(season.published_version, manifest.version)
+
+
+def season_copy_build(
+    *, season: Season, copy: str, layout: BucketLayout, r: redis.Redis, token: int,
+    progress: BuildProgress | None = None,
+) -> rankview.CopyMeta:
+    """Fill `copy` from the current-scores table and the change-stream watermark of the same snapshot.
+
+    PostgreSQL reads both in one REPEATABLE READ transaction: every change below the
+    snapshot's xmin is in the scores read, and changes from transactions at or above it
+    are replayed by the next epoch (absolute and versioned, so replaying one that the
+    snapshot already saw is harmless).
+    """
+    keys = season_keys(season)
+    old = rankview.copy_meta_load(r, keys, copy)
+    if old is not None:
+        rankview.copy_drop(r, keys, old)
+    meta = rankview.copy_meta_init(r, keys, copy, layout)
+    meta = rankview.copy_begin_mutation(r, keys, token, meta)
+    counts = [0] * layout.size
+    checksums = [0] * layout.size
+    outer = connection.in_atomic_block
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                if not outer:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+                xmin = int(cursor.fetchone()[0])
+            watermark = (xmin - 1, MAX_CURSOR_ID)
+        else:
+            from leaderboard.models import ScoreChange
+
+            last = ScoreChange.objects.filter(season_id=season.pk).order_by("-id").values_list("id", flat=True).first()
+            watermark = (0, last or 0)
+        total = PlayerScore.objects.filter(season_id=season.pk).count()
+        done = 0
+        if progress is not None:
+            progress.start(total)
+        rows = PlayerScore.objects.filter(season_id=season.pk).values_list("player_id", "score").iterator(
+            chunk_size=BUILD_BATCH
+        )
+        batch: list[tuple[str, int]] = []
+        for row in rows:
+            batch.append(row)
+            if len(batch) >= BUILD_BATCH:
+                _build_batch(r, keys, meta, batch, counts, checksums)
+                done += len(batch)
+                batch = []
+                if progress is not None:
+                    progress.advance(done)
+        if batch:
+            _build_batch(r, keys, meta, batch, counts, checksums)
+            done += len(batch)
+            if progress is not None:
+                progress.advance(done)
+    meta.counts = counts
+    meta.checksums = checksums
+    problems = rankview.copy_verify_counts(r, keys, meta, range(layout.size))
+    if problems:
+        r.hset(keys.copy_meta(copy), "state", "broken")
+        raise EpochError(f"copy {copy} built from scores failed verification: {'; '.join(problems)}")
+    # Still "applying" until an epoch finishes it with the watermark of what it applied.
+    meta.watermark = watermark
+    r.hset(keys.copy_meta(copy), mapping={k: v for k, v in meta.fields().items() if k != "state"})
+    return meta
+
+
+def _build_batch(
+    r: redis.Redis, keys: rankview.Keys, meta: rankview.CopyMeta, batch: list[tuple[str, int]],
+    counts: list[int], checksums: list[int],
+) -> None:
+    layout = meta.layout
+    zadds: dict[int, dict[str, int]] = {}
+    hsets: dict[int, dict[str, int]] = {}
+    for player_id, score in batch:
+        bucket = layout.bucket_of(score)
+        zadds.setdefault(bucket, {})[player_id] = -score
+        hsets.setdefault(rankview.lookup_shard(player_id), {})[player_id] = score
+        counts[bucket] += 1
+        checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
+    with r.pipeline(transaction=False) as pipe:
+        for bucket, mapping in zadds.items():
+            pipe.zadd(keys.bucket(meta.copy, layout.layout_id, bucket), mapping)
+        for shard, mapping in hsets.items():
+            pipe.hset(keys.lookup(meta.copy, shard), mapping=mapping)
+        pipe.execute()

@@ -1,0 +1,557 @@
+"""The rank views in Redis: R copies of a bucketed index, manifests, a fenced pointer.
+
+No Django here: callers pass a redis client and the key prefix. Layout of the keys
+(hash tags keep each bucket of each copy in its own Redis Cluster slot, and the small
+per-season control keys together in one):
+
+    {P}:{season}:ptr                 current version number
+    {P}:{season}:m:{version}         manifest JSON (kept MANIFEST_TTL seconds)
+    {P}:{season}:fence / :lease      fencing counter / the coordinator's token
+    {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums
+    {P}:{season:c:L:b}:z             bucket b (layout L) of copy c: member player_id, score -score
+    {P}:{season:c:h:k}:h             lookup shard k of copy c: player_id -> score
+
+Scores are stored negated, so ascending ZRANGE order is score descending, then member
+ascending by bytes: the display order of CONTRACT.md 1 in one range call, and
+ZCOUNT(-inf, (-s) counts the strictly higher scores in a bucket.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+
+from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.checksum import checksum_of
+from leaderboard.core.epoch import EpochPlan, epoch_plan, locate_position
+from leaderboard.core.manifest import Manifest
+from leaderboard.core.ranking import Entry, ranked
+
+LOOKUP_SHARDS = 16
+MANIFEST_TTL = 3600
+APPLY_CHUNK = 2000
+
+STATE_READY = "ready"
+STATE_APPLYING = "applying"
+
+
+def lookup_shard(player_id: str) -> int:
+    return zlib.crc32(player_id.encode()) % LOOKUP_SHARDS
+
+
+class Keys:
+    def __init__(self, prefix: str, season: str):
+        self.prefix = prefix
+        self.season = season
+        base = f"{prefix}:{{{season}}}"
+        self.ptr = f"{base}:ptr"
+        self.fence = f"{base}:fence"
+        self.lease = f"{base}:lease"
+        self.copies = f"{base}:copies"
+        self._base = base
+
+    def manifest(self, version: int) -> str:
+        return f"{self._base}:m:{version}"
+
+    def copy_meta(self, copy: str) -> str:
+        return f"{self._base}:copy:{copy}"
+
+    def bucket(self, copy: str, layout_id: int, bucket: int) -> str:
+        return f"{self.prefix}:{{{self.season}:{copy}:{layout_id}:{bucket}}}:z"
+
+    def lookup(self, copy: str, shard: int) -> str:
+        return f"{self.prefix}:{{{self.season}:{copy}:h:{shard}}}:h"
+
+    def lookup_of(self, copy: str, player_id: str) -> str:
+        return self.lookup(copy, lookup_shard(player_id))
+
+
+# ---------------------------------------------------------------------------- copies
+
+
+@dataclass(slots=True)
+class CopyMeta:
+    copy: str
+    gen: int
+    state: str
+    watermark: tuple[int, int]
+    layout: BucketLayout
+    counts: list[int]
+    checksums: list[int]
+    version: int
+    released_at: float
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "gen": self.gen,
+            "state": self.state,
+            "watermark": f"{self.watermark[0]}:{self.watermark[1]}",
+            "layout": orjson.dumps(self.layout.as_dict()),
+            "counts": orjson.dumps(self.counts),
+            "checksums": orjson.dumps([f"{c:016x}" for c in self.checksums]),
+            "version": self.version,
+            "released_at": repr(self.released_at),
+        }
+
+    @classmethod
+    def parse(cls, copy: str, raw: dict[bytes, bytes]) -> CopyMeta:
+        txid, _, ident = raw[b"watermark"].decode().partition(":")
+        return cls(
+            copy=copy,
+            gen=int(raw[b"gen"]),
+            state=raw[b"state"].decode(),
+            watermark=(int(txid), int(ident)),
+            layout=BucketLayout.from_dict(orjson.loads(raw[b"layout"])),
+            counts=[int(c) for c in orjson.loads(raw[b"counts"])],
+            checksums=[int(c, 16) for c in orjson.loads(raw[b"checksums"])],
+            version=int(raw[b"version"]),
+            released_at=float(raw[b"released_at"]),
+        )
+
+
+def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
+    raw = r.hgetall(keys.copy_meta(copy))
+    if not raw or b"gen" not in raw:
+        return None
+    return CopyMeta.parse(copy, raw)
+
+
+def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout) -> CopyMeta:
+    meta = CopyMeta(
+        copy=copy, gen=0, state=STATE_READY, watermark=(0, 0), layout=layout,
+        counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0,
+    )
+    r.hset(keys.copy_meta(copy), mapping=meta.fields())
+    return meta
+
+
+def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta) -> None:
+    """Delete a copy's data keys (after a layout change or before a rebuild into it)."""
+    doomed = [keys.bucket(meta.copy, meta.layout.layout_id, b) for b in range(meta.layout.size)]
+    doomed += [keys.lookup(meta.copy, k) for k in range(LOOKUP_SHARDS)]
+    doomed.append(keys.copy_meta(meta.copy))
+    r.delete(*doomed)
+
+
+class FenceLost(RuntimeError):
+    """Another coordinator holds the season now; this one must stop writing."""
+
+
+def lease_acquire(r: redis.Redis, keys: Keys, *, ttl_ms: int) -> int | None:
+    """A fenced lease: a new, larger token each time, or None while someone holds it."""
+    token = int(r.incr(keys.fence))
+    if r.set(keys.lease, token, nx=True, px=ttl_ms):
+        return token
+    return None
+
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# Publication: one atomic pointer swap, only by the lease holder, only from the version
+# it built on. KEYS: lease, ptr. ARGV: token, expected current ('' = none), new version.
+_PUBLISH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local cur = redis.call('GET', KEYS[2])
+if (cur or '') ~= ARGV[2] then return -2 end
+redis.call('SET', KEYS[2], ARGV[3])
+return 1
+"""
+
+
+def lease_release(r: redis.Redis, keys: Keys, token: int) -> None:
+    r.eval(_RELEASE, 1, keys.lease, str(token))
+
+
+def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | None, version: int) -> None:
+    result = r.eval(_PUBLISH, 2, keys.lease, keys.ptr, str(token),
+                    "" if expected is None else str(expected), str(version))
+    if result == -1:
+        raise FenceLost("the lease moved to another coordinator before publication")
+    if result == -2:
+        raise FenceLost("the current version moved before publication")
+
+
+def _fenced(r: redis.Redis, keys: Keys, token: int, queue: Any) -> None:
+    """Run `queue(pipe)` as one MULTI/EXEC that happens only while `token` holds the lease."""
+    with r.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(keys.lease)
+            held = pipe.get(keys.lease)
+            if held is None or int(held) != token:
+                raise FenceLost("the lease is no longer ours")
+            pipe.multi()
+            queue(pipe)
+            pipe.execute()
+        except redis.WatchError as exc:
+            raise FenceLost("the lease changed while applying") from exc
+
+
+def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int, meta: CopyMeta) -> CopyMeta:
+    """Bump the copy's generation before touching it: readers of its old version retry."""
+    def queue(pipe: Any) -> None:
+        pipe.hincrby(keys.copy_meta(meta.copy), "gen", 1)
+        pipe.hset(keys.copy_meta(meta.copy), "state", STATE_APPLYING)
+
+    _fenced(r, keys, token, queue)
+    meta.gen += 1
+    meta.state = STATE_APPLYING
+    return meta
+
+
+def copy_scores_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str]) -> dict[str, int | None]:
+    by_shard: dict[int, list[str]] = {}
+    for player_id in player_ids:
+        by_shard.setdefault(lookup_shard(player_id), []).append(player_id)
+    with r.pipeline(transaction=False) as pipe:
+        order = list(by_shard.items())
+        for shard, players in order:
+            pipe.hmget(keys.lookup(copy, shard), players)
+        replies = pipe.execute()
+    out: dict[str, int | None] = {}
+    for (_, players), values in zip(order, replies, strict=True):
+        for player_id, value in zip(players, values, strict=True):
+            out[player_id] = int(value) if value is not None else None
+    return out
+
+
+def copy_apply(r: redis.Redis, keys: Keys, token: int, meta: CopyMeta,
+               old_scores: dict[str, int | None], new_scores: dict[str, int]) -> set[int]:
+    """Move each changed player to its new score, in fenced MULTI/EXEC chunks.
+
+    Each chunk is planned from the counts and checksums the previous one left and
+    writes them with its moves, so after a crash the copy is consistent at a chunk
+    boundary and re-planning from its lookup finishes the job. Returns touched buckets.
+    """
+    layout_id = meta.layout.layout_id
+    players = list(new_scores)
+    touched: set[int] = set()
+    for start in range(0, len(players), APPLY_CHUNK):
+        chunk = players[start : start + APPLY_CHUNK]
+        plan = epoch_plan(
+            layout=meta.layout, counts=meta.counts, checksums=meta.checksums,
+            old_scores={p: old_scores.get(p) for p in chunk},
+            new_scores={p: new_scores[p] for p in chunk},
+        )
+        if not plan.lookups:
+            continue
+
+        def queue(pipe: Any, plan: EpochPlan = plan) -> None:
+            for bucket, player_id in plan.removals:
+                pipe.zrem(keys.bucket(meta.copy, layout_id, bucket), player_id)
+            zadds: dict[int, dict[str, int]] = {}
+            for bucket, player_id, score in plan.additions:
+                zadds.setdefault(bucket, {})[player_id] = -score
+            for bucket, mapping in zadds.items():
+                pipe.zadd(keys.bucket(meta.copy, layout_id, bucket), mapping)
+            hsets: dict[int, dict[str, int]] = {}
+            for player_id, score in plan.lookups.items():
+                hsets.setdefault(lookup_shard(player_id), {})[player_id] = score
+            for shard, mapping in hsets.items():
+                pipe.hset(keys.lookup(meta.copy, shard), mapping=mapping)
+            pipe.hset(keys.copy_meta(meta.copy), mapping={
+                "counts": orjson.dumps(plan.counts),
+                "checksums": orjson.dumps([f"{c:016x}" for c in plan.checksums]),
+            })
+
+        _fenced(r, keys, token, queue)
+        meta.counts = plan.counts
+        meta.checksums = plan.checksums
+        touched |= plan.touched
+    return touched
+
+
+def copy_finish(r: redis.Redis, keys: Keys, token: int, meta: CopyMeta, *, watermark: tuple[int, int],
+                version: int) -> CopyMeta:
+    meta.watermark = watermark
+    meta.state = STATE_READY
+    meta.version = version
+
+    def queue(pipe: Any) -> None:
+        pipe.hset(keys.copy_meta(meta.copy), mapping=meta.fields())
+
+    _fenced(r, keys, token, queue)
+    return meta
+
+
+def copy_release(r: redis.Redis, keys: Keys, copy: str, *, at: float) -> None:
+    """Record when a copy stopped being current: its grace period starts now."""
+    r.hset(keys.copy_meta(copy), "released_at", repr(at))
+
+
+def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta, buckets: Iterable[int]) -> list[str]:
+    """ZCARD of the given buckets and the lookup size against the copy's counts."""
+    wanted = sorted(set(buckets))
+    with r.pipeline(transaction=False) as pipe:
+        for bucket in wanted:
+            pipe.zcard(keys.bucket(meta.copy, meta.layout.layout_id, bucket))
+        for shard in range(LOOKUP_SHARDS):
+            pipe.hlen(keys.lookup(meta.copy, shard))
+        replies = pipe.execute()
+    problems = [
+        f"bucket {bucket}: {actual} members, counted {meta.counts[bucket]}"
+        for bucket, actual in zip(wanted, replies[: len(wanted)], strict=True)
+        if actual != meta.counts[bucket]
+    ]
+    lookup_total = sum(replies[len(wanted):])
+    if lookup_total != sum(meta.counts):
+        problems.append(f"lookup holds {lookup_total} players, buckets {sum(meta.counts)}")
+    return problems
+
+
+def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100) -> list[dict[str, Any]]:
+    """The first `limit` entries in display order, from the few highest non-empty buckets."""
+    plan: list[tuple[int, int]] = []
+    needed = limit
+    for bucket in range(meta.layout.size - 1, -1, -1):
+        if needed <= 0:
+            break
+        if meta.counts[bucket]:
+            take = min(needed, meta.counts[bucket])
+            plan.append((bucket, take))
+            needed -= take
+    with r.pipeline(transaction=False) as pipe:
+        for bucket, take in plan:
+            pipe.zrange(keys.bucket(meta.copy, meta.layout.layout_id, bucket), 0, take - 1, withscores=True)
+        replies = pipe.execute()
+    pairs = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
+    return [entry.as_dict() for entry in ranked(pairs)]
+
+
+def bucket_scan(r: redis.Redis, key: str, batch: int = 5000) -> Iterator[tuple[str, int]]:
+    start = 0
+    while True:
+        chunk = r.zrange(key, start, start + batch - 1, withscores=True)
+        for member, score in chunk:
+            yield member.decode(), -int(score)
+        if len(chunk) < batch:
+            return
+        start += batch
+
+
+def bucket_checksum_scan(r: redis.Redis, keys: Keys, copy: str, layout_id: int, bucket: int) -> tuple[int, int]:
+    """(count, checksum) of a bucket by a full scan."""
+    pairs = list(bucket_scan(r, keys.bucket(copy, layout_id, bucket)))
+    return len(pairs), checksum_of(pairs)
+
+
+# -------------------------------------------------------------------------- manifests
+
+
+def manifest_store(r: redis.Redis, keys: Keys, manifest: Manifest) -> None:
+    r.set(keys.manifest(manifest.version), manifest.to_json(), ex=MANIFEST_TTL)
+
+
+def pointer_get(r: redis.Redis, keys: Keys) -> int | None:
+    raw = r.get(keys.ptr)
+    return int(raw) if raw is not None else None
+
+
+_manifest_cache: dict[tuple[str, str, int], Manifest] = {}
+_MANIFEST_CACHE_MAX = 256
+
+
+def manifest_get(r: redis.Redis, keys: Keys, version: int) -> Manifest | None:
+    """A manifest is immutable once published, so each process caches it by version."""
+    cache_key = (keys.prefix, keys.season, version)
+    cached = _manifest_cache.get(cache_key)
+    if cached is not None:
+        return cached
+    raw = r.get(keys.manifest(version))
+    if raw is None:
+        return None
+    manifest = Manifest.from_json(raw)
+    if len(_manifest_cache) >= _MANIFEST_CACHE_MAX:
+        _manifest_cache.clear()
+    _manifest_cache[cache_key] = manifest
+    return manifest
+
+
+def manifest_cache_clear() -> None:
+    _manifest_cache.clear()
+
+
+# ------------------------------------------------------------------------------ reads
+
+
+class Unavailable(Exception):
+    """No complete version can be served right now (none published, or the view is lost)."""
+
+
+class VersionExpired(Exception):
+    def __init__(self, current: int | None):
+        super().__init__("version expired")
+        self.current = current
+
+
+class _Torn(Exception):
+    """The copy under a read was mutated (or the read outlived its deadline): retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlayerView:
+    manifest: Manifest
+    entry: Entry | None
+    total: int
+
+
+class RankReader:
+    """Reads of one published version. Every answer comes from exactly one manifest.
+
+    A read takes the manifest first, does all its sub-queries against that manifest's
+    copy, and checks afterwards that the copy's generation did not move (a seqlock)
+    and that it finished within its deadline; otherwise it retries on the current
+    version, or answers 410 when the caller pinned a version.
+    """
+
+    def __init__(self, r: redis.Redis, keys: Keys, *, deadline: float, attempts: int = 3):
+        self.r = r
+        self.keys = keys
+        self.deadline = deadline
+        self.attempts = attempts
+
+    # -- manifest selection
+    def _manifest(self, version: int | None) -> Manifest:
+        current = pointer_get(self.r, self.keys)
+        if version is None:
+            if current is None:
+                raise Unavailable()
+            manifest = manifest_get(self.r, self.keys, current)
+            if manifest is None:
+                raise Unavailable()
+            return manifest
+        if current is None:
+            raise Unavailable()
+        if version > current or version < 1:
+            raise VersionExpired(current)
+        manifest = manifest_get(self.r, self.keys, version)
+        if manifest is None:
+            raise VersionExpired(current)
+        return manifest
+
+    def _run(self, version: int | None, body: Any) -> Any:
+        last_current: int | None = None
+        for _ in range(self.attempts):
+            manifest = self._manifest(version)
+            started = time.monotonic()
+            try:
+                result = body(manifest)
+                self._validate(manifest, started)
+                return result
+            except _Torn:
+                last_current = pointer_get(self.r, self.keys)
+                if version is not None:
+                    raise VersionExpired(last_current) from None
+        raise Unavailable()
+
+    def _validate(self, manifest: Manifest, started: float) -> None:
+        gen = self.r.hget(self.keys.copy_meta(manifest.copy), "gen")
+        if gen is None or int(gen) != manifest.gen:
+            raise _Torn()
+        if time.monotonic() - started > self.deadline:
+            raise _Torn()
+
+    def _bucket_key(self, manifest: Manifest, bucket: int) -> str:
+        return self.keys.bucket(manifest.copy, manifest.layout.layout_id, bucket)
+
+    # -- the reads
+    def top(self, limit: int, version: int | None = None) -> tuple[Manifest, list[dict[str, Any]]]:
+        def body(manifest: Manifest) -> list[dict[str, Any]]:
+            return manifest.top[:limit]
+        # The top 100 is built once per version and lives in the manifest itself: no
+        # copy is read, so there is nothing to validate.
+        manifest = self._manifest(version)
+        return manifest, body(manifest)
+
+    def _locate(self, manifest: Manifest, player_id: str) -> tuple[int, int, int] | None:
+        """(score, position, rank) of a player in this version, or None."""
+        score_raw = self.r.hget(self.keys.lookup_of(manifest.copy, player_id), player_id)
+        if score_raw is None:
+            return None
+        score = int(score_raw)
+        bucket = manifest.layout.bucket_of(score)
+        key = self._bucket_key(manifest, bucket)
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.zcount(key, "-inf", f"({-score}")
+            pipe.zrank(key, player_id)
+            higher_in_bucket, index = pipe.execute()
+        if index is None:
+            # The lookup and the index disagree: only possible mid-mutation.
+            raise _Torn()
+        before = manifest.higher[bucket]
+        return score, before + int(index) + 1, before + int(higher_in_bucket) + 1
+
+    def rank(self, player_id: str, version: int | None = None) -> PlayerView:
+        def body(manifest: Manifest) -> PlayerView:
+            found = self._locate(manifest, player_id)
+            if found is None:
+                return PlayerView(manifest=manifest, entry=None, total=manifest.total)
+            score, position, rank = found
+            entry = Entry(position=position, rank=rank, player_id=player_id, score=score)
+            return PlayerView(manifest=manifest, entry=entry, total=manifest.total)
+
+        return self._run(version, body)  # type: ignore[no-any-return]
+
+    def _window(self, manifest: Manifest, first: int, limit: int,
+                known: tuple[int, int, int] | None = None) -> list[Entry]:
+        """Entries at positions first..first+limit-1; `known` = (position, score, rank) of one of them."""
+        if limit <= 0 or first > manifest.total:
+            return []
+        located = locate_position(manifest.counts, first)
+        assert located is not None
+        bucket, index = located
+        reads: list[tuple[int, int, int]] = []
+        remaining = limit
+        while remaining > 0 and bucket >= 0:
+            available = manifest.counts[bucket] - index
+            if available > 0:
+                take = min(available, remaining)
+                reads.append((bucket, index, index + take - 1))
+                remaining -= take
+            bucket -= 1
+            index = 0
+        with self.r.pipeline(transaction=False) as pipe:
+            for b, start, stop in reads:
+                pipe.zrange(self._bucket_key(manifest, b), start, stop, withscores=True)
+            replies = pipe.execute()
+        pairs = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
+        if len(pairs) != min(limit, manifest.total - first + 1):
+            raise _Torn()
+        first_score = pairs[0][1]
+        if first == 1:
+            rank_of_first = 1
+        elif known is not None and known[1] == first_score:
+            rank_of_first = known[2]
+        else:
+            b = manifest.layout.bucket_of(first_score)
+            higher = self.r.zcount(self._bucket_key(manifest, b), "-inf", f"({-first_score}")
+            rank_of_first = manifest.higher[b] + int(higher) + 1
+        return ranked(pairs, first_position=first, rank_of_first=rank_of_first)
+
+    def window(self, from_position: int, limit: int, version: int | None = None) -> tuple[Manifest, list[Entry]]:
+        def body(manifest: Manifest) -> tuple[Manifest, list[Entry]]:
+            return manifest, self._window(manifest, from_position, limit)
+
+        return self._run(version, body)  # type: ignore[no-any-return]
+
+    def neighbors(self, player_id: str, radius: int, version: int | None = None) -> tuple[Manifest, Entry | None, list[Entry]]:
+        def body(manifest: Manifest) -> tuple[Manifest, Entry | None, list[Entry]]:
+            found = self._locate(manifest, player_id)
+            if found is None:
+                return manifest, None, []
+            score, position, rank = found
+            first = max(1, position - radius)
+            entries = self._window(manifest, first, position + radius - first + 1,
+                                   known=(position, score, rank))
+            me = Entry(position=position, rank=rank, player_id=player_id, score=score)
+            return manifest, me, entries
+
+        return self._run(version, body)  # type: ignore[no-any-return]

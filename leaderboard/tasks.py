@@ -1,0 +1,35 @@
+"""Celery tasks: thin, idempotent, loading by id. Overlap is safe: the epoch holds a fenced lease."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from leaderboard.core.lifecycle import SeasonState
+from leaderboard.materializer import season_epoch_run
+from seasons.models import Season
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(ignore_result=True)
+def epochs_dispatch() -> int:
+    """Every EPOCH_SECONDS (beat): one epoch task per season that can still change."""
+    season_ids = list(Season.objects.exclude(state=SeasonState.SCHEDULED).values_list("pk", flat=True))
+    for season_id in season_ids:
+        season_epoch.apply_async(args=[season_id], expires=max(settings.EPOCH_SECONDS * 2, 1.0))
+    return len(season_ids)
+
+
+@shared_task(ignore_result=True)
+def season_epoch(season_id: int) -> str:
+    season = Season.objects.filter(pk=season_id).first()
+    if season is None:
+        return "missing"
+    result = season_epoch_run(season=season)
+    if result.status == "published":
+        log.info("season %s: published v%s (%s players changed, %.1f ms)", season.slug, result.version,
+                 result.changed_players, result.duration_ms)
+    return result.status
