@@ -471,7 +471,7 @@ class RankReader:
         manifest = self._manifest(version)
         return manifest, body(manifest)
 
-    def _locate(self, manifest: Manifest, player_id: str) -> tuple[int, int, int] | None:
+    def locate(self, manifest: Manifest, player_id: str) -> tuple[int, int, int] | None:
         """(score, position, rank) of a player in this version, or None."""
         score_raw = self.r.hget(self.keys.lookup_of(manifest.copy, player_id), player_id)
         if score_raw is None:
@@ -491,7 +491,7 @@ class RankReader:
 
     def rank(self, player_id: str, version: int | None = None) -> PlayerView:
         def body(manifest: Manifest) -> PlayerView:
-            found = self._locate(manifest, player_id)
+            found = self.locate(manifest, player_id)
             if found is None:
                 return PlayerView(manifest=manifest, entry=None, total=manifest.total)
             score, position, rank = found
@@ -500,7 +500,7 @@ class RankReader:
 
         return self._run(version, body)  # type: ignore[no-any-return]
 
-    def _window(self, manifest: Manifest, first: int, limit: int,
+    def entries_at(self, manifest: Manifest, first: int, limit: int,
                 known: tuple[int, int, int] | None = None) -> list[Entry]:
         """Entries at positions first..first+limit-1; `known` = (position, score, rank) of one of them."""
         if limit <= 0 or first > manifest.total:
@@ -538,18 +538,18 @@ class RankReader:
 
     def window(self, from_position: int, limit: int, version: int | None = None) -> tuple[Manifest, list[Entry]]:
         def body(manifest: Manifest) -> tuple[Manifest, list[Entry]]:
-            return manifest, self._window(manifest, from_position, limit)
+            return manifest, self.entries_at(manifest, from_position, limit)
 
         return self._run(version, body)  # type: ignore[no-any-return]
 
     def neighbors(self, player_id: str, radius: int, version: int | None = None) -> tuple[Manifest, Entry | None, list[Entry]]:
         def body(manifest: Manifest) -> tuple[Manifest, Entry | None, list[Entry]]:
-            found = self._locate(manifest, player_id)
+            found = self.locate(manifest, player_id)
             if found is None:
                 return manifest, None, []
             score, position, rank = found
             first = max(1, position - radius)
-            entries = self._window(manifest, first, position + radius - first + 1,
+            entries = self.entries_at(manifest, first, position + radius - first + 1,
                                    known=(position, score, rank))
             me = Entry(position=position, rank=rank, player_id=player_id, score=score)
             return manifest, me, entries

@@ -1,0 +1,138 @@
+"""The invariant checker of CONTRACT.md 4, for one published version.
+
+Checks, against the version's own copy in Redis: every player appears once; the lookup
+score equals the index score; rank = 1 + count(score > mine) recomputed over every
+bucket, independently of the manifest's prefix counts; bucket counts and checksums match
+the manifest. `full=True` scans everything (O(players)); otherwise membership and scores
+are checked on a stratified sample and checksums are left to the full run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import redis
+
+from leaderboard import rankview
+from leaderboard.core.checksum import checksum_of
+from leaderboard.core.manifest import Manifest
+from leaderboard.core.reconciliation import Report, stratified_positions
+
+
+def version_check(
+    *, r: redis.Redis, keys: rankview.Keys, version: int | None = None, sample: int = 1000, full: bool = False,
+    seed: int | None = None,
+) -> Report:
+    current = rankview.pointer_get(r, keys)
+    wanted = version if version is not None else current
+    report = Report(version=wanted)
+    if wanted is None:
+        report.add("published", False, "no version is published")
+        return report
+    manifest = rankview.manifest_get(r, keys, wanted)
+    if manifest is None:
+        report.add("manifest", False, f"manifest of version {wanted} is gone")
+        return report
+    gen_before = r.hget(keys.copy_meta(manifest.copy), "gen")
+    if gen_before is None or int(gen_before) != manifest.gen:
+        report.add("copy", False, f"copy {manifest.copy} no longer holds version {wanted}")
+        return report
+
+    _check_counts(r, keys, manifest, report)
+    if full:
+        _check_full(r, keys, manifest, report)
+    _check_sampled_ranks(r, keys, manifest, report, sample=sample, seed=seed)
+
+    gen_after = r.hget(keys.copy_meta(manifest.copy), "gen")
+    if gen_after is None or int(gen_after) != manifest.gen:
+        report.add("copy", False, "the copy was mutated during the check; its results are void")
+    return report
+
+
+def _bucket_key(keys: rankview.Keys, manifest: Manifest, bucket: int) -> str:
+    return keys.bucket(manifest.copy, manifest.layout.layout_id, bucket)
+
+
+def _check_counts(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report: Report) -> None:
+    with r.pipeline(transaction=False) as pipe:
+        for bucket in range(manifest.layout.size):
+            pipe.zcard(_bucket_key(keys, manifest, bucket))
+        for shard in range(rankview.LOOKUP_SHARDS):
+            pipe.hlen(keys.lookup(manifest.copy, shard))
+        replies = pipe.execute()
+    cards = replies[: manifest.layout.size]
+    wrong = [
+        f"bucket {b}: {card} members, manifest says {manifest.counts[b]}"
+        for b, card in enumerate(cards)
+        if card != manifest.counts[b]
+    ]
+    report.add("bucket_counts", not wrong, "; ".join(wrong[:10]))
+    lookup_total = sum(replies[manifest.layout.size :])
+    report.add(
+        "total_players",
+        lookup_total == manifest.total == sum(cards),
+        f"lookup {lookup_total}, buckets {sum(cards)}, manifest {manifest.total}",
+    )
+
+
+def _check_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report: Report) -> None:
+    seen: Counter[str] = Counter()
+    index_scores: dict[str, int] = {}
+    bad_checksums = []
+    misplaced = []
+    for bucket in range(manifest.layout.size):
+        pairs = list(rankview.bucket_scan(r, _bucket_key(keys, manifest, bucket)))
+        low, high = manifest.layout.range_of(bucket)
+        for player_id, score in pairs:
+            seen[player_id] += 1
+            index_scores[player_id] = score
+            if not low <= score <= high:
+                misplaced.append(f"{player_id}={score} in bucket {bucket}")
+        if checksum_of(pairs) != manifest.checksums[bucket]:
+            bad_checksums.append(bucket)
+    duplicates = [p for p, n in seen.items() if n > 1]
+    report.add("players_once", not duplicates, f"{len(duplicates)} players in several buckets: {duplicates[:10]}")
+    report.add("bucket_ranges", not misplaced, "; ".join(misplaced[:10]))
+    report.add("bucket_checksums", not bad_checksums, f"buckets with a wrong checksum: {bad_checksums[:20]}")
+    mismatched = []
+    lookup_players = 0
+    for shard in range(rankview.LOOKUP_SHARDS):
+        for raw_player, raw_score in r.hscan_iter(keys.lookup(manifest.copy, shard), count=5000):
+            lookup_players += 1
+            player_id = raw_player.decode()
+            if index_scores.get(player_id) != int(raw_score):
+                mismatched.append(f"{player_id}: lookup {int(raw_score)}, index {index_scores.get(player_id)}")
+    report.add("lookup_equals_index", not mismatched and lookup_players == len(index_scores),
+               f"{len(mismatched)} mismatches {mismatched[:10]}; lookup {lookup_players}, index {len(index_scores)}")
+
+
+def _check_sampled_ranks(
+    r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report: Report, *, sample: int, seed: int | None
+) -> None:
+    positions = stratified_positions(manifest.total, sample, seed=seed)
+    if not positions:
+        report.add("sampled_ranks", True, "empty board")
+        return
+    reader = rankview.RankReader(r, keys, deadline=3600)
+    wrong: list[str] = []
+    for position in positions:
+        entries = reader.entries_at(manifest, position, 1)
+        if not entries:
+            wrong.append(f"position {position}: no entry")
+            continue
+        entry = entries[0]
+        with r.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.lookup_of(manifest.copy, entry.player_id), entry.player_id)
+            for bucket in range(manifest.layout.size):
+                pipe.zcount(_bucket_key(keys, manifest, bucket), "-inf", f"({-entry.score}")
+            replies = pipe.execute()
+        lookup = replies[0]
+        if lookup is None or int(lookup) != entry.score:
+            wrong.append(f"{entry.player_id}: lookup {lookup!r}, index {entry.score}")
+        brute_rank = 1 + sum(int(n) for n in replies[1:])
+        if brute_rank != entry.rank:
+            wrong.append(f"{entry.player_id} at {position}: rank {entry.rank}, 1+count(higher) = {brute_rank}")
+        located = reader.locate(manifest, entry.player_id)
+        if located is None or located[1] != position or located[2] != entry.rank:
+            wrong.append(f"{entry.player_id}: window says ({position}, {entry.rank}), lookup path says {located}")
+    report.add("sampled_ranks", not wrong, f"{len(positions)} sampled; " + "; ".join(wrong[:10]))
