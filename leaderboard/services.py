@@ -59,7 +59,8 @@ def score_events_apply(
 
         def rejection(event: ScoreEvent) -> str | None:
             return admission_rejection(
-                state=state, starts_at=starts_at, cutoff=cutoff, completed_at=event.completed_at
+                state=state, starts_at=starts_at, cutoff=cutoff, completed_at=event.completed_at,
+                kind=event.kind,
             )
 
         plan = batch_plan(

@@ -1,7 +1,14 @@
-"""Season states (CONTRACT.md 5) and which results a season admits."""
+"""Season states (CONTRACT.md 5): transitions, their guards, and which events a season admits.
+
+    SCHEDULED -> OPEN -> CLOSING -> FINALIZING -> FINAL
+
+Pure: the services in seasons/services.py perform the transitions under the season's
+write lock and write the audit rows; this module only says what is allowed and why not.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
@@ -15,11 +22,29 @@ class SeasonState(StrEnum):
 
 
 ACCEPTING_STATES = frozenset({SeasonState.OPEN, SeasonState.CLOSING})
+SEALED_STATES = frozenset({SeasonState.FINALIZING, SeasonState.FINAL})
+# States whose board can still change, so epochs keep running (FINAL: corrections).
+MATERIALIZED_STATES = frozenset({SeasonState.OPEN, SeasonState.CLOSING, SeasonState.FINALIZING, SeasonState.FINAL})
 
 REJECT_AFTER_CUTOFF = "after_cutoff"
 REJECT_BEFORE_START = "before_season_start"
 REJECT_NOT_OPEN = "season_not_open"
 REJECT_NOT_ACCEPTING = "season_not_accepting_results"
+# Not a refusal of the result itself: it ended before the cutoff but arrived after the
+# seal, so it waits in the late-results queue for staff instead of entering the board.
+LATE_AFTER_SEAL = "late_after_seal"
+
+# Audit action codes of the transitions.
+TRANSITIONS: dict[tuple[SeasonState, SeasonState], str] = {
+    (SeasonState.SCHEDULED, SeasonState.OPEN): "season.opened",
+    (SeasonState.OPEN, SeasonState.CLOSING): "season.closing",
+    (SeasonState.CLOSING, SeasonState.FINALIZING): "season.ingest.sealed",
+    (SeasonState.FINALIZING, SeasonState.FINAL): "season.final.approved",
+}
+
+
+class TransitionError(ValueError):
+    pass
 
 
 def initial_state(*, starts_at: datetime, cutoff: datetime, now: datetime) -> SeasonState:
@@ -30,20 +55,81 @@ def initial_state(*, starts_at: datetime, cutoff: datetime, now: datetime) -> Se
     return SeasonState.CLOSING
 
 
+def transition_check(*, current: str, target: str, now: datetime, cutoff: datetime) -> str:
+    """The audit action code of a legal transition, or TransitionError saying why not."""
+    try:
+        pair = (SeasonState(current), SeasonState(target))
+    except ValueError as exc:
+        raise TransitionError(f"unknown state: {exc}") from None
+    action = TRANSITIONS.get(pair)
+    if action is None:
+        allowed = [t.value for (s, t) in TRANSITIONS if s == pair[0]]
+        raise TransitionError(
+            f"a {current} season cannot become {target}" + (f" (only {', '.join(allowed)})" if allowed else "")
+        )
+    if pair[1] in (SeasonState.CLOSING, SeasonState.FINALIZING) and now < cutoff:
+        raise TransitionError(f"the cutoff {cutoff.isoformat()} has not passed yet")
+    return action
+
+
+def due_transition(*, state: str, now: datetime, starts_at: datetime, cutoff: datetime,
+                   cutoff_seal_seconds: float | None) -> SeasonState | None:
+    """The transition the clock calls for now (Celery beat), if any.
+
+    `cutoff_seal_seconds` is how long after the cutoff ingest is sealed automatically
+    (None: only staff seal).
+    """
+    if state == SeasonState.SCHEDULED and now >= starts_at:
+        return SeasonState.OPEN
+    if state == SeasonState.OPEN and now >= cutoff:
+        return SeasonState.CLOSING
+    if (state == SeasonState.CLOSING and cutoff_seal_seconds is not None
+            and (now - cutoff).total_seconds() >= cutoff_seal_seconds):
+        return SeasonState.FINALIZING
+    return None
+
+
 def admission_rejection(
-    *, state: str, starts_at: datetime, cutoff: datetime, completed_at: datetime
+    *, state: str, starts_at: datetime, cutoff: datetime, completed_at: datetime, kind: str = "result"
 ) -> str | None:
-    """Why a season refuses a result, or None when it admits it.
+    """Why a season does not admit an event into the board now, or None when it does.
 
     Decided on the trusted completed_at, never on arrival time: a result that ended
-    before the cutoff and arrives late is still eligible while ingest is open.
+    before the cutoff and arrives late is still eligible while ingest is open, and goes
+    to the late-results queue (LATE_AFTER_SEAL) once ingest is sealed. Corrections
+    (revocations, won disputes) are admitted until and after FINAL: they produce a
+    corrected version and never rewrite the FINAL standings.
     """
     if state == SeasonState.SCHEDULED:
         return REJECT_NOT_OPEN
-    if state not in ACCEPTING_STATES:
-        return REJECT_NOT_ACCEPTING
     if completed_at > cutoff:
         return REJECT_AFTER_CUTOFF
     if completed_at < starts_at:
         return REJECT_BEFORE_START
+    if kind == "correction":
+        return None
+    if state in SEALED_STATES:
+        return LATE_AFTER_SEAL
+    if state not in ACCEPTING_STATES:
+        return REJECT_NOT_ACCEPTING
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalCheck:
+    ok: bool
+    reason: str = ""
+
+
+def approval_check(*, proposer_id: int | None, approver_id: int, reconciliation_ok: bool,
+                   candidate_version: int, published_version: int) -> ApprovalCheck:
+    """The two-person rule and what else must hold before a candidate becomes FINAL."""
+    if proposer_id is None:
+        return ApprovalCheck(False, "the candidate has not been proposed")
+    if proposer_id == approver_id:
+        return ApprovalCheck(False, "the proposer cannot approve their own proposal")
+    if not reconciliation_ok:
+        return ApprovalCheck(False, "the candidate's reconciliation failed")
+    if candidate_version != published_version:
+        return ApprovalCheck(False, f"the board moved on (v{published_version}) since candidate v{candidate_version}")
+    return ApprovalCheck(True)
