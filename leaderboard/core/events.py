@@ -164,6 +164,9 @@ def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent 
         fail("reason", "must be a string")
     elif len(reason) > MAX_REASON_LENGTH:
         fail("reason", f"must be at most {MAX_REASON_LENGTH} characters")
+    elif "\x00" in reason:
+        # PostgreSQL text cannot hold NUL: without this the write fails with a 500.
+        fail("reason", "must not contain NUL characters")
     elif kind == KIND_CORRECTION and not reason.strip():
         fail("reason", "is required for a correction")
 

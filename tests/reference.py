@@ -1,0 +1,274 @@
+"""A brute-force reference model of the score ledger, written from CONTRACT.md section 2.
+
+Deliberately naive: one event at a time, plain dicts, no hashing, no batching. The
+property tests run the real code (the pure `batch_plan`, and `score_events_apply` on a
+real database) in random batch splits and compare against this model event by event.
+
+Where the contract is silent, the model pins the behaviour the service has chosen:
+- admission (cutoff, season state) is decided before staleness: an event the season does
+  not admit is `rejected`, whatever its version;
+- `stale` carries reason "score_version_not_newer" and reports the player's current score;
+- `pending_version` is the next leaderboard version when the score changed, else None
+  (an `unchanged` result, and a correction to the same score, have nothing to publish).
+
+Also the hypothesis strategy that produces the random event scripts both tests use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+from hypothesis import strategies as st
+
+from leaderboard.core.events import ScoreEvent
+
+CONFLICT_REASON = "event_id_reused_with_different_payload"
+STALE_REASON = "score_version_not_newer"
+
+Event = dict[str, Any]  # the contract's event fields; completed_at is an aware datetime
+
+
+def payload_key(event: Event) -> tuple[Any, ...]:
+    """What "same payload" means: every field, completed_at compared as an instant."""
+    return (
+        event["event_id"],
+        event["match_id"],
+        event["player_id"],
+        event["best_score"],
+        event["score_version"],
+        event["completed_at"].astimezone(UTC),
+        event.get("kind", "result"),
+        event.get("reason") or "",
+    )
+
+
+def outcome_dict(
+    *,
+    event_id: str,
+    status: str,
+    player_id: str,
+    score: int | None,
+    score_version: int | None,
+    pending_version: int | None,
+    reason: str = "",
+    first_status: str | None = None,
+) -> dict[str, Any]:
+    """One entry of the response's "results" list (CONTRACT.md 2)."""
+    out: dict[str, Any] = {"event_id": event_id, "status": status}
+    if reason:
+        out["reason"] = reason
+    if first_status is not None:
+        out["first_status"] = first_status
+    out.update(
+        player_id=player_id, score=score, score_version=score_version, pending_version=pending_version
+    )
+    return out
+
+
+@dataclass
+class ReferenceLedger:
+    rejection: Callable[[Event], str | None]
+    players: dict[str, tuple[int, int]] = field(default_factory=dict)  # player -> (score, version)
+    ledger: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=dict)
+    # ScoreChanged: (player_id, old_score, new_score, score_version, event_id)
+    changes: list[tuple[str, int | None, int, int, str]] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+    def apply(self, event: Event, *, published_version: int) -> dict[str, Any]:
+        event_id = event["event_id"]
+        player_id = event["player_id"]
+        key = payload_key(event)
+
+        if event_id in self.ledger:
+            first_key, first = self.ledger[event_id]
+            if first_key == key:
+                return outcome_dict(
+                    event_id=event_id,
+                    status="duplicate",
+                    first_status=first["status"],
+                    reason=first.get("reason", ""),
+                    player_id=first["player_id"],
+                    score=first["score"],
+                    score_version=first["score_version"],
+                    pending_version=first["pending_version"],
+                )
+            self.conflicts.append(event_id)
+            return outcome_dict(
+                event_id=event_id, status="conflict", reason=CONFLICT_REASON, player_id=player_id,
+                score=None, score_version=None, pending_version=None,
+            )
+
+        current = self.players.get(player_id)
+        current_score = current[0] if current else None
+        current_version = current[1] if current else None
+        why = self.rejection(event)
+        if why is not None:
+            outcome = outcome_dict(
+                event_id=event_id, status="rejected", reason=why, player_id=player_id,
+                score=current_score, score_version=current_version, pending_version=None,
+            )
+        elif current is not None and event["score_version"] <= current[1]:
+            outcome = outcome_dict(
+                event_id=event_id, status="stale", reason=STALE_REASON, player_id=player_id,
+                score=current_score, score_version=current_version, pending_version=None,
+            )
+        else:
+            if event.get("kind", "result") == "correction":
+                new_score = event["best_score"]
+                status = "applied"
+            else:
+                new_score = event["best_score"] if current is None else max(current[0], event["best_score"])
+                status = "applied" if current is None or new_score != current[0] else "unchanged"
+            changed = current is None or new_score != current[0]
+            self.players[player_id] = (new_score, event["score_version"])
+            if changed:
+                self.changes.append(
+                    (player_id, current_score, new_score, event["score_version"], event_id)
+                )
+            outcome = outcome_dict(
+                event_id=event_id, status=status, player_id=player_id, score=new_score,
+                score_version=event["score_version"],
+                pending_version=published_version + 1 if changed else None,
+            )
+        self.ledger[event_id] = (key, outcome)
+        return outcome
+
+
+def season_rejection(*, starts_at: datetime, cutoff: datetime) -> Callable[[Event], str | None]:
+    """The admission rule of an OPEN season (CONTRACT.md 2 and 5)."""
+
+    def rejection(event: Event) -> str | None:
+        if event["completed_at"] > cutoff:
+            return "after_cutoff"
+        if event["completed_at"] < starts_at:
+            return "before_season_start"
+        return None
+
+    return rejection
+
+
+def as_score_event(event: Event) -> ScoreEvent:
+    return ScoreEvent(
+        event_id=event["event_id"],
+        match_id=event["match_id"],
+        player_id=event["player_id"],
+        best_score=event["best_score"],
+        score_version=event["score_version"],
+        completed_at=event["completed_at"],
+        kind=event.get("kind", "result"),
+        reason=event.get("reason") or "",
+    )
+
+
+def as_json(event: Event) -> dict[str, Any]:
+    """The event as the match service sends it over HTTP (completed_at in its own offset)."""
+    out = dict(event)
+    out["completed_at"] = event["completed_at"].isoformat()
+    return out
+
+
+# --- Random event scripts -------------------------------------------------------------
+
+PLAYERS = ("p1", "p2", "p3", "p.4:x_Y-z")
+OFFSETS = (UTC, timezone(timedelta(hours=2)), timezone(-timedelta(hours=5, minutes=30)))
+# Symbolic times, made concrete against a season's start and cutoff.
+TIME_SLOTS = ("in", "in", "in", "in_late", "at_cutoff", "after_cutoff", "before_start")
+
+
+def slot_time(slot: str, *, starts_at: datetime, cutoff: datetime) -> datetime:
+    return {
+        "in": starts_at + timedelta(days=1),
+        "in_late": starts_at + timedelta(days=2, seconds=7),
+        "at_cutoff": cutoff,
+        "after_cutoff": cutoff + timedelta(seconds=1),
+        "before_start": starts_at - timedelta(microseconds=1),
+    }[slot]
+
+
+@dataclass
+class Script:
+    batches: list[list[Event]]
+    # The season's published version while each batch is applied (non-decreasing).
+    published: list[int]
+
+    @property
+    def events(self) -> list[Event]:
+        return [event for batch in self.batches for event in batch]
+
+
+@st.composite
+def event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_events: int = 30) -> Script:
+    """Interleavings of results, corrections, exact duplicates, conflicting retries
+    (same event_id, another payload), stale versions and rejected times, in random batches."""
+    count = draw(st.integers(min_value=1, max_value=max_events))
+    events: list[Event] = []
+    for i in range(count):
+        action = draw(st.sampled_from(("new", "new", "new", "new", "duplicate", "conflict")))
+        if action == "new" or not events:
+            kind = draw(st.sampled_from(("result", "result", "result", "correction")))
+            reason = draw(st.sampled_from(("revoked", "dispute #12"))) if kind == "correction" else ""
+            event: Event = {
+                "event_id": f"e{i}",
+                "match_id": f"m{draw(st.integers(0, 3))}",
+                "player_id": draw(st.sampled_from(PLAYERS)),
+                # a narrow range so ties, max() and equal scores happen often
+                "best_score": draw(st.one_of(st.integers(0, 12), st.sampled_from((0, 1_000_000)))),
+                "score_version": draw(st.integers(1, 8)),
+                "completed_at": slot_time(
+                    draw(st.sampled_from(TIME_SLOTS)), starts_at=starts_at, cutoff=cutoff
+                ).astimezone(draw(st.sampled_from(OFFSETS))),
+                "kind": kind,
+                "reason": reason,
+            }
+        elif action == "duplicate":
+            # The exact same payload, possibly written in another offset (same instant).
+            event = dict(draw(st.sampled_from(events)))
+            event["completed_at"] = event["completed_at"].astimezone(draw(st.sampled_from(OFFSETS)))
+        else:
+            event = dict(draw(st.sampled_from(events)))
+            change = draw(
+                st.sampled_from(("best_score", "match_id", "player_id", "score_version", "kind", "time"))
+            )
+            if change == "best_score":
+                event["best_score"] = (event["best_score"] + 1) % 13
+            elif change == "match_id":
+                event["match_id"] = event["match_id"] + "-retry"
+            elif change == "player_id":
+                others = [p for p in PLAYERS if p != event["player_id"]]
+                event["player_id"] = draw(st.sampled_from(others))
+            elif change == "score_version":
+                event["score_version"] = event["score_version"] + 1
+            elif change == "kind":
+                if event["kind"] == "result":
+                    event.update(kind="correction", reason="changed to a correction")
+                else:
+                    event.update(kind="result", reason="")
+            else:
+                event["completed_at"] = event["completed_at"] + timedelta(seconds=1)
+        events.append(event)
+
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, count - 1)), max_size=5))))
+    bounds = [0, *[c for c in cuts if 0 < c < count], count]
+    batches = [events[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    steps = draw(st.lists(st.integers(0, 2), min_size=len(batches), max_size=len(batches)))
+    published, version = [], draw(st.integers(0, 5))
+    for step in steps:
+        version += step
+        published.append(version)
+    return Script(batches=batches, published=published)
+
+
+def reference_run(
+    script: Script, rejection: Callable[[Event], str | None]
+) -> tuple[ReferenceLedger, list[dict[str, Any]]]:
+    """Apply a script to the reference model strictly one event at a time."""
+    model = ReferenceLedger(rejection=rejection)
+    outcomes = [
+        model.apply(event, published_version=published)
+        for batch, published in zip(script.batches, script.published, strict=True)
+        for event in batch
+    ]
+    return model, outcomes
