@@ -80,6 +80,21 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # "database is locked" on upgrade, and ledger ids are handed out in commit order.
     _db["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
     _db["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+elif _db["ENGINE"] == "django.db.backends.postgresql" and env_int("DB_POOL_SIZE", 8, minimum=0) > 0:
+    # Under ASGI Django runs each request's sync view in a thread of its own, and its
+    # connections are per thread: a persistent connection (CONN_MAX_AGE) is never reused
+    # and lingers until that thread is collected. 32 concurrent writers exhausted
+    # PostgreSQL's 100 connections ("too many clients", 500s). A pool per process
+    # reuses connections and bounds them to DB_POOL_SIZE; CONN_MAX_AGE must then be 0.
+    _db["CONN_MAX_AGE"] = 0
+    _db["OPTIONS"] = {
+        **_db.get("OPTIONS", {}),
+        "pool": {
+            "min_size": 1,
+            "max_size": env_int("DB_POOL_SIZE", 8, minimum=0),
+            "timeout": env_float("DB_POOL_TIMEOUT", 10.0, minimum=0.1),
+        },
+    }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -115,7 +130,17 @@ READ_DEADLINE_SECONDS = env_float("READ_DEADLINE_SECONDS", 0.2, minimum=0.01)
 COPY_GRACE_SECONDS = env_float("COPY_GRACE_SECONDS", 0.5, minimum=0.02)
 if COPY_GRACE_SECONDS <= READ_DEADLINE_SECONDS:
     raise ConfigError("COPY_GRACE_SECONDS must be longer than READ_DEADLINE_SECONDS")
+# Ingest is sealed automatically this long after the cutoff (staff can seal earlier);
+# pre-cutoff results that arrive later go to the late-results queue.
+SEAL_AFTER_CUTOFF_SECONDS = env_float("SEAL_AFTER_CUTOFF_SECONDS", 600.0, minimum=0.0)
+# Stratified sample of ranks recomputed on the ledger for a FINAL candidate.
+FINAL_SAMPLE_SIZE = env_int("FINAL_SAMPLE_SIZE", 1000, minimum=1)
 CELERY_BEAT_SCHEDULE = {
+    "seasons-lifecycle": {
+        "task": "seasons.tasks.seasons_lifecycle",
+        "schedule": env_float("LIFECYCLE_TICK_SECONDS", 10.0, minimum=0.5),
+        "options": {"expires": 10.0},
+    },
     "leaderboard-epochs": {
         "task": "leaderboard.tasks.epochs_dispatch",
         "schedule": EPOCH_SECONDS,
@@ -123,6 +148,9 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 SCORES_MAX_BATCH = 1000
+# bench/reads.py only: routes /bench/baseline/... (rank from one plain sorted set) so the
+# read benchmark can compare against it in the same server stack. Off in production.
+BENCH_BASELINE = env_bool("BENCH_BASELINE", False)
 # A full batch of 1,000 events is about 250 KB; beyond this the request is refused with 413
 # before its body is read.
 SCORES_MAX_BODY_BYTES = env_int("SCORES_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)

@@ -13,11 +13,32 @@ from datetime import datetime
 
 from django.db import connection
 
-from leaderboard.core.ledger import BatchPlan, PlayerState, RecordedEvent
-from leaderboard.models import PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
+from leaderboard.core.ledger import BatchPlan, LedgerRow, PlayerState, RecordedEvent
+from leaderboard.models import LateResult, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
 
 # Namespace of the per-season advisory lock (pg_advisory_xact_lock(int, int)).
 _SEASON_WRITE_LOCK = 0x5C0E
+
+
+def _text_array(values: Iterable[str | None]) -> str:
+    """A PostgreSQL array literal (cast it with ::text[] or ::timestamptz[]).
+
+    psycopg adapts a Python list element by element in pure Python (~1 ms per 1,000
+    elements, ~15 ms for one batch's 25 arrays, all of it under the season lock); a
+    literal built with str.join is several times cheaper. Every element is quoted and
+    backslash-escaped, so any character (quotes, braces, commas, spaces) round-trips.
+    """
+    return "{" + ",".join(
+        [
+            "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            for v in values
+        ]
+    ) + "}"
+
+
+def _int_array(values: Iterable[int | None]) -> str:
+    """A PostgreSQL array literal of integers (cast it with ::int[] or ::bigint[])."""
+    return "{" + ",".join(["NULL" if v is None else str(int(v)) for v in values]) + "}"
 
 
 def is_postgres() -> bool:
@@ -46,8 +67,8 @@ def recorded_events_fetch(*, season_id: int, event_ids: Iterable[str]) -> dict[s
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT {', '.join(fields)} FROM leaderboard_scoreevent "
-                "WHERE season_id = %s AND event_id = ANY(%s)",
-                [season_id, ids],
+                "WHERE season_id = %s AND event_id = ANY(%s::text[])",
+                [season_id, _text_array(ids)],
             )
             rows = cursor.fetchall()
     else:
@@ -69,8 +90,8 @@ def player_states_fetch(*, season_id: int, player_ids: Iterable[str]) -> dict[st
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT player_id, score, score_version FROM leaderboard_playerscore "
-                "WHERE season_id = %s AND player_id = ANY(%s)",
-                [season_id, ids],
+                "WHERE season_id = %s AND player_id = ANY(%s::text[])",
+                [season_id, _text_array(ids)],
             )
             rows = cursor.fetchall()
     else:
@@ -147,28 +168,28 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "season": season_id,
         "client": client_id,
         "now": now,
-        "e_id": [r.event.event_id for r in rows],
-        "e_match": [r.event.match_id for r in rows],
-        "e_player": [r.event.player_id for r in rows],
-        "e_best": [r.event.best_score for r in rows],
-        "e_version": [r.event.score_version for r in rows],
-        "e_completed": [r.event.completed_at for r in rows],
-        "e_kind": [r.event.kind for r in rows],
-        "e_reason": [r.event.reason for r in rows],
-        "e_hash": [r.payload_hash for r in rows],
-        "e_status": [r.status for r in rows],
-        "e_status_reason": [r.reason for r in rows],
-        "e_score_after": [r.score for r in rows],
-        "e_version_after": [r.score_version for r in rows],
-        "e_pending": [r.pending_version for r in rows],
-        "s_player": list(states),
-        "s_score": [s.score for s in states.values()],
-        "s_version": [s.score_version for s in states.values()],
-        "c_player": [c.player_id for c in changes],
-        "c_old": [c.old_score for c in changes],
-        "c_new": [c.new_score for c in changes],
-        "c_version": [c.score_version for c in changes],
-        "c_event": [c.event_id for c in changes],
+        "e_id": _text_array([r.event.event_id for r in rows]),
+        "e_match": _text_array([r.event.match_id for r in rows]),
+        "e_player": _text_array([r.event.player_id for r in rows]),
+        "e_best": _int_array([r.event.best_score for r in rows]),
+        "e_version": _int_array([r.event.score_version for r in rows]),
+        "e_completed": _text_array([r.event.completed_at.isoformat() for r in rows]),
+        "e_kind": _text_array([r.event.kind for r in rows]),
+        "e_reason": _text_array([r.event.reason for r in rows]),
+        "e_hash": _text_array([r.payload_hash for r in rows]),
+        "e_status": _text_array([r.status for r in rows]),
+        "e_status_reason": _text_array([r.reason for r in rows]),
+        "e_score_after": _int_array([r.score for r in rows]),
+        "e_version_after": _int_array([r.score_version for r in rows]),
+        "e_pending": _int_array([r.pending_version for r in rows]),
+        "s_player": _text_array(list(states)),
+        "s_score": _int_array([s.score for s in states.values()]),
+        "s_version": _int_array([s.score_version for s in states.values()]),
+        "c_player": _text_array([c.player_id for c in changes]),
+        "c_old": _int_array([c.old_score for c in changes]),
+        "c_new": _int_array([c.new_score for c in changes]),
+        "c_version": _int_array([c.score_version for c in changes]),
+        "c_event": _text_array([c.event_id for c in changes]),
     }
     with connection.cursor() as cursor:
         cursor.execute(_PG_WRITE, params)
@@ -219,3 +240,19 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
             )
             for c in plan.changes
         )
+
+
+def late_results_record(*, season_id: int, rows: list[LedgerRow], now: datetime) -> None:
+    """Queue pre-cutoff results that arrived after the seal, next to their ledger rows."""
+    ledger_ids = dict(
+        ScoreEvent.objects.filter(season_id=season_id, event_id__in=[r.event.event_id for r in rows]).values_list(
+            "event_id", "id"
+        )
+    )
+    LateResult.objects.bulk_create(
+        LateResult(
+            season_id=season_id, ledger_event_id=ledger_ids[r.event.event_id], player_id=r.event.player_id,
+            best_score=r.event.best_score, completed_at=r.event.completed_at, received_at=now, reason=r.reason,
+        )
+        for r in rows
+    )

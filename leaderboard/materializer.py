@@ -22,17 +22,18 @@ from django.db import connection, transaction
 from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add
-from leaderboard.core.epoch import StreamChange, changes_newest
+from leaderboard.core.epoch import newest_scores
 from leaderboard.core.manifest import Manifest
+from leaderboard.live import live_version_published
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import PlayerScore
 from leaderboard.redis_client import redis_get
-from leaderboard.selectors import ChangeCursor, score_changes_after
+from leaderboard.selectors import ChangeCursor, score_change_heads_after
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
 
-COPIES = ("0", "1")
+COPIES = rankview.COPY_NAMES
 STREAM_PAGE = 50_000
 BUILD_BATCH = 20_000
 MAX_CURSOR_ID = 2**63 - 1
@@ -86,25 +87,39 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -
     target_name = next(c for c in COPIES if current is None or c != current.copy)
     target = rankview.copy_meta_load(r, keys, target_name)
     layout = current.layout if current is not None else season.bucket_layout
-    if target is None or target.state == "broken" or target.layout != layout:
+    rebuild = target is None or target.state == "broken" or target.layout != layout
+
+    # (txid, id, player_id, new_score, score_version) in cursor order, read before the
+    # target is touched: with nothing new since the current version the epoch is idle
+    # and must leave the older copy alone. It still serves the previous version, and it
+    # has not applied the current version's changes yet: moving its watermark past them
+    # without applying them would lose them from every later version built on it.
+    changes = []
+    if target is not None and not rebuild:
+        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark)))
+    fresh: set[str] = set()  # players changed since the current version
+    if current is not None:
+        if target is not None and not rebuild and target.watermark <= current.watermark:
+            fresh = {c[2] for c in changes if (c[0], c[1]) > current.watermark}
+        else:
+            fresh = {c[2] for c in _changes_after(season_id=season.pk, cursor=ChangeCursor(*current.watermark))}
+        if not fresh:
+            return EpochResult(status="idle", version=current.version)
+
+    if target is None or rebuild:
         target = season_copy_build(season=season, copy=target_name, layout=layout, r=r, token=token)
+        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark)))
+        if current is not None:
+            fresh.update(c[2] for c in changes if (c[0], c[1]) > current.watermark)
     else:
         wait = target.released_at + settings.COPY_GRACE_SECONDS - time.time()
         if wait > 0:
             # Readers of the version this copy last served may still be running.
             time.sleep(min(wait, settings.COPY_GRACE_SECONDS))
         target = rankview.copy_begin_mutation(r, keys, token, target)
+    head = ChangeCursor(changes[-1][0], changes[-1][1]) if changes else ChangeCursor(*target.watermark)
 
-    changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark)))
-    head = changes[-1].cursor if changes else ChangeCursor(*target.watermark)
-    if current is not None and (head.txid, head.id) <= current.watermark:
-        # Nothing committed since the current version: finish the copy, publish nothing.
-        rankview.copy_finish(r, keys, token, target, watermark=(head.txid, head.id), version=target.version)
-        return EpochResult(status="idle", version=current.version)
-
-    newest = changes_newest(
-        StreamChange(player_id=c.player_id, new_score=c.new_score, score_version=c.score_version) for c in changes
-    )
+    newest = newest_scores((c[2], c[3], c[4]) for c in changes)
     old_scores = rankview.copy_scores_get(r, keys, target.copy, list(newest))
     touched = rankview.copy_apply(r, keys, token, target, old_scores, newest)
     problems = rankview.copy_verify_counts(r, keys, target, touched)
@@ -121,22 +136,26 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -
         counts=list(target.counts), checksums=list(target.checksums),
         top=rankview.copy_top(r, keys, target, limit=100),
     )
-    rankview.manifest_store(r, keys, manifest)
+    rankview.manifest_store(r, keys, manifest, token=token)
     rankview.pointer_publish(r, keys, token=token, expected=current_version, version=version)
     if current is not None:
         rankview.copy_release(r, keys, current.copy, at=time.time())
     epoch_ms = (time.monotonic() - started) * 1000
-    _manifest_record(season=season, manifest=manifest, changed=len(newest), epoch_ms=epoch_ms)
-    return EpochResult(status="published", version=version, changed_players=len(newest), duration_ms=epoch_ms)
+    # Players whose entry differs from the previous version (every player of a first
+    # one); the copy itself applied `newest`, the changes since it was last current.
+    changed = len(fresh) if current is not None else manifest.total
+    _manifest_record(season=season, manifest=manifest, changed=changed, epoch_ms=epoch_ms)
+    transaction.on_commit(lambda: live_version_published(season.slug, version))  # live sockets (CONTRACT.md 6)
+    return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms)
 
 
-def _changes_after(*, season_id: int, cursor: ChangeCursor) -> Iterator:  # type: ignore[type-arg]
+def _changes_after(*, season_id: int, cursor: ChangeCursor) -> Iterator[tuple[int, int, str, int, int]]:
     while True:
-        page = score_changes_after(season_id=season_id, cursor=cursor, limit=STREAM_PAGE)
+        page = score_change_heads_after(season_id=season_id, cursor=cursor, limit=STREAM_PAGE)
         yield from page
         if len(page) < STREAM_PAGE:
             return
-        cursor = page[-1].cursor
+        cursor = ChangeCursor(page[-1][0], page[-1][1])
 
 
 def _manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_ms: float) -> None:

@@ -118,6 +118,10 @@ class Manifest(models.Model):
     changed_players = models.BigIntegerField(default=0)
     epoch_ms = models.FloatField(default=0)
     published_at = models.DateTimeField()
+    # Set once, when this version is approved as the season's FINAL: SHA-256 over the
+    # canonical standings (seasons.final.standings_hash).
+    is_final = models.BooleanField(default=False)
+    content_hash = models.CharField(max_length=64, blank=True)
 
     class Meta:
         constraints = [
@@ -127,3 +131,100 @@ class Manifest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.season_id} v{self.version}"
+
+
+class LateResult(models.Model):
+    """A pre-cutoff result that arrived after the ingest seal: it waits for staff, never enters the board itself."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPLIED = "applied"
+        DISMISSED = "dismissed"
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+")
+    ledger_event = models.OneToOneField(ScoreEvent, on_delete=models.PROTECT, related_name="late_result")
+    player_id = models.CharField(max_length=64)
+    best_score = models.IntegerField()
+    completed_at = models.DateTimeField()
+    received_at = models.DateTimeField()
+    reason = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    resolved_by_label = models.CharField(max_length=200, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolution_reason = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["season", "status"], name="late_result_queue")]
+
+
+class RebuildJob(models.Model):
+    """A shadow build of a season's views from the ledger (a rebuild, or a new bucket layout).
+
+    Progress is persisted so the console and the command line can show it; the old
+    version keeps serving until the shadow passes its comparison and is published.
+    """
+
+    class Kind(models.TextChoices):
+        REBUILD = "rebuild"
+        SPLIT = "split"
+        RECOVERY = "recovery"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        BUILDING = "building"
+        COMPARING = "comparing"
+        READY = "ready"  # a split waiting for a person to publish it
+        PUBLISHED = "published"
+        FAILED = "failed"
+        DISCARDED = "discarded"
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="rebuild_jobs")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    copy = models.CharField(max_length=16, blank=True)
+    layout = models.JSONField()
+    requested_by_label = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+    done = models.BigIntegerField(default=0)
+    total = models.BigIntegerField(default=0)
+    rate = models.FloatField(default=0.0)
+    eta_seconds = models.FloatField(null=True, blank=True)
+    watermark_txid = models.BigIntegerField(null=True, blank=True)
+    watermark_id = models.BigIntegerField(null=True, blank=True)
+    compared_version = models.BigIntegerField(null=True, blank=True)
+    published_version = models.BigIntegerField(null=True, blank=True)
+    report = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            # At most one shadow build in flight per season: the claim is this row.
+            models.UniqueConstraint(
+                fields=["season"],
+                condition=models.Q(status__in=["queued", "building", "comparing"]),
+                name="rebuild_job_one_active_per_season",
+            ),
+        ]
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.done / self.total if self.total else (100.0 if self.status == "published" else 0.0)
+
+
+class ReconciliationRun(models.Model):
+    """One run of the continuous reconciliation on a season's current version."""
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="reconciliation_runs")
+    version = models.BigIntegerField(null=True)
+    mode = models.CharField(max_length=16)  # sampled | full
+    ok = models.BooleanField()
+    findings = models.JSONField()
+    started_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+
+    class Meta:
+        ordering = ["-id"]

@@ -34,6 +34,9 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked
 
 LOOKUP_SHARDS = 16
+# The copies of the index (R = 2): the materializer alternates between them, and a rank
+# read fetches the player's lookup score in each with the pointer, in one round trip.
+COPY_NAMES = ("0", "1")
 MANIFEST_TTL = 3600
 APPLY_CHUNK = 2000
 
@@ -245,8 +248,13 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int, meta: CopyMeta,
             continue
 
         def queue(pipe: Any, plan: EpochPlan = plan) -> None:
+            # One command per touched bucket and lookup shard, not one per player: the
+            # chunk's MULTI/EXEC then costs ~100 commands to queue and parse, not ~3,000.
+            zrems: dict[int, list[str]] = {}
             for bucket, player_id in plan.removals:
-                pipe.zrem(keys.bucket(meta.copy, layout_id, bucket), player_id)
+                zrems.setdefault(bucket, []).append(player_id)
+            for bucket, members in zrems.items():
+                pipe.zrem(keys.bucket(meta.copy, layout_id, bucket), *members)
             zadds: dict[int, dict[str, int]] = {}
             for bucket, player_id, score in plan.additions:
                 zadds.setdefault(bucket, {})[player_id] = -score
@@ -346,8 +354,37 @@ def bucket_checksum_scan(r: redis.Redis, keys: Keys, copy: str, layout_id: int, 
 # -------------------------------------------------------------------------- manifests
 
 
-def manifest_store(r: redis.Redis, keys: Keys, manifest: Manifest) -> None:
-    r.set(keys.manifest(manifest.version), manifest.to_json(), ex=MANIFEST_TTL)
+def manifest_store(r: redis.Redis, keys: Keys, manifest: Manifest, *, token: int | None = None) -> None:
+    """Store a manifest; with `token`, only while that token holds the lease.
+
+    A coordinator that stalls after building a version can find its version number
+    published by its successor: unfenced, its late write would replace the successor's
+    manifest with one naming a stale copy generation.
+    """
+    raw = manifest.to_json()
+    if token is None:
+        r.set(keys.manifest(manifest.version), raw, ex=MANIFEST_TTL)
+        return
+
+    def queue(pipe: Any) -> None:
+        pipe.set(keys.manifest(manifest.version), raw, ex=MANIFEST_TTL)
+
+    _fenced(r, keys, token, queue)
+
+
+def copy_holds(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
+    """Whether the manifest's copy still holds exactly its version.
+
+    The generation alone is not enough: a dropped and rebuilt copy (or one rebuilt after
+    Redis lost it) counts its generations again from the start, so an old manifest could
+    match it. Version numbers are never reused; (generation, version) is unique.
+    """
+    gen, version = r.hmget(keys.copy_meta(manifest.copy), ["gen", "version"])
+    return _holds(manifest, gen, version)
+
+
+def _holds(manifest: Manifest, gen: bytes | None, version: bytes | None) -> bool:
+    return gen is not None and version is not None and int(gen) == manifest.gen and int(version) == manifest.version
 
 
 def pointer_get(r: redis.Redis, keys: Keys) -> int | None:
@@ -396,6 +433,9 @@ class _Torn(Exception):
     """The copy under a read was mutated (or the read outlived its deadline): retry."""
 
 
+Torn = _Torn  # for the invariant checker, which reports it instead of retrying
+
+
 @dataclass(frozen=True, slots=True)
 class PlayerView:
     manifest: Manifest
@@ -412,15 +452,20 @@ class RankReader:
     version, or answers 410 when the caller pinned a version.
     """
 
-    def __init__(self, r: redis.Redis, keys: Keys, *, deadline: float, attempts: int = 3):
+    def __init__(self, r: redis.Redis, keys: Keys, *, deadline: float, attempts: int = 3,
+                 copies: tuple[str, ...] = COPY_NAMES):
         self.r = r
         self.keys = keys
         self.deadline = deadline
         self.attempts = attempts
+        self.copies = copies
 
     # -- manifest selection
     def _manifest(self, version: int | None) -> Manifest:
-        current = pointer_get(self.r, self.keys)
+        return self._select(pointer_get(self.r, self.keys), version)
+
+    def _select(self, current: int | None, version: int | None) -> Manifest:
+        """The manifest a read uses, given the current pointer and the version asked for."""
         if version is None:
             if current is None:
                 raise Unavailable()
@@ -453,8 +498,7 @@ class RankReader:
         raise Unavailable()
 
     def _validate(self, manifest: Manifest, started: float) -> None:
-        gen = self.r.hget(self.keys.copy_meta(manifest.copy), "gen")
-        if gen is None or int(gen) != manifest.gen:
+        if not copy_holds(self.r, self.keys, manifest):
             raise _Torn()
         if time.monotonic() - started > self.deadline:
             raise _Torn()
@@ -490,15 +534,56 @@ class RankReader:
         return score, before + int(index) + 1, before + int(higher_in_bucket) + 1
 
     def rank(self, player_id: str, version: int | None = None) -> PlayerView:
-        def body(manifest: Manifest) -> PlayerView:
-            found = self.locate(manifest, player_id)
-            if found is None:
-                return PlayerView(manifest=manifest, entry=None, total=manifest.total)
-            score, position, rank = found
-            entry = Entry(position=position, rank=rank, player_id=player_id, score=score)
-            return PlayerView(manifest=manifest, entry=entry, total=manifest.total)
+        """The player's entry in one version, in two round trips.
 
-        return self._run(version, body)  # type: ignore[no-any-return]
+        The same reads and the same seqlock as `_run` + `locate`, pipelined: (1) the
+        pointer, then the player's lookup score in every copy (read after the pointer,
+        so the current version's copy already held it); (2) ZCOUNT and ZRANK in the
+        score's bucket, then the copy's (generation, version), which Redis executes
+        after them, so an unchanged pair proves no mutation began before the reads.
+        """
+        shard = lookup_shard(player_id)
+        for _ in range(self.attempts):
+            started = time.monotonic()
+            with self.r.pipeline(transaction=False) as pipe:
+                pipe.get(self.keys.ptr)
+                for copy in self.copies:
+                    pipe.hget(self.keys.lookup(copy, shard), player_id)
+                raw_ptr, *lookups = pipe.execute()
+            manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
+            try:
+                if manifest.copy in self.copies:
+                    score_raw = lookups[self.copies.index(manifest.copy)]
+                else:
+                    score_raw = self.r.hget(self.keys.lookup(manifest.copy, shard), player_id)
+                return self._rank_of(manifest, player_id, score_raw, started)
+            except _Torn:
+                current = pointer_get(self.r, self.keys)
+                if version is not None:
+                    raise VersionExpired(current) from None
+        raise Unavailable()
+
+    def _rank_of(self, manifest: Manifest, player_id: str, score_raw: bytes | None, started: float) -> PlayerView:
+        if score_raw is None:
+            self._validate(manifest, started)
+            return PlayerView(manifest=manifest, entry=None, total=manifest.total)
+        score = int(score_raw)
+        bucket = manifest.layout.bucket_of(score)
+        key = self._bucket_key(manifest, bucket)
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.zcount(key, "-inf", f"({-score}")
+            pipe.zrank(key, player_id)
+            pipe.hmget(self.keys.copy_meta(manifest.copy), ["gen", "version"])
+            higher_in_bucket, index, (gen, held) = pipe.execute()
+        if index is None:
+            # The lookup and the index disagree: only possible mid-mutation.
+            raise _Torn()
+        if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
+            raise _Torn()
+        before = manifest.higher[bucket]
+        entry = Entry(position=before + int(index) + 1, rank=before + int(higher_in_bucket) + 1,
+                      player_id=player_id, score=score)
+        return PlayerView(manifest=manifest, entry=entry, total=manifest.total)
 
     def entries_at(self, manifest: Manifest, first: int, limit: int,
                 known: tuple[int, int, int] | None = None) -> list[Entry]:

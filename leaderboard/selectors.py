@@ -53,27 +53,10 @@ def score_changes_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10
     transaction that can still commit has a larger txid, so it sorts after the cursor.
     On SQLite writers are serialized (BEGIN IMMEDIATE), so ids are in commit order.
     """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as db:
-            db.execute(
-                "SELECT txid, id, player_id, old_score, new_score, score_version, event_id, committed_at "
-                "FROM leaderboard_scorechange "
-                "WHERE season_id = %s AND (txid, id) > (%s, %s) "
-                "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
-                "ORDER BY txid, id LIMIT %s",
-                [season_id, cursor.txid, cursor.id, limit],
-            )
-            rows = db.fetchall()
-    else:
-        rows = list(
-            ScoreChange.objects.filter(season_id=season_id)
-            .filter(Q(txid__gt=cursor.txid) | Q(txid=cursor.txid, id__gt=cursor.id))
-            .order_by("txid", "id")
-            .values_list(
-                "txid", "id", "player_id", "old_score", "new_score", "score_version", "event_id",
-                "committed_at",
-            )[:limit]
-        )
+    rows = _change_rows(
+        season_id=season_id, cursor=cursor, limit=limit,
+        columns=("txid", "id", "player_id", "old_score", "new_score", "score_version", "event_id", "committed_at"),
+    )
     return [
         ChangeRow(
             cursor=ChangeCursor(txid=row[0], id=row[1]),
@@ -86,6 +69,40 @@ def score_changes_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10
         )
         for row in rows
     ]
+
+
+def score_change_heads_after(*, season_id: int, cursor: ChangeCursor,
+                             limit: int = 10_000) -> list[tuple[int, int, str, int, int]]:
+    """The page `score_changes_after` returns, as (txid, id, player_id, new_score, score_version).
+
+    Same rows, same order, same visibility rule; only what a materializer needs, as plain
+    tuples: an epoch reads tens of thousands of changes and neither parses timestamps nor
+    builds an object per change.
+    """
+    return _change_rows(  # type: ignore[return-value]
+        season_id=season_id, cursor=cursor, limit=limit,
+        columns=("txid", "id", "player_id", "new_score", "score_version"),
+    )
+
+
+def _change_rows(*, season_id: int, cursor: ChangeCursor, limit: int, columns: tuple[str, ...]) -> list[tuple]:  # type: ignore[type-arg]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as db:
+            db.execute(
+                f"SELECT {', '.join(columns)} "
+                "FROM leaderboard_scorechange "
+                "WHERE season_id = %s AND (txid, id) > (%s, %s) "
+                "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
+                "ORDER BY txid, id LIMIT %s",
+                [season_id, cursor.txid, cursor.id, limit],
+            )
+            return db.fetchall()
+    return list(
+        ScoreChange.objects.filter(season_id=season_id)
+        .filter(Q(txid__gt=cursor.txid) | Q(txid=cursor.txid, id__gt=cursor.id))
+        .order_by("txid", "id")
+        .values_list(*columns)[:limit]
+    )
 
 
 def api_client_by_token(*, token: str) -> ApiClient | None:

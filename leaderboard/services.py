@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 
+import redis
 from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_log
 from leaderboard import ledger_store
 from leaderboard.core.events import ScoreEvent
-from leaderboard.core.ledger import Outcome, batch_plan
-from leaderboard.core.lifecycle import admission_rejection
+from leaderboard.core.ledger import REJECTED, BatchPlan, Outcome, batch_plan
+from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
+from leaderboard.metrics import metrics_outcomes_count
 from leaderboard.models import ApiClient
-from seasons.models import Season
+from seasons.models import FinalCorrection, Season
+
+log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "lbk_"
 KNOWN_SCOPES = frozenset({"scores:write"})
@@ -34,7 +40,7 @@ class ApplyResult:
 
 
 def score_events_apply(
-    *, season: Season, events: list[ScoreEvent], client: ApiClient | None
+    *, season: Season, events: list[ScoreEvent], client: ApiClient | None, actor: Actor | None = None
 ) -> ApplyResult:
     """Apply one validated batch to the ledger (CONTRACT.md 2) in a single transaction.
 
@@ -43,6 +49,8 @@ def score_events_apply(
     (ledger, current scores, change stream) in one set-based statement.
     """
     now = timezone.now()
+    # Hashing needs no database state: do it before taking the season lock.
+    digests = [event.payload_hash() for event in events]
     with transaction.atomic():
         ledger_store.season_write_lock(season_id=season.pk)
         # Re-read under the lock: a lifecycle transition takes the same lock, so the
@@ -69,11 +77,52 @@ def score_events_apply(
             current=current,
             rejection=rejection,
             pending_version=published + 1,
+            digests=digests,
         )
         ledger_store.batch_plan_write(
             season_id=season.pk, plan=plan, client_id=client.pk if client else None, now=now
         )
+        late = [row for row in plan.ledger_rows if row.status == REJECTED and row.reason == LATE_AFTER_SEAL]
+        if late:
+            ledger_store.late_results_record(season_id=season.pk, rows=late, now=now)
+        if state == SeasonState.FINAL and plan.changes:
+            _final_corrections_record(season=season, plan=plan, actor=actor or _client_actor(client), now=now)
+        outcomes = [(o.status, o.reason) for o in plan.outcomes]
+        transaction.on_commit(lambda: _outcomes_count(season.slug, outcomes))
     return ApplyResult(outcomes=plan.outcomes, leaderboard_version=published)
+
+
+def _outcomes_count(season_slug: str, outcomes: list[tuple[str, str]]) -> None:
+    # Metrics are best effort: the batch is committed, Redis trouble must not turn it into an error.
+    try:
+        metrics_outcomes_count(season_slug=season_slug, statuses=outcomes)
+    except redis.RedisError:
+        log.warning("could not count ingest outcomes for %s", season_slug, exc_info=True)
+
+
+def _client_actor(client: ApiClient | None) -> Actor:
+    if client is None:
+        return Actor(kind="system", id="", label="system")
+    return Actor(kind="api_client", id=str(client.pk), label=client.name)
+
+
+def _final_corrections_record(*, season: Season, plan: BatchPlan, actor: Actor, now: datetime) -> None:
+    """A change to a FINAL season is listed beside the FINAL and audited; the FINAL itself never changes."""
+    reasons = {row.event.event_id: row.event.reason for row in plan.ledger_rows}
+    pending = {row.event.event_id: row.pending_version for row in plan.ledger_rows}
+    FinalCorrection.objects.bulk_create(
+        FinalCorrection(
+            season=season, player_id=c.player_id, score_before=c.old_score, score_after=c.new_score,
+            event_id=c.event_id, pending_version=pending.get(c.event_id),
+            actor_label=actor.label, reason=reasons.get(c.event_id, ""), created_at=now,
+        )
+        for c in plan.changes
+    )
+    for c in plan.changes:
+        audit_log(actor=actor, action="season.final.correction", target_type="player", target_id=c.player_id,
+                  season_slug=season.slug, before={"score": c.old_score},
+                  after={"score": c.new_score, "score_version": c.score_version, "event_id": c.event_id},
+                  reason=reasons.get(c.event_id, ""))
 
 
 def api_token_hash(token: str) -> str:

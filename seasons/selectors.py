@@ -1,7 +1,32 @@
 from __future__ import annotations
 
-from seasons.models import Season
+from leaderboard.models import Manifest as ManifestRow
+from seasons.models import FinalCandidate, FinalCorrection, FinalStanding, Season
 
 
 def season_get(*, slug: str) -> Season | None:
     return Season.objects.filter(slug=slug).first()
+
+
+def final_manifest_get(*, season: Season) -> ManifestRow | None:
+    if season.final_version is None:
+        return None
+    return ManifestRow.objects.filter(season=season, version=season.final_version, is_final=True).first()
+
+
+def final_candidate_approved(*, season: Season) -> FinalCandidate | None:
+    return season.final_candidates.filter(status=FinalCandidate.Status.APPROVED).first()
+
+
+def final_standings_window(*, season: Season, from_position: int, limit: int) -> list[FinalStanding]:
+    return list(
+        FinalStanding.objects.filter(season=season, position__gte=from_position).order_by("position")[:limit]
+    )
+
+
+def final_standing_get(*, season: Season, player_id: str) -> FinalStanding | None:
+    return FinalStanding.objects.filter(season=season, player_id=player_id).first()
+
+
+def final_corrections_list(*, season: Season) -> list[FinalCorrection]:
+    return list(FinalCorrection.objects.filter(season=season).order_by("id"))

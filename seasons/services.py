@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from audit.services import Actor, audit_log
+from audit.services import SYSTEM, Actor, audit_log
+from leaderboard import ledger_store, rankview
 from leaderboard.core.buckets import BucketLayout
-from leaderboard.core.lifecycle import initial_state
-from seasons.models import Season
+from leaderboard.core.lifecycle import (
+    SeasonState,
+    TransitionError,
+    approval_check,
+    due_transition,
+    initial_state,
+    transition_check,
+)
+from leaderboard.core.manifest import Manifest
+from leaderboard.materializer import season_keys
+from leaderboard.models import Manifest as ManifestRow
+from leaderboard.models import ScoreChange
+from leaderboard.reconcile import display_order_sql, version_reconcile
+from leaderboard.redis_client import redis_get
+from seasons.models import FinalCandidate, FinalStanding, Season
 
 
 class SeasonError(ValueError):
@@ -49,3 +66,273 @@ def season_create(
             },
         )
     return season
+
+
+# ------------------------------------------------------------------------ lifecycle
+
+
+def _locked_season(season: Season) -> Season:
+    """Take the season's write lock (ingest writers take it too) and re-read the row."""
+    ledger_store.season_write_lock(season_id=season.pk)
+    return Season.objects.select_for_update().get(pk=season.pk)
+
+
+def _season_snapshot(season: Season) -> dict[str, object]:
+    return {
+        "state": season.state,
+        "published_version": season.published_version,
+        "final_version": season.final_version,
+        "ingest_watermark": (
+            None if season.ingest_watermark_txid is None
+            else f"{season.ingest_watermark_txid}:{season.ingest_watermark_id}"
+        ),
+    }
+
+
+def season_transition(*, season: Season, target: SeasonState, actor: Actor, reason: str = "") -> Season:
+    """SCHEDULED -> OPEN and OPEN -> CLOSING, by the clock (beat) or by staff."""
+    if target not in (SeasonState.OPEN, SeasonState.CLOSING):
+        raise SeasonError(f"use the dedicated service to make a season {target}")
+    with transaction.atomic():
+        locked = _locked_season(season)
+        before = _season_snapshot(locked)
+        try:
+            action = transition_check(current=locked.state, target=target, now=timezone.now(), cutoff=locked.cutoff)
+        except TransitionError as exc:
+            raise SeasonError(str(exc)) from exc
+        locked.state = target.value
+        locked.save(update_fields=["state"])
+        audit_log(actor=actor, action=action, target_type="season", target_id=locked.slug, season_slug=locked.slug,
+                  before=before, after=_season_snapshot(locked), reason=reason)
+    return locked
+
+
+def season_seal_ingest(*, season: Season, actor: Actor, reason: str = "") -> Season:
+    """CLOSING -> FINALIZING: record the ingest high watermark of the change stream.
+
+    Under the season's write lock no ingest transaction is in flight, so every change at
+    or below the watermark is committed; results that arrive after it go to the
+    late-results queue.
+    """
+    with transaction.atomic():
+        locked = _locked_season(season)
+        before = _season_snapshot(locked)
+        try:
+            action = transition_check(current=locked.state, target=SeasonState.FINALIZING, now=timezone.now(),
+                                      cutoff=locked.cutoff)
+        except TransitionError as exc:
+            raise SeasonError(str(exc)) from exc
+        head = (
+            ScoreChange.objects.filter(season_id=locked.pk).order_by("-txid", "-id").values_list("txid", "id").first()
+        )
+        locked.ingest_watermark_txid, locked.ingest_watermark_id = head if head is not None else (0, 0)
+        locked.sealed_at = timezone.now()
+        locked.state = SeasonState.FINALIZING.value
+        locked.save(update_fields=["state", "sealed_at", "ingest_watermark_txid", "ingest_watermark_id"])
+        audit_log(actor=actor, action=action, target_type="season", target_id=locked.slug, season_slug=locked.slug,
+                  before=before, after=_season_snapshot(locked), reason=reason)
+    return locked
+
+
+def seasons_lifecycle_tick(*, now: datetime | None = None) -> list[str]:
+    """What the clock calls for (Celery beat): open, close, seal, and build FINAL candidates."""
+    now = now or timezone.now()
+    done: list[str] = []
+    seal_after = settings.SEAL_AFTER_CUTOFF_SECONDS
+    for season in Season.objects.exclude(state=SeasonState.FINAL):
+        due = due_transition(state=season.state, now=now, starts_at=season.starts_at, cutoff=season.cutoff,
+                             cutoff_seal_seconds=seal_after)
+        try:
+            if due in (SeasonState.OPEN, SeasonState.CLOSING):
+                season_transition(season=season, target=due, actor=SYSTEM)
+                done.append(f"{season.slug}: {due}")
+            elif due == SeasonState.FINALIZING:
+                season_seal_ingest(season=season, actor=SYSTEM, reason="automatic seal after the cutoff")
+                done.append(f"{season.slug}: sealed")
+            elif season.state == SeasonState.FINALIZING and not season.final_candidates.filter(
+                status__in=[FinalCandidate.Status.BUILT, FinalCandidate.Status.PROPOSED]
+            ).exists():
+                candidate = season_final_candidate_build(season=season, actor=SYSTEM)
+                done.append(f"{season.slug}: candidate v{candidate.version}")
+        except (SeasonError, FinalNotReady) as exc:
+            done.append(f"{season.slug}: {exc}")
+    return done
+
+
+# ---------------------------------------------------------------------------- FINAL
+
+
+class FinalNotReady(SeasonError):
+    pass
+
+
+def _current_manifest(season: Season) -> Manifest | None:
+    r = redis_get()
+    keys = season_keys(season)
+    version = rankview.pointer_get(r, keys)
+    return rankview.manifest_get(r, keys, version) if version else None
+
+
+def season_final_candidate_build(*, season: Season, actor: Actor, sample: int | None = None) -> FinalCandidate:
+    """Reconcile the current version against the ledger and record it as the FINAL candidate.
+
+    Only once the version covers the ingest watermark: everything accepted before the
+    seal is in it. Any failed check is recorded and blocks approval.
+    """
+    season.refresh_from_db()
+    if season.state != SeasonState.FINALIZING:
+        raise SeasonError(f"a {season.state} season has no FINAL candidate to build")
+    manifest = _current_manifest(season)
+    if manifest is None:
+        raise FinalNotReady("no published version yet")
+    sealed = (season.ingest_watermark_txid or 0, season.ingest_watermark_id or 0)
+    if manifest.watermark < sealed:
+        raise FinalNotReady(
+            f"version {manifest.version} covers the change stream up to {manifest.watermark}, "
+            f"the seal is at {sealed}: waiting for the materializer"
+        )
+    report = version_reconcile(
+        r=redis_get(), keys=season_keys(season), season_id=season.pk, version=manifest.version,
+        sample=sample if sample is not None else settings.FINAL_SAMPLE_SIZE,
+    )
+    with transaction.atomic():
+        FinalCandidate.objects.filter(
+            season=season, status__in=[FinalCandidate.Status.BUILT, FinalCandidate.Status.PROPOSED]
+        ).update(status=FinalCandidate.Status.SUPERSEDED)
+        candidate = FinalCandidate.objects.create(
+            season=season, version=manifest.version, built_at=timezone.now(), report=report.as_dict(),
+            reconciliation_ok=report.ok,
+        )
+        audit_log(actor=actor, action="season.final.candidate_built", target_type="final_candidate",
+                  target_id=str(candidate.pk), season_slug=season.slug,
+                  after={"version": manifest.version, "reconciliation_ok": report.ok,
+                         "failed_checks": [f.check for f in report.failures()]})
+    return candidate
+
+
+def _staff_id(actor: Actor) -> str:
+    if actor.kind != "user" or not actor.id:
+        raise SeasonError("only a staff member can propose, approve or reject FINAL standings")
+    return actor.id
+
+
+def season_final_propose(*, candidate: FinalCandidate, actor: Actor, reason: str = "") -> FinalCandidate:
+    staff_id = _staff_id(actor)
+    with transaction.atomic():
+        locked = FinalCandidate.objects.select_for_update().get(pk=candidate.pk)
+        if locked.status != FinalCandidate.Status.BUILT:
+            raise SeasonError(f"candidate is {locked.status}, only a built candidate can be proposed")
+        if not locked.reconciliation_ok:
+            failed = [f["check"] for f in locked.report["findings"] if not f["ok"]]
+            raise SeasonError(f"the reconciliation failed ({', '.join(failed)}): this candidate cannot be proposed")
+        locked.status = FinalCandidate.Status.PROPOSED
+        locked.proposed_by, locked.proposed_by_label, locked.proposed_at = staff_id, actor.label, timezone.now()
+        locked.save(update_fields=["status", "proposed_by", "proposed_by_label", "proposed_at"])
+        audit_log(actor=actor, action="season.final.proposed", target_type="final_candidate",
+                  target_id=str(locked.pk), season_slug=locked.season.slug,
+                  before={"status": FinalCandidate.Status.BUILT}, after={"status": locked.status,
+                                                                         "version": locked.version},
+                  reason=reason)
+    return locked
+
+
+def season_final_reject(*, candidate: FinalCandidate, actor: Actor, reason: str) -> FinalCandidate:
+    staff_id = _staff_id(actor)
+    if not reason.strip():
+        raise SeasonError("a rejection needs a reason")
+    with transaction.atomic():
+        locked = FinalCandidate.objects.select_for_update().get(pk=candidate.pk)
+        if locked.status not in (FinalCandidate.Status.BUILT, FinalCandidate.Status.PROPOSED):
+            raise SeasonError(f"candidate is {locked.status}")
+        before = locked.status
+        locked.status = FinalCandidate.Status.REJECTED
+        locked.decided_by, locked.decided_by_label, locked.decided_at = staff_id, actor.label, timezone.now()
+        locked.decision_reason = reason
+        locked.save(update_fields=["status", "decided_by", "decided_by_label", "decided_at", "decision_reason"])
+        audit_log(actor=actor, action="season.final.rejected", target_type="final_candidate",
+                  target_id=str(locked.pk), season_slug=locked.season.slug, before={"status": before},
+                  after={"status": locked.status}, reason=reason)
+    return locked
+
+
+def season_final_approve(*, candidate: FinalCandidate, actor: Actor, reason: str = "") -> Season:
+    """The second staff member approves: the standings are written to the database, hashed, and FINAL.
+
+    Under the season's write lock: no correction can slip in between the check that the
+    ledger still equals the candidate version and the copy of its standings.
+    """
+    staff_id = _staff_id(actor)
+    with transaction.atomic():
+        season = _locked_season(candidate.season)
+        locked = FinalCandidate.objects.select_for_update().get(pk=candidate.pk)
+        if season.state != SeasonState.FINALIZING:
+            raise SeasonError(f"a {season.state} season cannot be approved")
+        if locked.status != FinalCandidate.Status.PROPOSED:
+            raise SeasonError(f"candidate is {locked.status}; it must be proposed first")
+        check = approval_check(
+            proposer_id=int(locked.proposed_by) if locked.proposed_by else None, approver_id=int(staff_id),
+            reconciliation_ok=locked.reconciliation_ok, candidate_version=locked.version,
+            published_version=season.published_version,
+        )
+        if not check.ok:
+            raise SeasonError(check.reason)
+        manifest_row = ManifestRow.objects.get(season=season, version=locked.version)
+        newer = ScoreChange.objects.filter(season_id=season.pk).filter(
+            Q(txid__gt=manifest_row.watermark_txid)
+            | Q(txid=manifest_row.watermark_txid, id__gt=manifest_row.watermark_id)
+        )
+        if newer.exists():
+            raise SeasonError("the ledger changed after the candidate version: build a new candidate")
+        digest, total = final_standings_write(season=season)
+        if total != manifest_row.total_players:
+            raise SeasonError(f"the standings hold {total} players, the candidate version {manifest_row.total_players}")
+        manifest_row.is_final = True
+        manifest_row.content_hash = digest
+        manifest_row.save(update_fields=["is_final", "content_hash"])
+        before = _season_snapshot(season)
+        season.state = SeasonState.FINAL.value
+        season.final_version = locked.version
+        season.finalized_at = timezone.now()
+        season.save(update_fields=["state", "final_version", "finalized_at"])
+        locked.status = FinalCandidate.Status.APPROVED
+        locked.decided_by, locked.decided_by_label, locked.decided_at = staff_id, actor.label, timezone.now()
+        locked.decision_reason = reason
+        locked.save(update_fields=["status", "decided_by", "decided_by_label", "decided_at", "decision_reason"])
+        audit_log(actor=actor, action="season.final.approved", target_type="season", target_id=season.slug,
+                  season_slug=season.slug, before=before,
+                  after={**_season_snapshot(season), "content_hash": digest, "total_players": total,
+                         "proposed_by": locked.proposed_by_label},
+                  reason=reason)
+    return season
+
+
+def final_standings_write(*, season: Season) -> tuple[str, int]:
+    """Copy the ledger's current scores, ranked, into FinalStanding; return (SHA-256, rows).
+
+    One INSERT ... SELECT with window functions: rank() is competition ranking and
+    row_number() the display order of CONTRACT.md 1 (byte order of player ids).
+    """
+    order = display_order_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO seasons_finalstanding (season_id, position, rank, player_id, score) "
+            f"SELECT %s, row_number() OVER w, rank() OVER (ORDER BY score DESC), player_id, score "
+            f"FROM leaderboard_playerscore WHERE season_id = %s WINDOW w AS ({order})",
+            [season.pk, season.pk],
+        )
+    return final_standings_hash(season_id=season.pk)
+
+
+def final_standings_hash(*, season_id: int) -> tuple[str, int]:
+    """SHA-256 over the canonical standings: one "position\\trank\\tplayer_id\\tscore\\n" line per row,
+    in position order, UTF-8. Anyone holding the rows can recompute it."""
+    digest = hashlib.sha256()
+    rows = 0
+    query = (
+        FinalStanding.objects.filter(season_id=season_id).order_by("position")
+        .values_list("position", "rank", "player_id", "score")
+    )
+    for position, rank, player_id, score in query.iterator(chunk_size=20_000):
+        digest.update(f"{position}\t{rank}\t{player_id}\t{score}\n".encode())
+        rows += 1
+    return digest.hexdigest(), rows

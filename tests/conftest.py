@@ -103,3 +103,15 @@ def redis_flushed() -> Iterator[Any]:
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def rank_views(redis_flushed: Any, settings: Any) -> Iterator[Any]:
+    """A flushed Redis, an empty manifest cache and no copy grace period (for tests that run
+    epochs back to back with no concurrent reader); yields the Redis client."""
+    from leaderboard import rankview
+
+    rankview.manifest_cache_clear()
+    settings.COPY_GRACE_SECONDS = 0.0
+    yield redis_flushed
+    rankview.manifest_cache_clear()

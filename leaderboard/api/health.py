@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from leaderboard.metrics import metrics_render
 from leaderboard.redis_client import redis_get
 
 
@@ -27,3 +28,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["redis"] = f"error: {exc.__class__.__name__}"
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text exposition; scrape it from inside the deployment's network."""
+    return HttpResponse(metrics_render(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -13,36 +13,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from leaderboard.api.errors import ApiError, validation_error
-from leaderboard.core.events import check_player_id
+from leaderboard.api.errors import ApiError
+from leaderboard.api.params import bool_param, int_param, player_id_param
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry
 from leaderboard.rankview import RankReader, Unavailable, VersionExpired
 from leaderboard.selectors import leaderboard_reader, player_pending_score
 from seasons.selectors import season_get
-
-
-def _int_param(request: Request, name: str, *, default: int | None, low: int, high: int | None) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise validation_error({name: ["must be an integer"]}) from None
-    if value < low or (high is not None and value > high):
-        bounds = f"{low}..{high}" if high is not None else f">= {low}"
-        raise validation_error({name: [f"must be in {bounds}"]})
-    return value
-
-
-def _bool_param(request: Request, name: str) -> bool:
-    raw = request.query_params.get(name, "").lower()
-    if raw in ("", "false", "0", "no"):
-        return False
-    if raw in ("true", "1", "yes"):
-        return True
-    raise validation_error({name: ["must be true or false"]})
 
 
 def _envelope(manifest: Manifest, body: dict[str, Any]) -> dict[str, Any]:
@@ -82,8 +59,8 @@ class LeaderboardReadView(APIView):
 
 class TopView(LeaderboardReadView):
     def get(self, request: Request, season_id: str) -> Response:
-        limit = _int_param(request, "limit", default=100, low=1, high=100)
-        version = _int_param(request, "version", default=None, low=1, high=None)
+        limit = int_param(request, "limit", default=100, low=1, high=100)
+        version = int_param(request, "version", default=None, low=1, high=None)
 
         def call(reader: RankReader) -> Response:
             manifest, top = reader.top(limit or 100, version)
@@ -94,9 +71,9 @@ class TopView(LeaderboardReadView):
 
 class WindowView(LeaderboardReadView):
     def get(self, request: Request, season_id: str) -> Response:
-        first = _int_param(request, "from_position", default=1, low=1, high=None)
-        limit = _int_param(request, "limit", default=100, low=1, high=100)
-        version = _int_param(request, "version", default=None, low=1, high=None)
+        first = int_param(request, "from_position", default=1, low=1, high=None)
+        limit = int_param(request, "limit", default=100, low=1, high=100)
+        version = int_param(request, "version", default=None, low=1, high=None)
 
         def call(reader: RankReader) -> Response:
             manifest, entries = reader.window(first or 1, limit or 100, version)
@@ -105,13 +82,6 @@ class WindowView(LeaderboardReadView):
             }))
 
         return self.read(season_id, call)
-
-
-def _player_id(player_id: str) -> str:
-    problem = check_player_id(player_id)
-    if problem:
-        raise validation_error({"player_id": [problem]})
-    return player_id
 
 
 def _not_ranked(manifest: Manifest, player_id: str) -> Response:
@@ -124,9 +94,9 @@ def _not_ranked(manifest: Manifest, player_id: str) -> Response:
 
 class RankView(LeaderboardReadView):
     def get(self, request: Request, season_id: str, player_id: str) -> Response:
-        _player_id(player_id)
-        version = _int_param(request, "version", default=None, low=1, high=None)
-        include_pending = _bool_param(request, "include_pending")
+        player_id_param(player_id)
+        version = int_param(request, "version", default=None, low=1, high=None)
+        include_pending = bool_param(request, "include_pending")
 
         def call(reader: RankReader) -> Response:
             view = reader.rank(player_id, version)
@@ -153,9 +123,9 @@ class RankView(LeaderboardReadView):
 
 class NeighborsView(LeaderboardReadView):
     def get(self, request: Request, season_id: str, player_id: str) -> Response:
-        _player_id(player_id)
-        radius = _int_param(request, "radius", default=10, low=0, high=10)
-        version = _int_param(request, "version", default=None, low=1, high=None)
+        player_id_param(player_id)
+        radius = int_param(request, "radius", default=10, low=0, high=10)
+        version = int_param(request, "version", default=None, low=1, high=None)
 
         def call(reader: RankReader) -> Response:
             manifest, me, entries = reader.neighbors(player_id, radius or 0, version)

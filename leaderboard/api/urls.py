@@ -1,7 +1,9 @@
+from django.conf import settings
 from django.urls import path
 
 from leaderboard.api import read_views
 from leaderboard.api.views import ScoresApplyView
+from seasons import api as final_api
 
 urlpatterns = [
     path("internal/v1/seasons/<str:season_id>/scores:apply", ScoresApplyView.as_view(), name="scores-apply"),
@@ -10,4 +12,16 @@ urlpatterns = [
     path("v1/seasons/<str:season_id>/players/<str:player_id>/rank", read_views.RankView.as_view(), name="player-rank"),
     path("v1/seasons/<str:season_id>/players/<str:player_id>/neighbors", read_views.NeighborsView.as_view(),
          name="player-neighbors"),
+    path("v1/seasons/<str:season_id>/final", final_api.FinalView.as_view(), name="final"),
+    path("v1/seasons/<str:season_id>/final/standings", final_api.FinalStandingsView.as_view(), name="final-standings"),
+    path("v1/seasons/<str:season_id>/final/players/<str:player_id>", final_api.FinalPlayerView.as_view(),
+         name="final-player"),
+    path("v1/seasons/<str:season_id>/final/corrections", final_api.FinalCorrectionsView.as_view(),
+         name="final-corrections"),
 ]
+
+if settings.BENCH_BASELINE:
+    from leaderboard.api.baseline_views import BaselineRankView
+
+    urlpatterns.append(path("bench/baseline/seasons/<str:season_id>/players/<str:player_id>/rank",
+                            BaselineRankView.as_view(), name="bench-baseline-rank"))

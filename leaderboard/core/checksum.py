@@ -13,9 +13,13 @@ from collections.abc import Iterable
 MODULUS = 2**64
 
 
+_blake2b = hashlib.blake2b
+_from_bytes = int.from_bytes
+
+
 def pair_hash(player_id: str, score: int) -> int:
-    digest = hashlib.blake2b(f"{player_id}\x00{score}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
+    # Two pairs are hashed per changed player in every epoch: no attribute lookups here.
+    return _from_bytes(_blake2b(f"{player_id}\x00{score}".encode(), digest_size=8).digest(), "big")
 
 
 def checksum_add(checksum: int, player_id: str, score: int) -> int:

@@ -23,12 +23,22 @@ class StreamChange:
 
 def changes_newest(changes: Iterable[StreamChange]) -> dict[str, int]:
     """The newest score per player: the highest score_version wins, whatever the order."""
-    best: dict[str, StreamChange] = {}
-    for change in changes:
-        seen = best.get(change.player_id)
-        if seen is None or change.score_version >= seen.score_version:
-            best[change.player_id] = change
-    return {player_id: change.new_score for player_id, change in best.items()}
+    return newest_scores((c.player_id, c.new_score, c.score_version) for c in changes)
+
+
+def newest_scores(changes: Iterable[tuple[str, int, int]]) -> dict[str, int]:
+    """`changes_newest` on plain (player_id, new_score, score_version) tuples.
+
+    The epoch reads tens of thousands of changes per run; tuples spare an object each.
+    """
+    versions: dict[str, int] = {}
+    scores: dict[str, int] = {}
+    for player_id, score, version in changes:
+        seen = versions.get(player_id)
+        if seen is None or version >= seen:
+            versions[player_id] = version
+            scores[player_id] = score
+    return scores
 
 
 @dataclass(slots=True)

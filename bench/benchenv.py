@@ -1,0 +1,238 @@
+"""Shared set-up of the view benchmarks (loader, epoch, memory, freshness, reads).
+
+Not a benchmark itself. `environment_prepare` must run before Django is imported: it
+points DATABASE_URL at a dedicated PostgreSQL database (created if missing), REDIS_URL
+at a separate Redis logical database (default /1, so test runs on /0 are not disturbed),
+sets SECRET_KEY if unset and DEBUG=false, then sets Django up and migrates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/bench"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_REDIS_DB = 1
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("environment")
+    group.add_argument(
+        "--database-url", default=None,
+        help=f"PostgreSQL URL (default: $DATABASE_URL or {DEFAULT_DATABASE_URL}); the database is created if missing",
+    )
+    group.add_argument(
+        "--redis-url", default=None, help=f"Redis server (default: $REDIS_URL or {DEFAULT_REDIS_URL})",
+    )
+    group.add_argument(
+        "--redis-db", type=int, default=DEFAULT_REDIS_DB,
+        help="Redis logical database the benchmark uses (replaces the URL's), so tests on /0 are not disturbed",
+    )
+    group.add_argument("--keep", action="store_true",
+                       help="keep the season's Redis keys and PostgreSQL rows afterwards (default: delete them)")
+    group.add_argument("--no-migrate", action="store_true", help="skip `manage.py migrate`")
+
+
+def _with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+def environment_prepare(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, str]:
+    """Set the environment every process of a benchmark shares, set Django up, migrate.
+
+    Returns the environment variables a child process (uvicorn, an epoch loop) needs.
+    """
+    db_url = args.database_url or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    parts = urlsplit(db_url)
+    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
+        raise SystemExit(f"these benchmarks need PostgreSQL; DATABASE_URL is {db_url!r}")
+    database_create_if_missing(db_url, quiet=quiet)
+    redis_url = _with_db(args.redis_url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL, args.redis_db)
+    env = {
+        "DATABASE_URL": db_url,
+        "REDIS_URL": redis_url,
+        "SECRET_KEY": os.environ.get("SECRET_KEY") or "bench-only-not-secret",
+        # DEBUG records every query; a benchmark measures the production configuration.
+        "DEBUG": "false",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "LOG_LEVEL": os.environ.get("LOG_LEVEL") or "WARNING",
+    }
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    if not getattr(args, "no_migrate", False):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, check=True,
+                       env={**os.environ})
+        if not quiet:
+            print(f"# migrations checked ({time.perf_counter() - started:.1f}s)")
+    if not quiet:
+        print(f"# database {urlsplit(db_url).path.lstrip('/')} on {parts.hostname}:{parts.port or 5432}, "
+              f"redis {redis_url}")
+    return env
+
+
+def database_create_if_missing(url: str, *, quiet: bool = False) -> None:
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    maintenance = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            if not quiet:
+                print(f"# creating database {name}")
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+# ----------------------------------------------------------------------------- seasons
+
+
+def season_slug(kind: str) -> str:
+    return f"bench-{kind}-{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def season_new(kind: str, layout: Any = None) -> Any:
+    """A fresh OPEN season (started a day ago, cutoff in 30 days) with a unique slug."""
+    from datetime import UTC, datetime, timedelta
+
+    from audit.services import Actor
+    from seasons.services import season_create
+
+    now = datetime.now(UTC)
+    return season_create(
+        slug=season_slug(kind), name=f"benchmark ({kind})", starts_at=now - timedelta(days=1),
+        cutoff=now + timedelta(days=30), actor=Actor(kind="system", id="", label="bench"), layout=layout,
+    )
+
+
+def season_redis_keys(r: Any, prefix: str, slug: str) -> list[bytes]:
+    """Every Redis key of a season: control keys `{P}:{slug}:*` and data keys `{P}:{slug:*}:*`."""
+    found: set[bytes] = set()
+    for pattern in (f"{prefix}:{{{slug}}}:*", f"{prefix}:{{{slug}:*"):
+        found.update(r.scan_iter(match=pattern, count=10_000))
+    return sorted(found)
+
+
+def season_cleanup(season: Any, *, keep: bool, extra_keys: Iterable[str] = (), quiet: bool = False) -> None:
+    """Delete the season's Redis keys (UNLINK: freed in the background) and its rows.
+
+    The ledger (ScoreEvent) is append-only by a database trigger, so its rows stay; the
+    current scores, change stream and manifests of the season are deleted.
+    """
+    if keep:
+        if not quiet:
+            print(f"# --keep: season {season.slug} left in Redis and PostgreSQL")
+        return
+    from django.conf import settings
+    from django.db import connection
+
+    from leaderboard import rankview
+    from leaderboard.redis_client import redis_get
+
+    started = time.perf_counter()
+    r = redis_get()
+    doomed = season_redis_keys(r, settings.REDIS_KEY_PREFIX, season.slug) + [k.encode() for k in extra_keys]
+    for start in range(0, len(doomed), 500):
+        r.unlink(*doomed[start : start + 500])
+    rankview.manifest_cache_clear()
+    with connection.cursor() as cursor:
+        for table in ("leaderboard_manifest", "leaderboard_scorechange", "leaderboard_playerscore"):
+            cursor.execute(f"DELETE FROM {table} WHERE season_id = %s", [season.pk])
+    if not quiet:
+        print(f"# cleaned up season {season.slug}: {len(doomed)} Redis keys unlinked, rows deleted "
+              f"({time.perf_counter() - started:.1f}s)")
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of unsorted values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table (right-aligned numbers)."""
+    cells = [[str(h) for h in headers]] + [[_fmt(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(cells[0], widths, strict=True)) + " |",
+             "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"]
+    for row in cells[1:]:
+        lines.append("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def parse_counts(text: str) -> list[int]:
+    """'100k,1M,10M' -> [100000, 1000000, 10000000]."""
+    out = []
+    for item in text.split(","):
+        item = item.strip().lower().replace("_", "")
+        if not item:
+            continue
+        scale = 1
+        if item.endswith("k"):
+            scale, item = 1_000, item[:-1]
+        elif item.endswith("m"):
+            scale, item = 1_000_000, item[:-1]
+        out.append(int(float(item) * scale))
+    return out
+
+
+def human(n: int) -> str:
+    if n >= 1_000_000 and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    if n >= 1_000 and n % 1_000 == 0:
+        return f"{n // 1_000}k"
+    return str(n)
+
+
+def machine_line() -> str:
+    import platform
+
+    try:
+        with open("/proc/meminfo") as f:
+            total_kb = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        total_kb = 0
+    return (f"# machine: {os.cpu_count()} cores, {total_kb / 2**20:.1f} GiB, Python {platform.python_version()}, "
+            f"load average {os.getloadavg()[0]:.2f}")

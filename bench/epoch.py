@@ -1,0 +1,303 @@
+#!/usr/bin/env python
+"""Epoch benchmark: time to publish a version vs. changed players and season size.
+
+For each season size (players) the loader (bench/loader.py) fills a fresh season and
+publishes version 1. Then, for each change count K, rounds of:
+
+1. K distinct random players change score through the real write path,
+   leaderboard.services.score_events_apply, in batches of 1,000 events (ledger rows,
+   current scores and the change stream, one transaction per batch). Every change moves
+   its player to another bucket: 70% `result` events raising the score by 10,000..100,000
+   points, the rest `correction` events lowering it by at least 10,000 (players already
+   in the first bucket always go up). The ingest rate is printed too.
+2. After the copy grace period (COPY_GRACE_SECONDS, so the epoch never sleeps for it),
+   leaderboard.materializer.season_epoch_run is timed: read the change stream since the
+   older copy's watermark, apply it in fenced MULTI/EXEC chunks, verify counts, build
+   the top 100, store the manifest, swap the pointer, record the manifest row.
+
+Each copy is brought up to date from its own watermark, so in steady state an epoch
+applies the changes of the last two epochs (R = 2 copies): the `applied` column.
+`cpu ms` is the coordinator process's own CPU time (Python; Redis and PostgreSQL work
+is not in it), a figure less sensitive to other load on the machine; `redis cpu ms` is the
+CPU time of the Redis server meanwhile (INFO cpu; every client of the server counts, so
+run it on a quiet server). One
+warm-up round per K is not timed; then --repeats timed rounds give the median and p90.
+The target (CONTRACT.md 4): at 10M players an epoch of 10k changes publishes in < 500 ms,
+and the time follows K, not the number of players.
+
+    SECRET_KEY=x .venv/bin/python bench/epoch.py                       # 100k,1M x 1k,10k (~3 min)
+    SECRET_KEY=x .venv/bin/python bench/epoch.py --players 100k,1M,10M --changes 1k,10k,100k   # full grid (~20 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from array import array
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchenv  # noqa: E402
+import loader  # noqa: E402
+
+BATCH = 1000
+BUCKET_WIDTH = 10_000
+MAX_SCORE = 1_000_000
+TARGET_MS = 500.0
+
+
+@dataclass
+class Cell:
+    players: int
+    changes: int
+    epoch_ms: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)
+    redis_ms: list[float] = field(default_factory=list)
+    commands: dict[str, tuple[int, int]] = field(default_factory=dict)
+    applied: list[int] = field(default_factory=list)
+    ingest_s: list[float] = field(default_factory=list)
+
+    @property
+    def median_ms(self) -> float:
+        return benchenv.median(self.epoch_ms)
+
+
+class ChangeMaker:
+    """Distinct random players per round, each moved to another bucket with a newer score_version."""
+
+    def __init__(self, scores: array, *, seed: int):
+        self.scores = array("i", scores)
+        self.versions = array("q", [1]) * len(scores)
+        self.rng = random.Random(seed)
+        self.round = 0
+
+    def events(self, k: int) -> list[Any]:
+        from leaderboard.core.events import KIND_CORRECTION, KIND_RESULT, ScoreEvent
+
+        self.round += 1
+        rng = self.rng
+        now = datetime.now(UTC)
+        out = []
+        for j, i in enumerate(rng.sample(range(len(self.scores)), k)):
+            cur = self.scores[i]
+            version = self.versions[i] + 1
+            if cur < BUCKET_WIDTH or (cur <= MAX_SCORE - BUCKET_WIDTH and rng.random() < 0.7):
+                new = min(MAX_SCORE, cur + rng.randint(BUCKET_WIDTH, 10 * BUCKET_WIDTH))
+                kind, reason = KIND_RESULT, ""
+            else:
+                new = rng.randint(0, cur - BUCKET_WIDTH)
+                kind, reason = KIND_CORRECTION, "bench: score revoked"
+            self.scores[i] = new
+            self.versions[i] = version
+            out.append(ScoreEvent(
+                event_id=f"r{self.round}-{j}", match_id=f"m{self.round}-{j}", player_id=loader.player_id(i),
+                best_score=new, score_version=version, completed_at=now, kind=kind, reason=reason,
+            ))
+        return out
+
+
+def redis_commandstats(r: Any) -> dict[str, tuple[int, int]]:
+    """command -> (calls, usec) the Redis server executed so far (all clients: INFO commandstats)."""
+    return {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+            for k, v in r.info("commandstats").items() if k != "cmdstat_info"}
+
+
+def redis_cpu_seconds(r: Any) -> float:
+    """CPU time the Redis server process used so far (INFO cpu: user + system)."""
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def commandstats_delta(before: dict[str, tuple[int, int]],
+                       after: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    out = {}
+    for name, (calls, usec) in after.items():
+        c0, u0 = before.get(name, (0, 0))
+        if calls - c0:
+            out[name] = (calls - c0, usec - u0)
+    return out
+
+
+def wait_for_visibility() -> None:
+    """Wait until every transaction running now has ended, so the next epoch sees all committed changes.
+
+    The change stream only exposes transactions older than the oldest one still running
+    anywhere on the PostgreSQL server (selectors.score_changes_after); another client's
+    open write transaction would otherwise hide part of the round from the timed epoch.
+    """
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+        horizon = int(cursor.fetchone()[0])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+            if int(cursor.fetchone()[0]) >= horizon:
+                return
+            time.sleep(0.002)
+    print("# warning: a transaction stayed open for 30 s; the epoch may not see the whole round")
+
+
+def ingest(season: Any, events: list[Any]) -> float:
+    from leaderboard.services import score_events_apply
+
+    started = time.perf_counter()
+    applied = 0
+    for start in range(0, len(events), BATCH):
+        result = score_events_apply(season=season, events=events[start : start + BATCH], client=None)
+        applied += sum(1 for o in result.outcomes if o.status == "applied")
+    if applied != len(events):
+        raise SystemExit(f"only {applied} of {len(events)} events were applied")
+    return time.perf_counter() - started
+
+
+def run_size(players: int, changes: list[int], args: argparse.Namespace, profile_dir: Path | None) -> list[Cell]:
+    from django.conf import settings
+
+    from leaderboard.invariants import version_check
+    from leaderboard.materializer import season_epoch_run, season_keys
+    from leaderboard.redis_client import redis_get
+
+    r = redis_get()
+    result = loader.load_season(players=players, seed=args.seed, kind="epoch", layout=args.layout, verbose=True)
+    season = result.season
+    print(f"# loaded {players:,} players: COPY {result.copy_seconds:.1f}s, builds "
+          f"{' + '.join(f'{s:.1f}s' for s in result.build_seconds)}", flush=True)
+    maker = ChangeMaker(result.scores, seed=args.seed + players)
+    del result
+    grace = settings.COPY_GRACE_SECONDS + 0.05
+    last_epoch_end = time.monotonic()
+    cells: list[Cell] = []
+    previous_players: set[str] = set()
+    try:
+        for k in changes:
+            if k > players:
+                print(f"# skip {k:,} changes at {players:,} players")
+                continue
+            cell = Cell(players=players, changes=k)
+            for round_no in range(args.warmup + args.repeats):
+                events = maker.events(k)
+                # The target copy was last brought up to date two rounds ago: it applies
+                # the players of the previous round and of this one.
+                round_players = {e.player_id for e in events}
+                applied = len(round_players | previous_players)
+                previous_players = round_players
+                ingest_s = ingest(season, events)
+                wait = last_epoch_end + grace - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                profiler = None
+                if profile_dir is not None and round_no == args.warmup + args.repeats - 1:
+                    from pyinstrument import Profiler
+
+                    profiler = Profiler(interval=0.0005)
+                    profiler.start()
+                wait_for_visibility()
+                stats_before = redis_commandstats(r)
+                redis_cpu_before = redis_cpu_seconds(r)
+                started = time.perf_counter()
+                cpu_started = time.process_time()
+                outcome = season_epoch_run(season=season, r=r)
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                cpu_ms = (time.process_time() - cpu_started) * 1000
+                redis_ms = (redis_cpu_seconds(r) - redis_cpu_before) * 1000
+                delta = commandstats_delta(stats_before, redis_commandstats(r))
+                last_epoch_end = time.monotonic()
+                if profiler is not None:
+                    profiler.stop()
+                    assert profile_dir is not None
+                    path = profile_dir / f"epoch-{benchenv.human(players)}-{benchenv.human(k)}.txt"
+                    path.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+                    print(f"# profile written to {path}")
+                if outcome.status != "published":
+                    raise SystemExit(f"epoch did not publish: {outcome}")
+                if round_no >= args.warmup:
+                    cell.epoch_ms.append(elapsed_ms)
+                    cell.cpu_ms.append(cpu_ms)
+                    cell.redis_ms.append(redis_ms)
+                    cell.commands = delta
+                    cell.applied.append(applied)
+                    cell.ingest_s.append(ingest_s)
+            check = version_check(r=r, keys=season_keys(season), sample=100, seed=k)
+            if not check.ok:
+                raise SystemExit(f"invariants failed after the {k:,}-change epochs: {check.failures()}")
+            print(f"# {players:,} players x {k:,} changes: median {cell.median_ms:.0f} ms "
+                  f"(runs: {', '.join(f'{m:.0f}' for m in cell.epoch_ms)}; applied "
+                  f"{', '.join(str(a) for a in cell.applied)}); invariants ok", flush=True)
+            # EXEC's time includes the commands it ran: leave it out.
+            busiest = sorted(((n, v) for n, v in cell.commands.items() if n != "exec"), key=lambda item: -item[1][1])
+            print("#   redis commands, last epoch: " + ", ".join(f"{name} {calls}x {usec / 1000:.1f} ms"
+                                                       for name, (calls, usec) in busiest[:6]), flush=True)
+            cells.append(cell)
+    finally:
+        benchenv.season_cleanup(season, keep=args.keep)
+    return cells
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], epilog=(__doc__ or "").split("\n\n", 1)[-1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--players", default="100k,1M", help="season sizes, comma-separated (full grid: 100k,1M,10M)")
+    parser.add_argument("--changes", default="1k,10k", help="changed players per epoch (full grid: 1k,10k,100k)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed epochs per cell")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed epochs per cell first")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--layout", choices=["uniform", "split"], default="uniform",
+                        help="bucket layout of the season (bench/loader.py --help)")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="write a pyinstrument profile of each cell's last epoch into DIR")
+    benchenv.add_common_args(parser)
+    args = parser.parse_args(argv)
+    sizes = benchenv.parse_counts(args.players)
+    changes = benchenv.parse_counts(args.changes)
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats >= 1 and --warmup >= 0")
+    benchenv.environment_prepare(args)
+    print(benchenv.machine_line())
+    profile_dir = Path(args.profile) if args.profile else None
+    if profile_dir is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    cells: list[Cell] = []
+    for players in sizes:
+        cells += run_size(players, changes, args, profile_dir)
+
+    print()
+    print(f"## epoch publish time ({args.repeats} timed epochs per cell after {args.warmup} warm-up)")
+    print()
+    rows = []
+    for c in cells:
+        ingest_rate = c.changes / benchenv.median(c.ingest_s)
+        rows.append((benchenv.human(c.players), benchenv.human(c.changes), int(benchenv.median(c.applied)),
+                     c.median_ms, benchenv.percentile(c.epoch_ms, 90), benchenv.median(c.cpu_ms),
+                     benchenv.median(c.redis_ms),
+                     c.median_ms * 1000 / c.changes,
+                     c.median_ms * 1000 / benchenv.median(c.applied), ingest_rate))
+    print(benchenv.table(["players", "changes", "applied/copy", "median ms", "p90 ms", "cpu ms", "redis cpu ms",
+                          "us/change", "us/applied", "ingest events/s"], rows))
+    print()
+    smallest = min(sizes)
+    for k in changes:
+        base = next((c for c in cells if c.changes == k and c.players == smallest), None)
+        if base is None:
+            continue
+        ratios = [f"{benchenv.human(c.players)}: {c.median_ms / base.median_ms:.2f}x"
+                  for c in cells if c.changes == k]
+        print(f"{benchenv.human(k)} changes, median vs {benchenv.human(smallest)} players: {', '.join(ratios)}")
+    target = [c for c in cells if c.changes == 10_000 and c.players == 10_000_000]
+    if target:
+        ok = target[0].median_ms < TARGET_MS and benchenv.percentile(target[0].epoch_ms, 90) < TARGET_MS
+        print(f"target (10M players, 10k changes, < {TARGET_MS:.0f} ms): median {target[0].median_ms:.0f} ms, "
+              f"p90 {benchenv.percentile(target[0].epoch_ms, 90):.0f} ms -> {'met' if ok else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

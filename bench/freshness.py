@@ -1,0 +1,294 @@
+#!/usr/bin/env python
+"""Freshness benchmark: lag from a committed score change to the first published version holding it.
+
+1. The loader (bench/loader.py) fills a fresh season (default 1M players), version 1.
+2. An epoch process starts (this script, --role epoch-loop): a loop that calls
+   leaderboard.materializer.season_epoch_run every EPOCH_SECONDS (default 1.0) on a
+   fixed-rate schedule, like Celery beat's interval, running a late tick at once and
+   skipping ticks it missed. (A loop rather than Celery beat + worker: epochs_dispatch
+   would also run epochs for every other season left in the benchmark database.)
+3. W writer processes (--role writer) send `result` events through the real write path,
+   leaderboard.services.score_events_apply, in batches of 1,000, paced together at
+   --rate events/s; writer w owns the players with index % W == w, so each player's
+   score_version only grows. Most events raise the player's score (a change), some do
+   not (unchanged). After each batch returns (committed) the writer records the time.
+4. After --warmup + --duration seconds the writers stop; epochs go on for --drain seconds.
+   Each change row (leaderboard_scorechange: its (txid, id) and event id) is matched to
+   its batch's commit time and to the first published version whose watermark covers
+   it (leaderboard_manifest: watermark, published_at, recorded right after the pointer
+   swap). lag = published_at - commit time, over the changes committed after the warm-up.
+
+Target (CONTRACT.md 4): p99 < 5 s; this benchmark's goal: p99 < 2 s at 15,000 events/s.
+
+    SECRET_KEY=x .venv/bin/python bench/freshness.py                      # 15k events/s, 30 s, 1M players
+    SECRET_KEY=x .venv/bin/python bench/freshness.py --rate 20000 --duration 60 --players 10M
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchenv  # noqa: E402
+import loader  # noqa: E402
+
+BATCH = 1000
+TARGET_P99_S = 2.0
+
+
+# ------------------------------------------------------------------------ child roles
+
+
+def role_epoch_loop(args: argparse.Namespace) -> int:
+    from django.conf import settings
+
+    from leaderboard.materializer import season_epoch_run
+    from seasons.models import Season
+
+    stop = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    season = Season.objects.get(pk=args.season_id)
+    period = settings.EPOCH_SECONDS
+    log = open(args.out, "w")  # noqa: SIM115 - closed below
+    next_tick = time.monotonic()
+    while not stop:
+        now = time.monotonic()
+        if now < next_tick:
+            time.sleep(min(0.05, next_tick - now))
+            continue
+        started = time.time()
+        try:
+            result = season_epoch_run(season=season)
+            record = {"start": started, "end": time.time(), "status": result.status, "version": result.version,
+                      "changed": result.changed_players, "ms": result.duration_ms}
+        except Exception as exc:  # noqa: BLE001 - a failed epoch is a finding, the loop goes on
+            record = {"start": started, "end": time.time(), "status": "error", "error": repr(exc)}
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        next_tick += period
+        if next_tick < time.monotonic():
+            next_tick = time.monotonic()  # late: run now, skip the missed ticks
+    log.close()
+    return 0
+
+
+def role_writer(args: argparse.Namespace) -> int:
+    from leaderboard.core.events import ScoreEvent
+    from leaderboard.services import score_events_apply
+    from seasons.models import Season
+
+    season = Season.objects.get(pk=args.season_id)
+    scores = loader.scores_generate(args.players, seed=args.seed)
+    mine = list(range(args.writer_index, args.players, args.writers))
+    versions: dict[int, int] = {}
+    rng = random.Random(args.seed * 1000 + args.writer_index)
+    interval = BATCH * args.writers / args.rate
+    batches: list[list[float]] = []
+    while time.time() < args.start_at:
+        time.sleep(0.005)
+    start = time.monotonic()
+    end = start + args.seconds
+    n = 0
+    while True:
+        slot = start + n * interval
+        if slot >= end:
+            break
+        now = time.monotonic()
+        if now < slot:
+            time.sleep(slot - now)
+        completed = datetime.now(UTC)
+        events = []
+        for j in range(BATCH):
+            i = rng.choice(mine)
+            version = versions.get(i, 1) + 1
+            versions[i] = version
+            # 85% of results raise the best score; the rest repeat it (unchanged).
+            if rng.random() < 0.85:
+                scores[i] = min(loader.MAX_SCORE, scores[i] + rng.randint(10, 20_000))
+            events.append(ScoreEvent(
+                event_id=f"w{args.writer_index}-b{n}-{j}", match_id=f"m{args.writer_index}-{n}-{j}",
+                player_id=loader.player_id(i), best_score=scores[i], score_version=version,
+                completed_at=completed,
+            ))
+        sent = time.time()
+        result = score_events_apply(season=season, events=events, client=None)
+        committed = time.time()
+        applied = sum(1 for o in result.outcomes if o.status == "applied")
+        batches.append([n, sent, committed, applied])
+        n += 1
+    Path(args.out).write_text(json.dumps({"writer": args.writer_index, "batches": batches}))
+    return 0
+
+
+# ------------------------------------------------------------------------------ parent
+
+
+def child(role: str, extra: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--no-migrate", *extra]
+    return subprocess.Popen(cmd, cwd=benchenv.ROOT, env={**os.environ, **env}, start_new_session=True)
+
+
+def lags_compute(season_id: int, writers: list[dict[str, Any]], warmup_until: float
+                 ) -> tuple[list[float], int, int]:
+    """(lags in seconds of the changes committed after warm-up, changes counted, changes never published)."""
+    from django.db import connection
+
+    commit_at: dict[tuple[int, int], float] = {}
+    for w in writers:
+        for n, _sent, committed, _applied in w["batches"]:
+            commit_at[(w["writer"], n)] = committed
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT watermark_txid, watermark_id, published_at, version FROM leaderboard_manifest "
+                       "WHERE season_id = %s ORDER BY version", [season_id])
+        versions = [((t, i), p.timestamp()) for t, i, p, _v in cursor.fetchall()]
+        cursor.execute("SELECT txid, id, event_id FROM leaderboard_scorechange WHERE season_id = %s", [season_id])
+        changes = cursor.fetchall()
+    marks = [v[0] for v in versions]
+    lags: list[float] = []
+    unpublished = 0
+    for txid, ident, event_id in changes:
+        writer, batch, _ = event_id.split("-")
+        committed = commit_at.get((int(writer[1:]), int(batch[1:])))
+        if committed is None or committed < warmup_until:
+            continue
+        k = bisect.bisect_left(marks, (txid, ident))
+        if k == len(marks):
+            unpublished += 1
+            continue
+        lags.append(versions[k][1] - committed)
+    return lags, len(lags) + unpublished, unpublished
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], epilog=(__doc__ or "").split("\n\n", 1)[-1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--players", default="1M", help="players in the season")
+    parser.add_argument("--rate", type=float, default=15_000, help="offered events/s, all writers together")
+    parser.add_argument("--writers", type=int, default=2, help="writer processes")
+    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds of writing")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds of writing before measuring")
+    parser.add_argument("--drain", type=float, default=5.0, help="seconds of epochs after the writers stop")
+    parser.add_argument("--epoch-seconds", type=float, default=1.0, help="EPOCH_SECONDS of the epoch loop")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--role", choices=["main", "epoch-loop", "writer"], default="main", help=argparse.SUPPRESS)
+    parser.add_argument("--season-id", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--writer-index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    benchenv.add_common_args(parser)
+    args = parser.parse_args(argv)
+    (args.players,) = benchenv.parse_counts(str(args.players))
+
+    if args.role != "main":
+        import django
+
+        django.setup()
+        return role_epoch_loop(args) if args.role == "epoch-loop" else role_writer(args)
+
+    env = benchenv.environment_prepare(args)
+    env["EPOCH_SECONDS"] = str(args.epoch_seconds)
+    print(benchenv.machine_line())
+    result = loader.load_season(players=args.players, seed=args.seed, kind="fresh", verbose=True)
+    season = result.season
+    del result
+    tmp = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    epoch_loop: subprocess.Popen[bytes] | None = None
+    try:
+        epoch_loop = child("epoch-loop", ["--season-id", str(season.pk), "--out", str(tmp / "epochs.jsonl")], env)
+        start_at = time.time() + 3.0 + 0.5 * args.writers  # the writers' set-up (score generation) first
+        seconds = args.warmup + args.duration
+        for w in range(args.writers):
+            procs.append(child("writer", [
+                "--season-id", str(season.pk), "--writer-index", str(w), "--writers", str(args.writers),
+                "--rate", str(args.rate), "--players", str(args.players), "--seed", str(args.seed),
+                "--start-at", repr(start_at), "--seconds", str(seconds), "--out", str(tmp / f"writer-{w}.json"),
+            ], env))
+        print(f"# {args.writers} writers at {args.rate:,.0f} events/s for {seconds:.0f} s "
+              f"(first {args.warmup:.0f} s not measured); epochs every {args.epoch_seconds} s", flush=True)
+        for proc in procs:
+            proc.wait(timeout=seconds + 600)
+            if proc.returncode != 0:
+                raise SystemExit(f"a writer failed ({proc.returncode})")
+        time.sleep(args.drain)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        if epoch_loop is not None and epoch_loop.poll() is None:
+            os.killpg(epoch_loop.pid, signal.SIGTERM)
+            try:
+                epoch_loop.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(epoch_loop.pid, signal.SIGKILL)
+
+    try:
+        writers = [json.loads((tmp / f"writer-{w}.json").read_text()) for w in range(args.writers)]
+        epochs = [json.loads(line) for line in (tmp / "epochs.jsonl").read_text().splitlines() if line]
+        warmup_until = start_at + args.warmup
+        measured = [b for w in writers for b in w["batches"] if b[2] >= warmup_until]
+        span = max(b[2] for b in measured) - min(b[1] for b in measured) if measured else float("nan")
+        events = len(measured) * BATCH
+        applied = sum(b[3] for b in measured)
+        commit_ms = [(b[2] - b[1]) * 1000 for b in measured]
+        lags, counted, unpublished = lags_compute(season.pk, writers, warmup_until)
+        published = [e for e in epochs if e["status"] == "published" and e["start"] >= warmup_until]
+        errors = [e for e in epochs if e["status"] == "error"]
+    finally:
+        benchenv.season_cleanup(season, keep=args.keep)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print()
+    print(f"## freshness: {args.players:,} players, {args.writers} writers, offered {args.rate:,.0f} events/s, "
+          f"epoch loop every {args.epoch_seconds} s, {args.duration:.0f} s measured")
+    print()
+    print(benchenv.table(["figure", "value"], [
+        ("events/s achieved", events / span),
+        ("changes/s (score raised)", applied / span),
+        ("batch commit ms p50 / p99", f"{benchenv.percentile(commit_ms, 50):.0f} / "
+                                      f"{benchenv.percentile(commit_ms, 99):.0f}"),
+        ("versions published (measured window)", len(published)),
+        ("epoch ms p50 / p99", f"{benchenv.percentile([e['ms'] for e in published], 50):.0f} / "
+                               f"{benchenv.percentile([e['ms'] for e in published], 99):.0f}"),
+        ("changed players per version p50", benchenv.percentile([e['changed'] for e in published], 50)),
+        ("epoch errors", len(errors)),
+        ("changes measured", counted),
+        ("never published", unpublished),
+        ("lag p50 s", benchenv.percentile(lags, 50)),
+        ("lag p90 s", benchenv.percentile(lags, 90)),
+        ("lag p99 s", benchenv.percentile(lags, 99)),
+        ("lag max s", max(lags) if lags else float("nan")),
+    ]))
+    if errors:
+        print(f"\nfirst epoch error: {errors[0]['error']}")
+    if lags:
+        p99 = benchenv.percentile(lags, 99)
+        achieved = events / span
+        print(f"\nlag p99 {p99:.2f} s at {achieved:,.0f} events/s (target < {TARGET_P99_S:.0f} s: "
+              f"{'met' if p99 < TARGET_P99_S and not unpublished else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,694 @@
+#!/usr/bin/env python
+"""Ingest benchmark: score events through the real HTTP stack vs. the service in-process.
+
+Prints figures; it is not a test. Against PostgreSQL (DATABASE_URL, a dedicated database
+named by --database, created if missing) and Redis (REDIS_URL):
+
+1. migrates the benchmark database, creates an API client with scope scores:write;
+2. pre-generates every request body (leaderboard.simulation: realistic matches, a few
+   percent exact retries and corrections) as orjson bytes, so the client side is cheap;
+3. starts the real ASGI server (uvicorn[standard]: httptools + uvloop) as a child process;
+4. R times, interleaved (ABBA order), on a fresh season each time:
+   - http:    C concurrent keep-alive clients POST /internal/v1/seasons/{s}/scores:apply;
+   - service: the same bodies in-process: orjson.loads -> events_parse ->
+              score_events_apply -> orjson.dumps(result), no HTTP, no DRF;
+5. prints a table, medians, HTTP/service ratio and where the CPU went.
+
+Players are sharded across clients (client k sends only its own players' events), so
+per-player order is the order of generation, as from a real match service, and both
+phases must produce exactly the same outcomes (checked).
+
+    SECRET_KEY=x .venv/bin/python bench/ingest.py --workers 2 --clients 8 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from leaderboard.simulation import MatchSimulator, SimConfig, player_ids  # noqa: E402
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/test"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+TARGET_EVENTS_PER_S = 15_000
+TARGET_RATIO = 0.6
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent HTTP clients (connections)")
+    parser.add_argument("--batches", type=int, default=200, help="batches per phase and run")
+    parser.add_argument("--batch-size", type=int, default=1000, help="events per batch (max 1000)")
+    parser.add_argument("--runs", type=int, default=3, help="repetitions of both phases")
+    parser.add_argument("--players", type=int, default=200_000, help="distinct players")
+    parser.add_argument("--port", type=int, default=8765, help="port of the benchmark server")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the event generator")
+    parser.add_argument("--duplicate-rate", type=float, default=0.03, help="share of exact retries")
+    parser.add_argument("--correction-rate", type=float, default=0.01, help="share of corrections")
+    parser.add_argument(
+        "--database", default="bench_ingest", help="name of the dedicated PostgreSQL database to use"
+    )
+    parser.add_argument(
+        "--reset-db", action="store_true", help="drop and recreate the benchmark database first"
+    )
+    parser.add_argument(
+        "--phases", default="http,service", help="comma-separated subset of: http,service"
+    )
+    parser.add_argument(
+        "--server-env", action="append", default=[], metavar="KEY=VALUE",
+        help="extra environment for the server only (e.g. DB_CONN_MAX_AGE=0); repeatable",
+    )
+    args = parser.parse_args(argv)
+    if not 1 <= args.batch_size <= 1000:
+        parser.error("--batch-size must be 1..1000")
+    if args.clients < 1 or args.workers < 1 or args.runs < 1 or args.batches < 1:
+        parser.error("--clients, --workers, --runs and --batches must be >= 1")
+    if args.players < args.clients:
+        parser.error("--players must be >= --clients")
+    args.phase_list = [p.strip() for p in args.phases.split(",") if p.strip()]
+    if not args.phase_list or set(args.phase_list) - {"http", "service"}:
+        parser.error("--phases takes http and/or service")
+    return args
+
+
+def bench_database_url(base_url: str, name: str) -> tuple[str, str]:
+    """(URL of the benchmark database, URL of the maintenance database to create it from)."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
+        raise SystemExit(f"bench/ingest.py needs PostgreSQL; DATABASE_URL is {base_url!r}")
+    bench = urlunsplit(parts._replace(path=f"/{name}"))
+    maintenance_db = parts.path.lstrip("/") or "postgres"
+    if maintenance_db == name:
+        maintenance_db = "postgres"
+    maintenance = urlunsplit(parts._replace(path=f"/{maintenance_db}"))
+    return bench, maintenance
+
+
+def database_prepare(maintenance_url: str, name: str, *, reset: bool) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(maintenance_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if exists and reset:
+            print(f"dropping database {name}")
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+            exists = None
+        if not exists:
+            print(f"creating database {name}")
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def environment_prepare(args: argparse.Namespace) -> str:
+    """Set the environment every process of the benchmark shares; return the DB URL."""
+    base = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    bench_url, maintenance_url = bench_database_url(base, args.database)
+    database_prepare(maintenance_url, args.database, reset=args.reset_db)
+    os.environ["DATABASE_URL"] = bench_url
+    os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
+    if not os.environ.get("REDIS_URL"):
+        os.environ["REDIS_URL"] = DEFAULT_REDIS_URL
+    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
+    if not os.environ.get("SECRET_KEY"):
+        os.environ["SECRET_KEY"] = "bench-only-not-secret"
+    # DEBUG records every query; a benchmark measures the production configuration.
+    os.environ["DEBUG"] = "false"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    return bench_url
+
+
+def migrate() -> None:
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, check=True
+    )
+    print(f"migrations applied ({time.perf_counter() - started:.1f}s)")
+
+
+# --------------------------------------------------------------------------- server
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class Server:
+    """uvicorn as a child in its own process group; stop() always cleans the group up."""
+
+    def __init__(self, *, workers: int, port: int, extra_env: dict[str, str]):
+        self.workers = workers
+        self.port = port
+        self.extra_env = extra_env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        if not port_free(self.port):
+            raise SystemExit(f"port {self.port} is in use; pass --port")
+        cmd = [
+            sys.executable, "-m", "uvicorn", "config.asgi:application",
+            "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port),
+            "--no-access-log", "--log-level", "warning",
+            "--http", "httptools", "--loop", "uvloop",
+        ]
+        env = {**os.environ, **self.extra_env}
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+        self._wait_healthy()
+
+    def _wait_healthy(self, timeout: float = 60.0) -> None:
+        import httpx
+
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited with status {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"the server did not answer /healthz within {timeout:.0f}s")
+
+    def pids(self) -> list[int]:
+        if self.proc is None:
+            return []
+        return [self.proc.pid, *children_of(self.proc.pid)]
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+# --------------------------------------------------------------------------- CPU accounting
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        return [int(p) for p in text.split()]
+    except OSError:
+        return []
+
+
+def process_cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def postgres_cpu_seconds() -> float:
+    """CPU of PostgreSQL on this machine: live processes plus exited backends.
+
+    A backend's CPU moves into the postmaster's cutime/cstime when it exits, so
+    short-lived connections are counted too. All databases: other users add noise.
+    """
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, _, rest = stat.partition(" (")[2].rpartition(")")
+        if name != "postgres" and not name.startswith("postgres"):
+            continue
+        fields = rest.split()
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+        if fields[1] == "1" or _comm(int(fields[1])) != "postgres":  # the postmaster
+            total += (int(fields[13]) + int(fields[14])) / CLK_TCK
+    return total
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, all cores."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]
+    total = sum(values[:8])
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+@dataclass
+class CpuMeter:
+    server_pids: list[int]
+    start: dict[str, float] = field(default_factory=dict)
+
+    def _sample(self) -> dict[str, float]:
+        busy, total = machine_busy_seconds()
+        workers = {f"pid{pid}": process_cpu_seconds(pid) for pid in self.server_pids}
+        return {
+            **workers,
+            "client": time.process_time(),
+            "server": sum(workers.values()),
+            "postgres": postgres_cpu_seconds(),
+            "busy": busy,
+            "total": total,
+        }
+
+    def __enter__(self) -> CpuMeter:
+        self.start = self._sample()
+        return self
+
+    def stop(self, wall: float) -> dict[str, float]:
+        end = self._sample()
+        delta = {key: end[key] - self.start[key] for key in end}
+        cores = os.cpu_count() or 1
+        busy_cores_pct = 100 * cores * delta["busy"] / delta["total"] if delta["total"] else 0.0
+        ours = delta["client"] + delta["server"] + delta["postgres"]
+        return {
+            "workers_pct": [100 * delta[f"pid{pid}"] / wall for pid in self.server_pids[1:]],
+            "other_pct": max(0.0, busy_cores_pct - 100 * ours / wall),
+            "client_pct": 100 * delta["client"] / wall,
+            "server_pct": 100 * delta["server"] / wall,
+            "postgres_pct": 100 * delta["postgres"] / wall,
+            "machine_pct": 100 * delta["busy"] / delta["total"] if delta["total"] else 0.0,
+            "cores": cores,
+        }
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------- workload
+
+
+def workload_generate(args: argparse.Namespace) -> list[list[bytes]]:
+    """One list of request bodies per client; clients own disjoint sets of players."""
+    started = time.perf_counter()
+    everyone = player_ids(args.players)
+    config = SimConfig(duplicate_rate=args.duplicate_rate, correction_rate=args.correction_rate)
+    base = datetime.now(UTC) - timedelta(hours=6)
+    shards: list[list[bytes]] = []
+    for shard in range(args.clients):
+        simulator = MatchSimulator(
+            players=everyone[shard :: args.clients],
+            seed=args.seed * 10_007 + shard,
+            config=config,
+            event_prefix=f"c{shard}-",
+        )
+        count = args.batches // args.clients + (1 if shard < args.batches % args.clients else 0)
+        bodies = []
+        for index in range(count):
+            when = base + timedelta(seconds=index)  # each match ends within 30 s before it
+            events = simulator.batch(args.batch_size, completed_at=when)
+            bodies.append(orjson.dumps({"events": events}))
+        shards.append(bodies)
+    total = sum(len(b) for b in shards)
+    size = sum(len(body) for bodies in shards for body in bodies)
+    print(
+        f"generated {total} batches x {args.batch_size} events for {args.players} players "
+        f"({size / total / 1024:.0f} KiB per body) in {time.perf_counter() - started:.1f}s"
+    )
+    return shards
+
+
+def interleaved(shards: list[list[bytes]]) -> list[bytes]:
+    out = []
+    for index in range(max(len(s) for s in shards)):
+        out.extend(s[index] for s in shards if index < len(s))
+    return out
+
+
+# --------------------------------------------------------------------------- phases
+
+
+@dataclass
+class PhaseResult:
+    run: int
+    phase: str
+    events: int
+    seconds: float
+    latencies: list[float]
+    outcomes: Counter[str]
+    errors: Counter[str]
+    cpu: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+    def percentile(self, q: float) -> float:
+        return percentile(self.latencies, q)
+
+    def _ms_per_k(self, pct: float) -> float:
+        return pct / 100 * self.seconds * 1000 / (self.events / 1000) if self.events else 0.0
+
+    @property
+    def python_ms_per_k(self) -> float:
+        """CPU of the Python side that serves the events, per 1,000 events."""
+        return self._ms_per_k(self.cpu["server_pct" if self.phase == "http" else "client_pct"])
+
+    @property
+    def pg_ms_per_k(self) -> float:
+        return self._ms_per_k(self.cpu["postgres_pct"])
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+async def http_post_all(
+    *, url: str, token: str, slug: str, shards: list[list[bytes]]
+) -> tuple[float, list[float], Counter[str], Counter[str], int]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    path = f"/internal/v1/seasons/{slug}/scores:apply"
+    latencies: list[float] = []
+    outcomes: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    events = 0
+    # One client (one keep-alive connection) per sender, like independent match-service
+    # instances. Connections are opened one at a time before the clock starts: opened all
+    # at once, one uvicorn worker tends to accept every one of them and the others idle.
+    async with contextlib.AsyncExitStack() as stack:
+        clients = []
+        for _ in shards:
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    base_url=url, headers=headers, timeout=120.0,
+                    limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                )
+            )
+            await client.get("/healthz")
+            await asyncio.sleep(0.02)
+            clients.append(client)
+
+        async def run_client(client: httpx.AsyncClient, bodies: list[bytes]) -> None:
+            nonlocal events
+            for body in bodies:
+                started = time.perf_counter()
+                try:
+                    response = await client.post(path, content=body)
+                except httpx.HTTPError as exc:
+                    errors[type(exc).__name__] += 1
+                    continue
+                latencies.append(time.perf_counter() - started)
+                if response.status_code != 200:
+                    errors[f"HTTP {response.status_code}"] += 1
+                    if errors[f"HTTP {response.status_code}"] == 1:
+                        print(f"  HTTP {response.status_code}: {response.text[:300]}", file=sys.stderr)
+                    continue
+                results = orjson.loads(response.content)["results"]
+                events += len(results)
+                outcomes.update(r["status"] for r in results)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(run_client(c, bodies) for c, bodies in zip(clients, shards, strict=True)))
+        wall = time.perf_counter() - started
+    return wall, latencies, outcomes, errors, events
+
+
+def asyncio_run(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    server: Server | None
+    token: str
+    client_obj: Any
+    shards: list[list[bytes]]
+    tag: str
+
+    def season_new(self, run: int, phase: str) -> Any:
+        from audit.services import Actor
+        from seasons.services import season_create
+
+        now = datetime.now(UTC)
+        return season_create(
+            slug=f"bench-{self.tag}-r{run}-{phase}",
+            name=f"bench {self.tag} run {run} {phase}",
+            starts_at=now - timedelta(days=1),
+            cutoff=now + timedelta(days=30),
+            actor=Actor(kind="system", id="", label="bench/ingest.py"),
+        )
+
+    def phase_http(self, run: int) -> PhaseResult:
+        assert self.server is not None
+        season = self.season_new(run, "http")
+        with CpuMeter(self.server.pids()) as meter:
+            wall, latencies, outcomes, errors, events = asyncio_run(
+                http_post_all(url=self.server.url, token=self.token, slug=season.slug, shards=self.shards)
+            )
+            cpu = meter.stop(wall)
+        result = PhaseResult(run, "http", events, wall, latencies, outcomes, errors, cpu)
+        self.ledger_check(season, result)
+        return result
+
+    def phase_service(self, run: int) -> PhaseResult:
+        from leaderboard.core.events import events_parse
+        from leaderboard.services import score_events_apply
+
+        season = self.season_new(run, "service")
+        bodies = interleaved(self.shards)
+        latencies: list[float] = []
+        outcomes: Counter[str] = Counter()
+        events = 0
+        with CpuMeter(self.server.pids() if self.server else []) as meter:
+            started = time.perf_counter()
+            for body in bodies:
+                t0 = time.perf_counter()
+                parsed = events_parse(orjson.loads(body))
+                result = score_events_apply(season=season, events=parsed, client=self.client_obj)
+                orjson.dumps(result.as_dict())
+                latencies.append(time.perf_counter() - t0)
+                events += len(result.outcomes)
+                outcomes.update(o.status for o in result.outcomes)
+            wall = time.perf_counter() - started
+            cpu = meter.stop(wall)
+        phase = PhaseResult(run, "service", events, wall, latencies, outcomes, Counter(), cpu)
+        self.ledger_check(season, phase)
+        return phase
+
+    def ledger_check(self, season: Any, result: PhaseResult) -> None:
+        from leaderboard.models import ScoreEvent
+
+        recorded = ScoreEvent.objects.filter(season_id=season.pk).count()
+        expected = sum(n for status, n in result.outcomes.items() if status not in ("duplicate", "conflict"))
+        if recorded != expected:
+            print(f"  WARNING: {season.slug}: {recorded} ledger rows, expected {expected}", file=sys.stderr)
+
+
+def warm_up(server: Server, token: str, args: argparse.Namespace, tag: str) -> None:
+    """Import everything and open DB connections in every worker before measuring."""
+    from audit.services import Actor
+    from seasons.services import season_create
+
+    now = datetime.now(UTC)
+    season = season_create(
+        slug=f"bench-{tag}-warmup", name="bench warm-up", starts_at=now - timedelta(days=1),
+        cutoff=now + timedelta(days=30), actor=Actor(kind="system", id="", label="bench/ingest.py"),
+    )
+    simulator = MatchSimulator(players=player_ids(5000, prefix="w"), seed=0, event_prefix="w-")
+    shards = [
+        [orjson.dumps({"events": simulator.batch(200, completed_at=now - timedelta(minutes=1))})
+         for _ in range(4)]
+        for _ in range(max(args.clients, 2 * server.workers))
+    ]
+    _, _, _, errors, _ = asyncio_run(
+        http_post_all(url=server.url, token=token, slug=season.slug, shards=shards)
+    )
+    if errors:
+        raise SystemExit(f"warm-up requests failed: {dict(errors)}")
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report(args: argparse.Namespace, results: list[PhaseResult]) -> None:
+    header = (
+        f"{'run':>3}  {'phase':<7}  {'events':>7}  {'seconds':>7}  {'events/s':>9}  "
+        f"{'p50 ms':>7}  {'p99 ms':>7}  {'client%':>7}  {'server%':>7}  {'pg%':>5}  {'other%':>6}  "
+        f"{'machine%':>8}  {'py ms/1k':>8}  {'pg ms/1k':>8}  per-process server%"
+    )
+    print()
+    print("per run (latency = one batch request or service call; client/server/pg/other in % of "
+          "one core,\n other = busy CPU not from this benchmark or PostgreSQL; machine = % of all "
+          "cores busy;\n py/pg ms/1k = CPU ms per 1,000 events in the server workers (http) or "
+          "in-process (service), and in PostgreSQL)")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(
+            f"{r.run:>3}  {r.phase:<7}  {r.events:>7}  {r.seconds:>7.2f}  {r.rate:>9,.0f}  "
+            f"{1000 * r.percentile(50):>7.1f}  {1000 * r.percentile(99):>7.1f}  "
+            f"{r.cpu['client_pct']:>7.0f}  {r.cpu['server_pct']:>7.0f}  "
+            f"{r.cpu['postgres_pct']:>5.0f}  {r.cpu['other_pct']:>6.0f}  {r.cpu['machine_pct']:>8.0f}  "
+            f"{r.python_ms_per_k:>8.1f}  {r.pg_ms_per_k:>8.1f}  "
+            + "/".join(f"{x:.0f}" for x in r.cpu["workers_pct"] if x >= 0.5)
+        )
+    errors = Counter[str]()
+    for r in results:
+        errors.update(r.errors)
+    if errors:
+        print(f"\nERRORS: {dict(errors)}")
+
+    by_phase = {p: [r for r in results if r.phase == p] for p in ("http", "service")}
+    outcome_sets = {p: {tuple(sorted(r.outcomes.items())) for r in rs} for p, rs in by_phase.items()}
+    first = next(r for r in results)
+    mix = ", ".join(f"{k} {v / first.events:.1%}" for k, v in first.outcomes.most_common())
+    print(f"\noutcome mix per run: {mix}")
+    if by_phase["http"] and by_phase["service"]:
+        same = len(outcome_sets["http"] | outcome_sets["service"]) == 1
+        print(f"http and service outcomes identical in every run: {'yes' if same else 'NO'}")
+
+    print()
+    print(f"summary: {args.runs} run(s), {args.batches} batches x {args.batch_size} events per phase, "
+          f"{args.players} players, uvicorn --workers {args.workers}, {args.clients} clients")
+    http_rate = service_rate = None
+    if by_phase["http"]:
+        rs = by_phase["http"]
+        http_rate = statistics.median(r.rate for r in rs)
+        all_lat = [x for r in rs for x in r.latencies]
+        print(
+            f"  http     median {http_rate:>9,.0f} events/s   "
+            f"requests p50 {1000 * percentile(all_lat, 50):.1f} ms  p99 {1000 * percentile(all_lat, 99):.1f} ms "
+            f"(all runs, {len(all_lat)} requests)   "
+            f"client CPU median {statistics.median(r.cpu['client_pct'] for r in rs):.0f}% of a core"
+        )
+    if by_phase["service"]:
+        rs = by_phase["service"]
+        service_rate = statistics.median(r.rate for r in rs)
+        all_lat = [x for r in rs for x in r.latencies]
+        print(
+            f"  service  median {service_rate:>9,.0f} events/s   "
+            f"batches  p50 {1000 * percentile(all_lat, 50):.1f} ms  p99 {1000 * percentile(all_lat, 99):.1f} ms"
+        )
+    if http_rate is not None:
+        ok = http_rate >= TARGET_EVENTS_PER_S
+        print(f"  target http >= {TARGET_EVENTS_PER_S:,} events/s: {'PASS' if ok else 'FAIL'}")
+    if http_rate is not None and service_rate:
+        ratio = http_rate / service_rate
+        ok = ratio >= TARGET_RATIO
+        print(f"  ratio http/service = {ratio:.2f} (target >= {TARGET_RATIO}): {'PASS' if ok else 'FAIL'}")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
+
+    environment_prepare(args)
+    print(f"database {urlsplit(os.environ['DATABASE_URL'])._replace(netloc='…').geturl()}, "
+          f"redis {os.environ['REDIS_URL']}, {os.cpu_count()} CPU cores")
+    migrate()
+
+    import django
+
+    django.setup()
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request
+    from audit.services import Actor
+    from leaderboard.services import api_client_create
+
+    tag = datetime.now(UTC).strftime("%m%d%H%M%S") + "-" + secrets.token_hex(2)
+    client_obj, token = api_client_create(
+        name=f"bench-{tag}", scopes=["scores:write"],
+        actor=Actor(kind="system", id="", label="bench/ingest.py"),
+    )
+    shards = workload_generate(args)
+
+    server_env = dict(item.split("=", 1) for item in args.server_env)
+    server = Server(workers=args.workers, port=args.port, extra_env=server_env) if "http" in args.phase_list else None
+    results: list[PhaseResult] = []
+    try:
+        if server is not None:
+            server.start()
+            print(f"server up: uvicorn --workers {args.workers} (pids {server.pids()})"
+                  + (f" env {server_env}" if server_env else ""))
+            warm_up(server, token, args, tag)
+        bench = Bench(args=args, server=server, token=token, client_obj=client_obj, shards=shards, tag=tag)
+        for run in range(1, args.runs + 1):
+            order = list(args.phase_list)
+            if run % 2 == 0:
+                order.reverse()  # ABBA: drift (table growth, caches) hits both phases alike
+            for phase in order:
+                result = bench.phase_http(run) if phase == "http" else bench.phase_service(run)
+                results.append(result)
+                print(f"run {run} {phase:<7} {result.rate:>9,.0f} events/s "
+                      f"({result.events} events in {result.seconds:.2f}s)", flush=True)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        if server is not None:
+            server.stop()
+    report(args, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Redis memory per player: both copies of the views (sorted buckets + lookup hashes) vs. one plain sorted set.
+
+For each size, the loader (bench/loader.py) fills a fresh season and builds both copies;
+used_memory (INFO memory) is read before the build and after each copy. Then MEMORY
+USAGE of every key of each copy splits the figure into the bucket sorted sets and the
+16 lookup hash shards, and the same players are put in ONE plain sorted set (what a
+single-index design would hold) to measure it the same way (used_memory delta).
+
+    SECRET_KEY=x .venv/bin/python bench/memory.py                 # 1M players (~1 min)
+    SECRET_KEY=x .venv/bin/python bench/memory.py --players 1M,10M  # ~3.5 GB of Redis at 10M
+
+CONTRACT.md 7 measured ~109 bytes per member of a sorted set with ~9-byte members and
+~56 bytes per hash entry on this machine; player ids here are 9 bytes (`p%08d`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchenv  # noqa: E402
+import loader  # noqa: E402
+
+
+def keys_usage(r: Any, keys: list[str], samples: int) -> int:
+    total = 0
+    with r.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.memory_usage(key, samples=samples)
+        for usage in pipe.execute():
+            total += int(usage or 0)
+    return total
+
+
+def measure(players: int, args: argparse.Namespace) -> dict[str, Any]:
+    from leaderboard import rankview
+    from leaderboard.materializer import COPIES, season_keys
+    from leaderboard.redis_client import redis_get
+
+    r = redis_get()
+    result = loader.load_season(players=players, seed=args.seed, kind="memory", verbose=True)
+    season = result.season
+    keys = season_keys(season)
+    extra: list[str] = []
+    try:
+        out: dict[str, Any] = {"players": players, "used_before": result.memory_before,
+                               "used_after": list(result.memory_after_copy)}
+        layout = season.bucket_layout
+        started = time.perf_counter()
+        for copy in COPIES:
+            buckets = [keys.bucket(copy, layout.layout_id, b) for b in range(layout.size)]
+            lookups = [keys.lookup(copy, k) for k in range(rankview.LOOKUP_SHARDS)]
+            out[f"zsets_{copy}"] = keys_usage(r, buckets, args.samples)
+            out[f"hashes_{copy}"] = keys_usage(r, lookups, args.samples)
+        out["usage_seconds"] = time.perf_counter() - started
+        # One plain sorted set with the same players, measured the same way.
+        before = loader.redis_used_memory(r)
+        key = f"{keys.prefix}:memory-baseline:{season.slug}"
+        extra.append(key)
+        batch = 20_000
+        scores = result.scores
+        for start in range(0, players, batch):
+            stop = min(players, start + batch)
+            r.zadd(key, {loader.player_id(i): scores[i] for i in range(start, stop)})
+        out["baseline_delta"] = loader.redis_used_memory(r) - before
+        out["baseline_usage"] = keys_usage(r, [key], args.samples)
+        return out
+    finally:
+        benchenv.season_cleanup(season, keep=args.keep, extra_keys=extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], epilog=(__doc__ or "").split("\n\n", 1)[-1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--players", default="1M", help="season sizes, comma-separated (e.g. 1M,10M)")
+    parser.add_argument("--samples", type=int, default=5,
+                        help="MEMORY USAGE SAMPLES (0 = every element: exact, slow on big keys)")
+    parser.add_argument("--seed", type=int, default=1)
+    benchenv.add_common_args(parser)
+    args = parser.parse_args(argv)
+    sizes = benchenv.parse_counts(args.players)
+    benchenv.environment_prepare(args)
+    print(benchenv.machine_line())
+    from leaderboard.redis_client import redis_get
+
+    info = redis_get().info("server")
+    print(f"# redis {info['redis_version']}, maxmemory policy {redis_get().config_get('maxmemory-policy')}")
+    results = [measure(n, args) for n in sizes]
+
+    print()
+    print("## Redis memory per player (bytes; used_memory deltas unless noted)")
+    print()
+    rows = []
+    for m in results:
+        n = m["players"]
+        copy0 = m["used_after"][0] - m["used_before"]
+        copy1 = m["used_after"][1] - m["used_after"][0]
+        both = m["used_after"][1] - m["used_before"]
+        rows.append((benchenv.human(n), copy0 / n, copy1 / n, both / n, m["zsets_0"] / n, m["hashes_0"] / n,
+                     m["baseline_delta"] / n, both / m["baseline_delta"], both / 2**30))
+    print(benchenv.table(["players", "copy 0", "copy 1", "both copies", "buckets (MEMORY USAGE)",
+                          "lookup (MEMORY USAGE)", "one plain zset", "ours / plain zset", "both copies GiB"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

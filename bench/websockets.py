@@ -1,0 +1,420 @@
+#!/usr/bin/env python
+"""Live-board fan-out benchmark: publish -> last websocket client, at N concurrent clients.
+
+1. A fresh season of --players players is loaded (bench/loader.py: PostgreSQL COPY, both
+   copies built, version 1 published).
+2. uvicorn serves config.asgi:application with --workers 2 (uvicorn[standard]: httptools
+   and the `websockets` protocol), on a free port.
+3. --client-procs client processes (this script in --client-worker mode, the `websockets`
+   client library) open --clients sockets in all to /ws/v1/seasons/{season}/live, a
+   --subscribed share of them with ?player_id= (random players of the season), and wait
+   for each socket's snapshot.
+4. --versions rounds: --changes random players change score through the real write path
+   (bench/epoch.py's ChangeMaker and ingest), then leaderboard.materializer.season_epoch_run
+   publishes the version (its on-commit hook does the one group_send). The pointer swap is
+   timestamped (rankview.pointer_publish, wrapped in this process) and every client
+   timestamps the arrival of that version's message (same machine, same clock). The next
+   round starts when every client has it, or after --round-timeout.
+
+Printed per version: clients that received it, and the time from the pointer swap to the
+median, 99th percentile and last client; then the same over all versions. Client-side
+parsing competes for the same two cores as the server, Redis and PostgreSQL: on this
+machine the figures are an upper bound of the server's own latency.
+
+    SECRET_KEY=x .venv/bin/python bench/websockets.py                        # 2,000 clients, 10 versions
+    SECRET_KEY=x .venv/bin/python bench/websockets.py --clients 4000 --client-procs 3
+
+The whole run is bounded by --max-seconds (default 600): past it every child is stopped
+and what was measured so far is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import random
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# This file is bench/websockets.py: with bench/ first on sys.path (as it is when the file
+# is run), `import websockets` would import this script instead of the library.
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+import websockets  # noqa: E402,F401  (the library)
+from websockets.asyncio.client import connect as ws_connect  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+import benchenv  # noqa: E402
+import epoch as epoch_bench  # noqa: E402
+import loader  # noqa: E402
+
+# ------------------------------------------------------------------------------ clients
+
+
+def client_worker(args: argparse.Namespace) -> int:
+    """One client process: args.count sockets, arrival times per version on stdout at the end."""
+    import asyncio
+
+    import orjson
+
+    players = [p for p in args.worker_players.split(",") if p] if args.worker_players else []
+    receipts: dict[int, list[float]] = {}
+    stats = {"connected": 0, "failed": 0, "closed": 0, "gaps": 0, "snapshots": 0, "unavailable": 0}
+    complete: set[int] = set()
+    errors: list[str] = []
+
+    def emit(payload: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(payload) + "\n")
+        sys.stdout.flush()
+
+    async def one(index: int, ready: asyncio.Event, gate: asyncio.Semaphore, stop: asyncio.Event) -> None:
+        query = f"?player_id={players[index]}" if index < len(players) else ""
+        url = f"{args.url}{query}"
+        try:
+            async with gate:
+                ws = await ws_connect(url, origin=args.origin, max_size=2**22, ping_interval=None,
+                                      open_timeout=60, compression=None)
+                first = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
+        except Exception as exc:  # a refused or timed-out connection is counted, not fatal
+            stats["failed"] += 1
+            if len(errors) < 5:
+                errors.append(f"{type(exc).__name__}: {exc}")
+            if stats["connected"] + stats["failed"] == args.count:
+                ready.set()
+            return
+        stats["connected"] += 1
+        held = first.get("leaderboard_version")
+        if first.get("type") == "unavailable":
+            stats["unavailable"] += 1
+        if stats["connected"] + stats["failed"] == args.count:
+            ready.set()
+        try:
+            async for raw in ws:
+                now = time.time()
+                message = orjson.loads(raw)
+                kind = message.get("type")
+                if kind == "version":
+                    version = message["leaderboard_version"]
+                    arrivals = receipts.setdefault(version, [])
+                    arrivals.append(now)
+                    if message.get("previous_version") != held:
+                        stats["gaps"] += 1  # what a real client answers with a snapshot request
+                        await ws.send('{"type": "snapshot"}')
+                    held = version
+                    if len(arrivals) == stats["connected"] and version not in complete:
+                        complete.add(version)
+                        emit({"event": "version", "version": version, "count": len(arrivals)})
+                elif kind == "snapshot":
+                    stats["snapshots"] += 1
+                    held = message["leaderboard_version"]
+        except websockets.ConnectionClosed:
+            if not stop.is_set():
+                stats["closed"] += 1
+
+    async def main() -> None:
+        ready, stop = asyncio.Event(), asyncio.Event()
+        gate = asyncio.Semaphore(args.connect_concurrency)
+        tasks = [asyncio.ensure_future(one(i, ready, gate, stop)) for i in range(args.count)]
+        await ready.wait()
+        emit({"event": "ready", **stats, "errors": errors})
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, sys.stdin.readline)  # "stop"
+        stop.set()
+        emit({"event": "result", **stats, "errors": errors,
+              "receipts": {str(v): times for v, times in receipts.items()}})
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+    return 0
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen[str]
+    count: int
+    lines: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+
+    def start_reader(self) -> None:
+        def read() -> None:
+            assert self.process.stdout is not None
+            for line in self.process.stdout:
+                try:
+                    self.lines.put(json.loads(line))
+                except ValueError:
+                    sys.stderr.write(line)
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def expect(self, event: str, deadline: float, **match: Any) -> dict[str, Any] | None:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                line = self.lines.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    return None
+                continue
+            if line.get("event") == event and all(line.get(k) == v for k, v in match.items()):
+                return line
+
+
+# ------------------------------------------------------------------------------ server
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_start(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", str(workers), "--log-level", "warning", "--lifespan", "off", "--backlog", "4096",
+         "--ws", "websockets-sansio"],
+        cwd=ROOT, env={**os.environ, **env}, start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit("uvicorn exited during start-up")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return process
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit("uvicorn did not start listening in 60 s")
+
+
+def stop(process: subprocess.Popen[Any] | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def fd_limit_raise(wanted: int) -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(wanted, soft)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+# ------------------------------------------------------------------------------- rounds
+
+
+@dataclass
+class Round:
+    version: int
+    changed: int
+    epoch_ms: float
+    swap_at: float
+    complete: bool
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    deadline = started + args.max_seconds
+    limit = fd_limit_raise(args.clients + 1024)
+    if limit < args.clients + 256:
+        raise SystemExit(f"the open-file limit is {limit}: too low for {args.clients} sockets")
+    env = benchenv.environment_prepare(args)
+    print(benchenv.machine_line())
+    print(f"# open-file limit {limit:,}")
+
+    from leaderboard import rankview
+    from leaderboard.materializer import season_epoch_run
+    from leaderboard.redis_client import redis_get
+
+    result = loader.load_season(players=args.players, seed=args.seed, kind="ws", verbose=False)
+    season = result.season
+    print(f"# season {season.slug}: {args.players:,} players, version 1 published", flush=True)
+    maker = epoch_bench.ChangeMaker(result.scores, seed=args.seed)
+    rng = random.Random(args.seed)
+    subscribed = int(args.clients * args.subscribed)
+    player_ids = [loader.player_id(rng.randrange(args.players)) for _ in range(subscribed)]
+
+    server: subprocess.Popen[bytes] | None = None
+    workers: list[Worker] = []
+    rounds: list[Round] = []
+    final: list[dict[str, Any]] = []
+    swaps: list[float] = []
+    real_publish = rankview.pointer_publish
+
+    def timed_publish(*a: Any, **k: Any) -> None:
+        real_publish(*a, **k)
+        swaps.append(time.time())
+
+    rankview.pointer_publish = timed_publish  # type: ignore[assignment]
+    try:
+        port = free_port()
+        server = server_start(env, port, args.workers)
+        url = f"ws://127.0.0.1:{port}/ws/v1/seasons/{season.slug}/live"
+        print(f"# uvicorn --workers {args.workers} on port {port}; opening {args.clients:,} sockets "
+              f"({subscribed:,} with player_id) from {args.client_procs} client processes", flush=True)
+        share = [args.clients // args.client_procs + (1 if i < args.clients % args.client_procs else 0)
+                 for i in range(args.client_procs)]
+        offset = 0
+        for count in share:
+            # The first sockets of each process carry a player id, in proportion.
+            take = round(count * args.subscribed)
+            mine = player_ids[offset : offset + take]
+            offset += take
+            process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--client-worker", "--url", url,
+                 "--origin", f"http://127.0.0.1:{port}", "--count", str(count),
+                 "--worker-players", ",".join(mine), "--connect-concurrency", str(args.connect_concurrency)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+            )
+            worker = Worker(process=process, count=count)
+            worker.start_reader()
+            workers.append(worker)
+        connect_started = time.monotonic()
+        connected = failed = 0
+        for worker in workers:
+            ready = worker.expect("ready", min(deadline, time.monotonic() + args.connect_timeout))
+            if ready is None:
+                raise SystemExit("a client process did not get all its sockets connected in time")
+            connected += ready["connected"]
+            failed += ready["failed"]
+            if ready["errors"]:
+                print(f"#   connect errors, e.g. {ready['errors'][0]}")
+        print(f"# {connected:,} sockets connected and holding a snapshot ({failed} failed) in "
+              f"{time.monotonic() - connect_started:.1f}s", flush=True)
+
+        r = redis_get()
+        from django.conf import settings
+
+        grace = settings.COPY_GRACE_SECONDS + 0.05
+        last_epoch_end = time.monotonic()
+        for _ in range(args.versions):
+            if time.monotonic() > deadline - args.round_timeout:
+                print("# --max-seconds reached: stopping early")
+                break
+            events = maker.events(args.changes)
+            epoch_bench.ingest(season, events)
+            wait = last_epoch_end + grace - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            epoch_bench.wait_for_visibility()
+            before = len(swaps)
+            t0 = time.perf_counter()
+            outcome = season_epoch_run(season=season, r=r)
+            epoch_ms = (time.perf_counter() - t0) * 1000
+            last_epoch_end = time.monotonic()
+            if outcome.status != "published" or len(swaps) != before + 1 or outcome.version is None:
+                raise SystemExit(f"the epoch did not publish: {outcome}")
+            round_deadline = min(deadline, time.monotonic() + args.round_timeout)
+            complete = all(w.expect("version", round_deadline, version=outcome.version) is not None
+                           for w in workers)
+            rounds.append(Round(version=outcome.version, changed=outcome.changed_players, epoch_ms=epoch_ms,
+                                swap_at=swaps[-1], complete=complete))
+            if not complete:
+                print(f"# version {outcome.version}: not every client had it after {args.round_timeout:.0f}s")
+            time.sleep(args.pause)
+
+        for worker in workers:
+            assert worker.process.stdin is not None
+            worker.process.stdin.write("stop\n")
+            worker.process.stdin.flush()
+        for worker in workers:
+            got = worker.expect("result", time.monotonic() + 60)
+            if got is not None:
+                final.append(got)
+    finally:
+        rankview.pointer_publish = real_publish  # type: ignore[assignment]
+        for worker in workers:
+            stop(worker.process)
+        stop(server)
+        benchenv.season_cleanup(season, keep=args.keep, quiet=True)
+
+    by_version: dict[int, list[float]] = {}
+    for got in final:
+        for version, times in got["receipts"].items():
+            by_version.setdefault(int(version), []).extend(times)
+    rows = []
+    lasts: list[float] = []
+    everything: list[float] = []
+    for rnd in rounds:
+        arrivals = by_version.get(rnd.version, [])
+        rnd.latencies_ms = [(t - rnd.swap_at) * 1000 for t in arrivals]
+        everything.extend(rnd.latencies_ms)
+        last = max(rnd.latencies_ms) if rnd.latencies_ms else float("nan")
+        lasts.append(last)
+        rows.append((rnd.version, rnd.changed, rnd.epoch_ms, len(arrivals),
+                     benchenv.percentile(rnd.latencies_ms, 50), benchenv.percentile(rnd.latencies_ms, 99), last))
+    totals = {k: sum(g.get(k, 0) for g in final) for k in ("connected", "failed", "closed", "gaps", "snapshots")}
+    print()
+    print(f"{args.clients:,} clients ({subscribed:,} with player_id), {args.players:,} players, "
+          f"{args.changes:,} changes per version, uvicorn --workers {args.workers}, "
+          f"{args.client_procs} client processes")
+    print()
+    print(benchenv.table(["version", "changed players", "epoch ms", "clients", "p50 ms", "p99 ms", "last ms"], rows))
+    print()
+    print(benchenv.table(
+        ["over all versions", "versions", "p50 ms", "p99 ms", "max ms"],
+        [("publish -> each client", len(rounds), benchenv.percentile(everything, 50),
+          benchenv.percentile(everything, 99), max(everything) if everything else float("nan")),
+         ("publish -> last client", len(rounds), benchenv.percentile(lasts, 50), benchenv.percentile(lasts, 99),
+          max(lasts) if lasts else float("nan"))],
+    ))
+    print()
+    print(f"# sockets: {totals['connected']:,} connected, {totals['failed']} failed, {totals['closed']} closed by the "
+          f"server, {totals['gaps']} gaps seen; run took {time.monotonic() - started:.0f}s")
+    return 0 if rounds and all(r.complete for r in rounds) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=2000)
+    parser.add_argument("--subscribed", type=float, default=0.25, help="share of clients with ?player_id=")
+    parser.add_argument("--players", type=int, default=100_000, help="players in the season")
+    parser.add_argument("--versions", type=int, default=10)
+    parser.add_argument("--changes", type=int, default=1000, help="players changed per version")
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--client-procs", type=int, default=2)
+    parser.add_argument("--connect-concurrency", type=int, default=100, help="handshakes in flight per client process")
+    parser.add_argument("--connect-timeout", type=float, default=180.0)
+    parser.add_argument("--round-timeout", type=float, default=30.0)
+    parser.add_argument("--pause", type=float, default=0.3, help="seconds between versions")
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="bound on the whole run")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--client-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--origin", help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-players", default="", help=argparse.SUPPRESS)
+    benchenv.add_common_args(parser)
+    args = parser.parse_args(argv)
+    if args.client_worker:
+        fd_limit_raise(args.count + 256)
+        return client_worker(args)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The live board socket, /ws/v1/seasons/{season_id}/live[?player_id=P&radius=R] (CONTRACT.md 6).
+
+Thin: what to send is decided in leaderboard.core.live (pure) and leaderboard.live (reads,
+rounds, registry). This class holds one socket's state: its subscription, the version
+and player state it last sent (the base of diffs and events), and the slow-client guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from asgiref.sync import sync_to_async
+from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from leaderboard import live
+from leaderboard.core.live import (
+    CLOSE_SLOW_CONSUMER,
+    CLOSE_TOO_MANY_SNAPSHOTS,
+    CLOSE_UNKNOWN_SEASON,
+    PlayerMark,
+    Refusal,
+    SnapshotBudget,
+    Subscription,
+    client_message_parse,
+    neighbors_within,
+    player_events,
+    player_payload,
+    splice,
+    subscription_parse,
+)
+
+log = logging.getLogger(__name__)
+
+CLOSE_WAIT_SECONDS = 1.0
+
+
+class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slug = ""
+        self.subscription: Subscription | None = None
+        self.hub: live.SeasonHub | None = None
+        self.in_group = False
+        self.joined_at = 0.0
+        self.state: str | None = None
+        self.final_version: int | None = None
+        # The version this socket last sent (the base of its next diff and events) and
+        # what it said about its player then; None: nothing sent yet, or "unavailable".
+        self.sent_version: int | None = None
+        self.mark: PlayerMark | None = None
+        self.budget = SnapshotBudget()
+        self.closing = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # However the socket ends (disconnect, a send to a vanished client raising, a
+        # dropped slow client), it leaves the registry and the group: a channel left in
+        # the group would have its messages buffered in this process for nobody.
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._leave()
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' dispatch closes stale database connections before every message, a
+        # hop through the one shared sync thread: per socket per version that queues
+        # thousands of hops behind each other. This consumer touches the database only
+        # through database_sync_to_async, which does that cleanup itself.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
+
+    @classmethod
+    async def encode_json(cls, content: Any) -> str:
+        return orjson.dumps(content).decode()
+
+    # -------------------------------------------------------------------- connect / close
+
+    async def websocket_connect(self, message: dict[str, Any]) -> None:
+        self.slug = self.scope["url_route"]["kwargs"]["season_id"]
+        # Accept first: a refusal is a JSON error and a close code the client can read,
+        # not a bare HTTP 403 from the handshake.
+        await self.accept()
+        parsed = subscription_parse(self.scope.get("query_string", b""))
+        if isinstance(parsed, Refusal):
+            await self._refuse(parsed)
+            return
+        found = await database_sync_to_async(live.season_live_state)(self.slug)
+        if found is None:
+            await self._refuse(Refusal(CLOSE_UNKNOWN_SEASON, "unknown_season", f"no season {self.slug!r}"))
+            return
+        self.state, self.final_version = found
+        self.subscription = parsed
+        # Join before reading the snapshot: a version published in between is then queued
+        # for this socket, and skipped if the snapshot already has it.
+        self.hub = live.registry().join(self.slug, self.channel_name, parsed)
+        async with live.registry().layer_gate:
+            await self.channel_layer.group_add(live.season_group(self.slug), self.channel_name)
+        self.in_group = True
+        self.joined_at = time.monotonic()
+        await self._snapshot()
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        await self._leave()
+        raise StopConsumer()
+
+    async def _leave(self) -> None:
+        if self.hub is not None:
+            live.registry().leave(self.slug, self.channel_name)
+            self.hub = None
+        if self.in_group:
+            self.in_group = False
+            try:
+                async with live.registry().layer_gate:
+                    await self.channel_layer.group_discard(live.season_group(self.slug), self.channel_name)
+            except Exception:
+                # The group entry expires on its own (channels-redis group_expiry).
+                log.warning("live: group_discard failed for %s", self.channel_name, exc_info=True)
+
+    async def _refuse(self, refusal: Refusal) -> None:
+        self.closing = True
+        await self._send_text(orjson.dumps(refusal.message()).decode())
+        await self.close(code=refusal.code, reason=refusal.error)
+
+    # ----------------------------------------------------------------------------- sending
+
+    async def _send_text(self, text: str) -> bool:
+        """Send one frame, or drop the socket if the client does not take it in time.
+
+        The server's websocket send waits while the connection's write buffer is full (the
+        client is not reading). Each socket runs in its own task and every shared read is a
+        round all sockets await independently, so one stuck client delays only itself; the
+        timeout bounds even that, and frees what it holds.
+        """
+        try:
+            async with asyncio.timeout(live.send_timeout()):
+                await self.send(text_data=text)
+            return True
+        except TimeoutError:
+            pass
+        log.info("live: dropping a slow client of %s (no send progress in %.1fs)", self.slug, live.send_timeout())
+        self.closing = True
+        await self._leave()
+        try:
+            async with asyncio.timeout(CLOSE_WAIT_SECONDS):
+                await self.close(code=CLOSE_SLOW_CONSUMER, reason="slow_consumer")
+        except TimeoutError:
+            pass  # its buffer is still full: the server closes the transport when we return
+        raise StopConsumer()
+
+    async def _snapshot(self) -> None:
+        assert self.subscription is not None
+        snap = await sync_to_async(live.snapshot_read, thread_sensitive=False)(self.slug, self.subscription)
+        if snap is None:
+            self.sent_version, self.mark = None, None
+            await self.send_json(live.unavailable_message(self.slug, self.state, self.final_version))
+            return
+        message = live.snapshot_message(self.slug, self.state, self.final_version, snap, self.subscription)
+        if await self._send_text(orjson.dumps(message).decode()):
+            self.sent_version = snap.manifest.version
+            self.mark = PlayerMark.of(snap.player.entry) if snap.player is not None else None
+
+    # ------------------------------------------------------------------- group: a version
+
+    async def live_version(self, event: dict[str, Any]) -> None:
+        hub, sub = self.hub, self.subscription
+        if hub is None or sub is None or self.closing:
+            return
+        version = int(event["version"])
+        if event.get("state") is not None:
+            self.state, self.final_version = event["state"], event.get("final_version")
+        await self._group_refresh()
+        if self.sent_version is not None and version <= self.sent_version:
+            return  # the snapshot already had it
+        hub.note(version)
+        if version < hub.latest:
+            # A newer version reached this process and is queued behind this one: a client
+            # that fell behind catches up in one message instead of replaying the backlog.
+            return
+        # Shielded: this socket going away must not cancel the round the others await.
+        result = await asyncio.shield(hub.round(event))
+        if result.status == "unavailable":
+            if self.sent_version is not None:
+                self.sent_version, self.mark = None, None
+                await self.send_json(live.unavailable_message(self.slug, self.state, self.final_version))
+            return
+        if result.status != "ok":
+            return
+        tail: dict[str, Any] = {"previous_version": self.sent_version}
+        new_mark = self.mark
+        if sub.player_id is not None:
+            read = await self._player_of(result, sub)
+            if read is None:
+                return  # superseded before it was read: this socket gets the next version
+            entry = read.entry
+            new_mark = PlayerMark.of(entry)
+            events = player_events(self.mark, new_mark) if self.sent_version is not None else []
+            window = neighbors_within(read.window, entry.position, sub.radius) if entry is not None else []
+            tail["player"] = player_payload(sub.player_id, entry, window, sub.radius, events)
+        common = result.diff if result.diff is not None and self.sent_version == version - 1 else result.full
+        if await self._send_text(splice(common, tail)):
+            self.sent_version = version
+            self.mark = new_mark
+
+    async def _player_of(self, result: live.Round, sub: Subscription) -> live.PlayerRead | None:
+        assert sub.player_id is not None
+        if result.players is None or result.manifest is None:
+            return None
+        read = result.players.get(sub.player_id)
+        if read is not None and read.radius >= sub.radius:
+            return read
+        # Subscribed after the round began: read this one player in the same version.
+        return await sync_to_async(live.player_read_one, thread_sensitive=False)(
+            self.slug, result.manifest, sub.player_id, sub.radius)
+
+    async def _group_refresh(self) -> None:
+        if time.monotonic() - self.joined_at > live.group_refresh_seconds():
+            self.joined_at = time.monotonic()
+            async with live.registry().layer_gate:
+                await self.channel_layer.group_add(live.season_group(self.slug), self.channel_name)
+
+    # --------------------------------------------------------------------- client messages
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        if self.closing:
+            return
+        refusal = client_message_parse(text_data, bytes_data)
+        if refusal is not None:
+            await self._refuse(refusal)
+            return
+        if not self.budget.take(time.monotonic()):
+            await self._refuse(Refusal(CLOSE_TOO_MANY_SNAPSHOTS, "too_many_snapshots",
+                                       "snapshot requests are limited to a burst of 5, then one per 2 s"))
+            return
+        if self.subscription is None:
+            return
+        # The state may have moved (to FINAL) without a new version: read it afresh.
+        found = await database_sync_to_async(live.season_live_state)(self.slug)
+        if found is not None:
+            self.state, self.final_version = found
+        await self._snapshot()

@@ -1,0 +1,145 @@
+"""Reconciliation of a published version against the ledger (CONTRACT.md 5).
+
+The invariant checker proves a version is internally consistent; this proves it equals
+the source of truth: player count, top 100, stratified sampled ranks recomputed on the
+ledger as 1 + count(higher), and per-bucket checksums recomputed from the current-scores
+table. Used for the FINAL candidate; it reads the whole season, so it is not per epoch.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator
+
+import redis
+from django.db import connection
+
+from leaderboard import rankview
+from leaderboard.core.checksum import checksum_add
+from leaderboard.core.manifest import Manifest
+from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
+from leaderboard.invariants import version_check
+from leaderboard.models import PlayerScore
+
+_ORDER_PG = 'ORDER BY score DESC, player_id COLLATE "C"'
+# SQLite compares text with BINARY collation by default: byte order, as CONTRACT.md 1 says.
+_ORDER_SQLITE = "ORDER BY score DESC, player_id"
+
+
+def display_order_sql() -> str:
+    return _ORDER_PG if connection.vendor == "postgresql" else _ORDER_SQLITE
+
+
+class ScoreHistogram:
+    """count(score > s) for any s, from one GROUP BY over the ledger's current scores."""
+
+    def __init__(self, season_id: int):
+        rows = _histogram(season_id)
+        self.scores = [score for score, _ in rows]
+        self.at_or_below: list[int] = []
+        running = 0
+        for _, count in rows:
+            running += count
+            self.at_or_below.append(running)
+        self.total = running
+
+    def higher_than(self, score: int) -> int:
+        index = bisect_right(self.scores, score)
+        below = self.at_or_below[index - 1] if index else 0
+        return self.total - below
+
+
+def _histogram(season_id: int) -> list[tuple[int, int]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT score, count(*) FROM leaderboard_playerscore WHERE season_id = %s GROUP BY score ORDER BY score",
+            [season_id],
+        )
+        return [(int(s), int(c)) for s, c in cursor.fetchall()]
+
+
+def ledger_top(*, season_id: int, limit: int = 100) -> list[tuple[str, int]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT player_id, score FROM leaderboard_playerscore WHERE season_id = %s {display_order_sql()} LIMIT %s",
+            [season_id, limit],
+        )
+        return [(p, int(s)) for p, s in cursor.fetchall()]
+
+
+def ledger_bucket_checksums(*, season_id: int, manifest: Manifest) -> tuple[list[int], list[int]]:
+    counts = [0] * manifest.layout.size
+    checksums = [0] * manifest.layout.size
+    for player_id, score in _scores(season_id):
+        bucket = manifest.layout.bucket_of(score)
+        counts[bucket] += 1
+        checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
+    return counts, checksums
+
+
+def _scores(season_id: int) -> Iterator[tuple[str, int]]:
+    yield from PlayerScore.objects.filter(season_id=season_id).values_list("player_id", "score").iterator(
+        chunk_size=20_000
+    )
+
+
+def version_reconcile(
+    *, r: redis.Redis, keys: rankview.Keys, season_id: int, version: int, sample: int = 1000, seed: int | None = None
+) -> Report:
+    """Every check of CONTRACT.md 5 on one version; each finding says what differs and by how much."""
+    report = version_check(r=r, keys=keys, version=version, sample=sample, full=True, seed=seed)
+    manifest = rankview.manifest_get(r, keys, version)
+    unreadable = any(f.check in ("manifest", "copy", "published") for f in report.failures())
+    if manifest is None or unreadable:
+        return report
+
+    histogram = ScoreHistogram(season_id)
+    report.add(
+        "player_count",
+        histogram.total == manifest.total,
+        f"ledger {histogram.total}, version {manifest.total} (difference {manifest.total - histogram.total})",
+    )
+    report.add("bucket_count_sum", sum(manifest.counts) == manifest.total,
+               f"sum of bucket counts {sum(manifest.counts)}, total {manifest.total}")
+
+    expected_top = [
+        {"position": i + 1, "rank": histogram.higher_than(score) + 1, "player_id": p, "score": score}
+        for i, (p, score) in enumerate(ledger_top(season_id=season_id, limit=100))
+    ]
+    report.add("top_100", manifest.top == expected_top, first_mismatch(expected_top, manifest.top))
+
+    reader = rankview.RankReader(r, keys, deadline=3600)
+    wrong: list[str] = []
+    positions = stratified_positions(manifest.total, sample, seed=seed)
+    sampled = []
+    for position in positions:
+        try:
+            entries = reader.entries_at(manifest, position, 1)
+        except rankview.Torn:
+            wrong.append(f"position {position}: unreadable")
+            continue
+        sampled.extend(entries)
+    ledger_scores = dict(
+        PlayerScore.objects.filter(season_id=season_id, player_id__in=[e.player_id for e in sampled]).values_list(
+            "player_id", "score"
+        )
+    )
+    for entry in sampled:
+        ledger_score = ledger_scores.get(entry.player_id)
+        if ledger_score != entry.score:
+            wrong.append(f"{entry.player_id}: version score {entry.score}, ledger {ledger_score}")
+            continue
+        ledger_rank = histogram.higher_than(ledger_score) + 1
+        if ledger_rank != entry.rank:
+            wrong.append(f"{entry.player_id}: version rank {entry.rank}, ledger 1 + count(higher) = {ledger_rank}")
+    report.add("ledger_sampled_ranks", not wrong, f"{len(sampled)} sampled; " + "; ".join(wrong[:10]))
+
+    counts, checksums = ledger_bucket_checksums(season_id=season_id, manifest=manifest)
+    bad = [
+        f"bucket {b}: ledger {counts[b]} players/{checksums[b]:016x}, "
+        f"version {manifest.counts[b]}/{manifest.checksums[b]:016x}"
+        for b in range(manifest.layout.size)
+        if counts[b] != manifest.counts[b] or checksums[b] != manifest.checksums[b]
+    ]
+    report.add("ledger_bucket_checksums", not bad, "; ".join(bad[:10]))
+    return report

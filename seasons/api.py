@@ -1,0 +1,114 @@
+"""The FINAL read API for the rewards service: answered from the database, so it works with Redis empty."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from leaderboard.api.errors import ApiError
+from leaderboard.api.params import int_param, player_id_param
+from seasons.models import FinalStanding, Season
+from seasons.selectors import (
+    final_candidate_approved,
+    final_corrections_list,
+    final_manifest_get,
+    final_standing_get,
+    final_standings_window,
+    season_get,
+)
+
+FINAL_PAGE_MAX = 1000
+
+
+def _final_season(season_id: str) -> Season:
+    season = season_get(slug=season_id)
+    if season is None:
+        raise ApiError(status_code=404, code="season_not_found", detail=f"no season {season_id!r}")
+    if season.final_version is None:
+        raise ApiError(status_code=404, code="not_final",
+                       detail=f"season {season_id!r} is {season.state}; it has no FINAL standings yet")
+    return season
+
+
+def _standing(row: FinalStanding) -> dict[str, Any]:
+    return {"position": row.position, "rank": row.rank, "player_id": row.player_id, "score": row.score}
+
+
+class FinalView(APIView):
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request, season_id: str) -> Response:
+        season = _final_season(season_id)
+        manifest = final_manifest_get(season=season)
+        candidate = final_candidate_approved(season=season)
+        assert manifest is not None
+        return Response({
+            "season_id": season.slug,
+            "state": season.state,
+            "final_version": season.final_version,
+            "finalized_at": season.finalized_at,
+            "content_hash": manifest.content_hash,
+            "hash_algorithm": "sha256 over 'position\\trank\\tplayer_id\\tscore\\n' lines in position order",
+            "total_players": manifest.total_players,
+            "proposed_by": candidate.proposed_by_label if candidate else None,
+            "approved_by": candidate.decided_by_label if candidate else None,
+            "manifest": {
+                "version": manifest.version,
+                "as_of": manifest.as_of,
+                "watermark": [manifest.watermark_txid, manifest.watermark_id],
+                "layout": manifest.layout,
+                "buckets": manifest.buckets,
+            },
+        })
+
+
+class FinalStandingsView(APIView):
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request, season_id: str) -> Response:
+        season = _final_season(season_id)
+        first = int_param(request, "from_position", default=1, low=1, high=None) or 1
+        limit = int_param(request, "limit", default=100, low=1, high=FINAL_PAGE_MAX) or 100
+        rows = final_standings_window(season=season, from_position=first, limit=limit)
+        return Response({
+            "season_id": season.slug, "final_version": season.final_version, "from_position": first,
+            "entries": [_standing(row) for row in rows],
+        })
+
+
+class FinalPlayerView(APIView):
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request, season_id: str, player_id: str) -> Response:
+        player_id_param(player_id)
+        season = _final_season(season_id)
+        row = final_standing_get(season=season, player_id=player_id)
+        if row is None:
+            raise ApiError(status_code=404, code="not_in_final",
+                           detail=f"player {player_id!r} has no entry in the FINAL standings")
+        return Response({"season_id": season.slug, "final_version": season.final_version, **_standing(row)})
+
+
+class FinalCorrectionsView(APIView):
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request, season_id: str) -> Response:
+        season = _final_season(season_id)
+        return Response({
+            "season_id": season.slug,
+            "final_version": season.final_version,
+            "corrections": [
+                {"player_id": c.player_id, "before": c.score_before, "after": c.score_after,
+                 "event_id": c.event_id, "version": c.pending_version, "who": c.actor_label, "why": c.reason,
+                 "at": c.created_at}
+                for c in final_corrections_list(season=season)
+            ],
+        })

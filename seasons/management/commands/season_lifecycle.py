@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from audit.services import Actor
+from leaderboard.core.lifecycle import SeasonState
+from seasons.models import FinalCandidate
+from seasons.selectors import season_get
+from seasons.services import (
+    FinalNotReady,
+    SeasonError,
+    season_final_approve,
+    season_final_candidate_build,
+    season_final_propose,
+    season_final_reject,
+    season_seal_ingest,
+    season_transition,
+)
+
+ACTIONS = ("open", "close", "seal", "candidate", "propose", "approve", "reject")
+
+
+class Command(BaseCommand):
+    help = "Move a season through its lifecycle by hand (the staff console does the same)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("slug")
+        parser.add_argument("action", choices=ACTIONS)
+        parser.add_argument("--as", dest="username", help="the staff member acting (propose/approve/reject)")
+        parser.add_argument("--reason", default="")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        season = season_get(slug=options["slug"])
+        if season is None:
+            raise CommandError(f"no season {options['slug']!r}")
+        actor = self._actor(options["username"])
+        action = options["action"]
+        try:
+            if action == "open":
+                season = season_transition(season=season, target=SeasonState.OPEN, actor=actor,
+                                           reason=options["reason"])
+            elif action == "close":
+                season = season_transition(season=season, target=SeasonState.CLOSING, actor=actor,
+                                           reason=options["reason"])
+            elif action == "seal":
+                season = season_seal_ingest(season=season, actor=actor, reason=options["reason"])
+            elif action == "candidate":
+                candidate = season_final_candidate_build(season=season, actor=actor)
+                failed = [f["check"] for f in candidate.report["findings"] if not f["ok"]]
+                self.stdout.write(f"candidate #{candidate.pk}: v{candidate.version}, reconciliation "
+                                  + ("ok" if candidate.reconciliation_ok else f"FAILED: {', '.join(failed)}"))
+                return
+            else:
+                candidate = self._candidate(season.pk, action)
+                if action == "propose":
+                    season_final_propose(candidate=candidate, actor=actor, reason=options["reason"])
+                elif action == "approve":
+                    season = season_final_approve(candidate=candidate, actor=actor, reason=options["reason"])
+                else:
+                    season_final_reject(candidate=candidate, actor=actor, reason=options["reason"])
+        except (SeasonError, FinalNotReady) as exc:
+            raise CommandError(str(exc)) from exc
+        season.refresh_from_db()
+        self.stdout.write(f"{season.slug}: {season.state}")
+
+    def _actor(self, username: str | None) -> Actor:
+        if not username:
+            return Actor(kind="system", id="", label="manage.py season_lifecycle")
+        user = get_user_model().objects.filter(username=username, is_active=True).first()
+        if user is None:
+            raise CommandError(f"no active user {username!r}")
+        return Actor(kind="user", id=str(user.pk), label=user.get_username())
+
+    def _candidate(self, season_id: int, action: str) -> FinalCandidate:
+        wanted = FinalCandidate.Status.BUILT if action == "propose" else FinalCandidate.Status.PROPOSED
+        candidate = FinalCandidate.objects.filter(season_id=season_id, status=wanted).order_by("-id").first()
+        if candidate is None and action == "reject":
+            candidate = FinalCandidate.objects.filter(season_id=season_id, status=FinalCandidate.Status.BUILT).first()
+        if candidate is None:
+            raise CommandError(f"no {wanted} FINAL candidate")
+        return candidate

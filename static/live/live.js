@@ -1,0 +1,356 @@
+/*
+ * Live season page: the top 100 and a "find me" panel, updated in place from the socket
+ * /ws/v1/seasons/{season}/live (README: Live boards). Plain JS, no dependencies.
+ *
+ * The client keeps the version it shows and its top 100. A "version" message applies
+ * only on top of exactly that version (its previous_version, and top_diff.base_version
+ * when it carries a diff); anything else means this page missed something, so it asks
+ * for a fresh snapshot instead of showing a board mixed from two versions.
+ */
+(function () {
+  "use strict";
+
+  var PLAYER_RE = /^[A-Za-z0-9_.:-]{1,64}$/;
+  var MAX_EVENTS = 12;
+  var root = document.getElementById("live");
+  if (!root) return;
+
+  var el = {
+    status: document.getElementById("lb-status"),
+    state: document.getElementById("lb-state"),
+    version: document.getElementById("lb-version"),
+    asOf: document.getElementById("lb-asof"),
+    total: document.getElementById("lb-total"),
+    final: document.getElementById("lb-final"),
+    finalVersion: document.getElementById("lb-final-version"),
+    unavailable: document.getElementById("lb-unavailable"),
+    unavailableDetail: document.getElementById("lb-unavailable-detail"),
+    board: document.getElementById("board"),
+    topBody: document.querySelector("#lb-top tbody"),
+    empty: document.getElementById("lb-empty"),
+    form: document.getElementById("findme-form"),
+    input: document.getElementById("findme-input"),
+    clear: document.getElementById("findme-clear"),
+    error: document.getElementById("findme-error"),
+    me: document.getElementById("me"),
+    meSummary: document.getElementById("me-summary"),
+    meBody: document.querySelector("#me-neighbors tbody"),
+    meEvents: document.getElementById("me-events")
+  };
+
+  var view = {
+    version: null,      // the leaderboard_version shown, null when none
+    top: [],
+    playerId: null,
+    radius: parseInt(root.dataset.radius || "5", 10),
+    socket: null,
+    retries: 0,
+    retryTimer: null,
+    stopped: false,
+    snapshotAsked: false
+  };
+
+  // ------------------------------------------------------------------------ socket
+
+  function socketUrl() {
+    var scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    var url = scheme + "//" + location.host + root.dataset.socketPath;
+    if (view.playerId) {
+      url += "?player_id=" + encodeURIComponent(view.playerId) + "&radius=" + view.radius;
+    }
+    return url;
+  }
+
+  function connect() {
+    if (view.retryTimer) { clearTimeout(view.retryTimer); view.retryTimer = null; }
+    var socket = new WebSocket(socketUrl());
+    view.socket = socket;
+    view.snapshotAsked = false;
+    setStatus("connecting", "Connecting…");
+    socket.onopen = function () { view.retries = 0; };
+    socket.onmessage = function (event) {
+      if (socket !== view.socket) return;
+      var message;
+      try { message = JSON.parse(event.data); } catch (e) { return; }
+      handle(message);
+    };
+    socket.onclose = function (event) {
+      if (socket !== view.socket) return;  // replaced by a new subscription
+      closed(event);
+    };
+  }
+
+  function reconnect() {
+    var old = view.socket;
+    view.socket = null;
+    if (old) { try { old.close(1000, "resubscribe"); } catch (e) { /* already closed */ } }
+    connect();
+  }
+
+  function closed(event) {
+    view.socket = null;
+    if (event.code === 4404) {
+      view.stopped = true;
+      setStatus("error", "Unknown season");
+      return;
+    }
+    if (event.code === 4400 && view.playerId) {
+      // The server refused the player id (its error message is already shown): watch
+      // the board without it.
+      view.playerId = null;
+      setPlayerQuery(null);
+      connect();
+      return;
+    }
+    var delay = Math.min(30, Math.pow(2, view.retries)) * 1000;
+    if (event.code === 4429) delay = Math.max(delay, 5000);
+    view.retries += 1;
+    root.classList.add("stale");
+    setStatus("reconnecting", "Disconnected · reconnecting in " + Math.round(delay / 1000) + " s");
+    view.retryTimer = setTimeout(connect, delay);
+  }
+
+  function requestSnapshot() {
+    if (view.snapshotAsked || !view.socket || view.socket.readyState !== WebSocket.OPEN) return;
+    view.snapshotAsked = true;
+    view.socket.send(JSON.stringify({ type: "snapshot" }));
+  }
+
+  // ---------------------------------------------------------------------- messages
+
+  function handle(message) {
+    switch (message.type) {
+      case "snapshot": return onSnapshot(message);
+      case "version": return onVersion(message);
+      case "unavailable": return onUnavailable(message);
+      case "error": return onError(message);
+      default: return undefined;
+    }
+  }
+
+  function onSnapshot(message) {
+    view.snapshotAsked = false;
+    view.version = message.leaderboard_version;
+    view.top = message.top;
+    showBoard(message, {});
+    if (message.player) showPlayer(message.player, message, null);
+  }
+
+  function onVersion(message) {
+    var version = message.leaderboard_version;
+    if (view.version !== null && version <= view.version) return;
+    if (message.previous_version !== view.version) {
+      requestSnapshot();  // a gap: what this page shows is not what the message builds on
+      return;
+    }
+    var top;
+    var changed = {};
+    if (message.top_diff) {
+      if (message.top_diff.base_version !== view.version) { requestSnapshot(); return; }
+      try { top = applyDiff(view.top, message.top_diff); } catch (e) { requestSnapshot(); return; }
+      message.top_diff.set.forEach(function (entry) { changed[entry.position] = true; });
+    } else {
+      top = message.top;
+      top.forEach(function (entry, i) {
+        var old = view.top[i];
+        if (!old || old.player_id !== entry.player_id || old.score !== entry.score || old.rank !== entry.rank) {
+          changed[entry.position] = true;
+        }
+      });
+    }
+    view.version = version;
+    view.top = top;
+    showBoard(message, changed);
+    if (message.player) showPlayer(message.player, message, message.player.events || []);
+  }
+
+  function applyDiff(old, diff) {
+    var top = old.slice(0, diff.length);
+    while (top.length < diff.length) top.push(null);
+    diff.set.forEach(function (entry) {
+      var index = entry.position - 1;
+      if (index < 0 || index >= diff.length) throw new Error("diff outside the top");
+      top[index] = entry;
+    });
+    top.forEach(function (entry) { if (entry === null) throw new Error("diff leaves a hole"); });
+    return top;
+  }
+
+  function onUnavailable(message) {
+    view.snapshotAsked = false;
+    view.version = null;
+    view.top = [];
+    showSeasonState(message.state, message.final_version);
+    el.unavailableDetail.textContent = message.detail || "";
+    el.unavailable.hidden = false;
+    el.board.hidden = true;
+    el.me.hidden = true;
+    el.version.textContent = "–";
+    el.asOf.textContent = "–";
+    el.total.textContent = "–";
+    setStatus("unavailable", "Unavailable · waiting for the next version");
+  }
+
+  function onError(message) {
+    if (message.error === "bad_player_id" || message.error === "bad_radius") {
+      showFindError(message.detail || message.error);
+    } else {
+      setStatus("error", message.detail || message.error);
+    }
+  }
+
+  // ----------------------------------------------------------------------- drawing
+
+  function showBoard(message, changed) {
+    root.classList.remove("stale");
+    el.unavailable.hidden = true;
+    el.board.hidden = false;
+    showSeasonState(message.state, message.final_version);
+    el.version.textContent = String(message.leaderboard_version);
+    root.dataset.version = String(message.leaderboard_version);
+    el.asOf.textContent = formatTime(message.as_of);
+    el.asOf.setAttribute("datetime", message.as_of);
+    el.total.textContent = Number(message.total_players).toLocaleString();
+    fillRows(el.topBody, view.top, changed);
+    el.empty.hidden = view.top.length > 0;
+    setStatus(message.state === "FINAL" ? "final" : "live", message.state === "FINAL" ? "Final" : "Live");
+  }
+
+  function showSeasonState(state, finalVersion) {
+    if (!state) return;
+    el.state.textContent = state;
+    root.dataset.state = state;
+    var isFinal = state === "FINAL";
+    el.final.hidden = !isFinal;
+    if (isFinal) el.finalVersion.textContent = finalVersion == null ? "–" : String(finalVersion);
+  }
+
+  // Rows are reused: a version changes text in place, and the rows that changed flash.
+  function fillRows(tbody, entries, changed) {
+    var mine = view.playerId;
+    entries.forEach(function (entry, i) {
+      var row = tbody.rows[i];
+      if (!row) {
+        row = tbody.insertRow(-1);
+        for (var c = 0; c < 4; c++) row.insertCell(-1);
+        row.cells[0].className = "num";
+        row.cells[1].className = "num";
+        row.cells[3].className = "num";
+      }
+      setText(row.cells[0], entry.position);
+      setText(row.cells[1], entry.rank);
+      setText(row.cells[2], entry.player_id);
+      setText(row.cells[3], Number(entry.score).toLocaleString());
+      row.dataset.player = entry.player_id;
+      row.classList.toggle("me", entry.player_id === mine);
+      if (changed[entry.position]) flash(row);
+    });
+    while (tbody.rows.length > entries.length) tbody.deleteRow(-1);
+  }
+
+  function setText(cell, value) {
+    var text = String(value);
+    if (cell.textContent !== text) cell.textContent = text;
+  }
+
+  function flash(row) {
+    row.classList.remove("changed");
+    void row.offsetWidth;  // restart the animation
+    row.classList.add("changed");
+  }
+
+  function showPlayer(player, message, events) {
+    el.me.hidden = false;
+    if (!player.ranked) {
+      el.meSummary.textContent = player.player_id + " is not on the board in version " +
+        message.leaderboard_version + ".";
+      fillRows(el.meBody, [], {});
+    } else {
+      var e = player.entry;
+      el.meSummary.textContent = player.player_id + ": rank " + e.rank + " · position " + e.position +
+        " of " + Number(message.total_players).toLocaleString() + " · score " + Number(e.score).toLocaleString();
+      fillRows(el.meBody, player.neighbors, {});
+    }
+    el.meSummary.dataset.rank = player.ranked ? String(player.entry.rank) : "";
+    // Newest first on the page, and a version's own events in the order they happened.
+    (events || []).slice().reverse().forEach(function (event) { addEvent(event, message.leaderboard_version); });
+  }
+
+  function addEvent(event, version) {
+    var item = document.createElement("li");
+    item.textContent = "v" + version + ": " + describe(event);
+    item.dataset.type = event.type;
+    el.meEvents.insertBefore(item, el.meEvents.firstChild);
+    while (el.meEvents.children.length > MAX_EVENTS) el.meEvents.removeChild(el.meEvents.lastChild);
+  }
+
+  function describe(event) {
+    switch (event.type) {
+      case "rank_changed":
+        return (event.to < event.from ? "up" : "down") + " from rank " + event.from + " to " + event.to;
+      case "score_changed":
+        return "score " + Number(event.from).toLocaleString() + " → " + Number(event.to).toLocaleString();
+      case "entered_top_100": return "entered the top 100 at position " + event.position;
+      case "left_top_100": return "left the top 100";
+      case "ranked": return "on the board at rank " + event.rank;
+      case "unranked": return "no longer on the board";
+      default: return event.type;
+    }
+  }
+
+  function setStatus(kind, text) {
+    el.status.className = "status status-" + kind;
+    el.status.textContent = text;
+    root.dataset.status = kind;
+  }
+
+  function formatTime(iso) {
+    var date = new Date(iso);
+    return isNaN(date.getTime()) ? String(iso) : date.toLocaleString();
+  }
+
+  function showFindError(text) {
+    el.error.textContent = text;
+    el.error.hidden = !text;
+  }
+
+  // ----------------------------------------------------------------------- find me
+
+  function setPlayerQuery(playerId) {
+    var url = new URL(location.href);
+    if (playerId) url.searchParams.set("player_id", playerId); else url.searchParams.delete("player_id");
+    history.replaceState(null, "", url.toString());
+  }
+
+  el.form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    var playerId = el.input.value.trim();
+    if (!PLAYER_RE.test(playerId)) {
+      showFindError("A player id is 1 to 64 characters from A-Z a-z 0-9 _ . : -");
+      return;
+    }
+    showFindError("");
+    view.playerId = playerId;
+    el.meEvents.textContent = "";
+    setPlayerQuery(playerId);
+    reconnect();
+  });
+
+  el.clear.addEventListener("click", function () {
+    el.input.value = "";
+    showFindError("");
+    view.playerId = null;
+    el.me.hidden = true;
+    el.meEvents.textContent = "";
+    setPlayerQuery(null);
+    reconnect();
+  });
+
+  var initial = new URL(location.href).searchParams.get("player_id");
+  if (initial && PLAYER_RE.test(initial)) {
+    view.playerId = initial;
+    el.input.value = initial;
+  }
+  showSeasonState(root.dataset.state, root.dataset.finalVersion || null);
+  connect();
+})();

@@ -1,0 +1,261 @@
+"""The public live page /seasons/{season_id}/live (CONTRACT.md 6): the Django view, and a
+headless Chromium (Debian's /usr/bin/chromium driven by Playwright) watching the page of
+a real ASGI server (uvicorn, in a subprocess on the test database) change in place when
+versions are published."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.conf import settings
+from django.db import connection
+from django.test import Client
+
+from leaderboard.materializer import season_epoch_run
+from seasons.models import Season
+from tests.readside import Events, current_manifest, db_standings, post_ok, settle
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+Post = Callable[..., Any]
+
+
+def publish(season: Season) -> int:
+    settle(season)
+    result = season_epoch_run(season=season)
+    assert result.status == "published", result
+    assert result.version is not None
+    return result.version
+
+
+# --- the view --------------------------------------------------------------------------------
+
+
+def test_the_page_is_a_shell_the_socket_fills(client: Client, season: Season) -> None:
+    response = client.get(f"/seasons/{season.slug}/live")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f'data-socket-path="/ws/v1/seasons/{season.slug}/live"' in html
+    assert '<script src="/static/live/live.js" defer></script>' in html
+    assert 'href="/static/live/live.css"' in html
+    assert re.search(r'id="lb-final"[^>]*\bhidden\b', html), "the FINAL banner shows only for a FINAL season"
+    assert "cdn" not in html.lower() and "https://" not in html
+    assert client.head(f"/seasons/{season.slug}/live").status_code == 200
+    assert client.post(f"/seasons/{season.slug}/live").status_code == 405
+
+
+def test_an_unknown_season_is_404(client: Client) -> None:
+    assert client.get("/seasons/nope/live").status_code == 404
+
+
+def test_a_final_season_says_so_before_the_socket_answers(client: Client, season: Season) -> None:
+    Season.objects.filter(pk=season.pk).update(state="FINAL", final_version=7)
+    html = client.get(f"/seasons/{season.slug}/live").content.decode()
+    assert 'data-state="FINAL"' in html and 'data-final-version="7"' in html
+    assert not re.search(r'id="lb-final"[^>]*\bhidden\b', html)
+    assert "This season is FINAL." in html
+
+
+def test_the_static_files_exist_and_use_no_network_but_the_socket() -> None:
+    js = (ROOT / "static/live/live.js").read_text()
+    css = (ROOT / "static/live/live.css").read_text()
+    for text in (js, css):
+        assert "http://" not in text and "https://" not in text and "@import" not in text
+    assert "new WebSocket(" in js and "fetch(" not in js and "XMLHttpRequest" not in js
+
+
+# --- a real browser --------------------------------------------------------------------------
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] or ""
+    if db.get("PASSWORD"):
+        auth += f":{db['PASSWORD']}"
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def asgi_server(transactional_db: Any) -> Iterator[str]:
+    """uvicorn serving config.asgi:application on the test database and Redis.
+
+    A subprocess, as in production: the page needs websockets, and the server's database
+    connections end with it (PostgreSQL refuses to drop a test database still in use).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
+        "SECRET_KEY": "test-only-not-secret",
+        "DEBUG": "false",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "LOG_LEVEL": "WARNING",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--fd", str(sock.fileno()),
+         "--log-level", "warning", "--lifespan", "off"],
+        cwd=ROOT, env=env, pass_fds=[sock.fileno()],
+    )
+    sock.close()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, "uvicorn exited"
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "uvicorn did not start listening"
+                time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                    reason=f"{CHROMIUM} is missing (apt-get install -y chromium)")
+
+
+def browse(base: str, scenario: Callable[[Any], Any]) -> list[str]:
+    """Run `scenario(page)` in headless Chromium; returns the page's JavaScript errors."""
+    from playwright.async_api import async_playwright
+
+    errors: list[str] = []
+
+    async def body() -> None:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                page.set_default_timeout(15_000)
+                page.on("pageerror", lambda error: errors.append(str(error)))
+                await scenario(page)
+            finally:
+                await browser.close()
+
+    async_to_sync(body)()
+    return errors
+
+
+async def text(page: Any, selector: str) -> str:
+    value: str = await page.locator(selector).inner_text()
+    return value.strip()
+
+
+async def wait_version(page: Any, version: int) -> None:
+    await page.wait_for_function(f"document.getElementById('lb-version').textContent === '{version}'")
+
+
+@needs_chromium
+@pytest.mark.usefixtures("rank_views")
+def test_the_page_changes_in_place_when_a_version_is_published(season: Season, post_scores: Post,
+                                                               asgi_server: str) -> None:
+    pytest.importorskip("playwright", reason="pip install playwright (the browser itself is Debian's chromium)")
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i:03d}", 1000 + 10 * i) for i in range(120)])
+    assert publish(season) == 1
+    v1 = db_standings(season)
+    apost = sync_to_async(post_ok)
+    apublish = sync_to_async(publish)
+
+    async def scenario(page: Any) -> None:
+        await page.goto(f"{asgi_server}/seasons/{season.slug}/live")
+        await wait_version(page, 1)
+        assert await page.locator("#lb-top tbody tr").count() == 100
+        assert await text(page, "#lb-top tbody tr:first-child td:nth-child(3)") == "p119"
+        assert await text(page, "#lb-total") == "120"
+        assert await text(page, "#lb-status") == "Live"
+        manifest = await sync_to_async(current_manifest)(season)
+        assert await page.get_attribute("#lb-asof", "datetime") == manifest.as_of
+        assert await page.is_hidden("#lb-final") and await page.is_hidden("#lb-unavailable")
+
+        # Find me: rank and neighbours of p050.
+        await page.fill("#findme-input", "p050")
+        await page.click("#findme-form button[type=submit]")
+        await page.wait_for_function("document.getElementById('me-summary').dataset.rank === '70'")
+        me = v1.entry("p050")
+        assert me is not None and me.rank == 70
+        assert await page.locator("#me-neighbors tbody tr").count() == 11
+        assert await text(page, "#me-neighbors tr.me td:nth-child(3)") == "p050"
+        assert "player_id=p050" in page.url
+
+        # Rows are updated in place: remember the first row's node.
+        await page.evaluate("window.firstRow = document.querySelector('#lb-top tbody tr')")
+
+        # Version 2: a newcomer leads and p050 climbs to second.
+        await apost(post_scores, season, [ev.result("zed", 99_000), ev.result("p050", 50_000)])
+        assert await apublish(season) == 2
+        await wait_version(page, 2)
+        assert await text(page, "#lb-top tbody tr:first-child td:nth-child(3)") == "zed"
+        assert await text(page, "#lb-top tbody tr:nth-child(2) td:nth-child(3)") == "p050"
+        assert await page.evaluate("window.firstRow === document.querySelector('#lb-top tbody tr')")
+        assert await page.locator("#lb-top tbody tr.changed").count() >= 2
+        assert await text(page, "#lb-total") == "121"
+        await page.wait_for_function("document.getElementById('me-summary').dataset.rank === '2'")
+        events = await text(page, "#me-events")
+        assert "v2: up from rank 70 to 2" in events and "entered the top 100" not in events
+        manifest = await sync_to_async(current_manifest)(season)
+        assert await page.get_attribute("#lb-asof", "datetime") == manifest.as_of
+
+        # Version 3 is published after the season went FINAL: the page says so.
+        await apost(post_scores, season, [ev.result("p000", 1001)])
+        await sync_to_async(Season.objects.filter(pk=season.pk).update)(state="FINAL", final_version=3)
+        assert await apublish(season) == 3
+        await wait_version(page, 3)
+        assert await page.is_visible("#lb-final")
+        assert await text(page, "#lb-final-version") == "3"
+        assert await text(page, "#lb-status") == "Final"
+
+    errors = browse(asgi_server, scenario)
+    assert errors == []
+
+
+@needs_chromium
+@pytest.mark.usefixtures("rank_views")
+def test_the_page_shows_an_unavailable_board_then_the_first_version(season: Season, post_scores: Post,
+                                                                      asgi_server: str) -> None:
+    pytest.importorskip("playwright", reason="pip install playwright (the browser itself is Debian's chromium)")
+    ev = Events()
+    post_ok(post_scores, season, [ev.result("solo", 42)])
+
+    async def scenario(page: Any) -> None:
+        await page.goto(f"{asgi_server}/seasons/{season.slug}/live?player_id=solo")
+        await page.wait_for_selector("#lb-unavailable", state="visible")
+        assert await page.is_hidden("#board")
+        assert await text(page, "#lb-version") == "–"
+        assert await page.get_attribute("#live", "data-status") == "unavailable"
+        assert await sync_to_async(publish)(season) == 1
+        await wait_version(page, 1)
+        assert await page.is_hidden("#lb-unavailable") and await page.is_visible("#board")
+        assert await text(page, "#lb-top tbody tr:first-child td:nth-child(3)") == "solo"
+        await page.wait_for_function("document.getElementById('me-summary').dataset.rank === '1'")
+
+    errors = browse(asgi_server, scenario)
+    assert errors == []

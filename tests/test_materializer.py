@@ -1,0 +1,649 @@
+"""The epoch materializer (CONTRACT.md 4) on a real database and a real Redis: versions
+built from the change stream, bucket moves, the fenced lease, crash recovery, rebuilds
+and the invariant checker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from leaderboard import materializer, rankview
+from leaderboard.core.buckets import BucketLayout
+from leaderboard.invariants import version_check
+from leaderboard.materializer import EpochError
+from leaderboard.models import Manifest as ManifestRow
+from seasons.models import Season
+from tests.readside import (
+    Events,
+    assert_board_equals,
+    board_read,
+    change_head,
+    current_manifest,
+    db_scores,
+    db_standings,
+    epoch,
+    keys_of,
+    post_ok,
+    reader_of,
+)
+
+# Epochs read the change stream below the oldest running transaction (PostgreSQL): the
+# test must not hold one open, so every test here commits for real.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
+
+__all__ = ["connection"]
+
+Post = Callable[..., Any]
+# Eleven buckets: ten of 100 points for the scores these tests use, then the rest.
+NARROW = BucketLayout(layout_id=1, lower_bounds=tuple(range(0, 1001, 100)))
+
+
+def publish(season: Season) -> int:
+    result = epoch(season)
+    assert result.status == "published", result
+    assert result.version is not None
+    return result.version
+
+
+def check_full(season: Season, version: int | None = None) -> None:
+    from leaderboard.redis_client import redis_get
+
+    report = version_check(r=redis_get(), keys=keys_of(season), version=version, full=True, sample=10_000)
+    assert report.ok, report.failures()
+    names = {f.check for f in report.findings}
+    assert {"bucket_counts", "total_players", "players_once", "bucket_ranges", "bucket_checksums",
+            "lookup_equals_index", "sampled_ranks"} <= names
+
+
+def check_matches_db(season: Season, **kwargs: Any) -> int:
+    manifest = current_manifest(season)
+    head = change_head(season)
+    assert head is None or head <= manifest.watermark, "the version does not cover every committed change"
+    version = assert_board_equals(reader_of(season), db_standings(season), **kwargs)
+    check_full(season, version)
+    return version
+
+
+# --- publication ---------------------------------------------------------------------------------
+
+
+def test_first_epoch_of_an_empty_season_publishes_an_empty_version(season: Season) -> None:
+    assert rankview.pointer_get(materializer.redis_get(), keys_of(season)) is None
+    result = epoch(season)
+    assert (result.status, result.version, result.changed_players) == ("published", 1, 0)
+    manifest, top = reader_of(season).top(100)
+    assert (manifest.version, manifest.total, top) == (1, 0, [])
+    check_full(season)
+
+
+def test_version_1_is_built_from_existing_scores(season: Season, post_scores: Post) -> None:
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i}", 1000 * i) for i in range(1, 8)] + [ev.result("tie", 3000)])
+    result = epoch(season)
+    assert (result.status, result.version) == ("published", 1)
+    # Everyone is new to the board in its first version.
+    assert result.changed_players == 8
+    assert check_matches_db(season, absent=["nobody"]) == 1
+    season.refresh_from_db()
+    assert season.published_version == 1
+    row = ManifestRow.objects.get(season=season, version=1)
+    assert (row.total_players, row.changed_players) == (8, 8)
+
+
+def test_later_versions_apply_only_the_changes(season: Season, post_scores: Post,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    applied: list[set[str]] = []
+    real_apply = rankview.copy_apply
+
+    def spy(r: Any, keys: Any, token: int, meta: Any, old: Any, new: dict[str, int]) -> set[int]:
+        applied.append(set(new))
+        return real_apply(r, keys, token, meta, old, new)
+
+    monkeypatch.setattr(rankview, "copy_apply", spy)
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i:03d}", 500 * i) for i in range(200)])
+    assert publish(season) == 1
+
+    rounds = [
+        [ev.result("p001", 99_000), ev.result("new1", 7)],  # a raise and a new player
+        [ev.correction("p150", 10)],  # a revocation
+        [ev.result("p002", 400), ev.result("p003", 1), ev.result("p004", 50_000)],  # 2 unchanged, 1 raise
+        [ev.result("p005", 60_000), ev.result("p005", 61_000), ev.result("p006", 70_000)],  # p005 twice
+    ]
+    expected_changed = [2, 1, 1, 2]
+    for number, (events, changed) in enumerate(zip(rounds, expected_changed, strict=True), start=2):
+        post_ok(post_scores, season, events)
+        result = epoch(season)
+        assert (result.status, result.version) == ("published", number)
+        assert result.changed_players == changed, f"v{number}"
+        row = ManifestRow.objects.get(season=season, version=number)
+        assert row.changed_players == changed
+        assert row.total_players == 201
+        check_matches_db(season)
+
+    # The work of an epoch follows the changes, not the 201 players: each copy replays the
+    # changes of the (at most two) versions since it was last current.
+    assert applied, "no epoch applied changes to a copy"
+    assert max(len(players) for players in applied) <= 4
+    assert {"p005", "p006"} <= applied[-1]
+
+    before = ManifestRow.objects.filter(season=season).count()
+    idle = epoch(season)
+    assert (idle.status, idle.version, idle.changed_players) == ("idle", 5, 0)
+    assert rankview.pointer_get(materializer.redis_get(), keys_of(season)) == 5
+    assert ManifestRow.objects.filter(season=season).count() == before
+    season.refresh_from_db()
+    assert season.published_version == 5
+
+
+def test_idle_epochs_keep_every_copy_complete(season: Season, post_scores: Post) -> None:
+    """Idle epochs between versions must not advance the older copy past changes it
+    never applied: each later version still holds every committed change."""
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i}", 10 * i) for i in range(10)])
+    assert publish(season) == 1
+    version = 1
+    for step in range(6):
+        post_ok(post_scores, season, [ev.result(f"p{step}", 5000 + step), ev.result(f"n{step}", step)])
+        version += 1
+        assert publish(season) == version
+        check_matches_db(season)
+        for _ in range(2):
+            idle = epoch(season)
+            assert (idle.status, idle.version) == ("idle", version)
+        # The previous version is still retained: idle epochs did not touch its copy.
+        previous = version - 1
+        assert reader_of(season).rank("p0", previous).manifest.version == previous
+    assert db_scores(season)["p5"] == 5005
+
+
+def test_idle_epoch_returns_without_waiting_for_the_grace_period(season: Season, post_scores: Post,
+                                                                   settings: Any) -> None:
+    settings.COPY_GRACE_SECONDS = 0.4
+    ev = Events()
+    post_ok(post_scores, season, [ev.result("a", 1)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("a", 2)])
+    publish(season)  # the second copy is built, nothing to wait for
+    released = time.monotonic()
+    started = time.monotonic()
+    assert epoch(season).status == "idle"
+    assert time.monotonic() - started < 0.3
+    # With a change, the copy that stopped being current is touched only after the grace.
+    post_ok(post_scores, season, [ev.result("a", 3)])
+    assert publish(season) == 3
+    assert time.monotonic() - released >= 0.35
+    check_matches_db(season)
+
+
+@pytest.mark.parametrize("layout", [BucketLayout.uniform(), NARROW], ids=["default", "narrow"])
+def test_moves_across_buckets_in_both_directions(season_factory: Callable[..., Season], post_scores: Post,
+                                                 layout: BucketLayout) -> None:
+    season = season_factory(slug="moves", layout=layout)
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    ev = Events()
+    low, high = (35_000, 55_000) if layout.size == 101 else (350, 550)
+    post_ok(post_scores, season, [ev.result("mover", low), ev.result("anchor", low + 1), ev.result("top", 2 * high)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("warm", 1)])
+    publish(season)  # both copies exist from here on: later versions are applied changes
+
+    def where(player_id: str) -> list[tuple[int, int]]:
+        manifest = current_manifest(season)
+        found = []
+        for bucket in range(manifest.layout.size):
+            score = r.zscore(keys.bucket(manifest.copy, manifest.layout.layout_id, bucket), player_id)
+            if score is not None:
+                found.append((bucket, -int(score)))
+        return found
+
+    steps = [
+        [ev.result("mover", high)],  # bucket 3 -> 5
+        [ev.correction("mover", low + 500)],  # correction back down, 5 -> 3
+        [ev.result("anchor", high + 1)],
+        [ev.correction("anchor", low), ev.result("mover", high)],  # both directions in one version
+    ]
+    for events in steps:
+        post_ok(post_scores, season, events)
+        publish(season)
+        for player_id in ("mover", "anchor"):
+            score = db_scores(season)[player_id]
+            assert where(player_id) == [(layout.bucket_of(score), score)], player_id
+        check_matches_db(season)
+        # Twice: the next epoch replays the same moves onto the other copy.
+        post_ok(post_scores, season, [ev.result("warm", len(ev.sent))])
+        publish(season)
+        check_matches_db(season)
+
+
+def test_manifest_row_records_each_published_version(season: Season, post_scores: Post) -> None:
+    ev = Events()
+    post_ok(post_scores, season, [ev.result("a", 15_000), ev.result("b", 25_000), ev.result("c", 25_000)])
+    assert publish(season) == 1
+    post_ok(post_scores, season, [ev.result("d", 5)])
+    assert publish(season) == 2
+    rows = list(ManifestRow.objects.filter(season=season).order_by("version"))
+    assert [row.version for row in rows] == [1, 2]
+    season.refresh_from_db()
+    assert season.published_version == 2
+    manifest = current_manifest(season)
+    row = rows[-1]
+    assert row.total_players == 4 == manifest.total
+    assert row.copy == manifest.copy
+    assert (row.watermark_txid, row.watermark_id) == manifest.watermark
+    assert row.layout == manifest.layout.as_dict()
+    assert row.buckets == manifest.to_dict()["buckets"]
+    assert sum(b["count"] for b in row.buckets) == 4
+    assert row.buckets[2]["count"] == 2 and row.buckets[2]["low"] == 20_000
+    assert row.as_of.isoformat(timespec="milliseconds") == manifest.as_of
+    assert row.published_at >= row.as_of
+    assert row.epoch_ms >= 0
+
+
+def test_pending_version_is_the_first_version_that_includes_the_change(season: Season, post_scores: Post) -> None:
+    ev = Events()
+    first = post_ok(post_scores, season, [ev.result("a", 100), ev.result("b", 200)])
+    assert [r["pending_version"] for r in first] == [1, 1]
+    assert publish(season) == 1
+    rounds = [
+        [ev.result("a", 900)],
+        [ev.correction("b", 5), ev.result("c", 50)],
+        [ev.result("a", 901), ev.result("a", 902)],
+    ]
+    for events in rounds:
+        response = post_scores(season.slug, {"events": events})
+        body = response.json()
+        published = body["leaderboard_version"]
+        pending = {r["pending_version"] for r in body["results"]}
+        assert pending == {published + 1}
+        # An idle-looking moment changes nothing: the pending version is still the next one.
+        assert publish(season) == published + 1
+        reader = reader_of(season)
+        for result in body["results"]:
+            view = reader.rank(result["player_id"], published + 1)
+            assert view.entry is not None and view.entry.score == db_scores(season)[result["player_id"]]
+        if published > 1:
+            # And not the version before it.
+            old = reader.rank(body["results"][-1]["player_id"], published).entry
+            assert old is None or old.score != db_scores(season)[body["results"][-1]["player_id"]]
+    unchanged = post_ok(post_scores, season, [ev.result("a", 1)])
+    assert unchanged[0]["status"] == "unchanged" and unchanged[0]["pending_version"] is None
+
+
+# --- the fenced lease ------------------------------------------------------------------------------------
+
+
+def test_a_second_coordinator_is_refused_while_the_lease_is_held(season: Season, post_scores: Post) -> None:
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    post_ok(post_scores, season, [Events().result("a", 1)])
+    holder = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    assert holder is not None
+    assert rankview.lease_acquire(r, keys, ttl_ms=30_000) is None
+    result = epoch(season)
+    assert result.status == "skipped"
+    assert rankview.pointer_get(r, keys) is None
+    # The refused coordinator did not release someone else's lease.
+    assert int(r.get(keys.lease)) == holder
+    rankview.lease_release(r, keys, holder)
+    assert publish(season) == 1
+    # Released after the epoch: the next coordinator gets a larger token.
+    later = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    assert later is not None and later > holder
+
+
+def test_an_expired_lease_lets_the_next_coordinator_in(season: Season, post_scores: Post) -> None:
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    post_ok(post_scores, season, [Events().result("a", 1)])
+    assert rankview.lease_acquire(r, keys, ttl_ms=100) is not None
+    assert epoch(season).status == "skipped"
+    time.sleep(0.25)
+    assert publish(season) == 1
+
+
+def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores: Post) -> None:
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    ev = Events()
+    post_ok(post_scores, season, [ev.result("a", 10), ev.result("b", 20)])
+    assert publish(season) == 1
+    current = current_manifest(season)
+
+    stale = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    assert stale is not None
+    r.delete(keys.lease)  # its lease expired...
+    fresh = rankview.lease_acquire(r, keys, ttl_ms=30_000)  # ...and another coordinator took over
+    assert fresh is not None and fresh > stale
+
+    target = rankview.copy_meta_init(r, keys, "1", current.layout)
+    with pytest.raises(rankview.FenceLost):
+        rankview.copy_begin_mutation(r, keys, stale, target)
+    with pytest.raises(rankview.FenceLost):
+        rankview.copy_apply(r, keys, stale, target, {"x": None}, {"x": 5})
+    assert r.hget(keys.lookup_of("1", "x"), "x") is None
+    assert r.zcard(keys.bucket("1", current.layout.layout_id, 0)) == 0
+    with pytest.raises(rankview.FenceLost):
+        rankview.copy_finish(r, keys, stale, target, watermark=(0, 99), version=2)
+    with pytest.raises(rankview.FenceLost):
+        rankview.pointer_publish(r, keys, token=stale, expected=1, version=2)
+    assert rankview.pointer_get(r, keys) == 1
+    # The manifest of a version is written only by the lease holder too.
+    forged = rankview.Manifest.from_dict({**current.to_dict(), "version": 2, "gen": 999})
+    with pytest.raises(rankview.FenceLost):
+        rankview.manifest_store(r, keys, forged, token=stale)
+    assert r.get(keys.manifest(2)) is None
+
+    # The holder is refused too when the current version moved under it.
+    with pytest.raises(rankview.FenceLost):
+        rankview.pointer_publish(r, keys, token=fresh, expected=0, version=2)
+    assert rankview.pointer_get(r, keys) == 1
+    # Version 1 still answers.
+    assert reader_of(season).rank("b").entry is not None
+
+
+@pytest.mark.parametrize("stolen_at", ["before_apply", "before_manifest", "before_publish"])
+def test_a_coordinator_that_loses_its_lease_mid_epoch_publishes_nothing(
+    season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch, stolen_at: str
+) -> None:
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i}", i * 7_000) for i in range(20)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("p1", 99_999)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("p2", 150_000), ev.correction("p19", 3)])
+    served = board_read(reader_of(season))
+
+    thief = {"token": None}
+
+    def steal() -> None:
+        r.delete(keys.lease)
+        thief["token"] = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+
+    def stealing(name: str) -> None:
+        real = getattr(rankview, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            steal()
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(rankview, name, wrapper)
+
+    stealing({"before_apply": "copy_apply", "before_manifest": "manifest_store",
+              "before_publish": "pointer_publish"}[stolen_at])
+    with pytest.raises(rankview.FenceLost):
+        epoch(season)
+    monkeypatch.undo()
+    assert thief["token"] is not None
+    # Nothing was published, the thief's lease is intact, and version 2 answers as before.
+    assert rankview.pointer_get(r, keys) == 2
+    if stolen_at != "before_publish":
+        assert r.get(keys.manifest(3)) is None
+    assert int(r.get(keys.lease)) == thief["token"]
+    assert board_read(reader_of(season)) == served
+    assert epoch(season).status == "skipped"
+
+    rankview.lease_release(r, keys, thief["token"])
+    assert publish(season) == 3
+    check_matches_db(season)
+
+
+# --- crashes, rebuilds ------------------------------------------------------------------------------------
+
+
+def test_a_crash_midway_through_apply_keeps_the_previous_version(season_factory: Callable[..., Season],
+                                                                 post_scores: Post,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    season = season_factory(slug="crashy", layout=NARROW)
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i:02d}", (i * 37) % 1000) for i in range(40)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("p01", 999)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("p02", 998), ev.correction("p03", 0)])
+    assert publish(season) == 3
+    reader = reader_of(season)
+    served = board_read(reader)
+    ranks = {p: reader.rank(p).entry for p in db_scores(season)}
+
+    # Twelve changes, moves in both directions and new players, applied three per chunk.
+    changes = [ev.result(f"p{i:02d}", 1000 - i) for i in range(10, 16)]
+    changes += [ev.correction(f"p{i:02d}", i) for i in range(30, 34)]
+    changes += [ev.result("new1", 500), ev.result("new2", 0)]
+    post_ok(post_scores, season, changes)
+    monkeypatch.setattr(rankview, "APPLY_CHUNK", 3)
+    real_fenced = rankview._fenced
+    calls = {"n": 0}
+
+    def crashing(r_: Any, keys_: Any, token: int, queue: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 4:  # begin_mutation, two chunks, then the process dies
+            raise RuntimeError("simulated crash")
+        real_fenced(r_, keys_, token, queue)
+
+    monkeypatch.setattr(rankview, "_fenced", crashing)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        epoch(season)
+    monkeypatch.setattr(rankview, "_fenced", real_fenced)
+
+    # The lease was released, version 3 still serves identical answers and is intact; the
+    # half-applied copy is marked as being applied and held version 2, which is gone now.
+    assert r.get(keys.lease) is None
+    assert rankview.pointer_get(r, keys) == 3
+    assert board_read(reader) == served
+    assert {p: reader.rank(p).entry for p in ranks} == ranks
+    check_full(season, 3)
+    half = rankview.copy_meta_load(r, keys, "1" if current_manifest(season).copy == "0" else "0")
+    assert half is not None and half.state == rankview.STATE_APPLYING
+    with pytest.raises(rankview.VersionExpired):
+        reader.rank("p01", 2)
+
+    assert publish(season) == 4
+    check_matches_db(season)
+    post_ok(post_scores, season, [ev.result("p20", 777)])
+    assert publish(season) == 5
+    check_matches_db(season)
+
+
+def test_a_crash_between_pointer_swap_and_db_record_is_recorded_later(season: Season, post_scores: Post,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    ev = Events()
+    post_ok(post_scores, season, [ev.result("a", 1)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("a", 2)])
+
+    def die(**kwargs: Any) -> None:
+        raise RuntimeError("crash after publication")
+
+    monkeypatch.setattr(materializer, "_manifest_record", die)
+    with pytest.raises(RuntimeError):
+        epoch(season)
+    monkeypatch.undo()
+    assert rankview.pointer_get(materializer.redis_get(), keys_of(season)) == 2
+    season.refresh_from_db()
+    assert season.published_version == 1
+    assert not ManifestRow.objects.filter(season=season, version=2).exists()
+
+    # The next epoch (even an idle one) records the published version first.
+    assert epoch(season).status == "idle"
+    season.refresh_from_db()
+    assert season.published_version == 2
+    assert ManifestRow.objects.get(season=season, version=2).total_players == 1
+    post_ok(post_scores, season, [ev.result("b", 3)])
+    assert publish(season) == 3
+    check_matches_db(season)
+
+
+def test_a_rebuilt_copy_does_not_revive_an_old_version(season: Season, post_scores: Post) -> None:
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i}", 100 * i) for i in range(10)])
+    assert publish(season) == 1
+    reader = reader_of(season)
+    assert reader.rank("p3", 1).entry is not None  # version 1 is read (and its manifest cached)
+    for step in range(3):
+        post_ok(post_scores, season, [ev.result(f"p{step}", 5000 + step)])
+        publish(season)
+    with pytest.raises(rankview.VersionExpired):
+        reader.rank("p3", 1)
+
+    # A copy found broken is rebuilt from the current scores.
+    r.hset(keys.copy_meta("0"), "state", "broken")
+    post_ok(post_scores, season, [ev.result("p9", 9999)])
+    assert publish(season) == 5
+    assert current_manifest(season).copy == "0"
+    check_matches_db(season)
+    for old in (1, 2, 3):
+        with pytest.raises(rankview.VersionExpired):
+            reader.rank("p3", old)
+        with pytest.raises(rankview.VersionExpired):
+            reader.window(1, 10, old)
+
+
+def test_a_lost_view_is_rebuilt_with_new_version_numbers(season: Season, post_scores: Post) -> None:
+    r = materializer.redis_get()
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i}", 10 * i) for i in range(30)])
+    for step in range(3):
+        publish(season)
+        post_ok(post_scores, season, [ev.result(f"p{step}", 1000 + step)])
+    reader = reader_of(season)
+    assert reader.rank("p5", 3).manifest.version == 3  # cached in this process
+    assert reader.rank("p5", 2).manifest.version == 2
+
+    r.flushdb()  # Redis lost everything; the database did not
+    with pytest.raises(rankview.Unavailable):
+        reader.rank("p5")
+    with pytest.raises(rankview.Unavailable):
+        reader.top(10)
+    assert publish(season) == 4
+    check_matches_db(season)
+    for step in range(3):
+        post_ok(post_scores, season, [ev.result(f"p{step + 10}", 2000 + step)])
+        assert publish(season) == 5 + step
+        check_matches_db(season)
+        for old in (2, 3):
+            with pytest.raises(rankview.VersionExpired):
+                reader.window(1, 100, old)
+
+
+def test_a_copy_that_fails_verification_is_not_published(season: Season, post_scores: Post) -> None:
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i}", 100 * i) for i in range(10)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("p1", 5000)])
+    publish(season)
+    stale_copy = "1" if current_manifest(season).copy == "0" else "0"
+    layout = current_manifest(season).layout
+    # A stray member in the copy the next epoch brings up to date.
+    r.zadd(keys.bucket(stale_copy, layout.layout_id, 0), {"ghost": -1})
+    post_ok(post_scores, season, [ev.result("p2", 7000), ev.result("p3", 50)])
+    with pytest.raises(EpochError, match="bucket 0"):
+        epoch(season)
+    assert rankview.pointer_get(r, keys) == 2
+    assert rankview.copy_meta_load(r, keys, stale_copy).state == "broken"  # type: ignore[union-attr]
+    # The next epoch rebuilds it from the scores and publishes a correct version.
+    assert publish(season) == 3
+    check_matches_db(season)
+
+
+def test_a_single_bucket_season_works_end_to_end(season_factory: Callable[..., Season], post_scores: Post) -> None:
+    season = season_factory(slug="one-bucket", layout=BucketLayout.single())
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i:03d}", (i * 7919) % 1_000_001) for i in range(120)]
+            + [ev.result(f"tie{i}", 500_000) for i in range(30)])
+    assert publish(season) == 1
+    manifest = current_manifest(season)
+    assert manifest.layout.size == 1 and manifest.counts == [150]
+    check_matches_db(season, radius=10)
+    for step in range(3):
+        post_ok(post_scores, season, [ev.result(f"p{step:03d}", 1_000_000), ev.correction("tie1", step),
+                                      ev.result(f"late{step}", 500_000)])
+        publish(season)
+        check_matches_db(season)
+
+
+# --- the invariant checker ----------------------------------------------------------------------------
+
+
+def _corruptible(season: Season, post_scores: Post) -> tuple[Any, rankview.Keys, Any]:
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i:02d}", 1000 * i + 5) for i in range(30)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("p00", 15_005)])
+    publish(season)
+    check_full(season)
+    return materializer.redis_get(), keys_of(season), current_manifest(season)
+
+
+CORRUPTIONS = {
+    # name: (what to do, checks that must fail, checks that must pass)
+    "stray_member": ({"bucket_counts", "total_players", "bucket_checksums", "lookup_equals_index"},
+                     {"players_once", "bucket_ranges"}),
+    "lookup_other_bucket": ({"lookup_equals_index", "sampled_ranks"},
+                            {"bucket_counts", "total_players", "players_once", "bucket_checksums"}),
+    "lookup_same_bucket": ({"lookup_equals_index", "sampled_ranks"},
+                           {"bucket_counts", "total_players", "players_once", "bucket_checksums"}),
+    "duplicate_player": ({"players_once", "bucket_counts", "total_players"}, {"bucket_ranges"}),
+    "misplaced_member": ({"bucket_ranges", "bucket_counts", "bucket_checksums"},
+                         {"players_once", "total_players", "lookup_equals_index"}),
+    "rescored_member": ({"bucket_checksums", "lookup_equals_index"},
+                        {"bucket_counts", "total_players", "players_once", "bucket_ranges"}),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_the_invariant_checker_names_the_broken_check(season: Season, post_scores: Post, corruption: str) -> None:
+    r, keys, m = _corruptible(season, post_scores)
+
+    def bucket(b: int) -> str:
+        return keys.bucket(m.copy, m.layout.layout_id, b)
+
+    # p12 has score 12005: bucket 1 of the default layout.
+    if corruption == "stray_member":
+        r.zadd(bucket(1), {"ghost": -11_000})
+    elif corruption == "lookup_other_bucket":
+        r.hset(keys.lookup_of(m.copy, "p12"), "p12", 77_000)
+    elif corruption == "lookup_same_bucket":
+        r.hset(keys.lookup_of(m.copy, "p12"), "p12", 19_999)
+    elif corruption == "duplicate_player":
+        r.zadd(bucket(2), {"p12": -22_000})
+    elif corruption == "misplaced_member":
+        r.zrem(bucket(1), "p12")
+        r.zadd(bucket(2), {"p12": -12_005})
+    elif corruption == "rescored_member":
+        r.zadd(bucket(1), {"p12": -10_001}, xx=True)
+    must_fail, must_pass = CORRUPTIONS[corruption]
+    report = version_check(r=r, keys=keys, full=True, sample=1000)
+    failing = {f.check for f in report.failures()}
+    passing = {f.check for f in report.findings if f.ok}
+    assert not report.ok
+    assert must_fail <= failing, report.as_dict()
+    assert must_pass <= passing, report.as_dict()
+    assert report.version == m.version
+
+
+def test_the_invariant_checker_reports_a_missing_manifest_or_mutated_copy(season: Season,
+                                                                          post_scores: Post) -> None:
+    r, keys, m = _corruptible(season, post_scores)
+    r.hincrby(keys.copy_meta(m.copy), "gen", 1)
+    report = version_check(r=r, keys=keys, full=True)
+    assert [f.check for f in report.failures()] == ["copy"]
+    rankview.manifest_cache_clear()
+    r.delete(keys.manifest(m.version))
+    report = version_check(r=r, keys=keys, version=m.version)
+    assert [f.check for f in report.failures()] == ["manifest"]
+    r.delete(keys.ptr)
+    assert [f.check for f in version_check(r=r, keys=keys).failures()] == ["published"]
