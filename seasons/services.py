@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from datetime import datetime
 
 from django.conf import settings
@@ -28,6 +29,8 @@ from leaderboard.models import ScoreChange
 from leaderboard.reconcile import display_order_sql, version_reconcile
 from leaderboard.redis_client import redis_get
 from seasons.models import FinalCandidate, FinalStanding, Season
+
+log = logging.getLogger(__name__)
 
 
 class SeasonError(ValueError):
@@ -150,12 +153,17 @@ def seasons_lifecycle_tick(*, now: datetime | None = None) -> list[str]:
                 season_seal_ingest(season=season, actor=SYSTEM, reason="automatic seal after the cutoff")
                 done.append(f"{season.slug}: sealed")
             elif season.state == SeasonState.FINALIZING and not season.final_candidates.filter(
-                status__in=[FinalCandidate.Status.BUILT, FinalCandidate.Status.PROPOSED]
+                status__in=[FinalCandidate.Status.BUILT, FinalCandidate.Status.PROPOSED],
+                version=season.published_version,
             ).exists():
+                # None yet, or the board moved on (a correction) since the last one.
                 candidate = season_final_candidate_build(season=season, actor=SYSTEM)
                 done.append(f"{season.slug}: candidate v{candidate.version}")
         except (SeasonError, FinalNotReady) as exc:
             done.append(f"{season.slug}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one broken season must not stop the others' clock
+            log.exception("lifecycle tick failed for season %s", season.slug)
+            done.append(f"{season.slug}: error {exc.__class__.__name__}")
     return done
 
 
@@ -225,6 +233,9 @@ def season_final_propose(*, candidate: FinalCandidate, actor: Actor, reason: str
         if not locked.reconciliation_ok:
             failed = [f["check"] for f in locked.report["findings"] if not f["ok"]]
             raise SeasonError(f"the reconciliation failed ({', '.join(failed)}): this candidate cannot be proposed")
+        published = Season.objects.filter(pk=locked.season_id).values_list("published_version", flat=True).get()
+        if locked.version != published:
+            raise SeasonError(f"the board moved on (v{published}) since candidate v{locked.version}: build a new one")
         locked.status = FinalCandidate.Status.PROPOSED
         locked.proposed_by, locked.proposed_by_label, locked.proposed_at = staff_id, actor.label, timezone.now()
         locked.save(update_fields=["status", "proposed_by", "proposed_by_label", "proposed_at"])

@@ -7,7 +7,6 @@ from rest_framework.request import Request
 from leaderboard.api.errors import validation_error
 from leaderboard.core.events import check_player_id
 
-
 # The largest integer a bigint column and the JSON renderer (orjson) both carry: beyond it
 # a query or the response itself would fail with a 500.
 MAX_INT_PARAM = 2**63 - 1
