@@ -133,9 +133,20 @@ if COPY_GRACE_SECONDS <= READ_DEADLINE_SECONDS:
 # Ingest is sealed automatically this long after the cutoff (staff can seal earlier);
 # pre-cutoff results that arrive later go to the late-results queue.
 SEAL_AFTER_CUTOFF_SECONDS = env_float("SEAL_AFTER_CUTOFF_SECONDS", 600.0, minimum=0.0)
+# Stratified sample of ranks and neighbour windows a shadow build is compared on.
+REBUILD_SAMPLE_SIZE = env_int("REBUILD_SAMPLE_SIZE", 1000, minimum=1)
+# Continuous reconciliation of each season's current version (Celery beat).
+RECONCILE_SECONDS = env_float("RECONCILE_SECONDS", 60.0, minimum=1.0)
+RECONCILE_SAMPLE_SIZE = env_int("RECONCILE_SAMPLE_SIZE", 200, minimum=1)
+RECONCILE_FULL = env_bool("RECONCILE_FULL", False)
 # Stratified sample of ranks recomputed on the ledger for a FINAL candidate.
 FINAL_SAMPLE_SIZE = env_int("FINAL_SAMPLE_SIZE", 1000, minimum=1)
 CELERY_BEAT_SCHEDULE = {
+    "leaderboard-reconciliation": {
+        "task": "leaderboard.tasks.reconciliations_dispatch",
+        "schedule": RECONCILE_SECONDS,
+        "options": {"expires": RECONCILE_SECONDS},
+    },
     "seasons-lifecycle": {
         "task": "seasons.tasks.seasons_lifecycle",
         "schedule": env_float("LIFECYCLE_TICK_SECONDS", 10.0, minimum=0.5),

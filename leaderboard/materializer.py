@@ -19,6 +19,7 @@ import redis
 from django.conf import settings
 from django.db import connection, transaction
 
+from audit.services import SYSTEM
 from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add
@@ -70,21 +71,31 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None) -> EpochRe
     if token is None:
         return EpochResult(status="skipped", detail="another coordinator holds the season")
     try:
-        return _epoch(season=season, r=r, keys=keys, token=token)
+        return season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
     finally:
         rankview.lease_release(r, keys, token)
 
 
-def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> EpochResult:
+def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> EpochResult:
+    """The epoch itself, for a caller that already holds the season's lease (`token`)."""
     started = time.monotonic()
     season.refresh_from_db(fields=["published_version", "layout"])
     current_version = rankview.pointer_get(r, keys)
     current = rankview.manifest_get(r, keys, current_version) if current_version else None
+    if current is not None and not rankview.copy_holds(r, keys, current):
+        current = None
+    if current is None and season.published_version > 0:
+        # Versions were published, but the pointer, its manifest or its copy is gone
+        # (Redis flushed or restarted empty): reads answer 503 until a recovery build,
+        # reconciled against the ledger, publishes again. Started once: the job row is
+        # the claim.
+        return _recovery_start(season)
     if current is not None and current.version > season.published_version:
         # A coordinator died between the pointer swap and its database record.
         _manifest_record(season=season, manifest=current, changed=0, epoch_ms=0.0)
 
-    target_name = next(c for c in COPIES if current is None or c != current.copy)
+    copies = rankview.copies_get(r, keys)
+    target_name = next(c for c in copies if current is None or c != current.copy)
     target = rankview.copy_meta_load(r, keys, target_name)
     layout = current.layout if current is not None else season.bucket_layout
     rebuild = target is None or target.state == "broken" or target.layout != layout
@@ -149,6 +160,28 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms)
 
 
+def _recovery_start(season: Season) -> EpochResult:
+    from leaderboard.models import RebuildJob
+    from leaderboard.rebuild import RebuildError, season_rebuild_start
+
+    try:
+        job = season_rebuild_start(season=season, actor=SYSTEM, kind=RebuildJob.Kind.RECOVERY,
+                                   layout=season.bucket_layout, reason="views lost: no current version in Redis")
+    except RebuildError:
+        return EpochResult(status="lost", detail="views lost; a rebuild is in flight")
+    return EpochResult(status="lost", detail=f"views lost; recovery job {job.pk} started")
+
+
+def _changes_upto(
+    *, season_id: int, after: tuple[int, int], upto: tuple[int, int] | None
+) -> Iterator[tuple[int, int, str, int, int]]:
+    """Changes with cursor in (after, upto]; upto None: everything committed."""
+    for change in _changes_after(season_id=season_id, cursor=ChangeCursor(*after)):
+        if upto is not None and (change[0], change[1]) > upto:
+            return
+        yield change
+
+
 def _changes_after(*, season_id: int, cursor: ChangeCursor) -> Iterator[tuple[int, int, str, int, int]]:
     while True:
         page = score_change_heads_after(season_id=season_id, cursor=cursor, limit=STREAM_PAGE)
@@ -184,7 +217,7 @@ def _manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_
 
 
 def season_copy_build(
-    *, season: Season, copy: str, layout: BucketLayout, r: redis.Redis, token: int,
+    *, season: Season, copy: str, layout: BucketLayout, r: redis.Redis, token: int | None,
     progress: BuildProgress | None = None,
 ) -> rankview.CopyMeta:
     """Fill `copy` from the current-scores table and the change-stream watermark of the same snapshot.

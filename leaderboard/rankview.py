@@ -142,6 +142,19 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta) -> None:
     r.delete(*doomed)
 
 
+def copies_get(r: redis.Redis, keys: Keys) -> list[str]:
+    """The season's R copies (R = 2): the current one and the one the next epoch updates.
+
+    "0" and "1" until a rebuild publishes a shadow copy in place of one of them.
+    """
+    raw = r.get(keys.copies)
+    return [str(c) for c in orjson.loads(raw)] if raw else list(COPY_NAMES)
+
+
+def copies_set(r: redis.Redis, keys: Keys, copies: list[str]) -> None:
+    r.set(keys.copies, orjson.dumps(copies))
+
+
 class FenceLost(RuntimeError):
     """Another coordinator holds the season now; this one must stop writing."""
 
@@ -183,8 +196,17 @@ def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | N
         raise FenceLost("the current version moved before publication")
 
 
-def _fenced(r: redis.Redis, keys: Keys, token: int, queue: Any) -> None:
-    """Run `queue(pipe)` as one MULTI/EXEC that happens only while `token` holds the lease."""
+def _fenced(r: redis.Redis, keys: Keys, token: int | None, queue: Any) -> None:
+    """Run `queue(pipe)` as one MULTI/EXEC that happens only while `token` holds the lease.
+
+    token None: a shadow copy that no published manifest names yet, written only by the
+    rebuild job that claimed it in the database; it needs atomic chunks, not a fence.
+    """
+    if token is None:
+        with r.pipeline(transaction=True) as pipe:
+            queue(pipe)
+            pipe.execute()
+        return
     with r.pipeline(transaction=True) as pipe:
         try:
             pipe.watch(keys.lease)
@@ -198,7 +220,7 @@ def _fenced(r: redis.Redis, keys: Keys, token: int, queue: Any) -> None:
             raise FenceLost("the lease changed while applying") from exc
 
 
-def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int, meta: CopyMeta) -> CopyMeta:
+def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta) -> CopyMeta:
     """Bump the copy's generation before touching it: readers of its old version retry."""
     def queue(pipe: Any) -> None:
         pipe.hincrby(keys.copy_meta(meta.copy), "gen", 1)
@@ -226,7 +248,7 @@ def copy_scores_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str]
     return out
 
 
-def copy_apply(r: redis.Redis, keys: Keys, token: int, meta: CopyMeta,
+def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
                old_scores: dict[str, int | None], new_scores: dict[str, int]) -> set[int]:
     """Move each changed player to its new score, in fenced MULTI/EXEC chunks.
 
@@ -277,7 +299,7 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int, meta: CopyMeta,
     return touched
 
 
-def copy_finish(r: redis.Redis, keys: Keys, token: int, meta: CopyMeta, *, watermark: tuple[int, int],
+def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: tuple[int, int],
                 version: int) -> CopyMeta:
     meta.watermark = watermark
     meta.state = STATE_READY
@@ -443,6 +465,11 @@ class PlayerView:
     total: int
 
 
+# The copy names each process has seen current, per season: readers pipeline the lookup
+# of every one of them with the pointer read.
+_learned_copies: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
 class RankReader:
     """Reads of one published version. Every answer comes from exactly one manifest.
 
@@ -453,12 +480,12 @@ class RankReader:
     """
 
     def __init__(self, r: redis.Redis, keys: Keys, *, deadline: float, attempts: int = 3,
-                 copies: tuple[str, ...] = COPY_NAMES):
+                 copies: tuple[str, ...] | None = None):
         self.r = r
         self.keys = keys
         self.deadline = deadline
         self.attempts = attempts
-        self.copies = copies
+        self.copies = copies or _learned_copies.get((keys.prefix, keys.season), COPY_NAMES)
 
     # -- manifest selection
     def _manifest(self, version: int | None) -> Manifest:
@@ -556,6 +583,9 @@ class RankReader:
                     score_raw = lookups[self.copies.index(manifest.copy)]
                 else:
                     score_raw = self.r.hget(self.keys.lookup(manifest.copy, shard), player_id)
+                    # A rebuild published a copy under a new name: pipeline it from now on.
+                    self.copies = (manifest.copy, *self.copies[:1])
+                    _learned_copies[(self.keys.prefix, self.keys.season)] = self.copies
                 return self._rank_of(manifest, player_id, score_raw, started)
             except _Torn:
                 current = pointer_get(self.r, self.keys)
@@ -627,7 +657,9 @@ class RankReader:
 
         return self._run(version, body)  # type: ignore[no-any-return]
 
-    def neighbors(self, player_id: str, radius: int, version: int | None = None) -> tuple[Manifest, Entry | None, list[Entry]]:
+    def neighbors(
+        self, player_id: str, radius: int, version: int | None = None
+    ) -> tuple[Manifest, Entry | None, list[Entry]]:
         def body(manifest: Manifest) -> tuple[Manifest, Entry | None, list[Entry]]:
             found = self.locate(manifest, player_id)
             if found is None:

@@ -8,18 +8,24 @@ table. Used for the FINAL candidate; it reads the whole season, so it is not per
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 from collections.abc import Iterator
 
 import redis
+from django.conf import settings
 from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
 
 from leaderboard import rankview
 from leaderboard.core.checksum import checksum_add
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
 from leaderboard.invariants import version_check
-from leaderboard.models import PlayerScore
+from leaderboard.models import PlayerScore, ReconciliationRun, ScoreChange
+from leaderboard.redis_client import redis_get
+from seasons.models import Season
 
 _ORDER_PG = 'ORDER BY score DESC, player_id COLLATE "C"'
 # SQLite compares text with BINARY collation by default: byte order, as CONTRACT.md 1 says.
@@ -143,3 +149,57 @@ def version_reconcile(
     ]
     report.add("ledger_bucket_checksums", not bad, "; ".join(bad[:10]))
     return report
+
+
+def reconciliation_run(*, season: Season, full: bool | None = None, sample: int | None = None) -> ReconciliationRun:
+    """The continuous reconciliation: invariants of the current version, and its scores against the ledger.
+
+    The ledger moves on while the version stands still, so a sampled player is compared
+    only when the change stream has nothing newer for them than the version's watermark.
+    """
+    from leaderboard.materializer import season_keys
+    from leaderboard.metrics import metrics_failure_count
+
+    full = settings.RECONCILE_FULL if full is None else full
+    sample = settings.RECONCILE_SAMPLE_SIZE if sample is None else sample
+    started = time.monotonic()
+    started_at = timezone.now()
+    r = redis_get()
+    keys = season_keys(season)
+    report = version_check(r=r, keys=keys, sample=sample, full=full)
+    manifest = rankview.manifest_get(r, keys, report.version) if report.version else None
+    if manifest is not None and report.ok:
+        _ledger_spot_check(r=r, keys=keys, season=season, manifest=manifest, sample=sample, report=report)
+    run = ReconciliationRun.objects.create(
+        season=season, version=report.version, mode="full" if full else "sampled", ok=report.ok,
+        findings=report.as_dict()["findings"], started_at=started_at,
+        duration_ms=(time.monotonic() - started) * 1000,
+    )
+    if not report.ok:
+        metrics_failure_count(season_slug=season.slug, kind="reconciliation")
+        if any(f.check.endswith("checksums") for f in report.failures()):
+            metrics_failure_count(season_slug=season.slug, kind="checksum")
+    return run
+
+
+def _ledger_spot_check(*, r: redis.Redis, keys: rankview.Keys, season: Season, manifest: Manifest, sample: int,
+                       report: Report) -> None:
+    reader = rankview.RankReader(r, keys, deadline=3600)
+    entries = []
+    for position in stratified_positions(manifest.total, sample):
+        entries.extend(reader.entries_at(manifest, position, 1))
+    players = [e.player_id for e in entries]
+    moved = set(
+        ScoreChange.objects.filter(season_id=season.pk, player_id__in=players)
+        .filter(Q(txid__gt=manifest.watermark[0]) | Q(txid=manifest.watermark[0], id__gt=manifest.watermark[1]))
+        .values_list("player_id", flat=True)
+    )
+    ledger = dict(PlayerScore.objects.filter(season_id=season.pk, player_id__in=players).values_list("player_id",
+                                                                                                     "score"))
+    wrong = [
+        f"{e.player_id}: version {e.score}, ledger {ledger.get(e.player_id)}"
+        for e in entries
+        if e.player_id not in moved and ledger.get(e.player_id) != e.score
+    ]
+    checked = len([e for e in entries if e.player_id not in moved])
+    report.add("ledger_scores", not wrong, f"{checked} players compared; " + "; ".join(wrong[:10]))

@@ -7,8 +7,10 @@ import logging
 from celery import shared_task
 from django.conf import settings
 
-from leaderboard.core.lifecycle import SeasonState
+from leaderboard.core.lifecycle import MATERIALIZED_STATES
 from leaderboard.materializer import season_epoch_run
+from leaderboard.rebuild import rebuild_run
+from leaderboard.reconcile import reconciliation_run
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -17,7 +19,7 @@ log = logging.getLogger(__name__)
 @shared_task(ignore_result=True)
 def epochs_dispatch() -> int:
     """Every EPOCH_SECONDS (beat): one epoch task per season that can still change."""
-    season_ids = list(Season.objects.exclude(state=SeasonState.SCHEDULED).values_list("pk", flat=True))
+    season_ids = list(Season.objects.filter(state__in=MATERIALIZED_STATES).values_list("pk", flat=True))
     for season_id in season_ids:
         season_epoch.apply_async(args=[season_id], expires=max(settings.EPOCH_SECONDS * 2, 1.0))
     return len(season_ids)
@@ -33,3 +35,25 @@ def season_epoch(season_id: int) -> str:
         log.info("season %s: published v%s (%s players changed, %.1f ms)", season.slug, result.version,
                  result.changed_players, result.duration_ms)
     return result.status
+
+
+@shared_task(ignore_result=True)
+def reconciliations_dispatch() -> int:
+    season_ids = list(Season.objects.filter(published_version__gt=0).values_list("pk", flat=True))
+    for season_id in season_ids:
+        season_reconcile.apply_async(args=[season_id], expires=settings.RECONCILE_SECONDS)
+    return len(season_ids)
+
+
+@shared_task(ignore_result=True)
+def season_reconcile(season_id: int) -> bool | None:
+    season = Season.objects.filter(pk=season_id).first()
+    if season is None:
+        return None
+    return reconciliation_run(season=season).ok
+
+
+@shared_task(ignore_result=True)
+def rebuild_run_task(job_id: int) -> str:
+    """Runs a claimed shadow build; a second delivery finds the job claimed and returns."""
+    return rebuild_run(job_id=job_id).status

@@ -1,0 +1,425 @@
+"""Shadow builds of a season's views from the ledger: rebuilds, recovery, bucket-layout splits.
+
+A shadow copy is filled from the current-scores table at a recorded watermark (with
+persisted progress), caught up with the change stream to exactly the live version's
+watermark, and compared with the live version: player count, per-bucket counts and
+checksums, top 100, sampled ranks and neighbour windows. Only when every check passes
+is a manifest naming the shadow published; otherwise the old version keeps serving and
+the differences are reported. After a flush there is no live version to compare with,
+so a recovery is reconciled against the ledger instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import redis
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit.services import Actor, audit_log
+from leaderboard import rankview
+from leaderboard.core.buckets import BucketLayout, LayoutError
+from leaderboard.core.checksum import MODULUS
+from leaderboard.core.epoch import newest_scores
+from leaderboard.core.manifest import Manifest
+from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
+from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
+from leaderboard.materializer import (
+    EpochError,
+    _changes_upto,
+    _manifest_record,
+    season_copy_build,
+    season_epoch_run_locked,
+    season_keys,
+)
+from leaderboard.models import RebuildJob, ScoreChange
+from leaderboard.reconcile import version_reconcile
+from leaderboard.redis_client import redis_get
+from leaderboard.selectors import ChangeCursor, score_change_heads_after
+from seasons.models import Season
+
+log = logging.getLogger(__name__)
+
+ACTIVE = (RebuildJob.Status.QUEUED, RebuildJob.Status.BUILDING, RebuildJob.Status.COMPARING)
+LEASE_WAIT_SECONDS = 30.0
+
+
+class RebuildError(RuntimeError):
+    pass
+
+
+def season_rebuild_start(
+    *, season: Season, actor: Actor, kind: str = RebuildJob.Kind.REBUILD, layout: BucketLayout | None = None,
+    reason: str = "", enqueue: bool = True,
+) -> RebuildJob:
+    """Claim the season's one shadow-build slot and queue the work (Celery, after commit)."""
+    layout = layout or _live_layout(season)
+    try:
+        with transaction.atomic():
+            job = RebuildJob.objects.create(
+                season=season, kind=kind, layout=layout.as_dict(), requested_by_label=actor.label, reason=reason,
+            )
+            action = {"rebuild": "views.rebuild.requested", "split": "views.split.proposed",
+                      "recovery": "views.recovery.started"}[kind]
+            audit_log(actor=actor, action=action, target_type="rebuild_job", target_id=str(job.pk),
+                      season_slug=season.slug, after={"kind": kind, "layout": layout.as_dict()}, reason=reason)
+            if enqueue:
+                from leaderboard.tasks import rebuild_run_task
+
+                transaction.on_commit(lambda: rebuild_run_task.delay(job.pk))
+    except IntegrityError:
+        raise RebuildError(f"a shadow build is already running for {season.slug}") from None
+    return job
+
+
+def _live_layout(season: Season) -> BucketLayout:
+    r = redis_get()
+    keys = season_keys(season)
+    version = rankview.pointer_get(r, keys)
+    manifest = rankview.manifest_get(r, keys, version) if version else None
+    return manifest.layout if manifest is not None else season.bucket_layout
+
+
+def _second(job: RebuildJob) -> str:
+    return f"{job.copy}b"
+
+
+class _Phase:
+    """One of several equal builds, reported as a share of the whole job."""
+
+    def __init__(self, inner: _JobProgress, *, phase: int, phases: int):
+        self.inner, self.phase, self.phases = inner, phase, phases
+        self.size = 0
+
+    def start(self, total: int) -> None:
+        self.size = total
+        if self.phase == 0:
+            self.inner.start(total * self.phases)
+
+    def advance(self, done: int) -> None:
+        self.inner.advance(self.phase * self.size + done)
+
+
+class _JobProgress:
+    """Persists progress every ~second: the console polls the row, the terminal gets a callback."""
+
+    def __init__(self, job: RebuildJob, on_progress: Callable[[RebuildJob], None] | None):
+        self.job = job
+        self.on_progress = on_progress
+        self.started = time.monotonic()
+        self.saved = 0.0
+
+    def start(self, total: int) -> None:
+        self.job.total = total
+        self.job.done = 0
+        self._save(force=True)
+
+    def advance(self, done: int) -> None:
+        self.job.done = done
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        self.job.rate = done / elapsed
+        remaining = max(self.job.total - done, 0)
+        self.job.eta_seconds = remaining / self.job.rate if self.job.rate else None
+        self._save(force=done >= self.job.total)
+
+    def _save(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.saved >= 1.0:
+            RebuildJob.objects.filter(pk=self.job.pk).update(
+                done=self.job.done, total=self.job.total, rate=self.job.rate, eta_seconds=self.job.eta_seconds
+            )
+            self.saved = now
+        if self.on_progress is not None:
+            self.on_progress(self.job)
+
+
+def rebuild_run(*, job_id: int, on_progress: Callable[[RebuildJob], None] | None = None) -> RebuildJob:
+    """Run a queued job to its end. Idempotent: a job already claimed by someone else is left alone."""
+    claimed = RebuildJob.objects.filter(pk=job_id, status=RebuildJob.Status.QUEUED).update(
+        status=RebuildJob.Status.BUILDING, started_at=timezone.now()
+    )
+    job = RebuildJob.objects.select_related("season").get(pk=job_id)
+    if not claimed:
+        return job
+    try:
+        return _run(job=job, on_progress=on_progress)
+    except Exception as exc:
+        log.exception("shadow build %s failed", job.pk)
+        _finish(job, RebuildJob.Status.FAILED, error=f"{exc.__class__.__name__}: {exc}")
+        _drop_shadow(job)
+        raise
+
+
+def _run(*, job: RebuildJob, on_progress: Callable[[RebuildJob], None] | None) -> RebuildJob:
+    season = job.season
+    r = redis_get()
+    keys = season_keys(season)
+    layout = BucketLayout.from_dict(job.layout)
+    job.copy = f"r{job.pk}"
+    RebuildJob.objects.filter(pk=job.pk).update(copy=job.copy)
+
+    # The long part holds no season lease: epochs keep publishing the live version
+    # meanwhile. Only this job writes its shadows (it claimed the row), so they are
+    # unfenced. Both copies of the new index are built here, off the lease: left to the
+    # next epoch, the second one would be built under the lease and hold publication
+    # back for the length of a full build.
+    progress = _JobProgress(job, on_progress)
+    shadow = season_copy_build(season=season, copy=job.copy, layout=layout, r=r, token=None,
+                               progress=_Phase(progress, phase=0, phases=2))
+    season_copy_build(season=season, copy=_second(job), layout=layout, r=r, token=None,
+                      progress=_Phase(progress, phase=1, phases=2))
+    RebuildJob.objects.filter(pk=job.pk).update(
+        status=RebuildJob.Status.COMPARING, watermark_txid=shadow.watermark[0], watermark_id=shadow.watermark[1]
+    )
+    job.status = RebuildJob.Status.COMPARING
+    if on_progress is not None:
+        on_progress(job)
+    return _compare_and_maybe_publish(job=job, r=r, keys=keys, publish=job.kind != RebuildJob.Kind.SPLIT)
+
+
+def rebuild_publish(*, job: RebuildJob, actor: Actor, reason: str = "") -> RebuildJob:
+    """Publish a READY split: catch the shadow up again, compare again, then swap."""
+    if job.status != RebuildJob.Status.READY:
+        raise RebuildError(f"job {job.pk} is {job.status}, only a ready shadow can be published")
+    with transaction.atomic():
+        audit_log(actor=actor, action="views.split.publish_requested", target_type="rebuild_job",
+                  target_id=str(job.pk), season_slug=job.season.slug, reason=reason)
+    return _compare_and_maybe_publish(job=job, r=redis_get(), keys=season_keys(job.season), publish=True)
+
+
+def rebuild_discard(*, job: RebuildJob, actor: Actor, reason: str = "") -> RebuildJob:
+    if job.status != RebuildJob.Status.READY:
+        raise RebuildError(f"job {job.pk} is {job.status}")
+    _drop_shadow(job)
+    _finish(job, RebuildJob.Status.DISCARDED)
+    with transaction.atomic():
+        audit_log(actor=actor, action="views.split.discarded", target_type="rebuild_job", target_id=str(job.pk),
+                  season_slug=job.season.slug, reason=reason)
+    return job
+
+
+def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankview.Keys, publish: bool) -> RebuildJob:
+    season = job.season
+    deadline = time.monotonic() + LEASE_WAIT_SECONDS
+    token = None
+    while token is None:
+        token = rankview.lease_acquire(r, keys, ttl_ms=int(settings.EPOCH_LEASE_SECONDS * 1000))
+        if token is None:
+            if time.monotonic() > deadline:
+                raise RebuildError("the season's coordinator lease stayed busy")
+            time.sleep(0.05)
+    try:
+        shadow = rankview.copy_meta_load(r, keys, job.copy)
+        if shadow is None:
+            raise RebuildError(f"shadow copy {job.copy} is gone")
+        live_version = rankview.pointer_get(r, keys)
+        live = rankview.manifest_get(r, keys, live_version) if live_version else None
+        if live is not None and not rankview.copy_holds(r, keys, live):
+            live = None  # its copy is gone: nothing to compare with
+        if live is not None and shadow.watermark > live.watermark and _changes_between(
+            season, live.watermark, shadow.watermark
+        ):
+            # The live version is older than the shadow's snapshot: publish a fresh live
+            # version first (we hold the lease), so both can meet at one watermark.
+            season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
+            live_version = rankview.pointer_get(r, keys)
+            live = rankview.manifest_get(r, keys, live_version or 0)
+            if live is None or (shadow.watermark > live.watermark
+                                and _changes_between(season, live.watermark, shadow.watermark)):
+                raise RebuildError("the live version could not be brought up to the shadow's watermark")
+        # Catch the shadow up to the live version; a shadow whose snapshot cursor is past
+        # the live watermark with no change in between already shows the same state.
+        upto = None if live is None else max(live.watermark, shadow.watermark)
+        season.refresh_from_db(fields=["published_version"])
+        version = max(live_version or 0, season.published_version) + 1
+        shadow = _catch_up(r=r, keys=keys, token=token, season=season, shadow=shadow, upto=upto, version=version)
+        candidate = Manifest(
+            season=season.slug, version=version, as_of=datetime.now(UTC).isoformat(timespec="milliseconds"),
+            watermark=shadow.watermark, copy=shadow.copy, gen=shadow.gen, layout=shadow.layout,
+            counts=list(shadow.counts), checksums=list(shadow.checksums),
+            top=rankview.copy_top(r, keys, shadow, limit=100),
+        )
+        if live is not None:
+            report = shadow_compare(r=r, keys=keys, live=live, shadow=candidate, sample=settings.REBUILD_SAMPLE_SIZE,
+                                    aligned=not _changes_between(season, live.watermark, candidate.watermark))
+        else:
+            rankview.manifest_store(r, keys, candidate, token=token)
+            report = version_reconcile(r=r, keys=keys, season_id=season.pk, version=version,
+                                       sample=settings.REBUILD_SAMPLE_SIZE)
+        RebuildJob.objects.filter(pk=job.pk).update(compared_version=live.version if live else None,
+                                                    report=report.as_dict())
+        job.report = report.as_dict()
+        if not report.ok:
+            _finish(job, RebuildJob.Status.FAILED,
+                    error="shadow comparison failed: " + ", ".join(f.check for f in report.failures()))
+            _drop_shadow(job)
+            return job
+        if not publish:
+            _finish(job, RebuildJob.Status.READY)
+            return job
+        rankview.manifest_store(r, keys, candidate, token=token)
+        rankview.pointer_publish(r, keys, token=token, expected=live_version, version=version)
+        retired = rankview.copies_get(r, keys)
+        rankview.copies_set(r, keys, [shadow.copy, _second(job)])
+        for name in retired:
+            # No manifest names these copies any more; readers of an older version fail
+            # their generation check and retry on the new one (or get 410 when pinned).
+            meta = rankview.copy_meta_load(r, keys, name)
+            if meta is not None:
+                rankview.copy_drop(r, keys, meta)
+        _manifest_record(season=season, manifest=candidate, changed=0, epoch_ms=0.0)
+        if job.kind == RebuildJob.Kind.SPLIT:
+            Season.objects.filter(pk=season.pk).update(layout=shadow.layout.as_dict())
+        job.published_version = version
+        RebuildJob.objects.filter(pk=job.pk).update(published_version=version)
+        _finish(job, RebuildJob.Status.PUBLISHED)
+        with transaction.atomic():
+            audit_log(actor=Actor(kind="system", id="", label="rebuild"), action="views.rebuild.published",
+                      target_type="rebuild_job", target_id=str(job.pk), season_slug=season.slug,
+                      before={"version": live_version, "copy": live.copy if live else None},
+                      after={"version": version, "copy": shadow.copy, "layout": shadow.layout.as_dict()})
+        return job
+    finally:
+        rankview.lease_release(r, keys, token)
+
+
+def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season, shadow: rankview.CopyMeta,
+              upto: tuple[int, int] | None, version: int) -> rankview.CopyMeta:
+    """Apply the changes after the shadow's watermark, up to `upto` (None: everything committed)."""
+    shadow = rankview.copy_begin_mutation(r, keys, token, shadow)
+    changes = list(_changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto))
+    newest = newest_scores((c[2], c[3], c[4]) for c in changes)
+    if newest:
+        old = rankview.copy_scores_get(r, keys, shadow.copy, list(newest))
+        rankview.copy_apply(r, keys, token, shadow, old, newest)
+    head = (changes[-1][0], changes[-1][1]) if changes else shadow.watermark
+    watermark = upto if upto is not None and upto > head else head
+    problems = rankview.copy_verify_counts(r, keys, shadow, range(shadow.layout.size))
+    if problems:
+        raise EpochError(f"shadow {shadow.copy} failed verification: {'; '.join(problems)}")
+    return rankview.copy_finish(r, keys, token, shadow, watermark=watermark, version=version)
+
+
+def _changes_between(season: Season, a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether the change stream holds anything between two cursors (either order)."""
+    low, high = min(a, b), max(a, b)
+    first = score_change_heads_after(season_id=season.pk, cursor=ChangeCursor(*low), limit=1)
+    return bool(first) and (first[0][0], first[0][1]) <= high
+
+
+def shadow_compare(*, r: redis.Redis, keys: rankview.Keys, live: Manifest, shadow: Manifest, sample: int,
+                   aligned: bool) -> Report:
+    """The shadow against the live version at the same watermark; layouts may differ (a split).
+
+    `aligned`: no change lies between the two watermarks, so both must show one state.
+    """
+    report = Report(version=live.version)
+    report.add("same_watermark", aligned, f"live {live.watermark}, shadow {shadow.watermark}")
+    report.add("player_count", live.total == shadow.total,
+               f"live {live.total}, shadow {shadow.total} (difference {shadow.total - live.total})")
+    # Per live bucket: the shadow buckets inside its range must hold the same players
+    # (count) with the same (player, score) pairs (the checksum is a sum, so it adds up).
+    wrong = []
+    for bucket in range(live.layout.size):
+        low, high = live.layout.range_of(bucket)
+        inside = [b for b in range(shadow.layout.size) if low <= shadow.layout.range_of(b)[0] <= high]
+        count = sum(shadow.counts[b] for b in inside)
+        checksum = sum(shadow.checksums[b] for b in inside) % MODULUS
+        if count != live.counts[bucket] or checksum != live.checksums[bucket]:
+            wrong.append(f"bucket {bucket} [{low}..{high}]: live {live.counts[bucket]}/{live.checksums[bucket]:016x}, "
+                         f"shadow {count}/{checksum:016x}")
+    report.add("bucket_counts_and_checksums", not wrong, "; ".join(wrong[:10]))
+    report.add("top_100", live.top == shadow.top, first_mismatch(live.top, shadow.top))
+    reader = rankview.RankReader(r, keys, deadline=3600)
+    rank_wrong: list[str] = []
+    window_wrong: list[str] = []
+    for position in stratified_positions(live.total, sample):
+        first = max(1, position - 10)
+        live_window = reader.entries_at(live, first, 21)
+        shadow_window = reader.entries_at(shadow, first, 21)
+        if live_window != shadow_window:
+            window_wrong.append(f"window at {first}: {first_mismatch(live_window, shadow_window)}")
+        me = next((e for e in live_window if e.position == position), None)
+        if me is not None:
+            a = reader.locate(live, me.player_id)
+            b = reader.locate(shadow, me.player_id)
+            if a != b:
+                rank_wrong.append(f"{me.player_id}: live (score, position, rank) {a}, shadow {b}")
+    report.add("sampled_ranks", not rank_wrong, "; ".join(rank_wrong[:10]))
+    report.add("neighbor_windows", not window_wrong, "; ".join(window_wrong[:10]))
+    if not rankview.copy_holds(r, keys, live):
+        report.add("live_copy", False, "the live copy moved during the comparison; compare again")
+    return report
+
+
+def _finish(job: RebuildJob, status: str, error: str = "") -> None:
+    job.status = status
+    job.finished_at = timezone.now()
+    job.error = error
+    RebuildJob.objects.filter(pk=job.pk).update(status=status, finished_at=job.finished_at, error=error)
+
+
+def _drop_shadow(job: RebuildJob) -> None:
+    if not job.copy:
+        return
+    r = redis_get()
+    keys = season_keys(job.season)
+    if job.copy in rankview.copies_get(r, keys):
+        return  # published: it is live now
+    for name in (job.copy, _second(job)):
+        meta = rankview.copy_meta_load(r, keys, name)
+        if meta is not None:
+            rankview.copy_drop(r, keys, meta)
+
+
+# ----------------------------------------------------------------------- hot buckets
+
+
+def season_split_recommendations(*, season: Season, window_seconds: float = 600.0) -> list[SplitProposal]:
+    """Split proposals from the live version's bucket sizes and the last minutes' change rates."""
+    r = redis_get()
+    keys = season_keys(season)
+    version = rankview.pointer_get(r, keys)
+    live = rankview.manifest_get(r, keys, version) if version else None
+    if live is None:
+        return []
+    since = timezone.now() - timedelta(seconds=window_seconds)
+    changes = [0] * live.layout.size
+    recent = ScoreChange.objects.filter(season_id=season.pk, committed_at__gte=since).values_list("new_score",
+                                                                                                 flat=True)
+    for score in recent[:200_000].iterator(chunk_size=20_000):
+        changes[live.layout.bucket_of(score)] += 1
+    parts = 4
+    quantiles: dict[int, list[int]] = {}
+    with r.pipeline(transaction=False) as pipe:
+        order = []
+        for bucket, count in enumerate(live.counts):
+            if count >= parts:
+                for k in range(1, parts):
+                    pipe.zrange(keys.bucket(live.copy, live.layout.layout_id, bucket), count * k // parts,
+                                count * k // parts, withscores=True)
+                    order.append(bucket)
+        replies = pipe.execute()
+    for bucket, reply in zip(order, replies, strict=True):
+        if reply:
+            # Boundaries go just above a quantile score, so its ties stay on one side.
+            quantiles.setdefault(bucket, []).append(-int(reply[0][1]) + 1)
+    return split_recommendations(layout=live.layout, counts=live.counts, changes=changes,
+                                 quantile_scores=quantiles, parts=parts)
+
+
+def season_split_propose(*, season: Season, actor: Actor, split_points: list[object], reason: str = "") -> RebuildJob:
+    """Build a shadow with narrower buckets at `split_points`; a person publishes it after its comparison."""
+    live_layout = _live_layout(season)
+    try:
+        points = split_points_valid(live_layout, split_points)
+        layout = live_layout.split(at=points, layout_id=live_layout.layout_id + 1)
+    except LayoutError as exc:
+        raise RebuildError(str(exc)) from exc
+    return season_rebuild_start(season=season, actor=actor, kind=RebuildJob.Kind.SPLIT, layout=layout,
+                                reason=reason or f"split at {', '.join(map(str, points))}")
