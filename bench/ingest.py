@@ -245,12 +245,33 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
-def postgres_cpu_seconds() -> float:
-    """CPU of PostgreSQL on this machine: live processes plus exited backends.
+class PostgresBackends:
+    """CPU of the PostgreSQL backends serving the benchmark database, and of the whole server.
 
-    A backend's CPU moves into the postmaster's cutime/cstime when it exits, so
-    short-lived connections are counted too. All databases: other users add noise.
+    The machine may be shared: the backends of this database (found in pg_stat_activity)
+    are what the benchmark costs PostgreSQL; all postgres processes (plus exited
+    backends, via the postmaster's cutime) include other users' work.
     """
+
+    def __init__(self, url: str):
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.dbname = self.conn.info.dbname
+
+    def pids(self) -> set[int]:
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [self.dbname],
+        ).fetchall()
+        return {row[0] for row in rows}
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def postgres_cpu_seconds() -> float:
+    """All PostgreSQL CPU on this machine: live processes plus exited backends."""
     total = 0.0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -260,11 +281,11 @@ def postgres_cpu_seconds() -> float:
         except OSError:
             continue
         name, _, rest = stat.partition(" (")[2].rpartition(")")
-        if name != "postgres" and not name.startswith("postgres"):
+        if not name.startswith("postgres"):
             continue
         fields = rest.split()
         total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-        if fields[1] == "1" or _comm(int(fields[1])) != "postgres":  # the postmaster
+        if _comm(int(fields[1])) != "postgres":  # the postmaster: add its reaped children
             total += (int(fields[13]) + int(fields[14])) / CLK_TCK
     return total
 
@@ -287,7 +308,9 @@ def machine_busy_seconds() -> tuple[float, float]:
 @dataclass
 class CpuMeter:
     server_pids: list[int]
+    backends: PostgresBackends
     start: dict[str, float] = field(default_factory=dict)
+    backend_start: dict[int, float] = field(default_factory=dict)
 
     def _sample(self) -> dict[str, float]:
         busy, total = machine_busy_seconds()
@@ -302,12 +325,19 @@ class CpuMeter:
         }
 
     def __enter__(self) -> CpuMeter:
+        self.backend_start = {pid: process_cpu_seconds(pid) for pid in self.backends.pids()}
         self.start = self._sample()
         return self
 
-    def stop(self, wall: float) -> dict[str, float]:
+    def stop(self, wall: float) -> dict[str, Any]:
         end = self._sample()
         delta = {key: end[key] - self.start[key] for key in end}
+        # Backends that exited during the phase are lost (the server's pool keeps them).
+        ours_pg = sum(
+            process_cpu_seconds(pid) - self.backend_start.get(pid, 0.0)
+            for pid in self.backends.pids() | set(self.backend_start)
+            if Path(f"/proc/{pid}").exists()
+        )
         cores = os.cpu_count() or 1
         busy_cores_pct = 100 * cores * delta["busy"] / delta["total"] if delta["total"] else 0.0
         ours = delta["client"] + delta["server"] + delta["postgres"]
@@ -317,6 +347,7 @@ class CpuMeter:
             "client_pct": 100 * delta["client"] / wall,
             "server_pct": 100 * delta["server"] / wall,
             "postgres_pct": 100 * delta["postgres"] / wall,
+            "our_pg_pct": 100 * ours_pg / wall,
             "machine_pct": 100 * delta["busy"] / delta["total"] if delta["total"] else 0.0,
             "cores": cores,
         }
@@ -359,7 +390,7 @@ def workload_generate(args: argparse.Namespace) -> list[list[bytes]]:
 
 
 def interleaved(shards: list[list[bytes]]) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     for index in range(max(len(s) for s in shards)):
         out.extend(s[index] for s in shards if index < len(s))
     return out
@@ -377,7 +408,7 @@ class PhaseResult:
     latencies: list[float]
     outcomes: Counter[str]
     errors: Counter[str]
-    cpu: dict[str, float]
+    cpu: dict[str, Any]
 
     @property
     def rate(self) -> float:
@@ -396,7 +427,7 @@ class PhaseResult:
 
     @property
     def pg_ms_per_k(self) -> float:
-        return self._ms_per_k(self.cpu["postgres_pct"])
+        return self._ms_per_k(self.cpu["our_pg_pct"])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -475,6 +506,7 @@ class Bench:
     client_obj: Any
     shards: list[list[bytes]]
     tag: str
+    backends: PostgresBackends
 
     def season_new(self, run: int, phase: str) -> Any:
         from audit.services import Actor
@@ -492,7 +524,7 @@ class Bench:
     def phase_http(self, run: int) -> PhaseResult:
         assert self.server is not None
         season = self.season_new(run, "http")
-        with CpuMeter(self.server.pids()) as meter:
+        with CpuMeter(self.server.pids(), self.backends) as meter:
             wall, latencies, outcomes, errors, events = asyncio_run(
                 http_post_all(url=self.server.url, token=self.token, slug=season.slug, shards=self.shards)
             )
@@ -510,7 +542,7 @@ class Bench:
         latencies: list[float] = []
         outcomes: Counter[str] = Counter()
         events = 0
-        with CpuMeter(self.server.pids() if self.server else []) as meter:
+        with CpuMeter(self.server.pids() if self.server else [], self.backends) as meter:
             started = time.perf_counter()
             for body in bodies:
                 t0 = time.perf_counter()
@@ -564,14 +596,18 @@ def warm_up(server: Server, token: str, args: argparse.Namespace, tag: str) -> N
 def report(args: argparse.Namespace, results: list[PhaseResult]) -> None:
     header = (
         f"{'run':>3}  {'phase':<7}  {'events':>7}  {'seconds':>7}  {'events/s':>9}  "
-        f"{'p50 ms':>7}  {'p99 ms':>7}  {'client%':>7}  {'server%':>7}  {'pg%':>5}  {'other%':>6}  "
+        f"{'p50 ms':>7}  {'p99 ms':>7}  {'client%':>7}  {'server%':>7}  {'pg%':>5}  {'pg all%':>7}  {'other%':>6}  "
         f"{'machine%':>8}  {'py ms/1k':>8}  {'pg ms/1k':>8}  per-process server%"
     )
     print()
-    print("per run (latency = one batch request or service call; client/server/pg/other in % of "
-          "one core,\n other = busy CPU not from this benchmark or PostgreSQL; machine = % of all "
-          "cores busy;\n py/pg ms/1k = CPU ms per 1,000 events in the server workers (http) or "
-          "in-process (service), and in PostgreSQL)")
+    print(
+        "per run. latency: one batch request (http) or service call. CPU in % of one core:\n"
+        "  client = this process (the HTTP clients, or the in-process service), server = uvicorn,\n"
+        "  pg = backends of the benchmark database, pg all = every PostgreSQL process (other\n"
+        "  users too), other = busy CPU that is neither ours nor PostgreSQL's: a shared machine.\n"
+        "  machine = % of all cores busy. py/pg ms/1k = CPU ms per 1,000 events in Python\n"
+        "  (server workers for http, this process for service) and in our PostgreSQL backends."
+    )
     print(header)
     print("-" * len(header))
     for r in results:
@@ -579,7 +615,8 @@ def report(args: argparse.Namespace, results: list[PhaseResult]) -> None:
             f"{r.run:>3}  {r.phase:<7}  {r.events:>7}  {r.seconds:>7.2f}  {r.rate:>9,.0f}  "
             f"{1000 * r.percentile(50):>7.1f}  {1000 * r.percentile(99):>7.1f}  "
             f"{r.cpu['client_pct']:>7.0f}  {r.cpu['server_pct']:>7.0f}  "
-            f"{r.cpu['postgres_pct']:>5.0f}  {r.cpu['other_pct']:>6.0f}  {r.cpu['machine_pct']:>8.0f}  "
+            f"{r.cpu['our_pg_pct']:>5.0f}  {r.cpu['postgres_pct']:>7.0f}  {r.cpu['other_pct']:>6.0f}  "
+            f"{r.cpu['machine_pct']:>8.0f}  "
             f"{r.python_ms_per_k:>8.1f}  {r.pg_ms_per_k:>8.1f}  "
             + "/".join(f"{x:.0f}" for x in r.cpu["workers_pct"] if x >= 0.5)
         )
@@ -623,6 +660,13 @@ def report(args: argparse.Namespace, results: list[PhaseResult]) -> None:
     if http_rate is not None:
         ok = http_rate >= TARGET_EVENTS_PER_S
         print(f"  target http >= {TARGET_EVENTS_PER_S:,} events/s: {'PASS' if ok else 'FAIL'}")
+    other = statistics.median(r.cpu["other_pct"] for r in results)
+    if other > 25:
+        print(
+            f"  WARNING: other processes kept {other:.0f}% of a core busy (median) during the "
+            "phases: this machine is shared right now, the rates above are not representative "
+            "(the CPU ms per 1,000 events are less affected)."
+        )
     if http_rate is not None and service_rate:
         ratio = http_rate / service_rate
         ok = ratio >= TARGET_RATIO
@@ -664,13 +708,17 @@ def main(argv: list[str] | None = None) -> int:
     server_env = dict(item.split("=", 1) for item in args.server_env)
     server = Server(workers=args.workers, port=args.port, extra_env=server_env) if "http" in args.phase_list else None
     results: list[PhaseResult] = []
+    backends = PostgresBackends(os.environ["DATABASE_URL"])
     try:
         if server is not None:
             server.start()
             print(f"server up: uvicorn --workers {args.workers} (pids {server.pids()})"
                   + (f" env {server_env}" if server_env else ""))
             warm_up(server, token, args, tag)
-        bench = Bench(args=args, server=server, token=token, client_obj=client_obj, shards=shards, tag=tag)
+        bench = Bench(
+            args=args, server=server, token=token, client_obj=client_obj, shards=shards, tag=tag,
+            backends=backends,
+        )
         for run in range(1, args.runs + 1):
             order = list(args.phase_list)
             if run % 2 == 0:
@@ -682,10 +730,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"({result.events} events in {result.seconds:.2f}s)", flush=True)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
+        if results:
+            report(args, results)
         return 130
     finally:
         if server is not None:
             server.stop()
+        backends.close()
     report(args, results)
     return 0
 

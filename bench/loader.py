@@ -179,6 +179,13 @@ def ledger_copy(season: Any, scores: array, *, with_events: bool = False) -> flo
 
 
 def redis_used_memory(r: Any) -> int:
+    """used_memory once the lazy-free thread is idle (an UNLINKed season would still be shrinking it)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        info = r.info("memory")
+        if int(info.get("lazyfree_pending_objects", 0)) == 0:
+            return int(info["used_memory"])
+        time.sleep(0.2)
     return int(r.info("memory")["used_memory"])
 
 
@@ -268,12 +275,16 @@ def load_season(*, players: int, seed: int = 1, distribution: str = "pareto", wi
         print(f"# season {season.slug}: {players:,} players generated in {gen_seconds:.1f}s "
               f"({distribution_summary(scores)}); {layout} layout: {layout_summary(scores, bucket_layout)}",
               flush=True)
-    copy_seconds = ledger_copy(season, scores, with_events=with_events)
-    if verbose:
-        print(f"# COPY into PostgreSQL: {copy_seconds:.1f}s ({players / copy_seconds:,.0f} players/s"
-              f"{', with ledger events' if with_events else ''})", flush=True)
-    result = LoadResult(season=season, players=players, scores=scores, copy_seconds=copy_seconds)
-    views_build(result, verbose=verbose)
+    try:
+        copy_seconds = ledger_copy(season, scores, with_events=with_events)
+        if verbose:
+            print(f"# COPY into PostgreSQL: {copy_seconds:.1f}s ({players / copy_seconds:,.0f} players/s"
+                  f"{', with ledger events' if with_events else ''})", flush=True)
+        result = LoadResult(season=season, players=players, scores=scores, copy_seconds=copy_seconds)
+        views_build(result, verbose=verbose)
+    except BaseException:
+        benchenv.season_cleanup(season, keep=False, quiet=not verbose)
+        raise
     return result
 
 

@@ -107,6 +107,9 @@ end
 """
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Sample:
     endpoint: str
@@ -116,6 +119,32 @@ class Sample:
     p95: float
     p99: float
     errors: int
+    requests: int = 0
+    server_cpu_us: float = float("nan")  # uvicorn CPU (all workers) per request
+    redis_cpu_us: float = float("nan")  # Redis server CPU per request
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """utime + stime of every process in a process group (the uvicorn master and its workers)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # field 5 of stat: pgrp
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / CLK_TCK
+
+
+def redis_cpu_seconds() -> float:
+    from leaderboard.redis_client import redis_get
+
+    cpu = redis_get().info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def port_free(port: int) -> bool:
@@ -130,10 +159,11 @@ def port_free(port: int) -> bool:
 class Server:
     """uvicorn as a child in its own process group; stop() ends that group."""
 
-    def __init__(self, *, workers: int, port: int, env: dict[str, str]):
+    def __init__(self, *, workers: int, port: int, env: dict[str, str], root: Path = ROOT):
         self.workers = workers
         self.port = port
         self.env = env
+        self.root = root
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -142,7 +172,7 @@ class Server:
         cmd = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--workers", str(self.workers),
                "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log", "--log-level", "warning",
                "--http", "httptools", "--loop", "uvloop"]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **self.env}, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, cwd=self.root, env={**os.environ, **self.env}, start_new_session=True)
         import httpx
 
         deadline = time.monotonic() + 60
@@ -199,7 +229,19 @@ def wrk_run(*, url: str, path: str, players: int, connections: int, duration: fl
     data = json.loads(line.removeprefix("WRKJSON "))
     errors = data["connect"] + data["read"] + data["write"] + data["status"] + data["timeout"]
     return Sample(endpoint="", connections=connections, rps=data["requests"] / (data["duration_us"] / 1e6),
-                  p50=data["p50_us"] / 1000, p95=data["p95_us"] / 1000, p99=data["p99_us"] / 1000, errors=errors)
+                  p50=data["p50_us"] / 1000, p95=data["p95_us"] / 1000, p99=data["p99_us"] / 1000, errors=errors,
+                  requests=data["requests"])
+
+
+def measured(server: Server, **kwargs: Any) -> Sample | None:
+    """wrk_run, plus the server's and Redis's CPU time per request over it."""
+    assert server.proc is not None
+    cpu0, redis0 = group_cpu_seconds(server.proc.pid), redis_cpu_seconds()
+    sample = wrk_run(**kwargs)
+    if sample is not None and sample.requests:
+        sample.server_cpu_us = (group_cpu_seconds(server.proc.pid) - cpu0) * 1e6 / sample.requests
+        sample.redis_cpu_us = (redis_cpu_seconds() - redis0) * 1e6 / sample.requests
+    return sample
 
 
 def sanity_check(base: str, season: str, players: int) -> None:
@@ -235,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--compare-root", metavar="DIR", default=None,
+                        help="A/B: also serve another source tree of this project (e.g. the code before a change) "
+                             "on --port + 1 and measure its rank endpoint as `rank@before`")
     benchenv.add_common_args(parser)
     args = parser.parse_args(argv)
     (players,) = benchenv.parse_counts(args.players)
@@ -252,12 +297,25 @@ def main(argv: list[str] | None = None) -> int:
     key = baseline_load(season, result.scores)
     print(f"# baseline sorted set {key}: {players:,} members in {time.perf_counter() - started:.1f}s")
     server = Server(workers=args.workers, port=args.port, env={**env, "BENCH_BASELINE": "true"})
+    other: Server | None = None
+    urls = {name: f"http://127.0.0.1:{args.port}" for name in ENDPOINTS}
+    servers = {name: server for name in ENDPOINTS}
+    if args.compare_root:
+        other = Server(workers=args.workers, port=args.port + 1, env={**env, "BENCH_BASELINE": "true"},
+                       root=Path(args.compare_root).resolve())
+        ENDPOINTS["rank@before"] = ENDPOINTS["rank"]
+        urls["rank@before"] = f"http://127.0.0.1:{args.port + 1}"
+        servers["rank@before"] = other
+        endpoints.append("rank@before")
     samples: list[tuple[int, Sample]] = []
     paced: list[Sample] = []
-    url = f"http://127.0.0.1:{args.port}"
+    url = urls["rank"]
     try:
         server.start()
         sanity_check(url, season, players)
+        if other is not None:
+            other.start()
+            sanity_check(urls["rank@before"], season, players)
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             seed = args.seed
@@ -268,17 +326,19 @@ def main(argv: list[str] | None = None) -> int:
                         path = ENDPOINTS[name].format(season=season)
                         seed += 1
                         if args.warmup > 0:
-                            wrk_run(url=url, path=path, players=players, connections=connections,
+                            wrk_run(url=urls[name], path=path, players=players, connections=connections,
                                     duration=args.warmup, rate=None, workdir=workdir, seed=seed)
-                        sample = wrk_run(url=url, path=path, players=players, connections=connections,
-                                         duration=args.duration, rate=None, workdir=workdir, seed=seed)
+                        sample = measured(servers[name], url=urls[name], path=path, players=players,
+                                          connections=connections, duration=args.duration, rate=None,
+                                          workdir=workdir, seed=seed)
                         if sample is None:
                             continue
                         sample.endpoint = name
                         samples.append((run, sample))
-                        print(f"# run {run + 1} c={connections:>3} {name:>9}: {sample.rps:7,.0f} req/s, "
-                              f"p50 {sample.p50:5.1f} ms, p99 {sample.p99:6.1f} ms, errors {sample.errors}",
-                              flush=True)
+                        print(f"# run {run + 1} c={connections:>3} {name:>11}: {sample.rps:7,.0f} req/s, "
+                              f"p50 {sample.p50:5.1f} ms, p99 {sample.p99:6.1f} ms, errors {sample.errors}; "
+                              f"CPU/request: server {sample.server_cpu_us:,.0f} us, "
+                              f"redis {sample.redis_cpu_us:,.0f} us; load {os.getloadavg()[0]:.1f}", flush=True)
             if args.paced_fraction > 0 and "baseline" in endpoints:
                 peak = max(
                     benchenv.median([s.rps for _, s in samples if s.endpoint == "baseline" and s.connections == c])
@@ -286,12 +346,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 rate = peak * args.paced_fraction
                 connections = max(concurrency)
+                paced_names = [n for n in ("rank", "baseline", "rank@before") if n in endpoints]
                 for run in range(args.runs):
-                    for name in (["rank", "baseline"] if run % 2 == 0 else ["baseline", "rank"]):
-                        if name not in endpoints:
-                            continue
+                    shift = run % len(paced_names)
+                    for name in paced_names[shift:] + paced_names[:shift]:
                         seed += 1
-                        sample = wrk_run(url=url, path=ENDPOINTS[name].format(season=season), players=players,
+                        sample = wrk_run(url=urls[name], path=ENDPOINTS[name].format(season=season), players=players,
                                          connections=connections, duration=args.duration, rate=rate,
                                          workdir=workdir, seed=seed)
                         if sample is None:
@@ -303,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                               flush=True)
     finally:
         server.stop()
+        if other is not None:
+            other.stop()
         benchenv.season_cleanup(result.season, keep=args.keep, extra_keys=[key])
 
     print()
@@ -320,15 +382,20 @@ def main(argv: list[str] | None = None) -> int:
             rps = benchenv.median([s.rps for s in cell])
             rows.append((connections, name, rps, benchenv.median([s.p50 for s in cell]),
                          benchenv.median([s.p95 for s in cell]), benchenv.median([s.p99 for s in cell]),
-                         rps / base_rps if base else float("nan"), sum(s.errors for s in cell)))
+                         rps / base_rps if base else float("nan"),
+                         benchenv.median([s.server_cpu_us for s in cell]),
+                         benchenv.median([s.redis_cpu_us for s in cell]), sum(s.errors for s in cell)))
     print(benchenv.table(["connections", "endpoint", "req/s", "p50 ms", "p95 ms", "p99 ms", "vs baseline",
-                          "errors"], rows))
+                          "server CPU us/req", "redis CPU us/req", "errors"], rows))
+    print()
+    print("CPU per request is measured on the server's process group (/proc) and Redis (INFO cpu); on a")
+    print("machine shared with other load it predicts capacity better than req/s: capacity ~ cores / CPU.")
     if paced:
         print()
         print(f"paced at {args.paced_fraction:.0%} of the baseline's peak ({paced[0].connections} connections):")
         print()
         prow = []
-        for name in ("rank", "baseline"):
+        for name in ("rank", "baseline", "rank@before"):
             cell = [s for s in paced if s.endpoint == name]
             if cell:
                 prow.append((name, benchenv.median([s.rps for s in cell]), benchenv.median([s.p50 for s in cell]),
@@ -344,6 +411,17 @@ def main(argv: list[str] | None = None) -> int:
             ratio = benchenv.median(ours) / benchenv.median(base)
             print(f"c={connections}: rank/baseline throughput {ratio:.2f}x "
                   f"(target >= {TARGET_RATIO}x: {'met' if ratio >= TARGET_RATIO else 'MISSED'})")
+        before = [s.rps for _, s in samples if s.endpoint == "rank@before" and s.connections == connections]
+        if ours and before:
+            print(f"c={connections}: rank now / rank@before {benchenv.median(ours) / benchenv.median(before):.2f}x")
+        cpu = {name: benchenv.median([s.server_cpu_us + s.redis_cpu_us for _, s in samples
+                                      if s.endpoint == name and s.connections == connections])
+               for name in ("rank", "baseline", "rank@before")}
+        if cpu["rank"] == cpu["rank"] and cpu["baseline"] == cpu["baseline"]:
+            print(f"c={connections}: CPU per request (server + redis): rank {cpu['rank']:,.0f} us, baseline "
+                  f"{cpu['baseline']:,.0f} us -> CPU-bound capacity ratio rank/baseline "
+                  f"{cpu['baseline'] / cpu['rank']:.2f}x"
+                  + (f", rank@before {cpu['rank@before']:,.0f} us" if cpu["rank@before"] == cpu["rank@before"] else ""))
     ours_paced = [s.p99 for s in paced if s.endpoint == "rank"]
     if ours_paced:
         p99 = benchenv.median(ours_paced)

@@ -51,8 +51,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
-import websockets  # noqa: E402,F401  (the library)
-from websockets.asyncio.client import connect as ws_connect  # noqa: E402
+from websockets.asyncio.client import connect as ws_connect  # noqa: E402  (the library)
+from websockets.exceptions import ConnectionClosed  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 import benchenv  # noqa: E402
@@ -118,7 +118,7 @@ def client_worker(args: argparse.Namespace) -> int:
                 elif kind == "snapshot":
                     stats["snapshots"] += 1
                     held = message["leaderboard_version"]
-        except websockets.ConnectionClosed:
+        except ConnectionClosed:
             if not stop.is_set():
                 stats["closed"] += 1
 
@@ -239,6 +239,14 @@ class Round:
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     deadline = started + args.max_seconds
+
+    def overdue(signum: int, frame: Any) -> None:
+        raise SystemExit(f"--max-seconds {args.max_seconds:.0f} passed long ago: stopping (children are stopped)")
+
+    # A hard bound on top of the per-phase deadlines (loading a large season has none):
+    # SystemExit unwinds through the `finally` that stops uvicorn and the clients.
+    signal.signal(signal.SIGALRM, overdue)
+    signal.alarm(int(args.max_seconds) + 120)
     limit = fd_limit_raise(args.clients + 1024)
     if limit < args.clients + 256:
         raise SystemExit(f"the open-file limit is {limit}: too low for {args.clients} sockets")
@@ -351,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
             stop(worker.process)
         stop(server)
         benchenv.season_cleanup(season, keep=args.keep, quiet=True)
+    signal.alarm(0)
 
     by_version: dict[int, list[float]] = {}
     for got in final:
@@ -384,7 +393,8 @@ def run(args: argparse.Namespace) -> int:
     ))
     print()
     print(f"# sockets: {totals['connected']:,} connected, {totals['failed']} failed, {totals['closed']} closed by the "
-          f"server, {totals['gaps']} gaps seen; run took {time.monotonic() - started:.0f}s")
+          f"server, {totals['gaps']} gaps seen; run took {time.monotonic() - started:.0f}s; load average now "
+          f"{os.getloadavg()[0]:.2f}")
     return 0 if rounds and all(r.complete for r in rounds) else 1
 
 

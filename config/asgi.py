@@ -13,15 +13,34 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Django is set up before the consumers (and the models they import) are imported.
 django_application = get_asgi_application()
 
+from asgiref.sync import sync_to_async  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.core.exceptions import SuspiciousOperation  # noqa: E402
+from django.core.handlers.exception import response_for_exception  # noqa: E402
+from django.http import HttpRequest, HttpResponseBase  # noqa: E402
 
 from leaderboard.routing import websocket_urlpatterns  # noqa: E402
 
+
+class StaticFiles(ASGIStaticFilesHandler):
+    """The public pages' few static files (STATIC_URL), served by the app itself so the
+    service needs no other web server; anything else passes through to Django.
+
+    Django's handler answers a path that escapes the static directories ("/static/../x")
+    with an unhandled SuspiciousFileOperation, a 500 and a traceback per probe: here it
+    is the 400 Django gives any other suspicious request.
+    """
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        try:
+            return await super().get_response_async(request)
+        except SuspiciousOperation as exc:
+            return await sync_to_async(response_for_exception)(request, exc)
+
+
 application = ProtocolTypeRouter({
-    # The public pages' few static files (STATIC_URL) are served by the app itself, so the
-    # service needs no other web server; anything else passes through to Django.
-    "http": ASGIStaticFilesHandler(django_application),
+    "http": StaticFiles(django_application),
     "websocket": AllowedHostsOriginValidator(URLRouter(websocket_urlpatterns)),
 })

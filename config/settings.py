@@ -114,9 +114,15 @@ CELERY_TASK_ACKS_LATE = True
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_KEY_PREFIX}:asgi"},
+        # channels-redis polls with a 5 s BZPOPMIN; redis-py 8 times reads out after 5 s
+        # by default, which would fail every idle wait.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "prefix": f"{REDIS_KEY_PREFIX}:asgi"},
     }
 }
+# A live socket whose client stops reading is closed (4408) after this long.
+LIVE_SEND_TIMEOUT_SECONDS = env_float("LIVE_SEND_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+# Each server process re-joins its seasons' groups this often, so a group Redis lost comes back.
+LIVE_GROUP_REFRESH_SECONDS = env_float("LIVE_GROUP_REFRESH_SECONDS", 30.0, minimum=1.0)
 
 # --- Leaderboard behaviour.
 EPOCH_SECONDS = env_float("EPOCH_SECONDS", 1.0, minimum=0.05)

@@ -10,5 +10,6 @@ urlpatterns = [
     path("metrics", health.metrics, name="metrics"),
     path("seasons/<str:season_id>/live", live_views.season_live_page, name="season-live"),
     path("", include("leaderboard.api.urls")),
+    path("staff/", include("seasons.staff_urls")),
     path("admin/", admin.site.urls),
 ]

@@ -1,8 +1,13 @@
 """The live board socket, /ws/v1/seasons/{season_id}/live[?player_id=P&radius=R] (CONTRACT.md 6).
 
 Thin: what to send is decided in leaderboard.core.live (pure) and leaderboard.live (reads,
-rounds, registry). This class holds one socket's state: its subscription, the version
-and player state it last sent (the base of diffs and events), and the slow-client guard.
+rounds, the per-process registry and group listener). This class holds one socket's state:
+its subscription, the version and player state it last sent (the base of diffs and
+events), its inbox of announcements, and the slow-client guard.
+
+The socket itself is not a member of the channel layer's group (its process is, once per
+season: leaderboard.live), so it has no channel of its own: its dispatch loop reads the
+client and its inbox.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Any
 
 import orjson
@@ -18,6 +24,7 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.utils import await_many_dispatch
 
 from leaderboard import live
 from leaderboard.core.live import (
@@ -35,10 +42,13 @@ from leaderboard.core.live import (
     splice,
     subscription_parse,
 )
+from leaderboard.core.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT_SECONDS = 1.0
+# RFC 6455 "try again later": the server could not join the season's group (Redis down).
+CLOSE_TRY_AGAIN_LATER = 1013
 
 
 class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
@@ -47,8 +57,8 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.slug = ""
         self.subscription: Subscription | None = None
         self.hub: live.SeasonHub | None = None
-        self.in_group = False
-        self.joined_at = 0.0
+        self.socket_id = uuid.uuid4().hex
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=live.INBOX_SIZE)
         self.state: str | None = None
         self.final_version: int | None = None
         # The version this socket last sent (the base of its next diff and events) and
@@ -59,13 +69,20 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.closing = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # Channels' AsyncConsumer.__call__, without a channel-layer channel per socket: the
+        # second source of messages is the socket's inbox, fed by its process's listener.
         # However the socket ends (disconnect, a send to a vanished client raising, a
-        # dropped slow client), it leaves the registry and the group: a channel left in
-        # the group would have its messages buffered in this process for nobody.
+        # dropped slow client), it leaves the registry.
+        self.scope = scope
+        self.channel_layer = None
+        self.channel_name = self.socket_id
+        self.base_send = send
         try:
-            await super().__call__(scope, receive, send)
+            await await_many_dispatch([receive, self.inbox.get], self.dispatch)
+        except StopConsumer:
+            pass
         finally:
-            await self._leave()
+            self._leave()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' dispatch closes stale database connections before every message, a
@@ -100,36 +117,35 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.subscription = parsed
         # Join before reading the snapshot: a version published in between is then queued
         # for this socket, and skipped if the snapshot already has it.
-        self.hub = live.registry().join(self.slug, self.channel_name, parsed)
-        async with live.registry().layer_gate:
-            await self.channel_layer.group_add(live.season_group(self.slug), self.channel_name)
-        self.in_group = True
-        self.joined_at = time.monotonic()
+        try:
+            self.hub = await live.registry().join(self.slug, self.socket_id, live.Socket(parsed, self.inbox))
+        except TimeoutError:
+            await self._send_message(live.unavailable_message(self.slug, self.state, self.final_version))
+            self.closing = True
+            await self.close(code=CLOSE_TRY_AGAIN_LATER, reason="try_again_later")
+            return
         await self._snapshot()
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
-        await self._leave()
+        self._leave()
         raise StopConsumer()
 
-    async def _leave(self) -> None:
-        if self.hub is not None:
-            live.registry().leave(self.slug, self.channel_name)
+    def _leave(self) -> None:
+        # By subscription, not by self.hub: a socket that went away while joining is
+        # registered already. Leaving twice is harmless.
+        if self.subscription is not None:
+            live.registry().leave(self.slug, self.socket_id)
             self.hub = None
-        if self.in_group:
-            self.in_group = False
-            try:
-                async with live.registry().layer_gate:
-                    await self.channel_layer.group_discard(live.season_group(self.slug), self.channel_name)
-            except Exception:
-                # The group entry expires on its own (channels-redis group_expiry).
-                log.warning("live: group_discard failed for %s", self.channel_name, exc_info=True)
 
     async def _refuse(self, refusal: Refusal) -> None:
         self.closing = True
-        await self._send_text(orjson.dumps(refusal.message()).decode())
+        await self._send_message(refusal.message())
         await self.close(code=refusal.code, reason=refusal.error)
 
     # ----------------------------------------------------------------------------- sending
+
+    async def _send_message(self, message: dict[str, Any]) -> bool:
+        return await self._send_text(orjson.dumps(message).decode())
 
     async def _send_text(self, text: str) -> bool:
         """Send one frame, or drop the socket if the client does not take it in time.
@@ -147,7 +163,7 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             pass
         log.info("live: dropping a slow client of %s (no send progress in %.1fs)", self.slug, live.send_timeout())
         self.closing = True
-        await self._leave()
+        self._leave()
         try:
             async with asyncio.timeout(CLOSE_WAIT_SECONDS):
                 await self.close(code=CLOSE_SLOW_CONSUMER, reason="slow_consumer")
@@ -157,13 +173,19 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
 
     async def _snapshot(self) -> None:
         assert self.subscription is not None
-        snap = await sync_to_async(live.snapshot_read, thread_sensitive=False)(self.slug, self.subscription)
+        try:
+            snap = await sync_to_async(live.snapshot_read, thread_sensitive=False)(self.slug, self.subscription)
+        except Exception:
+            # Redis unreachable: say "unavailable" (the next version is pushed when there is
+            # one) rather than end the socket with a server error.
+            log.exception("live: snapshot of %s failed", self.slug)
+            snap = None
         if snap is None:
             self.sent_version, self.mark = None, None
-            await self.send_json(live.unavailable_message(self.slug, self.state, self.final_version))
+            await self._send_message(live.unavailable_message(self.slug, self.state, self.final_version))
             return
         message = live.snapshot_message(self.slug, self.state, self.final_version, snap, self.subscription)
-        if await self._send_text(orjson.dumps(message).decode()):
+        if await self._send_message(message):
             self.sent_version = snap.manifest.version
             self.mark = PlayerMark.of(snap.player.entry) if snap.player is not None else None
 
@@ -176,27 +198,26 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         version = int(event["version"])
         if event.get("state") is not None:
             self.state, self.final_version = event["state"], event.get("final_version")
-        await self._group_refresh()
         if self.sent_version is not None and version <= self.sent_version:
             return  # the snapshot already had it
-        hub.note(version)
         if version < hub.latest:
             # A newer version reached this process and is queued behind this one: a client
             # that fell behind catches up in one message instead of replaying the backlog.
             return
         # Shielded: this socket going away must not cancel the round the others await.
-        result = await asyncio.shield(hub.round(event))
+        tasks = hub.round(event)
+        result = await asyncio.shield(tasks.shared)
         if result.status == "unavailable":
             if self.sent_version is not None:
                 self.sent_version, self.mark = None, None
-                await self.send_json(live.unavailable_message(self.slug, self.state, self.final_version))
+                await self._send_message(live.unavailable_message(self.slug, self.state, self.final_version))
             return
-        if result.status != "ok":
+        if result.status != "ok" or result.manifest is None:
             return
         tail: dict[str, Any] = {"previous_version": self.sent_version}
         new_mark = self.mark
         if sub.player_id is not None:
-            read = await self._player_of(result, sub)
+            read = await self._player_of(tasks, result.manifest, sub)
             if read is None:
                 return  # superseded before it was read: this socket gets the next version
             entry = read.entry
@@ -209,22 +230,18 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             self.sent_version = version
             self.mark = new_mark
 
-    async def _player_of(self, result: live.Round, sub: Subscription) -> live.PlayerRead | None:
+    async def _player_of(self, tasks: live.RoundTasks, manifest: Manifest,
+                         sub: Subscription) -> live.PlayerRead | None:
         assert sub.player_id is not None
-        if result.players is None or result.manifest is None:
+        batch = await asyncio.shield(tasks.players)
+        if batch.players is None:
             return None
-        read = result.players.get(sub.player_id)
+        read = batch.players.get(sub.player_id)
         if read is not None and read.radius >= sub.radius:
             return read
         # Subscribed after the round began: read this one player in the same version.
-        return await sync_to_async(live.player_read_one, thread_sensitive=False)(
-            self.slug, result.manifest, sub.player_id, sub.radius)
-
-    async def _group_refresh(self) -> None:
-        if time.monotonic() - self.joined_at > live.group_refresh_seconds():
-            self.joined_at = time.monotonic()
-            async with live.registry().layer_gate:
-                await self.channel_layer.group_add(live.season_group(self.slug), self.channel_name)
+        hub = self.hub
+        return None if hub is None else await hub.player_one(manifest, sub.player_id, sub.radius)
 
     # --------------------------------------------------------------------- client messages
 

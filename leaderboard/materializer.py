@@ -149,6 +149,7 @@ def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Ke
     )
     rankview.manifest_store(r, keys, manifest, token=token)
     rankview.pointer_publish(r, keys, token=token, expected=current_version, version=version)
+    published_at = datetime.now(UTC)
     if current is not None:
         rankview.copy_release(r, keys, current.copy, at=time.time())
     epoch_ms = (time.monotonic() - started) * 1000
@@ -157,7 +158,35 @@ def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Ke
     changed = len(fresh) if current is not None else manifest.total
     _manifest_record(season=season, manifest=manifest, changed=changed, epoch_ms=epoch_ms)
     transaction.on_commit(lambda: live_version_published(season.slug, version))  # live sockets (CONTRACT.md 6)
+    _metrics_observe(season=season, r=r, after=current.watermark if current is not None else None,
+                     upto=manifest.watermark, published_at=published_at, epoch_ms=epoch_ms)
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms)
+
+
+def _metrics_observe(*, season: Season, r: redis.Redis, after: tuple[int, int] | None, upto: tuple[int, int],
+                     published_at: datetime, epoch_ms: float) -> None:
+    """The epoch's duration and the event-to-publish lag of the changes it published.
+
+    The changes new in this version are those with a cursor in (previous watermark, new
+    watermark]; a write batch shares one committed_at, so one GROUP BY gives a row per
+    batch: (lag, events). Best effort: metrics never fail an epoch that published.
+    """
+    from django.db.models import Count, Q
+
+    from leaderboard.metrics import metrics_epoch_observe
+    from leaderboard.models import ScoreChange
+
+    try:
+        rows = ScoreChange.objects.filter(season_id=season.pk).filter(
+            Q(txid__lt=upto[0]) | Q(txid=upto[0], id__lte=upto[1])
+        )
+        if after is not None:
+            rows = rows.filter(Q(txid__gt=after[0]) | Q(txid=after[0], id__gt=after[1]))
+        batches = rows.values("committed_at").annotate(n=Count("id")).order_by().values_list("committed_at", "n")
+        lags = [((published_at - committed_at).total_seconds(), int(n)) for committed_at, n in batches]
+        metrics_epoch_observe(season_slug=season.slug, duration_ms=epoch_ms, lags=lags, r=r)
+    except Exception:  # noqa: BLE001 - best effort
+        log.warning("season %s: epoch metrics not recorded", season.slug, exc_info=True)
 
 
 def _recovery_start(season: Season) -> EpochResult:

@@ -18,6 +18,7 @@ ZCOUNT(-inf, (-s) counts the strictly higher scores in a bucket.
 
 from __future__ import annotations
 
+import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator
@@ -173,12 +174,15 @@ return 0
 """
 
 # Publication: one atomic pointer swap, only by the lease holder, only from the version
-# it built on. KEYS: lease, ptr. ARGV: token, expected current ('' = none), new version.
+# it built on. KEYS: lease, ptr, copies. ARGV: token, expected current ('' = none), new
+# version, and the season's new copy names ('' = unchanged: a rebuild publishing its
+# shadow names them in the same step, so the pointer never names a copy the list lacks).
 _PUBLISH = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local cur = redis.call('GET', KEYS[2])
 if (cur or '') ~= ARGV[2] then return -2 end
 redis.call('SET', KEYS[2], ARGV[3])
+if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4]) end
 return 1
 """
 
@@ -187,9 +191,54 @@ def lease_release(r: redis.Redis, keys: Keys, token: int) -> None:
     r.eval(_RELEASE, 1, keys.lease, str(token))
 
 
-def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | None, version: int) -> None:
-    result = r.eval(_PUBLISH, 2, keys.lease, keys.ptr, str(token),
-                    "" if expected is None else str(expected), str(version))
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+def lease_renew(r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int) -> bool:
+    """Extend a lease this token still holds; False once it is lost."""
+    return bool(r.eval(_RENEW, 1, keys.lease, str(token), str(ttl_ms)))
+
+
+class LeaseKeeper:
+    """Renews a held lease every third of its TTL from a daemon thread, for work under the
+    lease that can outlast one TTL (a rebuild's comparison, a recovery's reconciliation).
+
+    A dead process stops renewing, so the lease still expires after one TTL; a live one
+    that hangs keeps it at most `max_seconds`. Fencing is unchanged: a lost lease is not
+    renewed, and the holder's next fenced write raises FenceLost.
+    """
+
+    def __init__(self, r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int, max_seconds: float):
+        self.r, self.keys, self.token, self.ttl_ms = r, keys, token, ttl_ms
+        self.deadline = time.monotonic() + max_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{keys.season}", daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ttl_ms / 3000) and time.monotonic() < self.deadline:
+            try:
+                if not lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms):
+                    return
+            except redis.RedisError:
+                continue  # try again at the next tick; the TTL covers two more
+
+
+def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | None, version: int,
+                    copies: list[str] | None = None) -> None:
+    result = r.eval(_PUBLISH, 3, keys.lease, keys.ptr, keys.copies, str(token),
+                    "" if expected is None else str(expected), str(version),
+                    orjson.dumps(copies) if copies else "")
     if result == -1:
         raise FenceLost("the lease moved to another coordinator before publication")
     if result == -2:
@@ -436,6 +485,11 @@ def manifest_get(r: redis.Redis, keys: Keys, version: int) -> Manifest | None:
 
 def manifest_cache_clear() -> None:
     _manifest_cache.clear()
+
+
+def manifest_cache_forget(keys: Keys, version: int) -> None:
+    """Forget a cached manifest that was never published (a failed candidate's number is reused)."""
+    _manifest_cache.pop((keys.prefix, keys.season, version), None)
 
 
 # ------------------------------------------------------------------------------ reads

@@ -29,6 +29,7 @@ from leaderboard.core.epoch import newest_scores
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
+from leaderboard.live import live_version_published
 from leaderboard.materializer import (
     EpochError,
     _changes_upto,
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 ACTIVE = (RebuildJob.Status.QUEUED, RebuildJob.Status.BUILDING, RebuildJob.Status.COMPARING)
 LEASE_WAIT_SECONDS = 30.0
+LEASE_KEEP_MAX_SECONDS = 3600.0  # a hung comparison gives the season back after this long
 
 
 class RebuildError(RuntimeError):
@@ -206,13 +208,18 @@ def rebuild_discard(*, job: RebuildJob, actor: Actor, reason: str = "") -> Rebui
 def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankview.Keys, publish: bool) -> RebuildJob:
     season = job.season
     deadline = time.monotonic() + LEASE_WAIT_SECONDS
+    ttl_ms = int(settings.EPOCH_LEASE_SECONDS * 1000)
     token = None
     while token is None:
-        token = rankview.lease_acquire(r, keys, ttl_ms=int(settings.EPOCH_LEASE_SECONDS * 1000))
+        token = rankview.lease_acquire(r, keys, ttl_ms=ttl_ms)
         if token is None:
             if time.monotonic() > deadline:
                 raise RebuildError("the season's coordinator lease stayed busy")
             time.sleep(0.05)
+    # The comparison, and after a flush the reconciliation against the ledger (a full scan:
+    # ~30 s per million players on a loaded 2-core machine), can outlast the lease's TTL.
+    keeper = rankview.LeaseKeeper(r, keys, token, ttl_ms=ttl_ms, max_seconds=LEASE_KEEP_MAX_SECONDS).start()
+    version: int | None = None
     try:
         shadow = rankview.copy_meta_load(r, keys, job.copy)
         if shadow is None:
@@ -263,9 +270,11 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             _finish(job, RebuildJob.Status.READY)
             return job
         rankview.manifest_store(r, keys, candidate, token=token)
-        rankview.pointer_publish(r, keys, token=token, expected=live_version, version=version)
         retired = rankview.copies_get(r, keys)
-        rankview.copies_set(r, keys, [shadow.copy, _second(job)])
+        # The pointer and the copy names change in one step: a coordinator dying right
+        # after it leaves the shadow live and named, never dropped as a failed build's.
+        rankview.pointer_publish(r, keys, token=token, expected=live_version, version=version,
+                                 copies=[shadow.copy, _second(job)])
         for name in retired:
             # No manifest names these copies any more; readers of an older version fail
             # their generation check and retry on the new one (or get 410 when pinned).
@@ -273,6 +282,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             if meta is not None:
                 rankview.copy_drop(r, keys, meta)
         _manifest_record(season=season, manifest=candidate, changed=0, epoch_ms=0.0)
+        transaction.on_commit(lambda: live_version_published(season.slug, version))  # live sockets
         if job.kind == RebuildJob.Kind.SPLIT:
             Season.objects.filter(pk=season.pk).update(layout=shadow.layout.as_dict())
         job.published_version = version
@@ -285,6 +295,11 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
                       after={"version": version, "copy": shadow.copy, "layout": shadow.layout.as_dict()})
         return job
     finally:
+        keeper.stop()
+        if version is not None and rankview.pointer_get(r, keys) != version:
+            # The candidate was not published, and its number will be used again: a
+            # recovery's reconciliation read (and cached) its manifest in this process.
+            rankview.manifest_cache_forget(keys, version)
         rankview.lease_release(r, keys, token)
 
 
@@ -334,6 +349,21 @@ def shadow_compare(*, r: redis.Redis, keys: rankview.Keys, live: Manifest, shado
             wrong.append(f"bucket {bucket} [{low}..{high}]: live {live.counts[bucket]}/{live.checksums[bucket]:016x}, "
                          f"shadow {count}/{checksum:016x}")
     report.add("bucket_counts_and_checksums", not wrong, "; ".join(wrong[:10]))
+    # The shadow's index itself, not only its bookkeeping: reads locate positions with
+    # the counts, so a stray or missing member would go unseen by the sampled windows
+    # (a member in a bucket counted empty is never read at all) yet break the invariants.
+    with r.pipeline(transaction=False) as pipe:
+        for bucket in range(shadow.layout.size):
+            pipe.zcard(keys.bucket(shadow.copy, shadow.layout.layout_id, bucket))
+        for shard in range(rankview.LOOKUP_SHARDS):
+            pipe.hlen(keys.lookup(shadow.copy, shard))
+        sizes = pipe.execute()
+    index_wrong = [f"bucket {b}: {size} members, counted {shadow.counts[b]}"
+                   for b, size in enumerate(sizes[: shadow.layout.size]) if size != shadow.counts[b]]
+    lookup_total = sum(sizes[shadow.layout.size :])
+    if lookup_total != shadow.total:
+        index_wrong.append(f"lookup holds {lookup_total} players, counted {shadow.total}")
+    report.add("shadow_index_counts", not index_wrong, "; ".join(index_wrong[:10]))
     report.add("top_100", live.top == shadow.top, first_mismatch(live.top, shadow.top))
     reader = rankview.RankReader(r, keys, deadline=3600)
     rank_wrong: list[str] = []

@@ -24,7 +24,8 @@ from seasons.models import FinalCorrection, Season
 log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "lbk_"
-KNOWN_SCOPES = frozenset({"scores:write"})
+# scores:write: the match-results service; disputes:write: a support tool filing disputes.
+KNOWN_SCOPES = frozenset({"scores:write", "disputes:write"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,3 +4,13 @@ from django.apps import AppConfig
 class SeasonsConfig(AppConfig):
     name = "seasons"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
+
+        from seasons import staff_services
+
+        # Sign-ins belong to "who did what": the audit trail records them (and failures).
+        user_logged_in.connect(staff_services.staff_login_audit, dispatch_uid="staff-login-audit")
+        user_logged_out.connect(staff_services.staff_logout_audit, dispatch_uid="staff-logout-audit")
+        user_login_failed.connect(staff_services.staff_login_failed_audit, dispatch_uid="staff-login-failed-audit")

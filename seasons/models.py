@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from leaderboard.core.buckets import BucketLayout
@@ -111,6 +112,152 @@ class FinalCorrection(models.Model):
     pending_version = models.BigIntegerField(null=True)
     actor_label = models.CharField(max_length=200)
     reason = models.TextField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+
+
+# ------------------------------------------------------------------- staff console
+
+
+class StaffConsole(models.Model):
+    """No table: the anchor of the staff console's permissions, which the roles (groups) bundle.
+
+    Roles (migration 0005, seasons.staff_services.ROLE_PERMISSIONS): viewer sees every page;
+    reviewer also files and works disputes, proposes revocations and FINALs, dismisses late
+    results, starts rebuilds, splits and reconciliations; approver also approves (never
+    their own proposal), publishes splits and moves the season's lifecycle.
+    """
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("console_view", "Can view the staff console"),
+            ("disputes_manage", "Can file, assign, annotate and reject disputes"),
+            ("revocation_propose", "Can propose score revocations"),
+            ("late_results_dismiss", "Can dismiss late results"),
+            ("views_operate", "Can start rebuilds, splits and reconciliation runs"),
+            ("final_propose", "Can build and propose FINAL candidates"),
+            ("revocation_approve", "Can approve or reject score revocations"),
+            ("split_publish", "Can publish or discard split layouts"),
+            ("final_approve", "Can approve or reject FINAL candidates"),
+            ("season_transition", "Can open, close and seal seasons"),
+        ]
+
+
+class ScoreRevocation(models.Model):
+    """A corrected absolute score for one player: proposed by one staff member, approved by another.
+
+    Approval writes a `correction` event to the ledger based on the player's version at
+    proposal time (`base_version` + 1): if the match service moved the player meanwhile
+    the ledger answers `stale`, nothing changes, and the approver looks again and retries.
+    """
+
+    class Status(models.TextChoices):
+        PROPOSED = "proposed"
+        APPLIED = "applied"
+        REJECTED = "rejected"
+
+    season = models.ForeignKey(Season, on_delete=models.PROTECT, related_name="revocations")
+    player_id = models.CharField(max_length=64)
+    score_before = models.IntegerField(null=True, blank=True)
+    base_version = models.BigIntegerField(default=0)
+    new_score = models.IntegerField()
+    reason = models.CharField(max_length=500)
+    evidence = models.TextField(blank=True)
+    dispute = models.ForeignKey("Dispute", null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="revocations")
+    late_result = models.ForeignKey("leaderboard.LateResult", null=True, blank=True, on_delete=models.PROTECT,
+                                    related_name="+")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PROPOSED)
+    proposed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    proposed_by_label = models.CharField(max_length=200)
+    proposed_at = models.DateTimeField()
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                   related_name="+")
+    decided_by_label = models.CharField(max_length=200, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    # Every approval attempt writes a ledger event; the last one's outcome is shown.
+    attempts = models.IntegerField(default=0)
+    last_outcome = models.CharField(max_length=32, blank=True)
+    last_outcome_detail = models.TextField(blank=True)
+    event_id = models.CharField(max_length=64, blank=True)
+
+    # The foreign-key id attributes Django adds, declared for the type checker.
+    season_id: int
+    proposed_by_id: int
+    decided_by_id: int | None
+    dispute_id: int | None
+    late_result_id: int | None
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "season"], name="revocation_queue")]
+
+    def __str__(self) -> str:
+        return f"revocation {self.pk}: {self.player_id} -> {self.new_score} ({self.status})"
+
+
+class Dispute(models.Model):
+    """A player's (or support's) claim that a score is wrong; resolved by rejection or a revocation."""
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        REVOCATION_PROPOSED = "revocation_proposed"
+        RESOLVED = "resolved"
+        REJECTED = "rejected"
+
+    class Source(models.TextChoices):
+        CONSOLE = "console"
+        API = "api"
+
+    season = models.ForeignKey(Season, on_delete=models.PROTECT, related_name="disputes")
+    player_id = models.CharField(max_length=64)
+    match_id = models.CharField(max_length=64, blank=True)
+    claimed_score = models.IntegerField(null=True, blank=True)
+    summary = models.CharField(max_length=200)
+    details = models.TextField(blank=True)
+    source = models.CharField(max_length=16, choices=Source.choices)
+    # The support tool's ticket id: a repeated POST with the same one returns the same dispute.
+    external_ref = models.CharField(max_length=100, blank=True)
+    filed_by_label = models.CharField(max_length=200)
+    status = models.CharField(max_length=24, choices=Status.choices, default=Status.OPEN)
+    assignee = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                 related_name="+")
+    resolution_reason = models.TextField(blank=True)
+    resolved_by_label = models.CharField(max_length=200, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    # The foreign-key id attributes Django adds, declared for the type checker.
+    season_id: int
+    assignee_id: int | None
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "season"], name="dispute_queue")]
+        constraints = [
+            models.UniqueConstraint(fields=["season", "external_ref"], condition=~models.Q(external_ref=""),
+                                    name="dispute_unique_external_ref"),
+        ]
+
+    def __str__(self) -> str:
+        return f"dispute {self.pk}: {self.player_id} ({self.status})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in (self.Status.OPEN, self.Status.REVOCATION_PROPOSED)
+
+
+class DisputeNote(models.Model):
+    dispute = models.ForeignKey(Dispute, on_delete=models.PROTECT, related_name="notes")
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+")
+    author_label = models.CharField(max_length=200)
+    text = models.TextField()
     created_at = models.DateTimeField()
 
     class Meta:

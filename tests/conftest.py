@@ -107,11 +107,13 @@ def is_postgres() -> bool:
 
 @pytest.fixture
 def rank_views(redis_flushed: Any, settings: Any) -> Iterator[Any]:
-    """A flushed Redis, an empty manifest cache and no copy grace period (for tests that run
-    epochs back to back with no concurrent reader); yields the Redis client."""
+    """A flushed Redis and an empty manifest cache, for tests that run epochs back to back
+    with no concurrent reader: no copy grace period, and a read deadline that a loaded
+    machine cannot overrun (nothing mutates a copy during a read); yields the client."""
     from leaderboard import rankview
 
     rankview.manifest_cache_clear()
     settings.COPY_GRACE_SECONDS = 0.0
+    settings.READ_DEADLINE_SECONDS = 60.0
     yield redis_flushed
     rankview.manifest_cache_clear()

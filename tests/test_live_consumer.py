@@ -7,12 +7,14 @@ player reads, and the slow-client policy."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing.websocket import WebsocketCommunicator
+from django.conf import settings
 
 from config.asgi import application
 from leaderboard import live, rankview
@@ -265,7 +267,7 @@ def test_snapshot_requests_are_rate_limited(season: Season, post_scores: Post) -
         assert refused["error"] == "too_many_snapshots"
         assert (await comm.receive_output(timeout=TIMEOUT)) == {"type": "websocket.close", "code": 4429,
                                                                "reason": "too_many_snapshots"}
-        await comm.wait()
+        await comm.disconnect()
 
     run(body)
 
@@ -286,7 +288,7 @@ def test_bad_ids_close_with_a_reason(season: Season, slug: str, query: str, code
         assert message["type"] == "error" and message["error"] == error and message["detail"]
         close = await comm.receive_output(timeout=TIMEOUT)
         assert close["type"] == "websocket.close" and close["code"] == code
-        await comm.wait()
+        await comm.disconnect()
 
     run(body)
 
@@ -305,7 +307,7 @@ def test_the_socket_accepts_no_writes(season: Season, post_scores: Post, frame: 
         assert refused["type"] == "error" and refused["error"] == "unsupported_message"
         close = await comm.receive_output(timeout=TIMEOUT)
         assert close["code"] == 4400
-        await comm.wait()
+        await comm.disconnect()
 
     run(body)
 
@@ -433,6 +435,121 @@ def test_players_read_matches_the_reference_with_ties_and_bucket_edges(
         assert read.entry == reference.entry(player_id), player_id
         assert list(read.window) == reference.neighbors(player_id, radius), (player_id, radius)
 
+    async def through_asyncio() -> None:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+        try:
+            assert await live.players_read_async(client, keys_of(season), manifest, wanted) == (reads, 4)
+            assert await live.players_read_async(client, keys_of(season), manifest, {"absent": 2}) == (
+                {"absent": live.PlayerRead(entry=None, radius=2)}, 2)
+        finally:
+            await client.aclose()
+
+    run(through_asyncio)
+
+
+def test_a_superseded_version_is_not_read_for_players(season: Season, post_scores: Post, rank_views: Any) -> None:
+    from leaderboard.redis_client import redis_get
+
+    ev = Events()
+    board(season, post_scores, ev, {"a": 1, "b": 2})
+    publish(season)
+    manifest = current_manifest(season)
+    # The copy that held the version moves on (two more versions: it is mutated again).
+    for score in (3, 4):
+        post_ok(post_scores, season, [ev.result("a", score)])
+        publish(season)
+    with pytest.raises(rankview.Torn):
+        live.players_read(redis_get(), keys_of(season), manifest, {"a": 1})
+
+
+# --- the process's group listener ---------------------------------------------------------
+
+
+def group_members(r: Any, slug: str) -> list[bytes]:
+    """Members of the season's group in channels-redis (its sorted set `...group:{name}`)."""
+    keys = list(r.scan_iter(match=f"*group:{live.season_group(slug)}"))
+    assert len(keys) <= 1
+    return list(r.zrange(keys[0], 0, -1)) if keys else []
+
+
+def test_the_process_not_each_socket_is_in_the_group(season: Season, post_scores: Post, rank_views: Any) -> None:
+    ev = Events()
+    board(season, post_scores, ev, {"a": 1})
+    publish(season)
+
+    async def body() -> None:
+        comms = [await connect(season.slug, q) for q in ("", "player_id=a", "player_id=b", "")]
+        for comm in comms:
+            await receive(comm)
+        members = await sync_to_async(group_members)(rank_views, season.slug)
+        assert len(members) == 1 and members[0].startswith(b"live.")
+        hub = live.registry().hubs[season.slug]
+        await sync_to_async(post_ok)(post_scores, season, [ev.result("b", 5)])
+        await apublish(season)
+        for comm in comms:
+            assert (await receive(comm))["leaderboard_version"] == 2
+        assert hub.stats.announcements == 1
+        for comm in comms:
+            await comm.disconnect()
+        assert season.slug not in live.registry().hubs
+        assert hub.listener is not None
+        with contextlib.suppress(asyncio.CancelledError):
+            await hub.listener
+        assert await sync_to_async(group_members)(rank_views, season.slug) == []
+
+    run(body)
+
+
+def test_a_lost_group_is_joined_again(season: Season, post_scores: Post, rank_views: Any, settings: Any) -> None:
+    settings.LIVE_GROUP_REFRESH_SECONDS = 0.2
+    ev = Events()
+    board(season, post_scores, ev, {"a": 1})
+    publish(season)
+
+    async def body() -> None:
+        comm = await connect(season.slug)
+        await receive(comm)
+        # Redis forgets the group (an expiry, a failover that lost data): the listener joins again.
+        for key in await sync_to_async(lambda: list(rank_views.scan_iter(match="*group:live.*")))():
+            await sync_to_async(rank_views.delete)(key)
+        await asyncio.sleep(0.5)
+        assert len(await sync_to_async(group_members)(rank_views, season.slug)) == 1
+        await sync_to_async(post_ok)(post_scores, season, [ev.result("b", 5)])
+        await apublish(season)
+        assert (await receive(comm))["leaderboard_version"] == 2
+        await comm.disconnect()
+
+    run(body)
+
+
+def test_no_group_no_socket(season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the group cannot be joined (Redis down), the socket says so and closes (1013,
+    try again later) instead of waiting for versions that would never come."""
+    class Down:
+        async def new_channel(self, prefix: str = "specific") -> str:
+            return f"{prefix}.x!y"
+
+        async def group_add(self, group: str, channel: str) -> None:
+            raise ConnectionError("redis down")
+
+        async def group_discard(self, group: str, channel: str) -> None:
+            raise ConnectionError("redis down")
+
+    monkeypatch.setattr(live, "get_channel_layer", lambda: Down())
+    monkeypatch.setattr(live, "JOIN_TIMEOUT_SECONDS", 0.3)
+
+    async def body() -> None:
+        comm = await connect(season.slug)
+        assert (await receive(comm))["type"] == "unavailable"
+        close = await comm.receive_output(timeout=TIMEOUT)
+        assert (close["type"], close["code"]) == ("websocket.close", 1013)
+        await comm.disconnect()
+        assert season.slug not in live.registry().hubs or not live.registry().hubs[season.slug].sockets
+
+    run(body)
+
 
 # --- slow clients ----------------------------------------------------------------------------
 
@@ -483,7 +600,8 @@ def test_a_slow_client_is_dropped_without_delaying_the_others(season: Season, po
         close = await slow.receive_output(timeout=TIMEOUT)
         assert close == {"type": "websocket.close", "code": 4408, "reason": "slow_consumer"}
         await slow.wait(timeout=TIMEOUT)
-        assert list(hub.sockets.values()) == [live.Subscription(player_id="b", radius=5)]
+        assert [socket.subscription for socket in hub.sockets.values()] == [live.Subscription(player_id="b",
+                                                                                                 radius=5)]
         await fast.disconnect()
 
     run(body)
@@ -494,10 +612,9 @@ def test_a_slow_client_is_dropped_without_delaying_the_others(season: Season, po
 
 def test_a_socket_idle_longer_than_the_layer_poll_still_gets_the_next_version(season: Season,
                                                                              post_scores: Post) -> None:
-    """channels-redis waits for messages with BZPOPMIN for `brpop_timeout` (5 s) per call; a
-    Redis client whose socket read timeout is not longer (redis-py 8 defaults to 5 s) times
-    that read out, which kills the consumer and can lose a popped message. The channel
-    layer's hosts must set a longer socket_timeout (config/settings.py CHANNEL_LAYERS)."""
+    """channels-redis waits for messages with BZPOPMIN for `brpop_timeout` (5 s) per call. A
+    Redis client whose read timeout is not longer (redis-py 8 defaults to 5 s) times out
+    every idle poll: the listener must survive that (and warn about the configuration)."""
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()

@@ -78,6 +78,39 @@ def test_the_static_files_exist_and_use_no_network_but_the_socket() -> None:
     assert "new WebSocket(" in js and "fetch(" not in js and "XMLHttpRequest" not in js
 
 
+def test_the_asgi_application_serves_the_static_files_and_nothing_else() -> None:
+    from asgiref.testing import ApplicationCommunicator
+
+    from config.asgi import application
+
+    async def get(path: str) -> dict[str, Any]:
+        # Channels' HttpCommunicator insists on a "body" in every chunk; a streamed file's
+        # last chunk may have none (it is optional in ASGI).
+        comm = ApplicationCommunicator(application, {
+            "type": "http", "http_version": "1.1", "method": "GET", "path": path, "raw_path": path.encode(),
+            "query_string": b"", "headers": [(b"host", b"testserver")],
+        })
+        await comm.send_input({"type": "http.request", "body": b""})
+        start = await comm.receive_output(timeout=10)
+        body = b""
+        while True:
+            chunk = await comm.receive_output(timeout=10)
+            body += chunk.get("body", b"")
+            if not chunk.get("more_body"):
+                break
+        return {"status": start["status"], "body": body}
+
+    async def body() -> None:
+        js = await get("/static/live/live.js")
+        assert js["status"] == 200 and b"new WebSocket(" in js["body"]
+        assert (await get("/static/live/live.css"))["status"] == 200
+        assert (await get("/static/live/missing.js"))["status"] == 404
+        # A path out of the static directories is refused, not served and not a 500.
+        assert (await get("/static/../config/settings.py"))["status"] == 400
+
+    async_to_sync(body)()
+
+
 # --- a real browser --------------------------------------------------------------------------
 
 

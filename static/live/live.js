@@ -24,7 +24,6 @@
     final: document.getElementById("lb-final"),
     finalVersion: document.getElementById("lb-final-version"),
     unavailable: document.getElementById("lb-unavailable"),
-    unavailableDetail: document.getElementById("lb-unavailable-detail"),
     board: document.getElementById("board"),
     topBody: document.querySelector("#lb-top tbody"),
     empty: document.getElementById("lb-empty"),
@@ -181,7 +180,6 @@
     view.version = null;
     view.top = [];
     showSeasonState(message.state, message.final_version);
-    el.unavailableDetail.textContent = message.detail || "";
     el.unavailable.hidden = false;
     el.board.hidden = true;
     el.me.hidden = true;

@@ -1,0 +1,86 @@
+"""POST /internal/v1/seasons/{season_id}/disputes: a support tool files a dispute (scope disputes:write).
+
+Body: {"player_id", "summary", "details"?, "claimed_score"?, "match_id"?, "external_ref"?}.
+201 with the new dispute; 200 with the first one when `external_ref` (the tool's ticket
+id) was already filed for the season, so a retried delivery never files twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from audit.services import Actor
+from leaderboard.api.auth import ApiClientTokenAuthentication, scope_required
+from leaderboard.api.errors import ApiError, validation_error
+from leaderboard.core.events import MAX_SCORE, MIN_SCORE, check_player_id
+from seasons.models import Dispute
+from seasons.selectors import season_get
+from seasons.staff_services import StaffError, dispute_file
+
+SCOPE = "disputes:write"
+_TEXT_LIMITS = {"summary": 200, "details": 10_000, "match_id": 64, "external_ref": 100}
+_FIELDS = frozenset({"player_id", "claimed_score", *_TEXT_LIMITS})
+
+
+def _parse(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise validation_error({"body": ["must be a JSON object"]})
+    errors: dict[str, list[str]] = {}
+    for name in sorted(map(str, body.keys() - _FIELDS)):
+        errors[name] = ["unknown field"]
+    player_id = body.get("player_id")
+    if player_id is None:
+        errors["player_id"] = ["this field is required"]
+    elif problem := check_player_id(player_id):
+        errors["player_id"] = [problem]
+    out: dict[str, Any] = {"player_id": player_id}
+    for name, limit in _TEXT_LIMITS.items():
+        value = body.get(name, "")
+        if name == "summary" and not body.get(name):
+            errors[name] = ["this field is required"]
+        elif not isinstance(value, str):
+            errors[name] = ["must be a string"]
+        elif len(value) > limit:
+            errors[name] = [f"must be at most {limit} characters"]
+        elif "\x00" in value:
+            errors[name] = ["must not contain NUL characters"]
+        out[name] = value
+    score = body.get("claimed_score")
+    if score is not None and (isinstance(score, bool) or not isinstance(score, int)
+                              or not MIN_SCORE <= score <= MAX_SCORE):
+        errors["claimed_score"] = [f"must be an integer in {MIN_SCORE}..{MAX_SCORE}"]
+    out["claimed_score"] = score
+    if errors:
+        raise validation_error(errors)
+    return out
+
+
+def dispute_as_dict(dispute: Dispute) -> dict[str, Any]:
+    return {
+        "dispute_id": dispute.pk, "season_id": dispute.season.slug, "player_id": dispute.player_id,
+        "status": dispute.status, "summary": dispute.summary, "claimed_score": dispute.claimed_score,
+        "match_id": dispute.match_id, "external_ref": dispute.external_ref,
+        "created_at": dispute.created_at.isoformat(),
+    }
+
+
+class DisputesView(APIView):
+    authentication_classes = [ApiClientTokenAuthentication]
+    permission_classes = [scope_required(SCOPE)]
+
+    def post(self, request: Request, season_id: str) -> Response:
+        season = season_get(slug=season_id)
+        if season is None:
+            raise ApiError(status_code=404, code="season_not_found", detail=f"no season {season_id!r}")
+        data = _parse(request.data)
+        client = request.auth
+        actor = Actor(kind="api_client", id=str(client.pk), label=client.name)
+        try:
+            dispute, created = dispute_file(season=season, actor=actor, source=Dispute.Source.API, **data)
+        except StaffError as exc:
+            raise ApiError(status_code=400, code="validation_error", detail=str(exc)) from exc
+        return Response(dispute_as_dict(dispute), status=201 if created else 200)

@@ -1,0 +1,493 @@
+"""Writes of the staff console: staff accounts and roles, disputes, two-person score
+revocations, the late-results queue, and reconciliation runs on demand.
+
+Each service is one transaction holding its audit row (audit.services.audit_log), so an
+action and its record commit or vanish together. Roles are enforced by the views
+(permissions); the rules that must hold whoever calls (the two-person rule, the states
+an object may move between) are enforced here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission
+from django.contrib.contenttypes.models import ContentType
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit.services import Actor, audit_log
+from leaderboard.core.events import (
+    KIND_CORRECTION,
+    MAX_REASON_LENGTH,
+    MAX_SCORE,
+    MIN_SCORE,
+    ScoreEvent,
+    check_player_id,
+)
+from leaderboard.core.ledger import APPLIED
+from leaderboard.models import LateResult, PlayerScore, ReconciliationRun
+from leaderboard.reconcile import reconciliation_run
+from leaderboard.services import score_events_apply
+from seasons.models import Dispute, DisputeNote, ScoreRevocation, Season, StaffConsole
+
+User = get_user_model()
+
+# Role -> the StaffConsole permissions its group holds. Each role includes the one before:
+# an approver can also propose, but never approve their own proposal.
+VIEWER = ("console_view",)
+REVIEWER = VIEWER + ("disputes_manage", "revocation_propose", "late_results_dismiss", "views_operate",
+                     "final_propose")
+APPROVER = REVIEWER + ("revocation_approve", "split_publish", "final_approve", "season_transition")
+ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {"viewer": VIEWER, "reviewer": REVIEWER, "approver": APPROVER}
+ROLES = tuple(ROLE_PERMISSIONS)
+
+
+class StaffError(ValueError):
+    """An action the rules refuse; the message is shown to the staff member as is."""
+
+
+def perm(codename: str) -> str:
+    """The full permission name the views check, e.g. perm("final_approve")."""
+    return f"seasons.{codename}"
+
+
+def staff_actor(user: AbstractBaseUser | AnonymousUser) -> Actor:
+    return Actor(kind="user", id=str(user.pk), label=user.get_username())
+
+
+def _user_id(actor: Actor) -> int:
+    if actor.kind != "user" or not actor.id:
+        raise StaffError("only a signed-in staff member can do this")
+    return int(actor.id)
+
+
+def _text(value: str, *, field: str, required: bool = True, limit: int | None = None) -> str:
+    value = value.strip()
+    if required and not value:
+        raise StaffError(f"{field} is required")
+    if limit is not None and len(value) > limit:
+        raise StaffError(f"{field} must be at most {limit} characters")
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL.
+        raise StaffError(f"{field} must not contain NUL characters")
+    return value
+
+
+def _score(value: int, *, field: str = "score") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_SCORE <= value <= MAX_SCORE:
+        raise StaffError(f"{field} must be an integer in {MIN_SCORE}..{MAX_SCORE}")
+    return value
+
+
+def _player(player_id: str) -> str:
+    problem = check_player_id(player_id)
+    if problem:
+        raise StaffError(f"player id {problem}")
+    return player_id
+
+
+# ------------------------------------------------------------------ staff and roles
+
+
+def staff_roles_ensure() -> dict[str, Group]:
+    """Create (or repair) the role groups and their permissions; idempotent."""
+    content_type = ContentType.objects.get_for_model(StaffConsole, for_concrete_model=False)
+    names = dict(StaffConsole._meta.permissions)
+    permissions = {
+        codename: Permission.objects.get_or_create(content_type=content_type, codename=codename,
+                                                   defaults={"name": names[codename]})[0]
+        for codename in names
+    }
+    groups = {}
+    for role, codenames in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role)
+        group.permissions.set([permissions[c] for c in codenames])
+        groups[role] = group
+    return groups
+
+
+def staff_role_of(user: Any) -> str | None:
+    """The highest role the user's groups give (superusers count as approvers)."""
+    if not getattr(user, "is_authenticated", False):
+        return None
+    if user.is_superuser:
+        return "approver"
+    names = set(user.groups.values_list("name", flat=True))
+    return next((role for role in reversed(ROLES) if role in names), None)
+
+
+def staff_user_create(*, username: str, role: str, password: str, actor: Actor) -> tuple[Any, bool]:
+    """Create a staff account with one role, or give an existing account that role (and password)."""
+    if role not in ROLE_PERMISSIONS:
+        raise StaffError(f"role must be one of {', '.join(ROLES)}")
+    username = _text(username, field="username", limit=150)
+    if not password:
+        raise StaffError("a password is required")
+    with transaction.atomic():
+        groups = staff_roles_ensure()
+        # Any: the configured user model; the console needs groups (PermissionsMixin).
+        user: Any
+        user, created = User.objects.get_or_create(username=username)
+        before = None if created else {"role": staff_role_of(user)}
+        user.set_password(password)
+        user.save()
+        user.groups.remove(*[g for name, g in groups.items() if name != role])
+        user.groups.add(groups[role])
+        audit_log(actor=actor, action="staff.user.created" if created else "staff.user.updated",
+                  target_type="user", target_id=str(user.pk), before=before,
+                  after={"username": username, "role": role})
+    return user, created
+
+
+def _client_address(request: Any) -> str:
+    return str(getattr(request, "META", {}).get("REMOTE_ADDR", "")) if request is not None else ""
+
+
+def staff_login_audit(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
+    """Signal receiver (user_logged_in): one audit row per sign-in."""
+    audit_log(actor=staff_actor(user), action="auth.login", target_type="user", target_id=str(user.pk),
+              after={"role": staff_role_of(user), "address": _client_address(request)})
+
+
+def staff_logout_audit(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
+    if user is None:
+        return  # the session had expired: nobody to name
+    audit_log(actor=staff_actor(user), action="auth.logout", target_type="user", target_id=str(user.pk))
+
+
+def staff_login_failed_audit(sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any) -> None:
+    """A failed sign-in names the username tried (Django already masks the password) and the address."""
+    username = str(credentials.get("username", ""))[:150]
+    audit_log(actor=Actor(kind="anonymous", id="", label=username or "(no username)"), action="auth.login_failed",
+              target_type="user", target_id=username, after={"address": _client_address(request)})
+
+
+# ------------------------------------------------------------------------- disputes
+
+
+def dispute_file(
+    *, season: Season, player_id: str, summary: str, actor: Actor, source: str = Dispute.Source.CONSOLE,
+    details: str = "", claimed_score: int | None = None, match_id: str = "", external_ref: str = "",
+) -> tuple[Dispute, bool]:
+    """File a dispute; returns (dispute, created). A known `external_ref` returns the first one unchanged."""
+    player_id = _player(player_id)
+    summary = _text(summary, field="summary", limit=200)
+    details = _text(details, field="details", required=False, limit=10_000)
+    match_id = _text(match_id, field="match id", required=False, limit=64)
+    external_ref = _text(external_ref, field="external reference", required=False, limit=100)
+    if claimed_score is not None:
+        _score(claimed_score, field="claimed score")
+    if external_ref:
+        existing = Dispute.objects.filter(season=season, external_ref=external_ref).first()
+        if existing is not None:
+            return existing, False
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            dispute = Dispute.objects.create(
+                season=season, player_id=player_id, summary=summary, details=details, claimed_score=claimed_score,
+                match_id=match_id, external_ref=external_ref, source=source, filed_by_label=actor.label,
+                created_at=now, updated_at=now,
+            )
+            audit_log(actor=actor, action="dispute.filed", target_type="dispute", target_id=str(dispute.pk),
+                      season_slug=season.slug,
+                      after={"player_id": player_id, "summary": summary, "claimed_score": claimed_score,
+                             "match_id": match_id, "source": source, "external_ref": external_ref})
+    except IntegrityError:
+        # Two deliveries of the same ticket raced: the other one's row is the dispute.
+        existing = Dispute.objects.filter(season=season, external_ref=external_ref).first()
+        if existing is None or not external_ref:
+            raise
+        return existing, False
+    return dispute, True
+
+
+def _dispute_locked(dispute: Dispute) -> Dispute:
+    # FOR UPDATE OF the dispute only: the joined season row must stay unlocked (epochs and
+    # lifecycle transitions lock it), and the assignee is an outer join PostgreSQL cannot lock.
+    return Dispute.objects.select_for_update(of=("self",)).select_related("season", "assignee").get(pk=dispute.pk)
+
+
+def dispute_assign(*, dispute: Dispute, assignee: Any | None, actor: Actor) -> Dispute:
+    _user_id(actor)
+    with transaction.atomic():
+        locked = _dispute_locked(dispute)
+        if not locked.is_open:
+            raise StaffError(f"dispute {locked.pk} is {locked.status}")
+        before = locked.assignee.get_username() if locked.assignee else None
+        locked.assignee = assignee
+        locked.updated_at = timezone.now()
+        locked.save(update_fields=["assignee", "updated_at"])
+        audit_log(actor=actor, action="dispute.assigned", target_type="dispute", target_id=str(locked.pk),
+                  season_slug=locked.season.slug, before={"assignee": before},
+                  after={"assignee": assignee.get_username() if assignee else None})
+    return locked
+
+
+def dispute_note_add(*, dispute: Dispute, text: str, actor: Actor) -> DisputeNote:
+    author_id = _user_id(actor)
+    text = _text(text, field="note", limit=10_000)
+    with transaction.atomic():
+        locked = _dispute_locked(dispute)
+        note = DisputeNote.objects.create(dispute=locked, author_id=author_id, author_label=actor.label, text=text,
+                                          created_at=timezone.now())
+        Dispute.objects.filter(pk=locked.pk).update(updated_at=note.created_at)
+        audit_log(actor=actor, action="dispute.note_added", target_type="dispute", target_id=str(locked.pk),
+                  season_slug=locked.season.slug, after={"note_id": note.pk, "text": text})
+    return note
+
+
+def dispute_reject(*, dispute: Dispute, reason: str, actor: Actor) -> Dispute:
+    _user_id(actor)
+    reason = _text(reason, field="a reason")
+    with transaction.atomic():
+        locked = _dispute_locked(dispute)
+        if locked.status != Dispute.Status.OPEN:
+            raise StaffError(
+                f"dispute {locked.pk} is {locked.status}"
+                + ("; reject its proposed revocation first" if locked.status == Dispute.Status.REVOCATION_PROPOSED
+                   else "")
+            )
+        locked.status = Dispute.Status.REJECTED
+        locked.resolution_reason, locked.resolved_by_label = reason, actor.label
+        locked.resolved_at = locked.updated_at = timezone.now()
+        locked.save(update_fields=["status", "resolution_reason", "resolved_by_label", "resolved_at", "updated_at"])
+        audit_log(actor=actor, action="dispute.rejected", target_type="dispute", target_id=str(locked.pk),
+                  season_slug=locked.season.slug, before={"status": Dispute.Status.OPEN},
+                  after={"status": locked.status}, reason=reason)
+    return locked
+
+
+# ---------------------------------------------------------------- score revocations
+
+
+def _player_state(season: Season, player_id: str) -> tuple[int | None, int]:
+    row = PlayerScore.objects.filter(season=season, player_id=player_id).values_list("score", "score_version").first()
+    return (row[0], int(row[1])) if row is not None else (None, 0)
+
+
+def score_revocation_propose(
+    *, season: Season, player_id: str, new_score: int, reason: str, actor: Actor, evidence: str = "",
+    dispute: Dispute | None = None, late_result: LateResult | None = None,
+) -> ScoreRevocation:
+    """Propose a corrected absolute score, based on the player's current score and version."""
+    proposer_id = _user_id(actor)
+    player_id = _player(player_id)
+    _score(new_score, field="new score")
+    # The reason travels into the ledger event, which holds at most 500 characters.
+    reason = _text(reason, field="a reason", limit=MAX_REASON_LENGTH)
+    evidence = _text(evidence, field="evidence", required=False, limit=10_000)
+    with transaction.atomic():
+        if dispute is not None:
+            dispute = _dispute_locked(dispute)
+            if dispute.season_id != season.pk or dispute.player_id != player_id:
+                raise StaffError("the revocation must be for the disputed player of the dispute's season")
+            if dispute.status == Dispute.Status.REVOCATION_PROPOSED:
+                raise StaffError(f"dispute {dispute.pk} already has a proposed revocation")
+            if dispute.status != Dispute.Status.OPEN:
+                raise StaffError(f"dispute {dispute.pk} is {dispute.status}")
+        if late_result is not None:
+            late_result = LateResult.objects.select_for_update().get(pk=late_result.pk)
+            if late_result.season.pk != season.pk or late_result.player_id != player_id:
+                raise StaffError("the revocation must be for the late result's player and season")
+            if late_result.status != LateResult.Status.PENDING:
+                raise StaffError(f"late result {late_result.pk} is {late_result.status}")
+            if ScoreRevocation.objects.filter(late_result=late_result, status=ScoreRevocation.Status.PROPOSED).exists():
+                raise StaffError(f"late result {late_result.pk} already has a proposed correction")
+        score_before, base_version = _player_state(season, player_id)
+        revocation = ScoreRevocation.objects.create(
+            season=season, player_id=player_id, score_before=score_before, base_version=base_version,
+            new_score=new_score, reason=reason, evidence=evidence, dispute=dispute, late_result=late_result,
+            proposed_by_id=proposer_id, proposed_by_label=actor.label, proposed_at=timezone.now(),
+        )
+        if dispute is not None:
+            dispute.status = Dispute.Status.REVOCATION_PROPOSED
+            dispute.updated_at = revocation.proposed_at
+            dispute.save(update_fields=["status", "updated_at"])
+        audit_log(actor=actor, action="revocation.proposed", target_type="revocation", target_id=str(revocation.pk),
+                  season_slug=season.slug, before={"score": score_before, "score_version": base_version},
+                  after={"player_id": player_id, "score": new_score, "evidence": evidence,
+                         "dispute": dispute.pk if dispute else None,
+                         "late_result": late_result.pk if late_result else None},
+                  reason=reason)
+    return revocation
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalResult:
+    revocation: ScoreRevocation
+    status: str  # the ledger outcome: applied | stale | rejected | ...
+    detail: str
+
+    @property
+    def applied(self) -> bool:
+        return self.status == APPLIED
+
+
+def _correction_time(season: Season, late_result: LateResult | None, now: datetime) -> datetime:
+    # The ledger admits a correction only with a completed_at inside the season; a late
+    # result keeps its own (pre-cutoff) time.
+    if late_result is not None:
+        return late_result.completed_at
+    return max(min(now, season.cutoff), season.starts_at)
+
+
+def score_revocation_approve(
+    *, revocation: ScoreRevocation, actor: Actor, reason: str = "", rebase: bool = False
+) -> ApprovalResult:
+    """A second staff member approves: the correction goes through the ledger like any match result.
+
+    The event's version is the proposal's base version + 1. When the match service moved
+    the player meanwhile the ledger answers `stale`: nothing changes, the proposal stays
+    open with the new state shown, and the approver may retry with `rebase=True`, which
+    bases the correction on the player's version now (after looking at the new score).
+    The ledger row, the revocation's state and the audit row commit together.
+    """
+    approver_id = _user_id(actor)
+    reason = _text(reason, field="reason", required=False, limit=10_000)
+    with transaction.atomic():
+        locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(pk=revocation.pk)
+        if locked.status != ScoreRevocation.Status.PROPOSED:
+            raise StaffError(f"revocation {locked.pk} is {locked.status}")
+        if locked.proposed_by_id == approver_id:
+            raise StaffError("nobody approves their own proposal: another approver must do it")
+        season = locked.season
+        based_on = {"score": locked.score_before, "score_version": locked.base_version}
+        if rebase:
+            locked.score_before, locked.base_version = _player_state(season, locked.player_id)
+        late_result = (LateResult.objects.select_for_update().get(pk=locked.late_result_id)
+                       if locked.late_result_id else None)
+        if late_result is not None and late_result.status != LateResult.Status.PENDING:
+            raise StaffError(f"late result {late_result.pk} is {late_result.status}")
+        now = timezone.now()
+        locked.attempts += 1
+        event_id = f"staff-revocation-{locked.pk}-{locked.attempts}"
+        event = ScoreEvent(
+            event_id=event_id, match_id=f"staff-revocation-{locked.pk}", player_id=locked.player_id,
+            best_score=locked.new_score, score_version=locked.base_version + 1,
+            completed_at=_correction_time(season, late_result, now), kind=KIND_CORRECTION, reason=locked.reason,
+        )
+        outcome = score_events_apply(season=season, events=[event], client=None, actor=actor).outcomes[0]
+        locked.last_outcome = outcome.status
+        if outcome.status == APPLIED:
+            locked.status = ScoreRevocation.Status.APPLIED
+            locked.decided_by_id, locked.decided_by_label, locked.decided_at = approver_id, actor.label, now
+            locked.decision_reason, locked.event_id = reason, event_id
+            locked.last_outcome_detail = (f"score {locked.score_before} -> {outcome.score} (version "
+                                          f"{outcome.score_version}), visible from leaderboard version "
+                                          f"{outcome.pending_version}")
+        elif outcome.status == "stale":
+            now_score, now_version = _player_state(season, locked.player_id)
+            locked.last_outcome_detail = (
+                f"stale: the match service moved {locked.player_id} to version {now_version} (score {now_score}) "
+                f"after this proposal was based on version {locked.base_version} (score {locked.score_before}). "
+                "Nothing changed. Check that the proposed score is still right, then retry on the current version."
+            )
+        else:
+            locked.last_outcome_detail = f"{outcome.status}: {outcome.reason or 'not applied'}; nothing changed"
+        locked.save()
+        audit_log(actor=actor,
+                  action="revocation.approved" if outcome.status == APPLIED else "revocation.approval_failed",
+                  target_type="revocation", target_id=str(locked.pk), season_slug=season.slug,
+                  before=based_on,
+                  after={"outcome": outcome.status, "event_id": event_id, "score": outcome.score,
+                         "score_version": outcome.score_version, "pending_version": outcome.pending_version,
+                         "rebased_on": locked.base_version if rebase else None,
+                         "proposed_by": locked.proposed_by_label},
+                  reason=reason or locked.reason)
+        if outcome.status == APPLIED:
+            _revocation_resolves(locked, late_result=late_result, actor=actor, now=now)
+    return ApprovalResult(revocation=locked, status=outcome.status, detail=locked.last_outcome_detail)
+
+
+def _revocation_resolves(revocation: ScoreRevocation, *, late_result: LateResult | None, actor: Actor,
+                         now: datetime) -> None:
+    """An applied revocation closes the dispute or late result it came from (same transaction)."""
+    slug = revocation.season.slug
+    if revocation.dispute_id:
+        dispute = _dispute_locked(revocation.dispute)  # type: ignore[arg-type]
+        dispute.status = Dispute.Status.RESOLVED
+        dispute.resolution_reason = f"score revoked to {revocation.new_score} (revocation {revocation.pk})"
+        dispute.resolved_by_label, dispute.resolved_at, dispute.updated_at = actor.label, now, now
+        dispute.save(update_fields=["status", "resolution_reason", "resolved_by_label", "resolved_at", "updated_at"])
+        audit_log(actor=actor, action="dispute.resolved", target_type="dispute", target_id=str(dispute.pk),
+                  season_slug=slug, before={"status": Dispute.Status.REVOCATION_PROPOSED},
+                  after={"status": dispute.status, "revocation": revocation.pk}, reason=dispute.resolution_reason)
+    if late_result is not None:
+        late_result.status = LateResult.Status.APPLIED
+        late_result.resolved_by_label, late_result.resolved_at = actor.label, now
+        late_result.resolution_reason = f"applied through revocation {revocation.pk}: {revocation.reason}"
+        late_result.save(update_fields=["status", "resolved_by_label", "resolved_at", "resolution_reason"])
+        audit_log(actor=actor, action="late_result.applied", target_type="late_result", target_id=str(late_result.pk),
+                  season_slug=slug, before={"status": LateResult.Status.PENDING},
+                  after={"status": late_result.status, "revocation": revocation.pk, "score": revocation.new_score},
+                  reason=late_result.resolution_reason)
+
+
+def score_revocation_reject(*, revocation: ScoreRevocation, actor: Actor, reason: str) -> ScoreRevocation:
+    decider_id = _user_id(actor)
+    reason = _text(reason, field="a reason")
+    with transaction.atomic():
+        locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(pk=revocation.pk)
+        if locked.status != ScoreRevocation.Status.PROPOSED:
+            raise StaffError(f"revocation {locked.pk} is {locked.status}")
+        now = timezone.now()
+        locked.status = ScoreRevocation.Status.REJECTED
+        locked.decided_by_id, locked.decided_by_label, locked.decided_at = decider_id, actor.label, now
+        locked.decision_reason = reason
+        locked.save(update_fields=["status", "decided_by", "decided_by_label", "decided_at", "decision_reason"])
+        audit_log(actor=actor, action="revocation.rejected", target_type="revocation", target_id=str(locked.pk),
+                  season_slug=locked.season.slug, before={"status": ScoreRevocation.Status.PROPOSED},
+                  after={"status": locked.status}, reason=reason)
+        if locked.dispute_id:
+            # The dispute goes back to the queue: it can be rejected or get another proposal.
+            Dispute.objects.filter(pk=locked.dispute_id, status=Dispute.Status.REVOCATION_PROPOSED).update(
+                status=Dispute.Status.OPEN, updated_at=now
+            )
+    return locked
+
+
+# ---------------------------------------------------------------------- late results
+
+
+def late_result_proposal_score(*, late_result: LateResult) -> int:
+    """What applying a late result means: the player's best as if it had arrived in time."""
+    current, _ = _player_state(late_result.season, late_result.player_id)
+    return max(current or 0, late_result.best_score)
+
+
+def late_result_dismiss(*, late_result: LateResult, actor: Actor, reason: str) -> LateResult:
+    _user_id(actor)
+    reason = _text(reason, field="a reason")
+    with transaction.atomic():
+        locked = LateResult.objects.select_for_update(of=("self",)).select_related("season").get(pk=late_result.pk)
+        if locked.status != LateResult.Status.PENDING:
+            raise StaffError(f"late result {locked.pk} is {locked.status}")
+        if ScoreRevocation.objects.filter(late_result=locked, status=ScoreRevocation.Status.PROPOSED).exists():
+            raise StaffError("a correction applying this late result is proposed: reject it first")
+        locked.status = LateResult.Status.DISMISSED
+        locked.resolved_by_label, locked.resolved_at, locked.resolution_reason = actor.label, timezone.now(), reason
+        locked.save(update_fields=["status", "resolved_by_label", "resolved_at", "resolution_reason"])
+        audit_log(actor=actor, action="late_result.dismissed", target_type="late_result", target_id=str(locked.pk),
+                  season_slug=locked.season.slug, before={"status": LateResult.Status.PENDING},
+                  after={"status": locked.status, "player_id": locked.player_id, "best_score": locked.best_score},
+                  reason=reason)
+    return locked
+
+
+# ------------------------------------------------------------------- reconciliation
+
+
+def reconciliation_trigger(*, season: Season, actor: Actor) -> ReconciliationRun:
+    """Run a reconciliation now; the run row and its audit row commit together."""
+    with transaction.atomic():
+        run = reconciliation_run(season=season)
+        failed = [f["check"] for f in run.findings if not f["ok"]]
+        audit_log(actor=actor, action="views.reconciliation.run", target_type="reconciliation_run",
+                  target_id=str(run.pk), season_slug=season.slug,
+                  after={"version": run.version, "ok": run.ok, "mode": run.mode, "failed_checks": failed})
+    return run
