@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 from django.conf import settings
@@ -27,7 +27,7 @@ from leaderboard.core.epoch import newest_scores
 from leaderboard.core.manifest import Manifest
 from leaderboard.live import live_version_published
 from leaderboard.models import Manifest as ManifestRow
-from leaderboard.models import PlayerScore
+from leaderboard.models import PlayerScore, ScoreChange
 from leaderboard.redis_client import redis_get
 from leaderboard.selectors import ChangeCursor, score_change_heads_after
 from seasons.models import Season
@@ -249,12 +249,15 @@ def season_copy_build(
     *, season: Season, copy: str, layout: BucketLayout, r: redis.Redis, token: int | None,
     progress: BuildProgress | None = None,
 ) -> rankview.CopyMeta:
-    """Fill `copy` from the current-scores table and the change-stream watermark of the same snapshot.
+    """Fill `copy` from the current-scores table, from a change-stream watermark taken first.
 
-    PostgreSQL reads both in one REPEATABLE READ transaction: every change below the
-    snapshot's xmin is in the scores read, and changes from transactions at or above it
-    are replayed by the next epoch (absolute and versioned, so replaying one that the
-    snapshot already saw is harmless).
+    The watermark is read before the scan: on PostgreSQL every transaction below the
+    snapshot's xmin has finished, so the scan sees its changes (or newer ones); every
+    change after the watermark is replayed by whoever finishes the copy (an epoch, or a
+    rebuild's catch-up), and replay is absolute and keeps the newest version per player,
+    so a score the scan already saw changing is harmless. That lets the scan run as short
+    keyset-paged queries instead of one long transaction, and its progress is visible to
+    others as it goes.
     """
     keys = season_keys(season)
     old = rankview.copy_meta_load(r, keys, copy)
@@ -264,41 +267,32 @@ def season_copy_build(
     meta = rankview.copy_begin_mutation(r, keys, token, meta)
     counts = [0] * layout.size
     checksums = [0] * layout.size
-    outer = connection.in_atomic_block
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                if not outer:
-                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-                xmin = int(cursor.fetchone()[0])
-            watermark = (xmin - 1, MAX_CURSOR_ID)
-        else:
-            from leaderboard.models import ScoreChange
-
-            last = ScoreChange.objects.filter(season_id=season.pk).order_by("-id").values_list("id", flat=True).first()
-            watermark = (0, last or 0)
-        total = PlayerScore.objects.filter(season_id=season.pk).count()
-        done = 0
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+            xmin = int(cursor.fetchone()[0])
+        watermark = (xmin - 1, MAX_CURSOR_ID)
+    else:
+        # SQLite serializes writers (BEGIN IMMEDIATE): ids are in commit order.
+        last = ScoreChange.objects.filter(season_id=season.pk).order_by("-id").values_list("id", flat=True).first()
+        watermark = (0, last or 0)
+    scores = PlayerScore.objects.filter(season_id=season.pk)
+    total = scores.count()
+    done = 0
+    if progress is not None:
+        progress.start(total)
+    after = ""
+    while True:
+        batch = list(scores.filter(player_id__gt=after).order_by("player_id").values_list("player_id", "score")[
+            :BUILD_BATCH
+        ])
+        if not batch:
+            break
+        _build_batch(r, keys, meta, batch, counts, checksums)
+        done += len(batch)
+        after = batch[-1][0]
         if progress is not None:
-            progress.start(total)
-        rows = PlayerScore.objects.filter(season_id=season.pk).values_list("player_id", "score").iterator(
-            chunk_size=BUILD_BATCH
-        )
-        batch: list[tuple[str, int]] = []
-        for row in rows:
-            batch.append(row)
-            if len(batch) >= BUILD_BATCH:
-                _build_batch(r, keys, meta, batch, counts, checksums)
-                done += len(batch)
-                batch = []
-                if progress is not None:
-                    progress.advance(done)
-        if batch:
-            _build_batch(r, keys, meta, batch, counts, checksums)
-            done += len(batch)
-            if progress is not None:
-                progress.advance(done)
+            progress.advance(done)
     meta.counts = counts
     meta.checksums = checksums
     problems = rankview.copy_verify_counts(r, keys, meta, range(layout.size))
@@ -317,7 +311,7 @@ def _build_batch(
 ) -> None:
     layout = meta.layout
     zadds: dict[int, dict[str, int]] = {}
-    hsets: dict[int, dict[str, int]] = {}
+    hsets: dict[int, dict[Any, Any]] = {}
     for player_id, score in batch:
         bucket = layout.bucket_of(score)
         zadds.setdefault(bucket, {})[player_id] = -score
@@ -327,6 +321,6 @@ def _build_batch(
     with r.pipeline(transaction=False) as pipe:
         for bucket, mapping in zadds.items():
             pipe.zadd(keys.bucket(meta.copy, layout.layout_id, bucket), mapping)
-        for shard, mapping in hsets.items():
-            pipe.hset(keys.lookup(meta.copy, shard), mapping=mapping)
+        for shard, lookups in hsets.items():
+            pipe.hset(keys.lookup(meta.copy, shard), mapping=lookups)
         pipe.execute()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -72,7 +73,7 @@ def metrics_failure_count(*, season_slug: str, kind: str, r: redis.Redis | None 
     (r or redis_get()).hincrby(_key("failures"), f"{season_slug}|{kind}", 1)
 
 
-def _histogram_lines(name: str, help_text: str, raw: dict[bytes, bytes], bounds: tuple[float, ...]) -> list[str]:
+def _histogram_lines(name: str, help_text: str, raw: dict[Any, Any], bounds: tuple[float, ...]) -> list[str]:
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
     seasons: dict[str, dict[str, float]] = {}
     for field, value in raw.items():
@@ -90,7 +91,7 @@ def _histogram_lines(name: str, help_text: str, raw: dict[bytes, bytes], bounds:
     return lines
 
 
-def _counter_lines(name: str, help_text: str, raw: dict[bytes, bytes], label: str) -> list[str]:
+def _counter_lines(name: str, help_text: str, raw: dict[Any, Any], label: str) -> list[str]:
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
     for field, value in sorted(raw.items()):
         season, _, part = field.decode().partition("|")

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -27,11 +28,15 @@ log = logging.getLogger(__name__)
 
 INGEST_WINDOW_SECONDS = 60
 INGEST_BIN_SECONDS = 5
-# The ingest rate is measured on the newest ledger rows only: a bounded read per refresh,
-# whatever the ledger's size (at more than this many events a minute the window shrinks).
-INGEST_SAMPLE = 5000
+# Ingest rates come from the ingest counters (leaderboard/metrics.py, in Redis), sampled
+# at each refresh of the overview into a short per-season series: O(1) per refresh
+# whatever the ledger's size (counting recent ledger rows would scan other seasons' rows).
+INGEST_HISTORY_SECONDS = 600
 CHANGE_WINDOW_SECONDS = 600
 CHANGE_SAMPLE = 200_000
+# The hot-bucket scan reads up to CHANGE_SAMPLE recent changes: polled every few seconds by
+# every open season page, it is computed at most this often per process and version.
+HOT_CACHE_SECONDS = 15.0
 
 
 # ------------------------------------------------------------------------- overview
@@ -48,7 +53,8 @@ class SeasonStats:
     # Event-to-publish lag over the season so far, from the metrics histogram (Redis; None if unknown).
     lag_mean_seconds: float | None
     lag_p99_bound: str | None
-    ingest_per_second: float
+    # Events per second over the last minute (None until two samples a second apart exist).
+    ingest_per_second: float | None
     ingest_bins: list[int]
     changed_per_version: list[int]
     players_per_version: list[int]
@@ -61,13 +67,14 @@ class SeasonStats:
 def seasons_overview(*, now: datetime | None = None) -> list[SeasonStats]:
     now = now or timezone.now()
     lags = _lag_metrics()
+    ingest = _ingest_rates(slugs=list(Season.objects.values_list("slug", flat=True)), now=now.timestamp())
     stats = []
     for season in Season.objects.order_by("-starts_at", "slug"):
         manifests = list(Manifest.objects.filter(season=season).order_by("-version")
                          .values_list("version", "published_at", "total_players", "changed_players",
                                       "watermark_txid", "watermark_id")[:60])
         latest = manifests[0] if manifests else None
-        rate, bins = _ingest(season, now)
+        rate, bins = ingest.get(season.slug, (None, []))
         lag_mean, lag_p99 = lags.get(season.slug, (None, None))
         stats.append(SeasonStats(
             season=season,
@@ -102,23 +109,50 @@ def _unpublished_age(season: Season, watermark: tuple[int, int], now: datetime) 
     return max((now - oldest).total_seconds(), 0.0) if oldest is not None else 0.0
 
 
-def _ingest(season: Season, now: datetime) -> tuple[float, list[int]]:
-    """Events per second over the last minute, and per-5-second counts (oldest first)."""
-    since = now - timedelta(seconds=INGEST_WINDOW_SECONDS)
-    times = list(
-        ScoreEvent.objects.filter(season=season).order_by("-id").values_list("received_at", flat=True)[:INGEST_SAMPLE]
-    )
-    recent = [t for t in times if t >= since]
+def _ingest_rates(*, slugs: list[str], now: float) -> dict[str, tuple[float | None, list[int]]]:
+    """Per season: events per second over the last minute, and events per 5 s (oldest first).
+
+    Each call records (now, events counted so far) per season, then differences the
+    samples of the last minute; Redis trouble leaves the numbers unknown, not the page broken.
+    """
+    prefix = settings.REDIS_KEY_PREFIX
+    try:
+        r = redis_get()
+        totals: dict[str, int] = {}
+        for key, value in r.hgetall(f"{prefix}:metrics:events").items():
+            slug = (key.decode() if isinstance(key, bytes) else str(key)).partition("|")[0]
+            totals[slug] = totals.get(slug, 0) + int(value)
+        with r.pipeline(transaction=False) as pipe:
+            for slug in slugs:
+                key = f"{prefix}:staff:ingest:{slug}"
+                pipe.zadd(key, {f"{now:.3f}:{totals.get(slug, 0)}": now})
+                pipe.zremrangebyscore(key, "-inf", now - INGEST_HISTORY_SECONDS)
+                pipe.expire(key, INGEST_HISTORY_SECONDS)
+                pipe.zrangebyscore(key, now - INGEST_WINDOW_SECONDS - INGEST_BIN_SECONDS, "+inf")
+            replies = pipe.execute()
+    except redis.RedisError:
+        log.warning("ingest counters unavailable", exc_info=True)
+        return {}
+    out: dict[str, tuple[float | None, list[int]]] = {}
+    for i, slug in enumerate(slugs):
+        samples = sorted(
+            (float(t), int(n)) for t, _, n in ((m.decode() if isinstance(m, bytes) else str(m)).partition(":")
+                                             for m in replies[4 * i + 3])
+        )
+        out[slug] = _ingest_from_samples(samples, now)
+    return out
+
+
+def _ingest_from_samples(samples: list[tuple[float, int]], now: float) -> tuple[float | None, list[int]]:
     bins = [0] * (INGEST_WINDOW_SECONDS // INGEST_BIN_SECONDS)
-    for t in recent:
-        index = int((now - t).total_seconds() // INGEST_BIN_SECONDS)
+    for (_, before), (t, after) in zip(samples, samples[1:], strict=False):
+        index = int((now - t) // INGEST_BIN_SECONDS)
         if 0 <= index < len(bins):
-            bins[len(bins) - 1 - index] += 1
-    if len(recent) == INGEST_SAMPLE:
-        # The sample filled before the minute did: measure over the time it spans.
-        span = max((now - recent[-1]).total_seconds(), 1e-3)
-        return len(recent) / span, bins
-    return len(recent) / INGEST_WINDOW_SECONDS, bins
+            bins[len(bins) - 1 - index] += max(after - before, 0)
+    if len(samples) < 2 or samples[-1][0] - samples[0][0] < 1.0:
+        return None, bins
+    (t0, n0), (t1, n1) = samples[0], samples[-1]
+    return max(n1 - n0, 0) / (t1 - t0), bins
 
 
 def _lag_metrics() -> dict[str, tuple[float | None, str | None]]:
@@ -180,13 +214,19 @@ def season_detail(*, season: Season, window_seconds: float = CHANGE_WINDOW_SECON
     detail = SeasonDetail(season=season, manifest=manifest)
     if manifest is None:
         return detail
-    try:
-        detail.proposals = season_split_recommendations(season=season, window_seconds=window_seconds)
-    except (redis.RedisError, rankview.Unavailable) as exc:
-        detail.proposals_error = f"hot-bucket recommendations need Redis: {exc.__class__.__name__}"
-    hot = {p.bucket: p for p in detail.proposals}
     layout = BucketLayout.from_dict(manifest.layout)
-    changes = _bucket_changes(season, layout, window_seconds)
+    key = f"staff:hot:{season.slug}:{manifest.pk}:{manifest.published_at.timestamp()}:{window_seconds:g}"
+    cached = cache.get(key)
+    if cached is None:
+        try:
+            proposals = season_split_recommendations(season=season, window_seconds=window_seconds)
+            error = ""
+        except (redis.RedisError, rankview.Unavailable) as exc:
+            proposals, error = [], f"hot-bucket recommendations need Redis: {exc.__class__.__name__}"
+        cached = (proposals, error, _bucket_changes(season, layout, window_seconds))
+        cache.set(key, cached, HOT_CACHE_SECONDS)
+    detail.proposals, detail.proposals_error, changes = cached
+    hot = {p.bucket: p for p in detail.proposals}
     total = manifest.total_players or 1
     for row in manifest.buckets:
         b = int(row["bucket"])

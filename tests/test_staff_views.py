@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -409,12 +410,15 @@ def test_season_pages_show_versions_buckets_hot_splits_rebuilds_and_reconciliati
     manifest = materialize(season, timeout=60)
     reviewer, approver = client_as("reviewer", "rev"), client_as("approver", "apr")
 
-    overview = reviewer.get("/staff/overview/stats").content.decode()
-    assert f'data-season="{season.slug}"' in overview
-    row = overview.split(f'data-season="{season.slug}"')[1]
+    def overview_row() -> str:
+        html = reviewer.get("/staff/overview/stats").content.decode()
+        assert f'data-season="{season.slug}"' in html
+        return html.split(f'data-season="{season.slug}"')[1].split("</tr>")[0]
+
+    row = overview_row()
     assert re.search(rf'data-field="version">\s*{manifest.version}<', row)
-    assert re.search(r'data-field="players">190<', row)
-    assert "<svg" in row and re.search(r'data-field="ingest">[0-9.]+/s', row)
+    assert re.search(r'data-field="players">190<', row)  # the published version's count
+    assert "<svg" in row and re.search(r'data-field="ingest"><span[^>]*>–</span>', row)  # one sample so far
 
     page = reviewer.get(f"/staff/seasons/{season.slug}/").content.decode()
     assert 'id="bucket-chart"' in page and 'class="bar hot"' in page
@@ -467,6 +471,12 @@ def test_season_pages_show_versions_buckets_hot_splits_rebuilds_and_reconciliati
         ("views.rebuild.published", "rebuild"), ("views.rebuild.requested", "rev"),
         ("views.rebuild.published", "rebuild"), ("views.reconciliation.run", "rev"),
     ]
+
+    # The overview's ingest rate: the events counted between two of its refreshes.
+    time.sleep(1.1)
+    post_ok(post_scores, season, [events.result(f"r{i}", 5) for i in range(30)])
+    rate = re.search(r'data-field="ingest">([0-9.]+)/s', overview_row())
+    assert rate is not None and 0 < float(rate.group(1)) <= 30 / 1.1
 
 
 @pytest.mark.django_db(transaction=True)

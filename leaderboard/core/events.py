@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 MIN_SCORE = 0
 MAX_SCORE = 1_000_000
@@ -81,7 +81,7 @@ class BatchTooLarge(ValueError):
         self.size = size
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     # bool is an int subclass in Python; JSON true must not pass as score 1.
     return isinstance(value, int) and not isinstance(value, bool)
 
