@@ -9,25 +9,7 @@ triggers don't see). A removed row still shows as a gap in the chain.
 import django.utils.timezone
 from django.db import migrations, models
 
-PG_UP = """
-CREATE OR REPLACE FUNCTION audit_refuse_change() RETURNS trigger AS $$
-BEGIN
-    RAISE EXCEPTION 'the audit trail is append-only (% refused)', TG_OP;
-END;
-$$ LANGUAGE plpgsql;
-CREATE TRIGGER audit_entry_append_only BEFORE UPDATE OR DELETE ON audit_auditentry
-    FOR EACH ROW EXECUTE FUNCTION audit_refuse_change();
-"""
-PG_DOWN = """
-DROP TRIGGER IF EXISTS audit_entry_append_only ON audit_auditentry;
-DROP FUNCTION IF EXISTS audit_refuse_change();
-"""
-SQLITE_UP = """
-CREATE TRIGGER audit_entry_append_only BEFORE UPDATE ON audit_auditentry
-BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only (UPDATE refused)'); END;
-"""
-SQLITE_DOWN = "DROP TRIGGER IF EXISTS audit_entry_append_only;"
-
+from audit.triggers import refuse_changes
 
 def chain_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
     from audit.chain import GENESIS, row_hash
@@ -45,17 +27,6 @@ def chain_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
         entry_model.objects.filter(pk=entry.pk).update(seq=seq, prev_hash=prev, row_hash=digest)
         prev = digest
     head_model.objects.create(pk=1, seq=seq, row_hash=prev if seq else "")
-
-
-def triggers_up(apps, schema_editor):  # type: ignore[no-untyped-def]
-    sql = PG_UP if schema_editor.connection.vendor == "postgresql" else SQLITE_UP
-    # params=None: no placeholder parsing, so the PL/pgSQL "%" in RAISE stays literal.
-    schema_editor.execute(sql, params=None)
-
-
-def triggers_down(apps, schema_editor):  # type: ignore[no-untyped-def]
-    sql = PG_DOWN if schema_editor.connection.vendor == "postgresql" else SQLITE_DOWN
-    schema_editor.execute(sql, params=None)
 
 
 class Migration(migrations.Migration):
@@ -83,5 +54,6 @@ class Migration(migrations.Migration):
         ),
         migrations.RunPython(chain_existing, migrations.RunPython.noop),
         migrations.AlterField(model_name="auditentry", name="seq", field=models.BigIntegerField(unique=True)),
-        migrations.RunPython(triggers_up, triggers_down),
+        refuse_changes(table="audit_auditentry", trigger="audit_entry_append_only", function="audit_refuse_change",
+                       message="the audit trail is append-only"),
     ]
