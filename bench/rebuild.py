@@ -27,7 +27,8 @@ copies is ~6-7 GB of Redis.
 
 Uses its own PostgreSQL database (default `rebuildbench`, created if missing, dropped at
 the end unless --keep) and Redis logical database (default /3, flushed at the end unless
---keep).
+--keep). On a Redis server shared with other work, a stall of theirs longer than the
+client's 2 s socket timeout fails the run: point --redis-url at a private server then.
 
     SECRET_KEY=x .venv/bin/python bench/rebuild.py                          # 1M x 3 runs + recovery (~6 min)
     SECRET_KEY=x .venv/bin/python bench/rebuild.py --players 1M,10M --runs 3 --runs-10m 1

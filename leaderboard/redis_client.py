@@ -9,5 +9,5 @@ from django.conf import settings
 @lru_cache(maxsize=1)
 def redis_get() -> redis.Redis:
     return redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=2.0, socket_connect_timeout=2.0, health_check_interval=30
+        settings.REDIS_URL, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=30
     )
