@@ -396,6 +396,30 @@ def interleaved(shards: list[list[bytes]]) -> list[bytes]:
     return out
 
 
+# --------------------------------------------------------------------------- calibration
+
+
+def cpu_calibration() -> float:
+    """ms for validating and planning one 1,000-event batch in pure Python (best of 15).
+
+    A yardstick for the machine's speed right now: on a shared or throttled VM the same
+    code can run several times slower from one hour to the next, and every rate printed
+    here moves with it. About 15 ms on the idle 2-core development machine.
+    """
+    from leaderboard.core.events import events_parse
+    from leaderboard.core.ledger import batch_plan
+
+    simulator = MatchSimulator(players=player_ids(5000, prefix="k"), seed=7, event_prefix="k-")
+    body = orjson.dumps({"events": simulator.batch(1000, completed_at=datetime.now(UTC))})
+    best = float("inf")
+    for _ in range(15):
+        started = time.perf_counter()
+        events = events_parse(orjson.loads(body))
+        batch_plan(events=events, recorded={}, current={}, rejection=lambda e: None, pending_version=1)
+        best = min(best, time.perf_counter() - started)
+    return 1000 * best
+
+
 # --------------------------------------------------------------------------- phases
 
 
@@ -593,7 +617,7 @@ def warm_up(server: Server, token: str, args: argparse.Namespace, tag: str) -> N
 # --------------------------------------------------------------------------- report
 
 
-def report(args: argparse.Namespace, results: list[PhaseResult]) -> None:
+def report(args: argparse.Namespace, results: list[PhaseResult], calibration: list[float]) -> None:
     header = (
         f"{'run':>3}  {'phase':<7}  {'events':>7}  {'seconds':>7}  {'events/s':>9}  "
         f"{'p50 ms':>7}  {'p99 ms':>7}  {'client%':>7}  {'server%':>7}  {'pg%':>5}  {'pg all%':>7}  {'other%':>6}  "
@@ -660,6 +684,11 @@ def report(args: argparse.Namespace, results: list[PhaseResult]) -> None:
     if http_rate is not None:
         ok = http_rate >= TARGET_EVENTS_PER_S
         print(f"  target http >= {TARGET_EVENTS_PER_S:,} events/s: {'PASS' if ok else 'FAIL'}")
+    if calibration:
+        print(
+            f"  CPU yardstick (parse + plan one batch, pure Python): {min(calibration):.1f} ms best, "
+            f"{max(calibration):.1f} ms worst of before/after; ~15 ms when the machine is idle"
+        )
     other = statistics.median(r.cpu["other_pct"] for r in results)
     if other > 25:
         print(
@@ -704,6 +733,8 @@ def main(argv: list[str] | None = None) -> int:
         actor=Actor(kind="system", id="", label="bench/ingest.py"),
     )
     shards = workload_generate(args)
+    calibration = [cpu_calibration()]
+    print(f"CPU yardstick: {calibration[0]:.1f} ms to parse and plan one batch (~15 ms when idle)")
 
     server_env = dict(item.split("=", 1) for item in args.server_env)
     server = Server(workers=args.workers, port=args.port, extra_env=server_env) if "http" in args.phase_list else None
@@ -731,13 +762,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         if results:
-            report(args, results)
+            report(args, results, calibration)
         return 130
     finally:
         if server is not None:
             server.stop()
         backends.close()
-    report(args, results)
+    calibration.append(cpu_calibration())
+    report(args, results, calibration)
     return 0
 
 
