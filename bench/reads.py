@@ -405,15 +405,16 @@ def main(argv: list[str] | None = None) -> int:
                              prow))
     print()
     for connections in concurrency:
-        ours = [s.rps for _, s in samples if s.endpoint == "rank" and s.connections == connections]
-        base = [s.rps for _, s in samples if s.endpoint == "baseline" and s.connections == connections]
-        if ours and base:
-            ratio = benchenv.median(ours) / benchenv.median(base)
+        rank_rps = [s.rps for _, s in samples if s.endpoint == "rank" and s.connections == connections]
+        baseline_rps = [s.rps for _, s in samples if s.endpoint == "baseline" and s.connections == connections]
+        if rank_rps and baseline_rps:
+            ratio = benchenv.median(rank_rps) / benchenv.median(baseline_rps)
             print(f"c={connections}: rank/baseline throughput {ratio:.2f}x "
                   f"(target >= {TARGET_RATIO}x: {'met' if ratio >= TARGET_RATIO else 'MISSED'})")
         before = [s.rps for _, s in samples if s.endpoint == "rank@before" and s.connections == connections]
-        if ours and before:
-            print(f"c={connections}: rank now / rank@before {benchenv.median(ours) / benchenv.median(before):.2f}x")
+        if rank_rps and before:
+            print(f"c={connections}: rank now / rank@before "
+                  f"{benchenv.median(rank_rps) / benchenv.median(before):.2f}x")
         cpu = {name: benchenv.median([s.server_cpu_us + s.redis_cpu_us for _, s in samples
                                       if s.endpoint == name and s.connections == connections])
                for name in ("rank", "baseline", "rank@before")}

@@ -228,11 +228,11 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
         live = rankview.manifest_get(r, keys, live_version) if live_version else None
         if live is not None and not rankview.copy_holds(r, keys, live):
             live = None  # its copy is gone: nothing to compare with
-        if live is not None and shadow.watermark > live.watermark and _changes_between(
-            season, live.watermark, shadow.watermark
-        ):
-            # The live version is older than the shadow's snapshot: publish a fresh live
-            # version first (we hold the lease), so both can meet at one watermark.
+        if live is not None and _changes_after(season, live.watermark):
+            # Publish a live version of everything committed first (we hold the lease), and
+            # catch the shadow up to the same point: the build scanned the scores in pages
+            # after taking its watermark, so it may hold scores newer than the watermark,
+            # or than an older live version; at the head both show one state.
             season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
             live_version = rankview.pointer_get(r, keys)
             live = rankview.manifest_get(r, keys, live_version or 0)
@@ -318,6 +318,10 @@ def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season
     if problems:
         raise EpochError(f"shadow {shadow.copy} failed verification: {'; '.join(problems)}")
     return rankview.copy_finish(r, keys, token, shadow, watermark=watermark, version=version)
+
+
+def _changes_after(season: Season, cursor: tuple[int, int]) -> bool:
+    return bool(score_change_heads_after(season_id=season.pk, cursor=ChangeCursor(*cursor), limit=1))
 
 
 def _changes_between(season: Season, a: tuple[int, int], b: tuple[int, int]) -> bool:

@@ -211,7 +211,7 @@ def pg_connections() -> Iterator[Callable[[], psycopg.Connection[Any]]]:
             "dbname": settings["NAME"], "user": settings["USER"], "password": settings["PASSWORD"],
             "host": settings["HOST"], "port": settings["PORT"],
         }
-        conn = psycopg.connect(**{k: str(v) for k, v in params.items() if v}, autocommit=False)
+        conn = psycopg.connect(**{k: str(v) for k, v in params.items() if v}, autocommit=False)  # type: ignore[arg-type]
         opened.append(conn)
         return conn
 

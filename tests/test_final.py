@@ -210,6 +210,7 @@ def test_an_empty_season_can_be_final_with_the_hash_of_no_lines(season_factory: 
     season.refresh_from_db()
     assert season.state == SeasonState.FINAL
     assert final_rows(season) == []
+    assert season.final_version is not None
     row = ManifestRow.objects.get(season=season, version=season.final_version)
     assert (row.total_players, row.content_hash) == (0, hashlib.sha256(b"").hexdigest())
 

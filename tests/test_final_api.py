@@ -65,6 +65,7 @@ def test_final_describes_the_approved_version_and_its_hash(final_season: Season)
     response = get("/v1/seasons/fin/final")
     assert response.status_code == 200
     body = response.json()
+    assert final_season.final_version is not None
     row = ManifestRow.objects.get(season=final_season, version=final_season.final_version)
     assert set(body) == {"season_id", "state", "final_version", "finalized_at", "content_hash", "hash_algorithm",
                          "total_players", "proposed_by", "approved_by", "manifest"}
@@ -196,6 +197,7 @@ def test_corrections_are_empty_until_a_correction_after_final(final_season: Seas
                                         events.correction("p000", 60_000, reason="dispute won"),
                                         events.correction("p999", 7, reason="match was never counted")])
     corrections = get("/v1/seasons/fin/final/corrections").json()["corrections"]
+    assert final_season.final_version is not None
     assert [(c["player_id"], c["before"], c["after"], c["version"], c["who"], c["why"]) for c in corrections] == [
         ("p149", 49000, 5, final_season.final_version + 1, "match-service", "revoked"),
         ("p000", 0, 60_000, final_season.final_version + 1, "match-service", "dispute won"),

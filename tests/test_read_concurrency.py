@@ -252,9 +252,10 @@ def verify(answer: Answer, board: list[Entry]) -> str:
     if answer.me != me:
         return f"{answer.kind} of {player}: {answer.me} != {me}"
     if answer.kind == "neighbors" and me is not None:
-        radius = answer.params[1]
-        lo = max(0, me["position"] - 1 - radius)
-        if answer.entries != dicts[lo : me["position"] + radius]:
+        radius = int(answer.params[1])  # type: ignore[call-overload]
+        position = int(me["position"])  # type: ignore[call-overload]
+        lo = max(0, position - 1 - radius)
+        if answer.entries != dicts[lo : position + radius]:
             return f"neighbours of {player} differ"
     return ""
 
