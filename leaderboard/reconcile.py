@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -37,10 +37,21 @@ def display_order_sql() -> str:
 
 
 class ScoreHistogram:
-    """count(score > s) for any s, from one GROUP BY over the ledger's current scores."""
+    """count(score > s) for any s, from one GROUP BY over the ledger's current scores.
 
-    def __init__(self, season_id: int):
-        rows = _histogram(season_id)
+    `moved` maps players whose score changed after the version's watermark to their
+    current score and their score at the watermark (None: not in the season then), so the
+    histogram is the ledger's as of that watermark.
+    """
+
+    def __init__(self, season_id: int, moved: dict[str, tuple[int | None, int | None]] | None = None):
+        counts = dict(_histogram(season_id))
+        for now, then in (moved or {}).values():
+            if now is not None:
+                counts[now] -= 1
+            if then is not None:
+                counts[then] = counts.get(then, 0) + 1
+        rows = sorted((score, n) for score, n in counts.items() if n)
         self.scores = [score for score, _ in rows]
         self.at_or_below: list[int] = []
         running = 0
@@ -55,6 +66,27 @@ class ScoreHistogram:
         return self.total - below
 
 
+def ledger_moved_since(*, season_id: int, watermark: tuple[int, int]) -> dict[str, tuple[int | None, int | None]]:
+    """Players changed after `watermark`: (current score, score at the watermark).
+
+    The first change after the watermark carries the score before it (old_score), so
+    the ledger as of any retained watermark is the current table plus these few rows.
+    """
+    moved: dict[str, int | None] = {}
+    after = (
+        ScoreChange.objects.filter(season_id=season_id)
+        .filter(Q(txid__gt=watermark[0]) | Q(txid=watermark[0], id__gt=watermark[1]))
+        .order_by("txid", "id")
+        .values_list("player_id", "old_score")
+    )
+    for player_id, old_score in after.iterator(chunk_size=20_000):
+        moved.setdefault(player_id, old_score)
+    current = dict(
+        PlayerScore.objects.filter(season_id=season_id, player_id__in=list(moved)).values_list("player_id", "score")
+    )
+    return {p: (current.get(p), then) for p, then in moved.items()}
+
+
 def _histogram(season_id: int) -> list[tuple[int, int]]:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -64,22 +96,38 @@ def _histogram(season_id: int) -> list[tuple[int, int]]:
         return [(int(s), int(c)) for s, c in cursor.fetchall()]
 
 
-def ledger_top(*, season_id: int, limit: int = 100) -> list[tuple[str, int]]:
+def ledger_top(*, season_id: int, limit: int = 100,
+               moved: dict[str, tuple[int | None, int | None]] | None = None) -> list[tuple[str, int]]:
+    moved = moved or {}
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT player_id, score FROM leaderboard_playerscore WHERE season_id = %s {display_order_sql()} LIMIT %s",
-            [season_id, limit],
+            [season_id, limit + len(moved)],
         )
-        return [(p, int(s)) for p, s in cursor.fetchall()]
+        rows = [(p, int(score)) for p, score in cursor.fetchall() if p not in moved]
+    rows += [(p, then) for p, (_, then) in moved.items() if then is not None]
+    rows.sort(key=lambda row: (-row[1], row[0].encode()))
+    return rows[:limit]
 
 
-def ledger_bucket_checksums(*, season_id: int, manifest: Manifest) -> tuple[list[int], list[int]]:
+def ledger_bucket_checksums(
+    *, season_id: int, manifest: Manifest, moved: dict[str, tuple[int | None, int | None]] | None = None
+) -> tuple[list[int], list[int]]:
+    moved = moved or {}
     counts = [0] * manifest.layout.size
     checksums = [0] * manifest.layout.size
-    for player_id, score in _scores(season_id):
+
+    def add(player_id: str, score: int) -> None:
         bucket = manifest.layout.bucket_of(score)
         counts[bucket] += 1
         checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
+
+    for player_id, score in _scores(season_id):
+        if player_id not in moved:
+            add(player_id, score)
+    for player_id, (_, then) in moved.items():
+        if then is not None:
+            add(player_id, then)
     return counts, checksums
 
 
@@ -99,7 +147,24 @@ def version_reconcile(
     if manifest is None or unreadable:
         return report
 
-    histogram = ScoreHistogram(season_id)
+    outer = connection.in_atomic_block
+    with transaction.atomic():
+        if connection.vendor == "postgresql" and not outer:
+            # One snapshot for every ledger read below: the table and the changes made
+            # after the version's watermark then describe the same moment.
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        _ledger_checks(r=r, keys=keys, season_id=season_id, manifest=manifest, sample=sample, seed=seed,
+                       report=report)
+    return report
+
+
+def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manifest: Manifest, sample: int,
+                   seed: int | None, report: Report) -> None:
+    # The ledger keeps moving while a version stands still: compare with the ledger as of
+    # the version's watermark (a recovery under sustained writes must still publish).
+    moved = ledger_moved_since(season_id=season_id, watermark=manifest.watermark)
+    histogram = ScoreHistogram(season_id, moved)
     report.add(
         "player_count",
         histogram.total == manifest.total,
@@ -110,7 +175,7 @@ def version_reconcile(
 
     expected_top = [
         {"position": i + 1, "rank": histogram.higher_than(score) + 1, "player_id": p, "score": score}
-        for i, (p, score) in enumerate(ledger_top(season_id=season_id, limit=100))
+        for i, (p, score) in enumerate(ledger_top(season_id=season_id, limit=100, moved=moved))
     ]
     report.add("top_100", manifest.top == expected_top, first_mismatch(expected_top, manifest.top))
 
@@ -125,22 +190,23 @@ def version_reconcile(
             wrong.append(f"position {position}: unreadable")
             continue
         sampled.extend(entries)
-    ledger_scores = dict(
+    ledger_scores: dict[str, int | None] = dict(
         PlayerScore.objects.filter(season_id=season_id, player_id__in=[e.player_id for e in sampled]).values_list(
             "player_id", "score"
         )
     )
+    ledger_scores.update({p: then for p, (_, then) in moved.items()})
     for entry in sampled:
         ledger_score = ledger_scores.get(entry.player_id)
         if ledger_score != entry.score:
             wrong.append(f"{entry.player_id}: version score {entry.score}, ledger {ledger_score}")
             continue
-        ledger_rank = histogram.higher_than(ledger_score) + 1
+        ledger_rank = histogram.higher_than(entry.score) + 1
         if ledger_rank != entry.rank:
             wrong.append(f"{entry.player_id}: version rank {entry.rank}, ledger 1 + count(higher) = {ledger_rank}")
     report.add("ledger_sampled_ranks", not wrong, f"{len(sampled)} sampled; " + "; ".join(wrong[:10]))
 
-    counts, checksums = ledger_bucket_checksums(season_id=season_id, manifest=manifest)
+    counts, checksums = ledger_bucket_checksums(season_id=season_id, manifest=manifest, moved=moved)
     bad = [
         f"bucket {b}: ledger {counts[b]} players/{checksums[b]:016x}, "
         f"version {manifest.counts[b]}/{manifest.checksums[b]:016x}"
@@ -148,7 +214,6 @@ def version_reconcile(
         if counts[b] != manifest.counts[b] or checksums[b] != manifest.checksums[b]
     ]
     report.add("ledger_bucket_checksums", not bad, "; ".join(bad[:10]))
-    return report
 
 
 def reconciliation_run(*, season: Season, full: bool | None = None, sample: int | None = None) -> ReconciliationRun:

@@ -504,3 +504,23 @@ def test_a_score_the_build_saw_change_after_its_watermark_does_not_fail_the_comp
     settle(season)
     assert epoch(season).status in ("idle", "published")
     assert_matches_ledger(season)
+
+
+def test_a_recovery_under_writes_publishes(season_factory: Callable[..., Season], post_scores: Post,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    season, ev = seeded(season_factory, post_scores, "recover-busy")
+    redis_get().flushdb()
+    assert materializer.season_epoch_run(season=season).status == "lost"
+    job = RebuildJob.objects.get(season=season, kind="recovery")
+    import leaderboard.rebuild as rebuild_module
+
+    real = rebuild_module.version_reconcile
+
+    def writes_meanwhile(**kwargs: Any) -> Any:
+        post_ok(post_scores, season, [ev.result("p002", 998), ev.result("busy", 5)])
+        return real(**kwargs)
+
+    monkeypatch.setattr(rebuild_module, "version_reconcile", writes_meanwhile)
+    settle(season)
+    job = rebuild_run(job_id=job.pk)
+    assert job.status == "published", job.error
