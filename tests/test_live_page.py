@@ -7,30 +7,23 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.conf import settings
-from django.db import connection
 from django.test import Client
 
 from leaderboard.materializer import season_epoch_run
 from seasons.models import Season
+from tests import browser
 from tests.readside import Events, current_manifest, db_standings, post_ok, settle
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+ROOT = browser.ROOT
+CHROMIUM = browser.CHROMIUM
+CHROMIUM_ARGS = browser.CHROMIUM_ARGS
 Post = Callable[..., Any]
 
 
@@ -114,62 +107,10 @@ def test_the_asgi_application_serves_the_static_files_and_nothing_else() -> None
 # --- a real browser --------------------------------------------------------------------------
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    auth = db["USER"] or ""
-    if db.get("PASSWORD"):
-        auth += f":{db['PASSWORD']}"
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 @pytest.fixture
 def asgi_server(transactional_db: Any) -> Iterator[str]:
-    """uvicorn serving config.asgi:application on the test database and Redis.
-
-    A subprocess, as in production: the page needs websockets, and the server's database
-    connections end with it (PostgreSQL refuses to drop a test database still in use).
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    env = {
-        **os.environ,
-        "DATABASE_URL": _database_url(),
-        "REDIS_URL": settings.REDIS_URL,
-        "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
-        "SECRET_KEY": "test-only-not-secret",
-        "DEBUG": "false",
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "LOG_LEVEL": "WARNING",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--fd", str(sock.fileno()),
-         "--log-level", "warning", "--lifespan", "off"],
-        cwd=ROOT, env=env, pass_fds=[sock.fileno()],
-    )
-    sock.close()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, "uvicorn exited"
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "uvicorn did not start listening"
-                time.sleep(0.1)
+    with browser.asgi_server() as base:
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM),

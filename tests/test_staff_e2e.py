@@ -13,30 +13,24 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.conf import settings
-from django.db import connection
 
 from leaderboard.models import PlayerScore, RebuildJob
 from leaderboard.rebuild import rebuild_run
 from seasons.models import Dispute, ScoreRevocation, Season
 from seasons.staff_services import staff_user_create
+from tests import browser
 from tests.conftest import TEST_ACTOR
 from tests.lifecycle_support import Events, closing_season, in_season, materialize, post_ok
 
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+ROOT = browser.ROOT
+CHROMIUM = browser.CHROMIUM
+CHROMIUM_ARGS = browser.CHROMIUM_ARGS
 PASSWORD = "e2e-staff-password-1"
 Post = Callable[..., Any]
 
@@ -47,60 +41,13 @@ pytestmark = [
 ]
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    auth = db["USER"] or ""
-    if db.get("PASSWORD"):
-        auth += f":{db['PASSWORD']}"
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 @pytest.fixture
 def server(transactional_db: Any) -> Iterator[str]:
-    """uvicorn serving config.asgi:application on the test database and Redis.
-
-    A subprocess, as in production; its database connections end with it (PostgreSQL
-    refuses to drop a test database still in use). Plain http on 127.0.0.1, so the
-    cookies are not marked Secure (the browser would not send them back otherwise).
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    env = {
-        **os.environ,
-        "DATABASE_URL": _database_url(), "REDIS_URL": settings.REDIS_URL, "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
-        "SECRET_KEY": "test-only-not-secret", "DEBUG": "false", "DJANGO_SETTINGS_MODULE": "config.settings",
-        "LOG_LEVEL": "WARNING", "SESSION_COOKIE_SECURE": "false", "CSRF_COOKIE_SECURE": "false",
-        # Rebuilds are run by the test itself (a Celery worker would race it for the job).
-        "CELERY_TASK_ALWAYS_EAGER": "false",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--fd", str(sock.fileno()),
-         "--log-level", "warning", "--lifespan", "off"],
-        cwd=ROOT, env=env, pass_fds=[sock.fileno()],
-    )
-    sock.close()
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, "uvicorn exited"
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "uvicorn did not start listening"
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    # Plain http on 127.0.0.1: cookies must not be marked Secure or the browser drops them.
+    # Rebuilds are run by the test itself (a Celery worker would race it for the job).
+    with browser.asgi_server(SESSION_COOKIE_SECURE="false", CSRF_COOKIE_SECURE="false",
+                             CELERY_TASK_ALWAYS_EAGER="false") as base:
+        yield base
 
 
 def staff_account(username: str, role: str) -> None:

@@ -1,0 +1,80 @@
+"""A real server and a real browser for the end-to-end tests (live page, staff console)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+# Without the background-networking flags Chromium keeps dialling out, and this machine's
+# closed network refuses it.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] or ""
+    if db.get("PASSWORD"):
+        auth += f":{db['PASSWORD']}"
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@contextmanager
+def asgi_server(**extra_env: str) -> Iterator[str]:
+    """uvicorn serving config.asgi:application on the test database and Redis; yields its base URL.
+
+    A subprocess, as in production: pages need websockets, and the server's database
+    connections end with it (PostgreSQL refuses to drop a test database still in use).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
+        "SECRET_KEY": "test-only-not-secret",
+        "DEBUG": "false",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "LOG_LEVEL": "WARNING",
+        **extra_env,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--fd", str(sock.fileno()),
+         "--log-level", "warning", "--lifespan", "off"],
+        cwd=ROOT, env=env, pass_fds=[sock.fileno()],
+    )
+    sock.close()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, "uvicorn exited"
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "uvicorn did not start listening"
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
