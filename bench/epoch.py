@@ -13,7 +13,9 @@ publishes version 1. Then, for each change count K, rounds of:
 2. After the copy grace period (COPY_GRACE_SECONDS, so the epoch never sleeps for it),
    leaderboard.materializer.season_epoch_run is timed: read the change stream since the
    older copy's watermark, apply it in fenced MULTI/EXEC chunks, verify counts, build
-   the top 100, store the manifest, swap the pointer, record the manifest row.
+   the top 100, store the manifest, swap the pointer (`publish ms`: the version is
+   served from here on, EpochResult.duration_ms), then record the manifest row, notify
+   live sockets and record metrics (`task ms`: the whole call).
 
 Each copy is brought up to date from its own watermark, so in steady state an epoch
 applies the changes of the last two epochs (R = 2 copies): the `applied` column.
@@ -55,7 +57,8 @@ TARGET_MS = 500.0
 class Cell:
     players: int
     changes: int
-    epoch_ms: list[float] = field(default_factory=list)
+    epoch_ms: list[float] = field(default_factory=list)  # to publication: the pointer swap
+    task_ms: list[float] = field(default_factory=list)  # the whole call, its bookkeeping after the swap too
     cpu_ms: list[float] = field(default_factory=list)
     redis_ms: list[float] = field(default_factory=list)
     commands: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -218,7 +221,8 @@ def run_size(players: int, changes: list[int], args: argparse.Namespace, profile
                 if outcome.status != "published":
                     raise SystemExit(f"epoch did not publish: {outcome}")
                 if round_no >= args.warmup:
-                    cell.epoch_ms.append(elapsed_ms)
+                    cell.epoch_ms.append(outcome.duration_ms)
+                    cell.task_ms.append(elapsed_ms)
                     cell.cpu_ms.append(cpu_ms)
                     cell.redis_ms.append(redis_ms)
                     cell.commands = delta
@@ -276,11 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     for c in cells:
         ingest_rate = c.changes / benchenv.median(c.ingest_s)
         rows.append((benchenv.human(c.players), benchenv.human(c.changes), int(benchenv.median(c.applied)),
-                     c.median_ms, benchenv.percentile(c.epoch_ms, 90), benchenv.median(c.cpu_ms),
+                     c.median_ms, benchenv.percentile(c.epoch_ms, 90), benchenv.median(c.task_ms),
+                     benchenv.median(c.cpu_ms),
                      benchenv.median(c.redis_ms),
                      c.median_ms * 1000 / c.changes,
                      c.median_ms * 1000 / benchenv.median(c.applied), ingest_rate))
-    print(benchenv.table(["players", "changes", "applied/copy", "median ms", "p90 ms", "cpu ms", "redis cpu ms",
+    print(benchenv.table(["players", "changes", "applied/copy", "publish ms", "p90 ms", "task ms", "cpu ms",
+                          "redis cpu ms",
                           "us/change", "us/applied", "ingest events/s"], rows))
     print()
     smallest = min(sizes)

@@ -18,13 +18,16 @@ ZCOUNT(-inf, (-s) counts the strictly higher scores in a bucket.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import hiredis
 import orjson
 import redis
 
@@ -90,6 +93,10 @@ class CopyMeta:
     checksums: list[int]
     version: int
     released_at: float
+    # Holds exactly the ledger at `watermark` (finished by an epoch, which reads every
+    # committed change): the next epoch may then take the old scores from the change
+    # stream instead of reading them from the copy's lookup.
+    exact: bool = False
 
     def fields(self) -> dict[Any, Any]:
         return {
@@ -101,6 +108,7 @@ class CopyMeta:
             "checksums": orjson.dumps([f"{c:016x}" for c in self.checksums]),
             "version": self.version,
             "released_at": repr(self.released_at),
+            "exact": int(self.exact),
         }
 
     @classmethod
@@ -116,6 +124,7 @@ class CopyMeta:
             checksums=[int(c, 16) for c in orjson.loads(raw[b"checksums"])],
             version=int(raw[b"version"]),
             released_at=float(raw[b"released_at"]),
+            exact=raw.get(b"exact") == b"1",
         )
 
 
@@ -250,8 +259,8 @@ def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | N
         raise FenceLost("the current version moved before publication")
 
 
-def _fenced(r: redis.Redis, keys: Keys, token: int | None, queue: Any) -> None:
-    """Run `queue(pipe)` as one MULTI/EXEC that happens only while `token` holds the lease.
+def _fenced(r: redis.Redis, keys: Keys, token: int | None, queue: Any) -> list[Any]:
+    """Run `queue(pipe)` as one MULTI/EXEC that happens only while `token` holds the lease; its replies.
 
     token None: a shadow copy that no published manifest names yet, written only by the
     rebuild job that claimed it in the database; it needs atomic chunks, not a fence.
@@ -259,8 +268,7 @@ def _fenced(r: redis.Redis, keys: Keys, token: int | None, queue: Any) -> None:
     if token is None:
         with r.pipeline(transaction=True) as pipe:
             queue(pipe)
-            pipe.execute()
-        return
+            return pipe.execute()  # type: ignore[no-any-return]
     with r.pipeline(transaction=True) as pipe:
         try:
             pipe.watch(keys.lease)
@@ -269,7 +277,7 @@ def _fenced(r: redis.Redis, keys: Keys, token: int | None, queue: Any) -> None:
                 raise FenceLost("the lease is no longer ours")
             pipe.multi()
             queue(pipe)
-            pipe.execute()
+            return pipe.execute()  # type: ignore[no-any-return]
         except redis.WatchError as exc:
             raise FenceLost("the lease changed while applying") from exc
 
@@ -278,11 +286,12 @@ def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: Cop
     """Bump the copy's generation before touching it: readers of its old version retry."""
     def queue(pipe: Any) -> None:
         pipe.hincrby(keys.copy_meta(meta.copy), "gen", 1)
-        pipe.hset(keys.copy_meta(meta.copy), "state", STATE_APPLYING)
+        pipe.hset(keys.copy_meta(meta.copy), mapping={"state": STATE_APPLYING, "exact": 0})
 
     _fenced(r, keys, token, queue)
     meta.gen += 1
     meta.state = STATE_APPLYING
+    meta.exact = False
     return meta
 
 
@@ -302,6 +311,10 @@ def copy_scores_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str]
     return out
 
 
+class CopyMismatch(RuntimeError):
+    """A chunk's replies show the copy did not hold the scores its plan assumed."""
+
+
 def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
                old_scores: dict[str, int | None], new_scores: dict[str, int]) -> set[int]:
     """Move each changed player to its new score, in fenced MULTI/EXEC chunks.
@@ -309,55 +322,148 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
     Each chunk is planned from the counts and checksums the previous one left and
     writes them with its moves, so after a crash the copy is consistent at a chunk
     boundary and re-planning from its lookup finishes the job. Returns touched buckets.
+
+    With several chunks, a helper thread sends chunk i and waits for Redis while this
+    one plans and encodes chunk i+1, so the epoch's Python work hides behind Redis's (at
+    10M players Redis takes ~3x the Python time). Chunk i+1 is sent only once chunk i
+    succeeded: its counts assume chunk i's moves, so a failed chunk stops the rest.
+
+    Every chunk's replies are checked against its plan (members removed, members and
+    lookup entries inserted): a copy that did not hold the old scores the plan assumed
+    is marked broken, so the next epoch rebuilds it, and CopyMismatch is raised.
     """
-    layout_id = meta.layout.layout_id
     players = list(new_scores)
     touched: set[int] = set()
-    for start in range(0, len(players), APPLY_CHUNK):
-        chunk = players[start : start + APPLY_CHUNK]
-        plan = epoch_plan(
-            layout=meta.layout, counts=meta.counts, checksums=meta.checksums,
-            old_scores={p: old_scores.get(p) for p in chunk},
-            new_scores={p: new_scores[p] for p in chunk},
-        )
-        if not plan.lookups:
-            continue
+    counts, checksums = meta.counts, meta.checksums
+    sender: ThreadPoolExecutor | None = None
+    in_flight: tuple[Future[list[Any]], EpochPlan] | None = None
 
-        def queue(pipe: Any, plan: EpochPlan = plan) -> None:
-            # One command per touched bucket and lookup shard, not one per player: the
-            # chunk's MULTI/EXEC then costs ~100 commands to queue and parse, not ~3,000.
-            zrems: dict[int, list[str]] = {}
-            for bucket, player_id in plan.removals:
-                zrems.setdefault(bucket, []).append(player_id)
-            for bucket, members in zrems.items():
-                pipe.zrem(keys.bucket(meta.copy, layout_id, bucket), *members)
-            zadds: dict[int, dict[str, int]] = {}
-            for bucket, player_id, score in plan.additions:
-                zadds.setdefault(bucket, {})[player_id] = -score
-            for bucket, mapping in zadds.items():
-                pipe.zadd(keys.bucket(meta.copy, layout_id, bucket), mapping)
-            hsets: dict[int, dict[str, int]] = {}
-            for player_id, score in plan.lookups.items():
-                hsets.setdefault(lookup_shard(player_id), {})[player_id] = score
-            for shard, mapping in hsets.items():
-                pipe.hset(keys.lookup(meta.copy, shard), mapping=mapping)
-            pipe.hset(keys.copy_meta(meta.copy), mapping={
-                "counts": orjson.dumps(plan.counts),
-                "checksums": orjson.dumps([f"{c:016x}" for c in plan.checksums]),
-            })
-
-        _fenced(r, keys, token, queue)
+    def landed(plan: EpochPlan, replies: list[Any]) -> None:
+        problem = _chunk_mismatch(plan, replies)
+        if problem:
+            r.hset(keys.copy_meta(meta.copy), "state", "broken")
+            raise CopyMismatch(f"copy {meta.copy}: {problem}")
         meta.counts = plan.counts
         meta.checksums = plan.checksums
-        touched |= plan.touched
+        touched.update(plan.touched)
+
+    try:
+        for start in range(0, len(players), APPLY_CHUNK):
+            chunk = players[start : start + APPLY_CHUNK]
+            plan = epoch_plan(
+                layout=meta.layout, counts=counts, checksums=checksums,
+                old_scores={p: old_scores.get(p) for p in chunk},
+                new_scores={p: new_scores[p] for p in chunk},
+            )
+            if not plan.lookups:
+                continue
+            counts, checksums = plan.counts, plan.checksums
+            commands = _chunk_commands(keys, meta, plan)
+            packed = b"".join([hiredis.pack_command(c) for c in (("MULTI",), *commands, ("EXEC",))])
+            if in_flight is not None:
+                landed(in_flight[1], in_flight[0].result())
+                in_flight = None
+            if sender is None and start + APPLY_CHUNK < len(players):
+                sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"apply-{keys.season}")
+                # The sender needs the GIL for a moment when each reply arrives; with the
+                # default 5 ms switch interval it waits for this thread's planning and
+                # Redis sits idle (~10% of an epoch at 10M players).
+                switch_interval = sys.getswitchinterval()
+                sys.setswitchinterval(min(switch_interval, 0.0005))
+            if sender is None:
+                landed(plan, _fenced_packed(r, keys, token, packed, len(commands)))
+            else:
+                in_flight = (sender.submit(_fenced_packed, r, keys, token, packed, len(commands)), plan)
+                # Hand the GIL over now: otherwise the sender waits for it until this
+                # thread blocks, after planning the next chunk, and nothing overlaps.
+                time.sleep(0)
+        if in_flight is not None:
+            landed(in_flight[1], in_flight[0].result())
+    finally:
+        if sender is not None:
+            sender.shutdown(wait=True)
+            sys.setswitchinterval(switch_interval)
     return touched
 
 
+def _chunk_mismatch(plan: EpochPlan, replies: list[Any]) -> str:
+    """What a chunk's replies (ZREMs, ZADDs, lookup HSETs, meta HSET) say that the plan did not expect."""
+    zrems = len({bucket for bucket, _ in plan.removals})
+    zadds = len({bucket for bucket, _, _ in plan.additions})
+    removed = sum(int(n) for n in replies[:zrems])
+    added = sum(int(n) for n in replies[zrems : zrems + zadds])
+    arrived = sum(int(n) for n in replies[zrems + zadds : -1])
+    if removed != len(plan.removals):
+        return f"removed {removed} members, the plan moved {len(plan.removals)} out of their buckets"
+    if added != len(plan.removals) + plan.arrivals or arrived != plan.arrivals:
+        return (f"inserted {added} members and {arrived} lookup entries, the plan expected "
+                f"{len(plan.removals) + plan.arrivals} and {plan.arrivals}")
+    return ""
+
+
+def _chunk_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan) -> list[tuple[Any, ...]]:
+    """The commands of one chunk: one per touched bucket and lookup shard, not one per
+    player (the MULTI/EXEC then costs ~100 commands to queue and parse, not ~3,000).
+    Order matters to _chunk_mismatch: ZREMs, ZADDs, lookup HSETs, the meta HSET."""
+    layout_id = meta.layout.layout_id
+    zrems: dict[int, list[str]] = {}
+    for bucket, player_id in plan.removals:
+        zrems.setdefault(bucket, []).append(player_id)
+    zadds: dict[int, list[Any]] = {}
+    for bucket, player_id, score in plan.additions:
+        zadds.setdefault(bucket, []).extend((-score, player_id))
+    hsets: dict[int, list[Any]] = {}
+    for player_id, score in plan.lookups.items():
+        hsets.setdefault(lookup_shard(player_id), []).extend((player_id, score))
+    commands: list[tuple[Any, ...]] = []
+    commands += [("ZREM", keys.bucket(meta.copy, layout_id, b), *members) for b, members in zrems.items()]
+    commands += [("ZADD", keys.bucket(meta.copy, layout_id, b), *pairs) for b, pairs in zadds.items()]
+    commands += [("HSET", keys.lookup(meta.copy, shard), *pairs) for shard, pairs in hsets.items()]
+    commands.append(("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(plan.counts),
+                     "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums])))
+    return commands
+
+
+def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
+    """`_fenced` for a MULTI/EXEC encoded beforehand (`count` commands between them).
+
+    The apply thread encodes the next chunk while this one waits on Redis; redis-py's
+    pipeline would encode it here, in the thread that should only wait. Any error
+    drops the connection, so a half-read reply or a pending WATCH never reaches the pool.
+    """
+    conn = r.connection_pool.get_connection()
+    try:
+        if token is not None:
+            conn.send_command("WATCH", keys.lease)
+            conn.read_response()
+            conn.send_command("GET", keys.lease)
+            held = conn.read_response()
+            if held is None or int(held) != token:
+                raise FenceLost("the lease is no longer ours")
+        conn.send_packed_command([packed])
+        for _ in range(count + 1):  # +OK for MULTI, then QUEUED for each command
+            conn.read_response()
+        replies = conn.read_response()
+        if replies is None:
+            raise FenceLost("the lease changed while applying")
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies  # type: ignore[no-any-return]
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        r.connection_pool.release(conn)
+
+
 def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: tuple[int, int],
-                version: int) -> CopyMeta:
+                version: int, exact: bool = False) -> CopyMeta:
+    """Mark the copy ready at `watermark`; `exact` only when it applied every change committed so far."""
     meta.watermark = watermark
     meta.state = STATE_READY
     meta.version = version
+    meta.exact = exact
 
     def queue(pipe: Any) -> None:
         pipe.hset(keys.copy_meta(meta.copy), mapping=meta.fields())

@@ -72,8 +72,8 @@ def score_changes_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10
 
 
 def score_change_heads_after(*, season_id: int, cursor: ChangeCursor,
-                             limit: int = 10_000) -> list[tuple[int, int, str, int, int]]:
-    """The page `score_changes_after` returns, as (txid, id, player_id, new_score, score_version).
+                             limit: int = 10_000) -> list[tuple[int, int, str, int, int, int | None]]:
+    """The page `score_changes_after` returns, as (txid, id, player_id, new_score, score_version, old_score).
 
     Same rows, same order, same visibility rule; only what a materializer needs, as plain
     tuples: an epoch reads tens of thousands of changes and neither parses timestamps nor
@@ -81,7 +81,7 @@ def score_change_heads_after(*, season_id: int, cursor: ChangeCursor,
     """
     return _change_rows(  # type: ignore[return-value]
         season_id=season_id, cursor=cursor, limit=limit,
-        columns=("txid", "id", "player_id", "new_score", "score_version"),
+        columns=("txid", "id", "player_id", "new_score", "score_version", "old_score"),
     )
 
 

@@ -439,19 +439,19 @@ def test_a_crash_midway_through_apply_keeps_the_previous_version(season_factory:
     changes += [ev.result("new1", 500), ev.result("new2", 0)]
     post_ok(post_scores, season, changes)
     monkeypatch.setattr(rankview, "APPLY_CHUNK", 3)
-    real_fenced = rankview._fenced
+    real_send = rankview._fenced_packed
     calls = {"n": 0}
 
-    def crashing(r_: Any, keys_: Any, token: int, queue: Any) -> None:
+    def crashing(*args: Any) -> list[Any]:
         calls["n"] += 1
-        if calls["n"] == 4:  # begin_mutation, two chunks, then the process dies
+        if calls["n"] == 3:  # two chunks, then the process dies
             raise RuntimeError("simulated crash")
-        real_fenced(r_, keys_, token, queue)
+        return real_send(*args)
 
-    monkeypatch.setattr(rankview, "_fenced", crashing)
+    monkeypatch.setattr(rankview, "_fenced_packed", crashing)
     with pytest.raises(RuntimeError, match="simulated crash"):
         epoch(season)
-    monkeypatch.setattr(rankview, "_fenced", real_fenced)
+    monkeypatch.setattr(rankview, "_fenced_packed", real_send)
 
     # The lease was released, version 3 still serves identical answers and is intact; the
     # half-applied copy is marked as being applied and held version 2, which is gone now.
@@ -584,6 +584,71 @@ def test_a_copy_that_fails_verification_is_not_published(season: Season, post_sc
     assert rankview.copy_meta_load(r, keys, stale_copy).state == "broken"  # type: ignore[union-attr]
     # The next epoch rebuilds it from the scores and publishes a correct version.
     assert publish(season) == 3
+    check_matches_db(season)
+
+
+def test_an_exact_copy_takes_its_old_scores_from_the_change_stream(season_factory: Callable[..., Season],
+                                                                   post_scores: Post,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    season = season_factory(slug="exact", layout=NARROW)
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i:02d}", (i * 37) % 1000) for i in range(30)])
+    publish(season)
+    # Version 2 is built from scratch into the other copy: not exact until an epoch ran on it.
+    post_ok(post_scores, season, [ev.result("p01", 999)])
+    publish(season)
+    lookups: list[int] = []
+    real_get = rankview.copy_scores_get
+
+    def counting(*args: Any) -> Any:
+        lookups.append(1)
+        return real_get(*args)
+
+    monkeypatch.setattr(rankview, "copy_scores_get", counting)
+    for step in range(4):
+        target = "1" if current_manifest(season).copy == "0" else "0"
+        meta = rankview.copy_meta_load(r, keys, target)
+        assert meta is not None
+        # Moves across buckets both ways, rescores inside one, a new player, several
+        # changes of one player in one epoch.
+        post_ok(post_scores, season, [ev.result(f"p{step + 2:02d}", 990 - step),
+                                      ev.correction(f"p{step + 10:02d}", step),
+                                      ev.result(f"new{step}", 500), ev.result("p20", 600 + step)])
+        post_ok(post_scores, season, [ev.result("p20", 700 + step)])
+        before = len(lookups)
+        publish(season)
+        assert meta.exact and len(lookups) == before, "an epoch finishes its copy exact"
+        check_matches_db(season)
+
+
+def test_a_copy_that_does_not_hold_the_assumed_old_scores_is_marked_broken_and_rebuilt(
+    season_factory: Callable[..., Season], post_scores: Post
+) -> None:
+    season = season_factory(slug="drifted", layout=NARROW)
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i:02d}", i * 30) for i in range(30)])
+    for step in range(3):
+        publish(season)
+        post_ok(post_scores, season, [ev.result(f"p{step:02d}", 999)])
+    publish(season)
+    stale = "1" if current_manifest(season).copy == "0" else "0"
+    meta = rankview.copy_meta_load(r, keys, stale)
+    assert meta is not None and meta.exact
+    # Behind the planner's back, p10 (300 points, bucket 3) moved to bucket 8 in the stale copy.
+    layout = meta.layout
+    r.zrem(keys.bucket(stale, layout.layout_id, 3), "p10")
+    r.zadd(keys.bucket(stale, layout.layout_id, 8), {"p10": -850})
+    r.hset(keys.lookup_of(stale, "p10"), "p10", 850)
+    post_ok(post_scores, season, [ev.result("p10", 620)])
+    with pytest.raises(rankview.CopyMismatch, match=r"removed \d+ members"):
+        epoch(season)
+    assert rankview.copy_meta_load(r, keys, stale).state == "broken"  # type: ignore[union-attr]
+    # The version before still serves; the next epoch rebuilds the copy and publishes.
+    publish(season)
     check_matches_db(season)
 
 

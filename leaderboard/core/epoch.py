@@ -41,6 +41,21 @@ def newest_scores(changes: Iterable[tuple[str, int, int]]) -> dict[str, int]:
     return scores
 
 
+def scores_before(changes: Iterable[tuple[str, int | None]]) -> dict[str, int | None]:
+    """Each player's score before the first of `changes` (player_id, old_score), in stream order.
+
+    A copy that holds exactly the ledger at a watermark holds, for each player changed
+    after it, the old score of the player's first change after it: writers of a season
+    are serialized, so a player's changes form a chain in stream order. None: the player
+    had no score yet.
+    """
+    before: dict[str, int | None] = {}
+    for player_id, old in changes:
+        if player_id not in before:
+            before[player_id] = old
+    return before
+
+
 @dataclass(slots=True)
 class EpochPlan:
     # (bucket, player_id) members to remove; (bucket, player_id, score) members to add.
@@ -51,6 +66,10 @@ class EpochPlan:
     counts: list[int] = field(default_factory=list)
     checksums: list[int] = field(default_factory=list)
     touched: set[int] = field(default_factory=set)
+    # Players new to the copy (no old score): what ZADD and the lookup HSET must report
+    # as inserted, with the moves across buckets for ZADD; a check that the copy held
+    # the old scores the plan assumed.
+    arrivals: int = 0
 
 
 def epoch_plan(
@@ -72,7 +91,9 @@ def epoch_plan(
         if old == new:
             continue
         new_bucket = layout.bucket_of(new)
-        if old is not None:
+        if old is None:
+            plan.arrivals += 1
+        else:
             old_bucket = layout.bucket_of(old)
             plan.counts[old_bucket] -= 1
             plan.checksums[old_bucket] = checksum_remove(plan.checksums[old_bucket], player_id, old)
