@@ -5,6 +5,7 @@ them (the Origin header must name one of ALLOWED_HOSTS; a client without one is 
 """
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -16,11 +17,13 @@ django_application = get_asgi_application()
 from asgiref.sync import sync_to_async  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.exceptions import SuspiciousOperation  # noqa: E402
 from django.core.handlers.exception import response_for_exception  # noqa: E402
 from django.http import HttpRequest, HttpResponseBase  # noqa: E402
 
+from leaderboard.api.fastpath import ReadFastPath  # noqa: E402
 from leaderboard.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -40,7 +43,12 @@ class StaticFiles(ASGIStaticFilesHandler):
             return await sync_to_async(response_for_exception)(request, exc)
 
 
+http_application: Any = StaticFiles(django_application)
+if settings.READ_FAST_PATH:
+    # The public read URLs answered before Django (leaderboard/api/fastpath.py).
+    http_application = ReadFastPath(http_application, threads=settings.READ_THREADS)
+
 application = ProtocolTypeRouter({
-    "http": StaticFiles(django_application),
+    "http": http_application,
     "websocket": AllowedHostsOriginValidator(URLRouter(websocket_urlpatterns)),
 })

@@ -134,6 +134,10 @@ EPOCH_LEASE_SECONDS = env_float("EPOCH_LEASE_SECONDS", 30.0, minimum=1.0)
 # second guard).
 READ_DEADLINE_SECONDS = env_float("READ_DEADLINE_SECONDS", 0.2, minimum=0.01)
 COPY_GRACE_SECONDS = env_float("COPY_GRACE_SECONDS", 0.5, minimum=0.02)
+# The ASGI server answers the public read URLs before Django (leaderboard/api/fastpath.py)
+# with READ_THREADS threads per process; false sends them through Django's views.
+READ_FAST_PATH = env_bool("READ_FAST_PATH", True)
+READ_THREADS = env_int("READ_THREADS", 8, minimum=1)
 if COPY_GRACE_SECONDS <= READ_DEADLINE_SECONDS:
     raise ConfigError("COPY_GRACE_SECONDS must be longer than READ_DEADLINE_SECONDS")
 # Ingest is sealed automatically this long after the cutoff (staff can seal earlier);

@@ -18,6 +18,7 @@ ZCOUNT(-inf, (-s) counts the strictly higher scores in a bucket.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -630,6 +631,36 @@ class PlayerView:
     total: int
 
 
+_reader = threading.local()
+
+
+def _reader_connection(r: redis.Redis) -> Any:
+    """This thread's own connection to `r`'s server, made from its pool's settings."""
+    pool = r.connection_pool
+    conn = getattr(_reader, "conn", None)
+    if conn is None or _reader.pool is not pool or _reader.pid != os.getpid():
+        conn = pool.connection_class(**pool.connection_kwargs)
+        _reader.conn, _reader.pool, _reader.pid = conn, pool, os.getpid()
+    return conn
+
+
+def round_trip(r: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Send commands in one round trip and return their raw replies (bytes, ints, lists).
+
+    What a redis-py pipeline does, without the Pipeline object, the pool's lock and its
+    per-command encoding: each reading thread keeps a connection of its own. ~45 us less
+    CPU per round trip, a fifth of a whole rank read once Django is out of the way
+    (fastpath.py). Errors drop the connection, so a half-read reply is never reused.
+    """
+    conn = _reader_connection(r)
+    try:
+        conn.send_packed_command([b"".join([hiredis.pack_command(c) for c in commands])])
+        return [conn.read_response() for _ in commands]
+    except BaseException:
+        conn.disconnect()
+        raise
+
+
 # The copy names each process has seen current, per season: readers pipeline the lookup
 # of every one of them with the pointer read.
 _learned_copies: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -737,11 +768,9 @@ class RankReader:
         shard = lookup_shard(player_id)
         for _ in range(self.attempts):
             started = time.monotonic()
-            with self.r.pipeline(transaction=False) as pipe:
-                pipe.get(self.keys.ptr)
-                for copy in self.copies:
-                    pipe.hget(self.keys.lookup(copy, shard), player_id)
-                raw_ptr, *lookups = pipe.execute()
+            raw_ptr, *lookups = round_trip(
+                self.r, [("GET", self.keys.ptr), *(("HGET", self.keys.lookup(copy, shard), player_id)
+                                                   for copy in self.copies)])
             manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
             try:
                 if manifest.copy in self.copies:
@@ -765,11 +794,10 @@ class RankReader:
         score = int(score_raw)
         bucket = manifest.layout.bucket_of(score)
         key = self._bucket_key(manifest, bucket)
-        with self.r.pipeline(transaction=False) as pipe:
-            pipe.zcount(key, "-inf", f"({-score}")
-            pipe.zrank(key, player_id)
-            pipe.hmget(self.keys.copy_meta(manifest.copy), ["gen", "version"])
-            higher_in_bucket, index, (gen, held) = pipe.execute()
+        higher_in_bucket, index, (gen, held) = round_trip(self.r, [
+            ("ZCOUNT", key, "-inf", f"({-score}"), ("ZRANK", key, player_id),
+            ("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"),
+        ])
         if index is None:
             # The lookup and the index disagree: only possible mid-mutation.
             raise _Torn()

@@ -73,8 +73,8 @@ class FinalStandingsView(APIView):
 
     def get(self, request: Request, season_id: str) -> Response:
         season = _final_season(season_id)
-        first = int_param(request, "from_position", default=1, low=1, high=None) or 1
-        limit = int_param(request, "limit", default=100, low=1, high=FINAL_PAGE_MAX) or 100
+        first = int_param(request.query_params, "from_position", default=1, low=1, high=None) or 1
+        limit = int_param(request.query_params, "limit", default=100, low=1, high=FINAL_PAGE_MAX) or 100
         rows = final_standings_window(season=season, from_position=first, limit=limit)
         return Response({
             "season_id": season.slug, "final_version": season.final_version, "from_position": first,

@@ -1,8 +1,10 @@
-"""Query-parameter parsing shared by the read APIs: a 400 naming the parameter, never a 500."""
+"""Query-parameter parsing shared by the read APIs: a 400 naming the parameter, never a 500.
+
+They take the query as a mapping (a QueryDict, or the fast read path's dict), not a request."""
 
 from __future__ import annotations
 
-from rest_framework.request import Request
+from collections.abc import Mapping
 
 from leaderboard.api.errors import validation_error
 from leaderboard.core.events import check_player_id
@@ -12,8 +14,8 @@ from leaderboard.core.events import check_player_id
 MAX_INT_PARAM = 2**63 - 1
 
 
-def int_param(request: Request, name: str, *, default: int | None, low: int, high: int | None) -> int | None:
-    raw = request.query_params.get(name)
+def int_param(query: Mapping[str, str], name: str, *, default: int | None, low: int, high: int | None) -> int | None:
+    raw = query.get(name)
     if raw is None or raw == "":
         return default
     try:
@@ -28,8 +30,8 @@ def int_param(request: Request, name: str, *, default: int | None, low: int, hig
     return value
 
 
-def bool_param(request: Request, name: str) -> bool:
-    raw = request.query_params.get(name, "").lower()
+def bool_param(query: Mapping[str, str], name: str) -> bool:
+    raw = (query.get(name) or "").lower()
     if raw in ("", "false", "0", "no"):
         return False
     if raw in ("true", "1", "yes"):
