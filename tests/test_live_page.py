@@ -144,7 +144,7 @@ async def text(page: Any, selector: str) -> str:
 
 
 async def wait_version(page: Any, version: int) -> None:
-    await page.wait_for_function(f"document.getElementById('lb-version').textContent === '{version}'")
+    await page.wait_for_function(f"document.getElementById('lb-version')?.textContent === '{version}'")
 
 
 @needs_chromium
@@ -173,7 +173,7 @@ def test_the_page_changes_in_place_when_a_version_is_published(season: Season, p
         # Find me: rank and neighbours of p050.
         await page.fill("#findme-input", "p050")
         await page.click("#findme-form button[type=submit]")
-        await page.wait_for_function("document.getElementById('me-summary').dataset.rank === '70'")
+        await page.wait_for_function("document.getElementById('me-summary')?.dataset.rank === '70'")
         me = v1.entry("p050")
         assert me is not None and me.rank == 70
         assert await page.locator("#me-neighbors tbody tr").count() == 11
@@ -192,7 +192,7 @@ def test_the_page_changes_in_place_when_a_version_is_published(season: Season, p
         assert await page.evaluate("window.firstRow === document.querySelector('#lb-top tbody tr')")
         assert await page.locator("#lb-top tbody tr.changed").count() >= 2
         assert await text(page, "#lb-total") == "121"
-        await page.wait_for_function("document.getElementById('me-summary').dataset.rank === '2'")
+        await page.wait_for_function("document.getElementById('me-summary')?.dataset.rank === '2'")
         events = await text(page, "#me-events")
         assert "v2: up from rank 70 to 2" in events and "entered the top 100" not in events
         manifest = await sync_to_async(current_manifest)(season)
@@ -229,7 +229,7 @@ def test_the_page_shows_an_unavailable_board_then_the_first_version(season: Seas
         await wait_version(page, 1)
         assert await page.is_hidden("#lb-unavailable") and await page.is_visible("#board")
         assert await text(page, "#lb-top tbody tr:first-child td:nth-child(3)") == "solo"
-        await page.wait_for_function("document.getElementById('me-summary').dataset.rank === '1'")
+        await page.wait_for_function("document.getElementById('me-summary')?.dataset.rank === '1'")
 
     errors = browse(asgi_server, scenario)
     assert errors == []

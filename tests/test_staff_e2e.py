@@ -129,7 +129,7 @@ def test_two_people_run_a_season_to_final_in_the_browser(
         newer = (await amaterialize(season, timeout=60)).version
         assert newer > first_version
         await rhea.wait_for_function(
-            f"document.querySelector(\"{version_cell}\").textContent.trim() === '{newer}'", timeout=10_000)
+            f"document.querySelector(\"{version_cell}\")?.textContent.trim() === '{newer}'", timeout=10_000)
         assert await rhea.evaluate("window.notReloaded === true")
         await shot(rhea, "overview")
         await rhea.click(f"a[href='/staff/seasons/{season.slug}/']")
@@ -150,7 +150,7 @@ def test_two_people_run_a_season_to_final_in_the_browser(
         dispute_url = rhea.url
         await rhea.select_option("#assign-form select[name=assignee]", label="rhea")
         await rhea.click("#assign-form button[type=submit]")
-        await rhea.wait_for_function("document.getElementById('dispute-assignee').textContent.trim() === 'rhea'")
+        await rhea.wait_for_function("document.getElementById('dispute-assignee')?.textContent.trim() === 'rhea'")
         await rhea.fill("#note-form textarea", "replay shows 95000")
         await rhea.click("#note-form button[type=submit]")
         await rhea.wait_for_selector("#notes >> text=replay shows 95000")
