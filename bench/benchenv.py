@@ -135,7 +135,7 @@ def season_cleanup(season: Any, *, keep: bool, extra_keys: Iterable[str] = (), q
     """Delete the season's Redis keys (UNLINK: freed in the background) and its rows.
 
     The ledger (ScoreEvent) is append-only by a database trigger, so its rows stay; the
-    current scores, change stream and manifests of the season are deleted.
+    current scores, change stream and manifests of the season are deleted and vacuumed.
     """
     if keep:
         if not quiet:
@@ -153,9 +153,14 @@ def season_cleanup(season: Any, *, keep: bool, extra_keys: Iterable[str] = (), q
     for start in range(0, len(doomed), 500):
         r.unlink(*doomed[start : start + 500])
     rankview.manifest_cache_clear()
+    tables = ("leaderboard_manifest", "leaderboard_scorechange", "leaderboard_playerscore")
     with connection.cursor() as cursor:
-        for table in ("leaderboard_manifest", "leaderboard_scorechange", "leaderboard_playerscore"):
+        for table in tables:
             cursor.execute(f"DELETE FROM {table} WHERE season_id = %s", [season.pk])
+        # Without this, a PostgreSQL whose autovacuum is off (as on the development machine)
+        # keeps every deleted row of every run: after a few 10M-player runs the tables held
+        # 111M dead rows and later runs measured the bloat (ingest ~15% slower, disks busy).
+        cursor.execute(f"VACUUM {', '.join(tables)}")
     if not quiet:
         print(f"# cleaned up season {season.slug}: {len(doomed)} Redis keys unlinked, rows deleted "
               f"({time.perf_counter() - started:.1f}s)")
