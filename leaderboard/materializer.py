@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import redis
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Count, Q
 
 from audit.services import SYSTEM
 from leaderboard import rankview
@@ -26,6 +27,7 @@ from leaderboard.core.checksum import checksum_add
 from leaderboard.core.epoch import newest_scores, scores_before
 from leaderboard.core.manifest import Manifest
 from leaderboard.live import live_version_published
+from leaderboard.metrics import metrics_epoch_observe
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import PlayerScore, ScoreChange
 from leaderboard.redis_client import redis_get
@@ -180,11 +182,6 @@ def _metrics_observe(*, season: Season, r: redis.Redis, after: tuple[int, int] |
     watermark]; a write batch shares one committed_at, so one GROUP BY gives a row per
     batch: (lag, events). Best effort: metrics never fail an epoch that published.
     """
-    from django.db.models import Count, Q
-
-    from leaderboard.metrics import metrics_epoch_observe
-    from leaderboard.models import ScoreChange
-
     try:
         rows = ScoreChange.objects.filter(season_id=season.pk).filter(
             Q(txid__lt=upto[0]) | Q(txid=upto[0], id__lte=upto[1])

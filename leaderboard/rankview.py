@@ -18,6 +18,7 @@ ZCOUNT(-inf, (-s) counts the strictly higher scores in a bucket.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -260,36 +261,59 @@ def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | N
         raise FenceLost("the current version moved before publication")
 
 
-def _fenced(r: redis.Redis, keys: Keys, token: int | None, queue: Any) -> list[Any]:
-    """Run `queue(pipe)` as one MULTI/EXEC that happens only while `token` holds the lease; its replies.
+def _pack(commands: Iterable[tuple[Any, ...]]) -> bytes:
+    """Commands in the Redis protocol, encoded by hiredis in one go."""
+    return b"".join([hiredis.pack_command(c) for c in commands])
+
+
+def _transaction(commands: list[tuple[Any, ...]]) -> bytes:
+    return _pack((("MULTI",), *commands, ("EXEC",)))
+
+
+def _fenced(r: redis.Redis, keys: Keys, token: int | None, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Run `commands` as one MULTI/EXEC that happens only while `token` holds the lease; their replies."""
+    return _fenced_packed(r, keys, token, _transaction(commands), len(commands))
+
+
+def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
+    """`_fenced` for a MULTI/EXEC already encoded (`count` commands between them).
 
     token None: a shadow copy that no published manifest names yet, written only by the
     rebuild job that claimed it in the database; it needs atomic chunks, not a fence.
+
+    Encoding apart lets copy_apply encode the next chunk while a helper thread waits on
+    Redis with this one. Any error drops the connection, so a half-read reply or a
+    pending WATCH never goes back to the pool.
     """
-    if token is None:
-        with r.pipeline(transaction=True) as pipe:
-            queue(pipe)
-            return pipe.execute()  # type: ignore[no-any-return]
-    with r.pipeline(transaction=True) as pipe:
-        try:
-            pipe.watch(keys.lease)
-            held = pipe.get(keys.lease)
+    conn = r.connection_pool.get_connection()
+    try:
+        if token is not None:
+            conn.send_packed_command([_pack([("WATCH", keys.lease), ("GET", keys.lease)])])
+            conn.read_response()
+            held = conn.read_response()
             if held is None or int(held) != token:
                 raise FenceLost("the lease is no longer ours")
-            pipe.multi()
-            queue(pipe)
-            return pipe.execute()  # type: ignore[no-any-return]
-        except redis.WatchError as exc:
-            raise FenceLost("the lease changed while applying") from exc
+        conn.send_packed_command([packed])
+        for _ in range(count + 1):  # +OK for MULTI, then QUEUED for each command
+            conn.read_response()
+        replies = conn.read_response()
+        if replies is None:
+            raise FenceLost("the lease changed while applying")
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies  # type: ignore[no-any-return]
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        r.connection_pool.release(conn)
 
 
 def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta) -> CopyMeta:
     """Bump the copy's generation before touching it: readers of its old version retry."""
-    def queue(pipe: Any) -> None:
-        pipe.hincrby(keys.copy_meta(meta.copy), "gen", 1)
-        pipe.hset(keys.copy_meta(meta.copy), mapping={"state": STATE_APPLYING, "exact": 0})
-
-    _fenced(r, keys, token, queue)
+    key = keys.copy_meta(meta.copy)
+    _fenced(r, keys, token, [("HINCRBY", key, "gen", 1), ("HSET", key, "state", STATE_APPLYING, "exact", 0)])
     meta.gen += 1
     meta.state = STATE_APPLYING
     meta.exact = False
@@ -337,10 +361,10 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
     touched: set[int] = set()
     counts, checksums = meta.counts, meta.checksums
     sender: ThreadPoolExecutor | None = None
-    in_flight: tuple[Future[list[Any]], EpochPlan] | None = None
+    in_flight: tuple[Future[list[Any]], EpochPlan, list[tuple[Any, ...]]] | None = None
 
-    def landed(plan: EpochPlan, replies: list[Any]) -> None:
-        problem = _chunk_mismatch(plan, replies)
+    def landed(plan: EpochPlan, commands: list[tuple[Any, ...]], replies: list[Any]) -> None:
+        problem = _chunk_mismatch(plan, commands, replies)
         if problem:
             r.hset(keys.copy_meta(meta.copy), "state", "broken")
             raise CopyMismatch(f"copy {meta.copy}: {problem}")
@@ -360,9 +384,9 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
                 continue
             counts, checksums = plan.counts, plan.checksums
             commands = _chunk_commands(keys, meta, plan)
-            packed = b"".join([hiredis.pack_command(c) for c in (("MULTI",), *commands, ("EXEC",))])
+            packed = _transaction(commands)
             if in_flight is not None:
-                landed(in_flight[1], in_flight[0].result())
+                landed(in_flight[1], in_flight[2], in_flight[0].result())
                 in_flight = None
             if sender is None and start + APPLY_CHUNK < len(players):
                 sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"apply-{keys.season}")
@@ -372,14 +396,14 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
                 switch_interval = sys.getswitchinterval()
                 sys.setswitchinterval(min(switch_interval, 0.0005))
             if sender is None:
-                landed(plan, _fenced_packed(r, keys, token, packed, len(commands)))
+                landed(plan, commands, _fenced_packed(r, keys, token, packed, len(commands)))
             else:
-                in_flight = (sender.submit(_fenced_packed, r, keys, token, packed, len(commands)), plan)
+                in_flight = (sender.submit(_fenced_packed, r, keys, token, packed, len(commands)), plan, commands)
                 # Hand the GIL over now: otherwise the sender waits for it until this
                 # thread blocks, after planning the next chunk, and nothing overlaps.
                 time.sleep(0)
         if in_flight is not None:
-            landed(in_flight[1], in_flight[0].result())
+            landed(in_flight[1], in_flight[2], in_flight[0].result())
     finally:
         if sender is not None:
             sender.shutdown(wait=True)
@@ -387,13 +411,14 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
     return touched
 
 
-def _chunk_mismatch(plan: EpochPlan, replies: list[Any]) -> str:
-    """What a chunk's replies (ZREMs, ZADDs, lookup HSETs, meta HSET) say that the plan did not expect."""
-    zrems = len({bucket for bucket, _ in plan.removals})
-    zadds = len({bucket for bucket, _, _ in plan.additions})
-    removed = sum(int(n) for n in replies[:zrems])
-    added = sum(int(n) for n in replies[zrems : zrems + zadds])
-    arrived = sum(int(n) for n in replies[zrems + zadds : -1])
+def _chunk_mismatch(plan: EpochPlan, commands: list[tuple[Any, ...]], replies: list[Any]) -> str:
+    """What a chunk's replies say that its plan did not expect: ZREM counts the members
+    removed, ZADD and the lookup HSETs the ones inserted (the copy-meta HSET last only
+    rewrites fields)."""
+    inserted = {"ZREM": 0, "ZADD": 0, "HSET": 0}
+    for command, reply in zip(commands[:-1], replies[:-1], strict=True):
+        inserted[command[0]] += int(reply)
+    removed, added, arrived = inserted["ZREM"], inserted["ZADD"], inserted["HSET"]
     if removed != len(plan.removals):
         return f"removed {removed} members, the plan moved {len(plan.removals)} out of their buckets"
     if added != len(plan.removals) + plan.arrivals or arrived != plan.arrivals:
@@ -405,7 +430,7 @@ def _chunk_mismatch(plan: EpochPlan, replies: list[Any]) -> str:
 def _chunk_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan) -> list[tuple[Any, ...]]:
     """The commands of one chunk: one per touched bucket and lookup shard, not one per
     player (the MULTI/EXEC then costs ~100 commands to queue and parse, not ~3,000).
-    Order matters to _chunk_mismatch: ZREMs, ZADDs, lookup HSETs, the meta HSET."""
+    The copy-meta HSET comes last (_chunk_mismatch)."""
     layout_id = meta.layout.layout_id
     zrems: dict[int, list[str]] = {}
     for bucket, player_id in plan.removals:
@@ -425,39 +450,6 @@ def _chunk_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan) -> list[tuple[A
     return commands
 
 
-def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
-    """`_fenced` for a MULTI/EXEC encoded beforehand (`count` commands between them).
-
-    The apply thread encodes the next chunk while this one waits on Redis; redis-py's
-    pipeline would encode it here, in the thread that should only wait. Any error
-    drops the connection, so a half-read reply or a pending WATCH never reaches the pool.
-    """
-    conn = r.connection_pool.get_connection()
-    try:
-        if token is not None:
-            conn.send_command("WATCH", keys.lease)
-            conn.read_response()
-            conn.send_command("GET", keys.lease)
-            held = conn.read_response()
-            if held is None or int(held) != token:
-                raise FenceLost("the lease is no longer ours")
-        conn.send_packed_command([packed])
-        for _ in range(count + 1):  # +OK for MULTI, then QUEUED for each command
-            conn.read_response()
-        replies = conn.read_response()
-        if replies is None:
-            raise FenceLost("the lease changed while applying")
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies  # type: ignore[no-any-return]
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        r.connection_pool.release(conn)
-
-
 def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: tuple[int, int],
                 version: int, exact: bool = False) -> CopyMeta:
     """Mark the copy ready at `watermark`; `exact` only when it applied every change committed so far."""
@@ -465,11 +457,7 @@ def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *
     meta.state = STATE_READY
     meta.version = version
     meta.exact = exact
-
-    def queue(pipe: Any) -> None:
-        pipe.hset(keys.copy_meta(meta.copy), mapping=meta.fields())
-
-    _fenced(r, keys, token, queue)
+    _fenced(r, keys, token, [("HSET", keys.copy_meta(meta.copy), *itertools.chain(*meta.fields().items()))])
     return meta
 
 
@@ -548,11 +536,7 @@ def manifest_store(r: redis.Redis, keys: Keys, manifest: Manifest, *, token: int
     if token is None:
         r.set(keys.manifest(manifest.version), raw, ex=MANIFEST_TTL)
         return
-
-    def queue(pipe: Any) -> None:
-        pipe.set(keys.manifest(manifest.version), raw, ex=MANIFEST_TTL)
-
-    _fenced(r, keys, token, queue)
+    _fenced(r, keys, token, [("SET", keys.manifest(manifest.version), raw, "EX", MANIFEST_TTL)])
 
 
 def copy_holds(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
@@ -654,7 +638,7 @@ def round_trip(r: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
     """
     conn = _reader_connection(r)
     try:
-        conn.send_packed_command([b"".join([hiredis.pack_command(c) for c in commands])])
+        conn.send_packed_command([_pack(commands)])
         return [conn.read_response() for _ in commands]
     except BaseException:
         conn.disconnect()

@@ -15,7 +15,7 @@ import redis
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from leaderboard import metrics, rankview
+from leaderboard import materializer, rankview
 from leaderboard.models import RebuildJob, ScoreChange
 from leaderboard.rebuild import rebuild_run, season_rebuild_start
 from leaderboard.reconcile import reconciliation_run
@@ -198,7 +198,7 @@ def test_metrics_are_best_effort_for_the_epoch(season_factory: Callable[..., Sea
     def down(**kwargs: Any) -> None:
         raise redis.ConnectionError("metrics Redis is down")
 
-    monkeypatch.setattr(metrics, "metrics_epoch_observe", down)
+    monkeypatch.setattr(materializer, "metrics_epoch_observe", down)
     assert publish(season) == 1  # published all the same
     assert rankview.pointer_get(redis_get(), keys_of(season)) == 1
     monkeypatch.undo()

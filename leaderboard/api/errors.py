@@ -30,10 +30,13 @@ _CODES = {
 }
 
 
+def api_error_body(exc: ApiError) -> dict[str, Any]:
+    return {"error": exc.error_code, "detail": str(exc.detail), **exc.extra}
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ApiError):
-        body = {"error": exc.error_code, "detail": str(exc.detail), **exc.extra}
-        return Response(body, status=exc.status_code)
+        return Response(api_error_body(exc), status=exc.status_code)
     response = exception_handler(exc, context)
     if response is None:
         return None

@@ -28,7 +28,7 @@ from django.db import close_old_connections
 from django.http.request import split_domain_port, validate_host
 
 from leaderboard.api import reads
-from leaderboard.api.errors import ApiError
+from leaderboard.api.errors import ApiError, api_error_body
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _answer(handler: Handler, match: re.Match[str], query: reads.Query) -> reads
     try:
         return handler(match, query)
     except ApiError as exc:
-        return reads.Answer(exc.status_code, {"error": exc.error_code, "detail": str(exc.detail), **exc.extra})
+        return reads.Answer(exc.status_code, api_error_body(exc))
     finally:
         close_old_connections()
 
