@@ -9,8 +9,11 @@ sets SECRET_KEY if unset and DEBUG=false, then sets Django up and migrates.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -100,6 +103,88 @@ def database_create_if_missing(url: str, *, quiet: bool = False) -> None:
             if not quiet:
                 print(f"# creating database {name}")
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+# ------------------------------------------------------------------------------ server
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        return [int(p) for p in text.split()]
+    except OSError:
+        return []
+
+
+class UvicornServer:
+    """The real ASGI server (uvicorn, httptools, uvloop) as a child in its own process
+    group, started from `root` (another checkout to compare with); stop() cleans it up."""
+
+    def __init__(self, *, workers: int, port: int, env: dict[str, str], root: Path = ROOT):
+        self.workers = workers
+        self.port = port
+        self.env = env
+        self.root = root
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        if not port_free(self.port):
+            raise SystemExit(f"port {self.port} is in use; pass --port")
+        cmd = [
+            sys.executable, "-m", "uvicorn", "config.asgi:application",
+            "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port),
+            "--no-access-log", "--log-level", "warning",
+            "--http", "httptools", "--loop", "uvloop",
+        ]
+        self.proc = subprocess.Popen(cmd, cwd=self.root, env={**os.environ, **self.env}, start_new_session=True)
+        self._wait_healthy()
+
+    def _wait_healthy(self, timeout: float = 60.0) -> None:
+        import httpx
+
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited with status {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"the server did not answer /healthz within {timeout:.0f}s")
+
+    def pids(self) -> list[int]:
+        if self.proc is None:
+            return []
+        return [self.proc.pid, *children_of(self.proc.pid)]
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
 
 
 # ----------------------------------------------------------------------------- seasons

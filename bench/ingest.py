@@ -29,7 +29,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from leaderboard.simulation import MatchSimulator, SimConfig, player_ids  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchenv import UvicornServer  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -156,85 +158,7 @@ def migrate() -> None:
 # --------------------------------------------------------------------------- server
 
 
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-class Server:
-    """uvicorn as a child in its own process group; stop() always cleans the group up."""
-
-    def __init__(self, *, workers: int, port: int, extra_env: dict[str, str]):
-        self.workers = workers
-        self.port = port
-        self.extra_env = extra_env
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        if not port_free(self.port):
-            raise SystemExit(f"port {self.port} is in use; pass --port")
-        cmd = [
-            sys.executable, "-m", "uvicorn", "config.asgi:application",
-            "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port),
-            "--no-access-log", "--log-level", "warning",
-            "--http", "httptools", "--loop", "uvloop",
-        ]
-        env = {**os.environ, **self.extra_env}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
-        self._wait_healthy()
-
-    def _wait_healthy(self, timeout: float = 60.0) -> None:
-        import httpx
-
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the server exited with status {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"the server did not answer /healthz within {timeout:.0f}s")
-
-    def pids(self) -> list[int]:
-        if self.proc is None:
-            return []
-        return [self.proc.pid, *children_of(self.proc.pid)]
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-
-
 # --------------------------------------------------------------------------- CPU accounting
-
-
-def children_of(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-        return [int(p) for p in text.split()]
-    except OSError:
-        return []
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -525,7 +449,7 @@ def asyncio_run(coro: Any) -> Any:
 @dataclass
 class Bench:
     args: argparse.Namespace
-    server: Server | None
+    server: UvicornServer | None
     token: str
     client_obj: Any
     shards: list[list[bytes]]
@@ -591,7 +515,7 @@ class Bench:
             print(f"  WARNING: {season.slug}: {recorded} ledger rows, expected {expected}", file=sys.stderr)
 
 
-def warm_up(server: Server, token: str, args: argparse.Namespace, tag: str) -> None:
+def warm_up(server: UvicornServer, token: str, args: argparse.Namespace, tag: str) -> None:
     """Import everything and open DB connections in every worker before measuring."""
     from audit.services import Actor
     from seasons.services import season_create
@@ -737,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU yardstick: {calibration[0]:.1f} ms to parse and plan one batch (~15 ms when idle)")
 
     server_env = dict(item.split("=", 1) for item in args.server_env)
-    server = Server(workers=args.workers, port=args.port, extra_env=server_env) if "http" in args.phase_list else None
+    server = UvicornServer(workers=args.workers, port=args.port, env=server_env) if "http" in args.phase_list else None
     results: list[PhaseResult] = []
     backends = PostgresBackends(os.environ["DATABASE_URL"])
     try:

@@ -34,8 +34,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -151,57 +149,6 @@ def redis_cpu_seconds() -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-class Server:
-    """uvicorn as a child in its own process group; stop() ends that group."""
-
-    def __init__(self, *, workers: int, port: int, env: dict[str, str], root: Path = ROOT):
-        self.workers = workers
-        self.port = port
-        self.env = env
-        self.root = root
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        if not port_free(self.port):
-            raise SystemExit(f"port {self.port} is in use; pass --port")
-        cmd = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--workers", str(self.workers),
-               "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log", "--log-level", "warning",
-               "--http", "httptools", "--loop", "uvloop"]
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env={**os.environ, **self.env}, start_new_session=True)
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"uvicorn exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit("uvicorn did not become healthy in 60 s")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
 def baseline_load(season_slug: str, scores: Any) -> str:
     """The same players in one sorted set (member player_id, score its score)."""
     from leaderboard.api.baseline_views import baseline_key
@@ -237,7 +184,7 @@ def wrk_run(*, url: str, path: str, players: int, connections: int, duration: fl
                   requests=data["requests"])
 
 
-def measured(server: Server, **kwargs: Any) -> Sample | None:
+def measured(server: benchenv.UvicornServer, **kwargs: Any) -> Sample | None:
     """wrk_run, plus the server's and Redis's CPU time per request over it."""
     assert server.proc is not None
     cpu0, redis0 = group_cpu_seconds(server.proc.pid), redis_cpu_seconds()
@@ -300,12 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     key = baseline_load(season, result.scores)
     print(f"# baseline sorted set {key}: {players:,} members in {time.perf_counter() - started:.1f}s")
-    server = Server(workers=args.workers, port=args.port, env={**env, "BENCH_BASELINE": "true"})
-    other: Server | None = None
+    server = benchenv.UvicornServer(workers=args.workers, port=args.port, env={**env, "BENCH_BASELINE": "true"})
+    other: benchenv.UvicornServer | None = None
     urls = {name: f"http://127.0.0.1:{args.port}" for name in ENDPOINTS}
     servers = {name: server for name in ENDPOINTS}
     if args.compare_root:
-        other = Server(workers=args.workers, port=args.port + 1, env={**env, "BENCH_BASELINE": "true"},
+        other = benchenv.UvicornServer(workers=args.workers, port=args.port + 1, env={**env, "BENCH_BASELINE": "true"},
                        root=Path(args.compare_root).resolve())
         ENDPOINTS["rank@before"] = ENDPOINTS["rank"]
         urls["rank@before"] = f"http://127.0.0.1:{args.port + 1}"
