@@ -17,13 +17,20 @@ publishes version 1. Then, for each change count K, rounds of:
    served from here on, EpochResult.duration_ms), then record the manifest row, notify
    live sockets and record metrics (`task ms`: the whole call).
 
-Each copy is brought up to date from its own watermark, so in steady state an epoch
-applies the changes of the last two epochs (R = 2 copies): the `applied` column.
-`cpu ms` is the coordinator process's own CPU time (Python; Redis and PostgreSQL work
-is not in it), a figure less sensitive to other load on the machine; `redis cpu ms` is the
-CPU time of the Redis server meanwhile (INFO cpu; every client of the server counts, so
-run it on a quiet server). One
-warm-up round per K is not timed; then --repeats timed rounds give the median and p90.
+With R = 2 copies every change must reach both. By default (EPOCH_CATCH_UP) the
+epoch applies the changes since the current version to the older copy, publishes it,
+and then, once the grace period of the copy it replaced is over, brings that one up to
+the new version too (`catch-up ms`, off the publication path). With --modes including
+`no-catch-up` the same cells are also run the old way, as a baseline in the same run:
+each epoch brings its copy up from its own watermark, applying the changes of the last
+two epochs before the swap. `applied` is the players the epoch moved before the swap
+(EpochResult.applied). `cpu ms` is the coordinator process's own CPU time for the whole
+call (Python; Redis and PostgreSQL work is not in it), a figure less sensitive to other
+load on the machine; `redis cpu ms` is the CPU time of the Redis server meanwhile (INFO
+cpu; both copies' work; every client of the server counts, so run it on a quiet
+server). `task ms` is the whole call; with the catch-up it includes the grace period
+(COPY_GRACE_SECONDS) the catch-up waits out. One warm-up round per cell is not timed;
+then --repeats timed rounds give the median and p90.
 The target (CONTRACT.md 4): at 10M players an epoch of 10k changes publishes in < 500 ms,
 and the time follows K, not the number of players.
 
@@ -53,16 +60,21 @@ MAX_SCORE = 1_000_000
 TARGET_MS = 500.0
 
 
+MODES = {"catch-up": True, "no-catch-up": False}
+
+
 @dataclass
 class Cell:
     players: int
     changes: int
+    mode: str
     epoch_ms: list[float] = field(default_factory=list)  # to publication: the pointer swap
     task_ms: list[float] = field(default_factory=list)  # the whole call, its bookkeeping after the swap too
     cpu_ms: list[float] = field(default_factory=list)
     redis_ms: list[float] = field(default_factory=list)
     commands: dict[str, tuple[int, int]] = field(default_factory=dict)
     applied: list[int] = field(default_factory=list)
+    catch_up_ms: list[float] = field(default_factory=list)
     ingest_s: list[float] = field(default_factory=list)
 
     @property
@@ -161,10 +173,6 @@ def ingest(season: Any, events: list[Any]) -> float:
 
 
 def run_size(players: int, changes: list[int], args: argparse.Namespace, profile_dir: Path | None) -> list[Cell]:
-    from django.conf import settings
-
-    from leaderboard.invariants import version_check
-    from leaderboard.materializer import season_epoch_run, season_keys
     from leaderboard.redis_client import redis_get
 
     r = redis_get()
@@ -174,74 +182,83 @@ def run_size(players: int, changes: list[int], args: argparse.Namespace, profile
           f"{' + '.join(f'{s:.1f}s' for s in result.build_seconds)}", flush=True)
     maker = ChangeMaker(result.scores, seed=args.seed + players)
     del result
-    grace = settings.COPY_GRACE_SECONDS + 0.05
-    last_epoch_end = time.monotonic()
     cells: list[Cell] = []
-    previous_players: set[str] = set()
     try:
         for k in changes:
             if k > players:
                 print(f"# skip {k:,} changes at {players:,} players")
                 continue
-            cell = Cell(players=players, changes=k)
-            for round_no in range(args.warmup + args.repeats):
-                events = maker.events(k)
-                # The target copy was last brought up to date two rounds ago: it applies
-                # the players of the previous round and of this one.
-                round_players = {e.player_id for e in events}
-                applied = len(round_players | previous_players)
-                previous_players = round_players
-                ingest_s = ingest(season, events)
-                wait = last_epoch_end + grace - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                profiler = None
-                if profile_dir is not None and round_no == args.warmup + args.repeats - 1:
-                    from pyinstrument import Profiler
-
-                    profiler = Profiler(interval=0.0005)
-                    profiler.start()
-                wait_for_visibility()
-                stats_before = redis_commandstats(r)
-                redis_cpu_before = redis_cpu_seconds(r)
-                started = time.perf_counter()
-                cpu_started = time.process_time()
-                outcome = season_epoch_run(season=season, r=r)
-                elapsed_ms = (time.perf_counter() - started) * 1000
-                cpu_ms = (time.process_time() - cpu_started) * 1000
-                redis_ms = (redis_cpu_seconds(r) - redis_cpu_before) * 1000
-                delta = commandstats_delta(stats_before, redis_commandstats(r))
-                last_epoch_end = time.monotonic()
-                if profiler is not None:
-                    profiler.stop()
-                    assert profile_dir is not None
-                    path = profile_dir / f"epoch-{benchenv.human(players)}-{benchenv.human(k)}.txt"
-                    path.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
-                    print(f"# profile written to {path}")
-                if outcome.status != "published":
-                    raise SystemExit(f"epoch did not publish: {outcome}")
-                if round_no >= args.warmup:
-                    cell.epoch_ms.append(outcome.duration_ms)
-                    cell.task_ms.append(elapsed_ms)
-                    cell.cpu_ms.append(cpu_ms)
-                    cell.redis_ms.append(redis_ms)
-                    cell.commands = delta
-                    cell.applied.append(applied)
-                    cell.ingest_s.append(ingest_s)
-            check = version_check(r=r, keys=season_keys(season), sample=100, seed=k)
-            if not check.ok:
-                raise SystemExit(f"invariants failed after the {k:,}-change epochs: {check.failures()}")
-            print(f"# {players:,} players x {k:,} changes: median {cell.median_ms:.0f} ms "
-                  f"(runs: {', '.join(f'{m:.0f}' for m in cell.epoch_ms)}; applied "
-                  f"{', '.join(str(a) for a in cell.applied)}); invariants ok", flush=True)
-            # EXEC's time includes the commands it ran: leave it out.
-            busiest = sorted(((n, v) for n, v in cell.commands.items() if n != "exec"), key=lambda item: -item[1][1])
-            print("#   redis commands, last epoch: " + ", ".join(f"{name} {calls}x {usec / 1000:.1f} ms"
-                                                       for name, (calls, usec) in busiest[:6]), flush=True)
-            cells.append(cell)
+            for mode in args.modes:
+                cells.append(run_cell(season, maker, r, Cell(players=players, changes=k, mode=mode), args,
+                                      profile_dir))
     finally:
         benchenv.season_cleanup(season, keep=args.keep)
     return cells
+
+
+def run_cell(season: Any, maker: ChangeMaker, r: Any, cell: Cell, args: argparse.Namespace,
+             profile_dir: Path | None) -> Cell:
+    from django.conf import settings
+
+    from leaderboard.invariants import version_check
+    from leaderboard.materializer import season_epoch_run, season_keys
+
+    catch_up = MODES[cell.mode]
+    grace = settings.COPY_GRACE_SECONDS + 0.05
+    last_epoch_end = time.monotonic()
+    for round_no in range(args.warmup + args.repeats):
+        events = maker.events(cell.changes)
+        ingest_s = ingest(season, events)
+        wait = last_epoch_end + grace - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        profiler = None
+        if profile_dir is not None and round_no == args.warmup + args.repeats - 1:
+            from pyinstrument import Profiler
+
+            profiler = Profiler(interval=0.0005)
+            profiler.start()
+        wait_for_visibility()
+        stats_before = redis_commandstats(r)
+        redis_cpu_before = redis_cpu_seconds(r)
+        started = time.perf_counter()
+        cpu_started = time.process_time()
+        outcome = season_epoch_run(season=season, r=r, catch_up=catch_up)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        cpu_ms = (time.process_time() - cpu_started) * 1000
+        redis_ms = (redis_cpu_seconds(r) - redis_cpu_before) * 1000
+        delta = commandstats_delta(stats_before, redis_commandstats(r))
+        last_epoch_end = time.monotonic()
+        if profiler is not None:
+            profiler.stop()
+            assert profile_dir is not None
+            path = profile_dir / f"epoch-{benchenv.human(cell.players)}-{benchenv.human(cell.changes)}-{cell.mode}.txt"
+            path.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+            print(f"# profile written to {path}")
+        if outcome.status != "published":
+            raise SystemExit(f"epoch did not publish: {outcome}")
+        if catch_up and outcome.catch_up_ms is None:
+            raise SystemExit(f"the older copy was not caught up: {outcome}")
+        if round_no >= args.warmup:
+            cell.epoch_ms.append(outcome.duration_ms)
+            cell.task_ms.append(elapsed_ms)
+            cell.cpu_ms.append(cpu_ms)
+            cell.redis_ms.append(redis_ms)
+            cell.commands = delta
+            cell.applied.append(outcome.applied)
+            cell.catch_up_ms.append(outcome.catch_up_ms or 0.0)
+            cell.ingest_s.append(ingest_s)
+    check = version_check(r=r, keys=season_keys(season), sample=100, seed=cell.changes)
+    if not check.ok:
+        raise SystemExit(f"invariants failed after the {cell.changes:,}-change epochs: {check.failures()}")
+    print(f"# {cell.players:,} players x {cell.changes:,} changes, {cell.mode}: median {cell.median_ms:.0f} ms "
+          f"(runs: {', '.join(f'{m:.0f}' for m in cell.epoch_ms)}; applied "
+          f"{', '.join(str(a) for a in cell.applied)}); invariants ok", flush=True)
+    # EXEC's time includes the commands it ran: leave it out.
+    busiest = sorted(((n, v) for n, v in cell.commands.items() if n != "exec"), key=lambda item: -item[1][1])
+    print("#   redis commands, last epoch: " + ", ".join(f"{name} {calls}x {usec / 1000:.1f} ms"
+                                               for name, (calls, usec) in busiest[:6]), flush=True)
+    return cell
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,12 +271,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed epochs per cell")
     parser.add_argument("--warmup", type=int, default=1, help="untimed epochs per cell first")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--modes", default="catch-up,no-catch-up",
+                        help="catch-up (the default behaviour) and/or no-catch-up (the baseline), comma-separated")
     parser.add_argument("--layout", choices=["uniform", "split"], default="uniform",
                         help="bucket layout of the season (bench/loader.py --help)")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="write a pyinstrument profile of each cell's last epoch into DIR")
     benchenv.add_common_args(parser)
     args = parser.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or any(m not in MODES for m in args.modes):
+        parser.error(f"--modes takes {', '.join(MODES)}")
     sizes = benchenv.parse_counts(args.players)
     changes = benchenv.parse_counts(args.changes)
     if args.repeats < 1 or args.warmup < 0:
@@ -279,29 +301,36 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for c in cells:
         ingest_rate = c.changes / benchenv.median(c.ingest_s)
-        rows.append((benchenv.human(c.players), benchenv.human(c.changes), int(benchenv.median(c.applied)),
-                     c.median_ms, benchenv.percentile(c.epoch_ms, 90), benchenv.median(c.task_ms),
-                     benchenv.median(c.cpu_ms),
-                     benchenv.median(c.redis_ms),
-                     c.median_ms * 1000 / c.changes,
-                     c.median_ms * 1000 / benchenv.median(c.applied), ingest_rate))
-    print(benchenv.table(["players", "changes", "applied/copy", "publish ms", "p90 ms", "task ms", "cpu ms",
-                          "redis cpu ms",
-                          "us/change", "us/applied", "ingest events/s"], rows))
+        rows.append((benchenv.human(c.players), benchenv.human(c.changes), c.mode, int(benchenv.median(c.applied)),
+                     c.median_ms, benchenv.percentile(c.epoch_ms, 90),
+                     benchenv.median(c.catch_up_ms) if MODES[c.mode] else "-",
+                     benchenv.median(c.task_ms), benchenv.median(c.cpu_ms), benchenv.median(c.redis_ms),
+                     c.median_ms * 1000 / c.changes, ingest_rate))
+    print(benchenv.table(["players", "changes", "mode", "applied", "publish ms", "p90 ms", "catch-up ms",
+                          "task ms", "cpu ms", "redis cpu ms", "us/change", "ingest events/s"], rows))
     print()
     smallest = min(sizes)
-    for k in changes:
-        base = next((c for c in cells if c.changes == k and c.players == smallest), None)
-        if base is None:
-            continue
-        ratios = [f"{benchenv.human(c.players)}: {c.median_ms / base.median_ms:.2f}x"
-                  for c in cells if c.changes == k]
-        print(f"{benchenv.human(k)} changes, median vs {benchenv.human(smallest)} players: {', '.join(ratios)}")
-    target = [c for c in cells if c.changes == 10_000 and c.players == 10_000_000]
+    for mode in args.modes:
+        for k in changes:
+            base = next((c for c in cells if (c.changes, c.players, c.mode) == (k, smallest, mode)), None)
+            if base is None:
+                continue
+            ratios = [f"{benchenv.human(c.players)}: {c.median_ms / base.median_ms:.2f}x"
+                      for c in cells if (c.changes, c.mode) == (k, mode)]
+            print(f"{mode}, {benchenv.human(k)} changes, median vs {benchenv.human(smallest)} players: "
+                  f"{', '.join(ratios)}")
+    for c in cells:
+        baseline = next((b for b in cells if (b.players, b.changes, b.mode) == (c.players, c.changes, "no-catch-up")),
+                        None)
+        if c.mode == "catch-up" and baseline is not None:
+            print(f"{benchenv.human(c.players)} x {benchenv.human(c.changes)}: publish with catch-up "
+                  f"{c.median_ms / baseline.median_ms:.2f}x the no-catch-up baseline of the same run")
+    target = [c for c in cells if (c.changes, c.players, c.mode) == (10_000, 10_000_000, args.modes[0])]
     if target:
         ok = target[0].median_ms < TARGET_MS and benchenv.percentile(target[0].epoch_ms, 90) < TARGET_MS
-        print(f"target (10M players, 10k changes, < {TARGET_MS:.0f} ms): median {target[0].median_ms:.0f} ms, "
-              f"p90 {benchenv.percentile(target[0].epoch_ms, 90):.0f} ms -> {'met' if ok else 'MISSED'}")
+        print(f"target (10M players, 10k changes, {target[0].mode}, < {TARGET_MS:.0f} ms): median "
+              f"{target[0].median_ms:.0f} ms, p90 {benchenv.percentile(target[0].epoch_ms, 90):.0f} ms -> "
+              f"{'met' if ok else 'MISSED'}")
     return 0
 
 

@@ -134,6 +134,10 @@ EPOCH_LEASE_SECONDS = env_float("EPOCH_LEASE_SECONDS", 30.0, minimum=1.0)
 # second guard).
 READ_DEADLINE_SECONDS = env_float("READ_DEADLINE_SECONDS", 0.2, minimum=0.01)
 COPY_GRACE_SECONDS = env_float("COPY_GRACE_SECONDS", 0.5, minimum=0.02)
+# After publishing, the coordinator brings the other copy up to date once its grace
+# period is over, so the next epoch applies each change once before its pointer swap
+# instead of twice (R = 2). False leaves that work to the next epoch.
+EPOCH_CATCH_UP = env_bool("EPOCH_CATCH_UP", True)
 # The ASGI server answers the public read URLs before Django (leaderboard/api/fastpath.py)
 # with READ_THREADS threads per process; false sends them through Django's views.
 READ_FAST_PATH = env_bool("READ_FAST_PATH", True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -57,25 +57,117 @@ class EpochResult:
     status: str  # published | skipped | idle
     version: int | None = None
     changed_players: int = 0
-    duration_ms: float = 0.0
+    duration_ms: float = 0.0  # to the pointer swap
     detail: str = ""
+    applied: int = 0  # players moved in the published copy before the swap
+    catch_up_ms: float | None = None  # the other copy brought up to this version, after its grace period
 
 
 def season_keys(season: Season) -> rankview.Keys:
     return rankview.Keys(settings.REDIS_KEY_PREFIX, season.slug)
 
 
-def season_epoch_run(*, season: Season, r: redis.Redis | None = None) -> EpochResult:
-    """One epoch: at most one coordinator per season runs it (a fenced lease)."""
+def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: bool | None = None) -> EpochResult:
+    """Epochs for one season while this caller holds its fenced lease (at most one coordinator).
+
+    After publishing, the copy that stopped being current is brought up to the new
+    version once its grace period is over (`catch_up`, default EPOCH_CATCH_UP), so the
+    next epoch applies only the changes since this one. An epoch that comes due
+    meanwhile finds the lease held and leaves a note; the holder then runs it at once
+    instead of a whole period later, for at most half a lease.
+    """
     r = r or redis_get()
     keys = season_keys(season)
-    token = rankview.lease_acquire(r, keys, ttl_ms=int(settings.EPOCH_LEASE_SECONDS * 1000))
+    ttl_ms = int(settings.EPOCH_LEASE_SECONDS * 1000)
+    token = rankview.lease_acquire(r, keys, ttl_ms=ttl_ms)
     if token is None:
+        rankview.epoch_due_mark(r, keys, ttl_ms=int(max(settings.EPOCH_SECONDS * 2, 1.0) * 1000))
         return EpochResult(status="skipped", detail="another coordinator holds the season")
+    catch_up = settings.EPOCH_CATCH_UP if catch_up is None else catch_up
+    started = time.monotonic()
     try:
-        return season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
+        result: EpochResult | None = None
+        while True:
+            run = season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
+            if catch_up and run.status == "published":
+                run = replace(run, catch_up_ms=_catch_up_quietly(season=season, r=r, keys=keys, token=token))
+            if result is None or run.status != "idle":
+                result = run  # the last publication, not the idle run after it
+            if not rankview.epoch_due_take(r, keys) or time.monotonic() - started > settings.EPOCH_LEASE_SECONDS / 2:
+                return result
+            if not rankview.lease_renew(r, keys, token, ttl_ms=ttl_ms):
+                return result
     finally:
         rankview.lease_release(r, keys, token)
+
+
+def _catch_up_quietly(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> float | None:
+    # The version is already published: a failed catch-up only leaves the copy to the
+    # next epoch (applying: re-applied from its watermark; broken: rebuilt).
+    try:
+        return season_idle_copy_catch_up(season=season, r=r, keys=keys, token=token)
+    except (EpochError, rankview.FenceLost, rankview.CopyMismatch, redis.RedisError):
+        log.warning("season %s: idle copy not caught up; the next epoch applies its changes", season.slug,
+                    exc_info=True)
+        return None
+
+
+def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> float | None:
+    """Bring the copy that is not current up to the current version's watermark.
+
+    Called by the lease holder right after a publication, off the publication path:
+    with R = 2 copies each change must reach both, and doing the older copy's share
+    here, once its grace period is over, halves what the next epoch applies before
+    its pointer swap. The copy keeps its old version number (its generation moves on,
+    so that version now reads as expired) and stays exact if it was.
+
+    A crash part-way leaves the copy "applying" at its old watermark: the next epoch
+    re-applies from there with old scores read from the copy (changes are absolute).
+    Returns the milliseconds spent after the grace period, or None with nothing to do.
+    """
+    current_version = rankview.pointer_get(r, keys)
+    current = rankview.manifest_get(r, keys, current_version) if current_version else None
+    if current is None:
+        return None
+    idle_name = next((c for c in rankview.copies_get(r, keys) if c != current.copy), None)
+    idle = rankview.copy_meta_load(r, keys, idle_name) if idle_name is not None else None
+    if (idle is None or idle.state != rankview.STATE_READY or idle.layout != current.layout
+            or idle.watermark >= current.watermark):
+        return None
+    season.refresh_from_db(fields=["final_version"])
+    if idle.version == season.final_version:
+        # A correction after FINAL just replaced it as current: keep the FINAL version
+        # readable until the next epoch needs this copy (corrections are rare by then).
+        return None
+    wait = idle.released_at + settings.COPY_GRACE_SECONDS - time.time()
+    if wait > 0:
+        time.sleep(min(wait, settings.COPY_GRACE_SECONDS))  # its last readers may still run
+    started = time.monotonic()
+    exact = idle.exact
+    changes = list(_changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark))
+    idle = rankview.copy_begin_mutation(r, keys, token, idle)
+    _copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes, exact=exact)
+    rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version, exact=exact)
+    return (time.monotonic() - started) * 1000
+
+
+def _copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, target: rankview.CopyMeta,
+                        changes: list[Change], exact: bool) -> int:
+    """Apply stream rows (oldest first) to a copy being mutated and verify its counts.
+
+    `exact`: the copy held exactly the ledger at the watermark the rows start after, so
+    each player's old score is the first row's old_score (no read of the copy)."""
+    newest = newest_scores((c[2], c[3], c[4]) for c in changes)
+    if exact:
+        old_scores = scores_before((c[2], c[5]) for c in changes)
+    else:
+        old_scores = rankview.copy_scores_get(r, keys, target.copy, list(newest))
+    touched = rankview.copy_apply(r, keys, token, target, old_scores, newest)
+    problems = rankview.copy_verify_counts(r, keys, target, touched)
+    if problems:
+        r.hset(keys.copy_meta(target.copy), "state", "broken")
+        raise EpochError(f"copy {target.copy} failed verification, marked for a rebuild: {'; '.join(problems)}")
+    return len(newest)
 
 
 def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> EpochResult:
@@ -135,16 +227,7 @@ def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Ke
         target = rankview.copy_begin_mutation(r, keys, token, target)
     head = ChangeCursor(changes[-1][0], changes[-1][1]) if changes else ChangeCursor(*target.watermark)
 
-    newest = newest_scores((c[2], c[3], c[4]) for c in changes)
-    if exact:
-        old_scores = scores_before((c[2], c[5]) for c in changes)
-    else:
-        old_scores = rankview.copy_scores_get(r, keys, target.copy, list(newest))
-    touched = rankview.copy_apply(r, keys, token, target, old_scores, newest)
-    problems = rankview.copy_verify_counts(r, keys, target, touched)
-    if problems:
-        r.hset(keys.copy_meta(target.copy), "state", "broken")
-        raise EpochError(f"copy {target.copy} failed verification, not published: {'; '.join(problems)}")
+    applied = _copy_changes_apply(r=r, keys=keys, token=token, target=target, changes=changes, exact=exact)
 
     version = max(current_version or 0, season.published_version) + 1
     # Exact now: it applied every change committed before this epoch read the stream,
@@ -171,7 +254,8 @@ def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Ke
     transaction.on_commit(lambda: live_version_published(season.slug, version))  # live sockets (CONTRACT.md 6)
     _metrics_observe(season=season, r=r, after=current.watermark if current is not None else None,
                      upto=manifest.watermark, published_at=published_at, epoch_ms=epoch_ms)
-    return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms)
+    return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms,
+                       applied=applied)
 
 
 def _metrics_observe(*, season: Season, r: redis.Redis, after: tuple[int, int] | None, upto: tuple[int, int],

@@ -63,6 +63,7 @@ class Keys:
         self.fence = f"{base}:fence"
         self.lease = f"{base}:lease"
         self.copies = f"{base}:copies"
+        self.due = f"{base}:due"
         self._base = base
 
     def manifest(self, version: int) -> str:
@@ -211,6 +212,16 @@ _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
+
+
+def epoch_due_mark(r: redis.Redis, keys: Keys, *, ttl_ms: int) -> None:
+    """Leave a note for the lease holder: an epoch came due while it held the season."""
+    r.set(keys.due, 1, px=ttl_ms)
+
+
+def epoch_due_take(r: redis.Redis, keys: Keys) -> bool:
+    """Whether an epoch came due since the last take (and clear the note)."""
+    return r.getdel(keys.due) is not None
 
 
 def lease_renew(r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int) -> bool:

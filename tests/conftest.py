@@ -117,3 +117,11 @@ def rank_views(redis_flushed: Any, settings: Any) -> Iterator[Any]:
     settings.READ_DEADLINE_SECONDS = 60.0
     yield redis_flushed
     rankview.manifest_cache_clear()
+
+
+@pytest.fixture
+def without_catch_up(settings: Any) -> None:
+    """Epochs leave the older copy alone after publishing (EPOCH_CATCH_UP off): the
+    fallback path, where the next epoch brings it up from its own watermark and the
+    previous version stays readable until then."""
+    settings.EPOCH_CATCH_UP = False

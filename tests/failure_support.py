@@ -5,8 +5,10 @@ ledger, and a materializer in a child process that can be killed."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -185,6 +187,31 @@ def epoch_child(season: Season, *, apply_chunk: int, **env: str) -> subprocess.P
         child.kill()
         raise AssertionError(f"epoch child did not start: {line!r} {child.stderr.read() if child.stderr else ''}")
     return child
+
+
+def epoch_child_killed_inside_apply(season: Season, copy: str, rnd: Any, **env: str) -> bool:
+    """Run one epoch in a child applying two players per MULTI/EXEC (a few hundred chunks,
+    each a moment to die in) and SIGKILL it once `copy` is being applied to. True when
+    the kill landed there: the child died and left the copy half applied (False: the
+    child finished first)."""
+    r = redis_get()
+    meta_key = keys_of(season).copy_meta(copy)
+    counts_before = r.hget(meta_key, "counts")
+    child = epoch_child(season, apply_chunk=2, EPOCH_LEASE_SECONDS="2", COPY_GRACE_SECONDS="0.02",
+                        READ_DEADLINE_SECONDS="0.01", **env)
+    assert child.stdin is not None
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.poll() is None:
+        state, counts = r.hmget(meta_key, ["state", "counts"])
+        if state == b"applying" and counts != counts_before:
+            time.sleep(rnd.uniform(0, 0.01))  # somewhere inside the apply
+            os.kill(child.pid, signal.SIGKILL)
+            break
+    child.wait(timeout=30)
+    state, counts = r.hmget(meta_key, ["state", "counts"])
+    return child.returncode == -signal.SIGKILL and state == b"applying" and counts != counts_before
 
 
 def players(prefix: str, n: int) -> Iterable[str]:

@@ -119,6 +119,36 @@ def current_manifest(season: Season) -> Manifest:
     return manifest
 
 
+def copy_contents(season: Season, copy: str) -> tuple[rankview.CopyMeta, dict[str, int], list[list[tuple[str, int]]]]:
+    """A copy's metadata, its whole lookup and every bucket in index order."""
+    r = redis_get()
+    keys = keys_of(season)
+    meta = rankview.copy_meta_load(r, keys, copy)
+    assert meta is not None, f"copy {copy} is missing"
+    lookup: dict[str, int] = {}
+    for shard in range(rankview.LOOKUP_SHARDS):
+        raw: dict[bytes, bytes] = r.hgetall(keys.lookup(copy, shard))  # type: ignore[assignment]
+        lookup.update({p.decode(): int(s) for p, s in raw.items()})
+    buckets = []
+    for b in range(meta.layout.size):
+        members: list[tuple[bytes, float]] = r.zrange(  # type: ignore[assignment]
+            keys.bucket(copy, meta.layout.layout_id, b), 0, -1, withscores=True)
+        buckets.append([(p.decode(), -int(s)) for p, s in members])
+    return meta, lookup, buckets
+
+
+def assert_idle_copy_caught_up(season: Season) -> None:
+    """The copy that is not current holds exactly what the current one holds, at its watermark."""
+    current = current_manifest(season)
+    idle = next(c for c in rankview.copies_get(redis_get(), keys_of(season)) if c != current.copy)
+    meta, lookup, buckets = copy_contents(season, idle)
+    _, current_lookup, current_buckets = copy_contents(season, current.copy)
+    assert (meta.state, meta.watermark) == (rankview.STATE_READY, current.watermark)
+    assert (meta.counts, meta.checksums) == (current.counts, current.checksums)
+    assert lookup == current_lookup
+    assert buckets == current_buckets
+
+
 def board_read(reader: rankview.RankReader, version: int | None = None) -> tuple[int, list[Entry]]:
     """The whole board of one version through bounded windows; (version, entries)."""
     manifest, entries = reader.window(1, 100, version)

@@ -12,9 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import random
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +42,7 @@ from tests.failure_support import (
     assert_matches_ledger,
     board_snapshot,
     current,
-    epoch_child,
+    epoch_child_killed_inside_apply,
     full_check,
     ledger_standings,
     publish,
@@ -206,33 +204,14 @@ def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
         scores = {p: (s + rnd.randint(100, 800)) % 1000 for p, s in scores.items()}
         apply_events(season, [event(p, s, next(version), kind="correction") for p, s in scores.items()])
         settle(season)
-        counts_before = r.hget(keys.copy_meta(target), "counts")
-        # Two players per MULTI/EXEC: a few hundred chunks, each a moment to die in.
-        child = epoch_child(season, apply_chunk=2, EPOCH_LEASE_SECONDS="2", COPY_GRACE_SECONDS="0.02",
-                            READ_DEADLINE_SECONDS="0.01")
-        assert child.stdin is not None
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and child.poll() is None:
-            state, counts = r.hmget(keys.copy_meta(target), ["state", "counts"])
-            if state == b"applying" and counts != counts_before:
-                time.sleep(rnd.uniform(0, 0.01))  # somewhere inside the apply
-                os.kill(child.pid, signal.SIGKILL)
-                break
-        child.wait(timeout=30)
-        if rankview.pointer_get(r, keys) != before:
-            # The epoch finished first: make the next one bigger.
-            before = rankview.pointer_get(r, keys)  # type: ignore[assignment]
-            served = board_snapshot(season)
-            target = next(c for c in rankview.copies_get(r, keys) if c != current(season).copy)  # type: ignore[union-attr]
-            continue
-        state, counts = r.hmget(keys.copy_meta(target), ["state", "counts"])
-        if state == b"applying" and counts != counts_before:
-            landed = True
+        landed = epoch_child_killed_inside_apply(season, target, rnd)
+        if landed:
             break
+        # The epoch finished first: make the next one bigger.
+        before = rankview.pointer_get(r, keys)  # type: ignore[assignment]
+        served = board_snapshot(season)
+        target = next(c for c in rankview.copies_get(r, keys) if c != current(season).copy)  # type: ignore[union-attr]
     assert landed, "no kill landed inside copy_apply"
-    assert child.returncode == -signal.SIGKILL
 
     # The dead coordinator's lease still blocks the season; the previous version serves
     # exactly the same answers, and its copy is intact.
@@ -252,6 +231,56 @@ def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
     apply_events(season, [event("k00002", 1000, next(version))])
     assert publish(season) == before + 2
     assert assert_board_matches_ledger(season) == before + 2
+
+
+def test_a_coordinator_killed_while_catching_up_the_older_copy_leaves_the_next_epoch_to_finish_it(
+    season_factory: Callable[..., Season], settings: Any
+) -> None:
+    season = season_factory(slug="killed-catch-up", layout=NARROW)
+    r = redis_get()
+    keys = keys_of(season)
+    rnd = random.Random(12)
+    scores = {f"k{i:05d}": rnd.randint(0, 999) for i in range(600)}
+    version = itertools.count(1)
+    apply_events(season, [event(p, s, next(version)) for p, s in scores.items()])
+    publish(season)
+    apply_events(season, [event("k00000", 1000, next(version))])
+    before = publish(season)  # both copies built and caught up
+
+    landed = False
+    for _attempt in range(6):
+        # Every player moves to another bucket: the published copy and then the older
+        # one each apply all of them, two players per MULTI/EXEC.
+        scores = {p: (s + rnd.randint(100, 800)) % 1000 for p, s in scores.items()}
+        apply_events(season, [event(p, s, next(version), kind="correction") for p, s in scores.items()])
+        settle(season)
+        older = current(season).copy  # type: ignore[union-attr]  # the copy the catch-up will touch
+        landed = epoch_child_killed_inside_apply(season, older, rnd, EPOCH_CATCH_UP="true")
+        assert rankview.pointer_get(r, keys) == before + 1, "the catch-up runs only after the publication"
+        before += 1
+        if landed:
+            break
+        # The catch-up finished first: try again with the next round.
+        while r.get(keys.lease) is not None:
+            time.sleep(0.05)
+    assert landed, "no kill landed inside the catch-up"
+
+    # The version the dead coordinator published serves the ledger exactly.
+    served = board_snapshot(season)
+    assert assert_matches_ledger(season, window_limits=(3,)) == before
+    full_check(season, before)
+    deadline = time.monotonic() + 10
+    while r.get(keys.lease) is not None:
+        assert time.monotonic() < deadline, "the dead coordinator's lease never expired"
+        time.sleep(0.05)
+    assert board_snapshot(season) == served
+    # The next epoch targets the half caught-up copy: it reads its old scores from the
+    # copy and re-applies from its old watermark.
+    apply_events(season, [event("k00002", 1000, next(version))])
+    assert publish(season) == before + 1
+    assert current(season).copy == older  # type: ignore[union-attr]
+    assert assert_board_matches_ledger(season) == before + 1
+    full_check(season, before + 1)
 
 
 # --- coordinators: death around the pointer swap, stale fencing tokens --------------------------------

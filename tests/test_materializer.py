@@ -150,6 +150,7 @@ def test_later_versions_apply_only_the_changes(season: Season, post_scores: Post
     assert season.published_version == 5
 
 
+@pytest.mark.usefixtures("without_catch_up")
 def test_idle_epochs_keep_every_copy_complete(season: Season, post_scores: Post) -> None:
     """Idle epochs between versions must not advance the older copy past changes it
     never applied: each later version still holds every committed change."""
@@ -171,6 +172,7 @@ def test_idle_epochs_keep_every_copy_complete(season: Season, post_scores: Post)
     assert db_scores(season)["p5"] == 5005
 
 
+@pytest.mark.usefixtures("without_catch_up")
 def test_idle_epoch_returns_without_waiting_for_the_grace_period(season: Season, post_scores: Post,
                                                                    settings: Any) -> None:
     settings.COPY_GRACE_SECONDS = 1.0
@@ -258,6 +260,7 @@ def test_manifest_row_records_each_published_version(season: Season, post_scores
     assert row.epoch_ms >= 0
 
 
+@pytest.mark.usefixtures("without_catch_up")
 def test_pending_version_is_the_first_version_that_includes_the_change(season: Season, post_scores: Post) -> None:
     ev = Events()
     first = post_ok(post_scores, season, [ev.result("a", 100), ev.result("b", 200)])
@@ -528,6 +531,7 @@ def test_a_rebuilt_copy_does_not_revive_an_old_version(season: Season, post_scor
             reader.window(1, 10, old)
 
 
+@pytest.mark.usefixtures("without_catch_up")
 def test_a_lost_view_is_rebuilt_with_new_version_numbers(season: Season, post_scores: Post) -> None:
     r = materializer.redis_get()
     ev = Events()

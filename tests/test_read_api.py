@@ -272,6 +272,7 @@ def _pinned_reads(client: APIClient, slug: str, version: int | None) -> dict[str
     }
 
 
+@pytest.mark.usefixtures("without_catch_up")
 def test_version_pinning_and_expiry(client: APIClient, season: Season, board: Standings,
                                     post_scores: Post) -> None:
     slug = season.slug
