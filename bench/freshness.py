@@ -6,7 +6,9 @@
    leaderboard.materializer.season_epoch_run every EPOCH_SECONDS (default 1.0) on a
    fixed-rate schedule, like Celery beat's interval, running a late tick at once and
    skipping ticks it missed. (A loop rather than Celery beat + worker: epochs_dispatch
-   would also run epochs for every other season left in the benchmark database.)
+   would also run epochs for every other season left in the benchmark database.) Each
+   call publishes, then catches the older copy up after its grace period
+   (EPOCH_CATCH_UP, as configured in the environment; `catch-up ms` in the table).
 3. W writer processes (--role writer) send `result` events through the real write path,
    leaderboard.services.score_events_apply, in batches of 1,000, paced together at
    --rate events/s; writer w owns the players with index % W == w, so each player's
@@ -78,7 +80,8 @@ def role_epoch_loop(args: argparse.Namespace) -> int:
         try:
             result = season_epoch_run(season=season)
             record = {"start": started, "end": time.time(), "status": result.status, "version": result.version,
-                      "changed": result.changed_players, "ms": result.duration_ms}
+                      "changed": result.changed_players, "ms": result.duration_ms,
+                      "catch_up_ms": result.catch_up_ms}
         except Exception as exc:  # noqa: BLE001 - a failed epoch is a finding, the loop goes on
             record = {"start": started, "end": time.time(), "status": "error", "error": repr(exc)}
         log.write(json.dumps(record) + "\n")
@@ -177,6 +180,20 @@ def lags_compute(season_id: int, writers: list[dict[str, Any]], warmup_until: fl
     return lags, len(lags) + unpublished, unpublished
 
 
+def pg_buffer_stats() -> tuple[int, int, int]:
+    """(buffers allocated, buffers written by backends, checkpoints requested) so far, server-wide.
+
+    A backend that must evict a dirty page to get a buffer writes it itself (and may first
+    have to flush WAL up to it): with a working set larger than shared_buffers, random
+    updates of current scores pay that inside the season's write lock."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT buffers_alloc, buffers_backend, checkpoints_req FROM pg_stat_bgwriter")
+        alloc, backend, checkpoints = cursor.fetchone()
+    return int(alloc), int(backend), int(checkpoints)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0], epilog=(__doc__ or "").split("\n\n", 1)[-1],
@@ -225,12 +242,14 @@ def main(argv: list[str] | None = None) -> int:
                 "--rate", str(args.rate), "--players", str(args.players), "--seed", str(args.seed),
                 "--start-at", repr(start_at), "--seconds", str(seconds), "--out", str(tmp / f"writer-{w}.json"),
             ], env))
+        pg_before = pg_buffer_stats()
         print(f"# {args.writers} writers at {args.rate:,.0f} events/s for {seconds:.0f} s "
               f"(first {args.warmup:.0f} s not measured); epochs every {args.epoch_seconds} s", flush=True)
         for proc in procs:
             proc.wait(timeout=seconds + 600)
             if proc.returncode != 0:
                 raise SystemExit(f"a writer failed ({proc.returncode})")
+        pg_after = pg_buffer_stats()
         time.sleep(args.drain)
     finally:
         for proc in procs:
@@ -271,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         ("versions published (measured window)", len(published)),
         ("epoch ms p50 / p99", f"{benchenv.percentile([e['ms'] for e in published], 50):.0f} / "
                                f"{benchenv.percentile([e['ms'] for e in published], 99):.0f}"),
+        ("catch-up ms p50 (after the swap)", benchenv.percentile([e["catch_up_ms"] for e in published
+                                                                 if e.get("catch_up_ms") is not None], 50)),
         ("changed players per version p50", benchenv.percentile([e['changed'] for e in published], 50)),
         ("epoch errors", len(errors)),
         ("changes measured", counted),
@@ -279,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         ("lag p90 s", benchenv.percentile(lags, 90)),
         ("lag p99 s", benchenv.percentile(lags, 99)),
         ("lag max s", max(lags) if lags else float("nan")),
+        ("PostgreSQL buffers allocated / written by backends",
+         f"{pg_after[0] - pg_before[0]:,} / {pg_after[1] - pg_before[1]:,}"),
+        ("PostgreSQL checkpoints requested (WAL full)", pg_after[2] - pg_before[2]),
     ]))
     if errors:
         print(f"\nfirst epoch error: {errors[0]['error']}")

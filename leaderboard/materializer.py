@@ -93,7 +93,8 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
                 run = replace(run, catch_up_ms=_catch_up_quietly(season=season, r=r, keys=keys, token=token))
             if result is None or run.status != "idle":
                 result = run  # the last publication, not the idle run after it
-            if not rankview.epoch_due_take(r, keys) or time.monotonic() - started > settings.EPOCH_LEASE_SECONDS / 2:
+            # Past the bound the note stays for the next tick's task to run.
+            if time.monotonic() - started > settings.EPOCH_LEASE_SECONDS / 2 or not rankview.epoch_due_take(r, keys):
                 return result
             if not rankview.lease_renew(r, keys, token, ttl_ms=ttl_ms):
                 return result

@@ -32,8 +32,9 @@ def season_epoch(season_id: int) -> str:
         return "missing"
     result = season_epoch_run(season=season)
     if result.status == "published":
-        log.info("season %s: published v%s (%s players changed, %.1f ms)", season.slug, result.version,
-                 result.changed_players, result.duration_ms)
+        log.info("season %s: published v%s (%s players changed, %.1f ms; older copy caught up in %s ms)",
+                 season.slug, result.version, result.changed_players, result.duration_ms,
+                 "-" if result.catch_up_ms is None else f"{result.catch_up_ms:.1f}")
     return result.status
 
 
