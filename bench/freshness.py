@@ -20,16 +20,24 @@
    it (leaderboard_manifest: watermark, published_at, recorded right after the pointer
    swap). lag = published_at - commit time, over the changes committed after the warm-up.
 
+--workload matches sends the ingest benchmark's simulated matches (leaderboard.simulation)
+to a season that starts empty instead. While the writers run, a thread VACUUMs the
+current-scores table every --vacuum-seconds (autovacuum's stand-in: this machine's
+PostgreSQL runs without it); PostgreSQL's buffer allocations and backend writes are
+printed, since they set the writers' rate here.
+
 Target (CONTRACT.md 4): p99 < 5 s; this benchmark's goal: p99 < 2 s at 15,000 events/s.
 
     SECRET_KEY=x .venv/bin/python bench/freshness.py                      # 15k events/s, 30 s, 1M players
     SECRET_KEY=x .venv/bin/python bench/freshness.py --rate 20000 --duration 60 --players 10M
+    SECRET_KEY=x .venv/bin/python bench/freshness.py --workload matches --players 200k --rate 18000
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import os
 import random
@@ -94,11 +102,16 @@ def role_epoch_loop(args: argparse.Namespace) -> int:
 
 
 def role_writer(args: argparse.Namespace) -> int:
-    from leaderboard.core.events import ScoreEvent
+    from leaderboard.core.events import ScoreEvent, events_parse
     from leaderboard.services import score_events_apply
+    from leaderboard.simulation import MatchSimulator, player_ids
     from seasons.models import Season
 
     season = Season.objects.get(pk=args.season_id)
+    if args.workload == "matches":
+        # The ingest benchmark's workload: simulated matches over a fresh season.
+        simulator = MatchSimulator(players=player_ids(args.players)[args.writer_index :: args.writers],
+                                   seed=args.seed * 10_007 + args.writer_index, event_prefix=f"w{args.writer_index}-")
     scores = loader.scores_generate(args.players, seed=args.seed)
     mine = list(range(args.writer_index, args.players, args.writers))
     versions: dict[int, int] = {}
@@ -119,7 +132,13 @@ def role_writer(args: argparse.Namespace) -> int:
             time.sleep(slot - now)
         completed = datetime.now(UTC)
         events = []
-        for j in range(BATCH):
+        upto = 0
+        if args.workload == "matches":
+            bodies = simulator.batch(BATCH, completed_at=completed)
+            # Event ids are w<writer>-<sequence>; a batch holds every new sequence number up to `upto`.
+            upto = max(int(e["event_id"].rsplit("-", 1)[1]) for e in bodies)
+            events = events_parse({"events": bodies})
+        for j in range(BATCH if args.workload == "random" else 0):
             i = rng.choice(mine)
             version = versions.get(i, 1) + 1
             versions[i] = version
@@ -135,7 +154,7 @@ def role_writer(args: argparse.Namespace) -> int:
         result = score_events_apply(season=season, events=events, client=None)
         committed = time.time()
         applied = sum(1 for o in result.outcomes if o.status == "applied")
-        batches.append([n, sent, committed, applied])
+        batches.append([n, sent, committed, applied, upto])
         n += 1
     Path(args.out).write_text(json.dumps({"writer": args.writer_index, "batches": batches}))
     return 0
@@ -155,9 +174,11 @@ def lags_compute(season_id: int, writers: list[dict[str, Any]], warmup_until: fl
     from django.db import connection
 
     commit_at: dict[tuple[int, int], float] = {}
+    uptos: dict[int, list[int]] = {}  # matches workload: writer -> each batch's highest event sequence
     for w in writers:
-        for n, _sent, committed, _applied in w["batches"]:
+        for n, _sent, committed, _applied, _upto in w["batches"]:
             commit_at[(w["writer"], n)] = committed
+        uptos[w["writer"]] = list(itertools.accumulate((b[4] for b in w["batches"]), max))
     with connection.cursor() as cursor:
         cursor.execute("SELECT watermark_txid, watermark_id, published_at, version FROM leaderboard_manifest "
                        "WHERE season_id = %s ORDER BY version", [season_id])
@@ -168,8 +189,13 @@ def lags_compute(season_id: int, writers: list[dict[str, Any]], warmup_until: fl
     lags: list[float] = []
     unpublished = 0
     for txid, ident, event_id in changes:
-        writer, batch, _ = event_id.split("-")
-        committed = commit_at.get((int(writer[1:]), int(batch[1:])))
+        parts = event_id.split("-")
+        if len(parts) == 3:  # random workload: w<writer>-b<batch>-<index>
+            key = (int(parts[0][1:]), int(parts[1][1:]))
+        else:  # matches: w<writer>-<sequence>, in the first batch whose highest sequence reaches it
+            writer = int(parts[0][1:])
+            key = (writer, bisect.bisect_left(uptos[writer], int(parts[1])))
+        committed = commit_at.get(key)
         if committed is None or committed < warmup_until:
             continue
         k = bisect.bisect_left(marks, (txid, ident))
@@ -178,6 +204,42 @@ def lags_compute(season_id: int, writers: list[dict[str, Any]], warmup_until: fl
             continue
         lags.append(versions[k][1] - committed)
     return lags, len(lags) + unpublished, unpublished
+
+
+class Vacuumer:
+    """VACUUM ANALYZE of the current-scores table every `seconds`, on a thread of its own.
+
+    Autovacuum's stand-in: this machine's PostgreSQL runs with it off, and without it
+    every update of a player leaves a dead row version that each later lookup of that
+    player walks past (active players are updated hundreds of times a minute here), so
+    the writers measure the bloat instead of the write path. Production keeps autovacuum
+    on (README, Deploying)."""
+
+    def __init__(self, seconds: float):
+        import threading
+
+        self.seconds = seconds
+        self.runs = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Vacuumer:
+        if self.seconds > 0:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+            while not self._stop.wait(self.seconds):
+                conn.execute("VACUUM (ANALYZE) leaderboard_playerscore")
+                self.runs += 1
 
 
 def pg_buffer_stats() -> tuple[int, int, int]:
@@ -199,12 +261,20 @@ def main(argv: list[str] | None = None) -> int:
         description=(__doc__ or "").split("\n\n")[0], epilog=(__doc__ or "").split("\n\n", 1)[-1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--players", default="1M", help="players in the season")
+    parser.add_argument("--players", default="1M",
+                        help="players in the season (matches: the players the writers draw from)")
+    parser.add_argument("--workload", choices=["random", "matches"], default="random",
+                        help="random: every event raises or repeats the best score of a random one of --players "
+                             "players loaded first; matches: the ingest benchmark's simulated matches "
+                             "(leaderboard.simulation) over a season that starts empty, as in that benchmark")
     parser.add_argument("--rate", type=float, default=15_000, help="offered events/s, all writers together")
     parser.add_argument("--writers", type=int, default=2, help="writer processes")
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds of writing")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds of writing before measuring")
     parser.add_argument("--drain", type=float, default=5.0, help="seconds of epochs after the writers stop")
+    parser.add_argument("--vacuum-seconds", type=float, default=5.0,
+                        help="VACUUM ANALYZE the current-scores table this often while writing, as autovacuum "
+                             "would (0: never; this machine's PostgreSQL has autovacuum off)")
     parser.add_argument("--epoch-seconds", type=float, default=1.0, help="EPOCH_SECONDS of the epoch loop")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--role", choices=["main", "epoch-loop", "writer"], default="main", help=argparse.SUPPRESS)
@@ -226,12 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     env = benchenv.environment_prepare(args)
     env["EPOCH_SECONDS"] = str(args.epoch_seconds)
     print(benchenv.machine_line())
-    result = loader.load_season(players=args.players, seed=args.seed, kind="fresh", verbose=True)
+    # The matches workload starts from one loaded player (the loader publishes version 1).
+    result = loader.load_season(players=args.players if args.workload == "random" else 1, seed=args.seed,
+                                kind="fresh", verbose=True)
     season = result.season
     del result
     tmp = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
     procs: list[subprocess.Popen[bytes]] = []
     epoch_loop: subprocess.Popen[bytes] | None = None
+    vacuumer = Vacuumer(args.vacuum_seconds)
     try:
         epoch_loop = child("epoch-loop", ["--season-id", str(season.pk), "--out", str(tmp / "epochs.jsonl")], env)
         start_at = time.time() + 3.0 + 0.5 * args.writers  # the writers' set-up (score generation) first
@@ -240,9 +313,11 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(child("writer", [
                 "--season-id", str(season.pk), "--writer-index", str(w), "--writers", str(args.writers),
                 "--rate", str(args.rate), "--players", str(args.players), "--seed", str(args.seed),
+                "--workload", args.workload,
                 "--start-at", repr(start_at), "--seconds", str(seconds), "--out", str(tmp / f"writer-{w}.json"),
             ], env))
         pg_before = pg_buffer_stats()
+        vacuumer.start()
         print(f"# {args.writers} writers at {args.rate:,.0f} events/s for {seconds:.0f} s "
               f"(first {args.warmup:.0f} s not measured); epochs every {args.epoch_seconds} s", flush=True)
         for proc in procs:
@@ -250,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
             if proc.returncode != 0:
                 raise SystemExit(f"a writer failed ({proc.returncode})")
         pg_after = pg_buffer_stats()
+        vacuumer.stop()
         time.sleep(args.drain)
     finally:
+        vacuumer.stop()
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -274,12 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         lags, counted, unpublished = lags_compute(season.pk, writers, warmup_until)
         published = [e for e in epochs if e["status"] == "published" and e["start"] >= warmup_until]
         errors = [e for e in epochs if e["status"] == "error"]
+        vacuums = vacuumer.runs
     finally:
         benchenv.season_cleanup(season, keep=args.keep)
         shutil.rmtree(tmp, ignore_errors=True)
 
     print()
-    print(f"## freshness: {args.players:,} players, {args.writers} writers, offered {args.rate:,.0f} events/s, "
+    print(f"## freshness: {args.workload} workload, {args.players:,} players, {args.writers} writers"
+          f", offered {args.rate:,.0f} events/s, "
           f"epoch loop every {args.epoch_seconds} s, {args.duration:.0f} s measured")
     print()
     print(benchenv.table(["figure", "value"], [
@@ -303,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         ("PostgreSQL buffers allocated / written by backends",
          f"{pg_after[0] - pg_before[0]:,} / {pg_after[1] - pg_before[1]:,}"),
         ("PostgreSQL checkpoints requested (WAL full)", pg_after[2] - pg_before[2]),
+        ("VACUUMs of the current scores while writing", vacuums),
     ]))
     if errors:
         print(f"\nfirst epoch error: {errors[0]['error']}")
