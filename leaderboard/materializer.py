@@ -41,6 +41,8 @@ STREAM_PAGE = 50_000
 BUILD_BATCH = 20_000
 MAX_CURSOR_ID = 2**63 - 1
 
+Change = tuple[int, int, str, int, int, int | None]  # txid, id, player, new score, version, old score
+
 
 class EpochError(RuntimeError):
     pass
@@ -88,9 +90,10 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
     try:
         result: EpochResult | None = None
         while True:
-            run = season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
+            run, read = _epoch(season=season, r=r, keys=keys, token=token)
             if catch_up and run.status == "published":
-                run = replace(run, catch_up_ms=_catch_up_quietly(season=season, r=r, keys=keys, token=token))
+                run = replace(run, catch_up_ms=_catch_up_quietly(season=season, r=r, keys=keys, token=token,
+                                                                 read=read))
             if result is None or run.status != "idle":
                 result = run  # the last publication, not the idle run after it
             # Past the bound the note stays for the next tick's task to run.
@@ -102,18 +105,43 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
         rankview.lease_release(r, keys, token)
 
 
-def _catch_up_quietly(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> float | None:
+def _catch_up_quietly(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
+                      read: StreamRead | None) -> float | None:
     # The version is already published: a failed catch-up only leaves the copy to the
     # next epoch (applying: re-applied from its watermark; broken: rebuilt).
     try:
-        return season_idle_copy_catch_up(season=season, r=r, keys=keys, token=token)
+        return season_idle_copy_catch_up(season=season, r=r, keys=keys, token=token, read=read)
     except (EpochError, rankview.FenceLost, rankview.CopyMismatch, redis.RedisError):
         log.warning("season %s: idle copy not caught up; the next epoch applies its changes", season.slug,
                     exc_info=True)
         return None
 
 
-def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> float | None:
+@dataclass(frozen=True, slots=True)
+class StreamRead:
+    """The change-stream rows an epoch read (cursor after `after`, oldest first), handed to
+    the catch-up that follows it so the same rows are not read from the database twice."""
+
+    after: tuple[int, int]
+    changes: list[Change]
+
+    def between(self, after: tuple[int, int], upto: tuple[int, int]) -> list[Change] | None:
+        """The rows with a cursor in (after, upto]; None when this read began later than `after`."""
+        if self.after > after:
+            return None
+        return [c for c in self.changes if after < (c[0], c[1]) <= upto]
+
+
+def _grace_wait(meta: rankview.CopyMeta) -> None:
+    """Return once the copy's grace period is over: readers of the version it last served
+    may still be running until then."""
+    wait = meta.released_at + settings.COPY_GRACE_SECONDS - time.time()
+    if wait > 0:
+        time.sleep(min(wait, settings.COPY_GRACE_SECONDS))
+
+
+def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
+                              read: StreamRead | None = None) -> float | None:
     """Bring the copy that is not current up to the current version's watermark.
 
     Called by the lease holder right after a publication, off the publication path:
@@ -124,6 +152,8 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
 
     A crash part-way leaves the copy "applying" at its old watermark: the next epoch
     re-applies from there with old scores read from the copy (changes are absolute).
+    `read`: the rows the epoch just read, used when they cover the range (else the
+    stream is read). `season.final_version` is taken as the epoch refreshed it.
     Returns the milliseconds spent after the grace period, or None with nothing to do.
     """
     current_version = rankview.pointer_get(r, keys)
@@ -135,17 +165,16 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
     if (idle is None or idle.state != rankview.STATE_READY or idle.layout != current.layout
             or idle.watermark >= current.watermark):
         return None
-    season.refresh_from_db(fields=["final_version"])
     if idle.version == season.final_version:
         # A correction after FINAL just replaced it as current: keep the FINAL version
         # readable until the next epoch needs this copy (corrections are rare by then).
         return None
-    wait = idle.released_at + settings.COPY_GRACE_SECONDS - time.time()
-    if wait > 0:
-        time.sleep(min(wait, settings.COPY_GRACE_SECONDS))  # its last readers may still run
+    _grace_wait(idle)
     started = time.monotonic()
     exact = idle.exact
-    changes = list(_changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark))
+    changes = read.between(idle.watermark, current.watermark) if read is not None else None
+    if changes is None:
+        changes = list(_changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark))
     idle = rankview.copy_begin_mutation(r, keys, token, idle)
     _copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes, exact=exact)
     rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version, exact=exact)
@@ -173,8 +202,14 @@ def _copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, targ
 
 def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> EpochResult:
     """The epoch itself, for a caller that already holds the season's lease (`token`)."""
+    return _epoch(season=season, r=r, keys=keys, token=token)[0]
+
+
+def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
+           ) -> tuple[EpochResult, StreamRead | None]:
+    """The epoch, and the stream rows it applied (for the catch-up) when it published."""
     started = time.monotonic()
-    season.refresh_from_db(fields=["published_version", "layout"])
+    season.refresh_from_db(fields=["published_version", "layout", "final_version"])
     current_version = rankview.pointer_get(r, keys)
     current = rankview.manifest_get(r, keys, current_version) if current_version else None
     if current is not None and not rankview.copy_holds(r, keys, current):
@@ -184,7 +219,7 @@ def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Ke
         # (Redis flushed or restarted empty): reads answer 503 until a recovery build,
         # reconciled against the ledger, publishes again. Started once: the job row is
         # the claim.
-        return _recovery_start(season)
+        return _recovery_start(season), None
     if current is not None and current.version > season.published_version:
         # A coordinator died between the pointer swap and its database record.
         _manifest_record(season=season, manifest=current, changed=0, epoch_ms=0.0)
@@ -210,7 +245,7 @@ def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Ke
         else:
             fresh = {c[2] for c in _changes_after(season_id=season.pk, cursor=ChangeCursor(*current.watermark))}
         if not fresh:
-            return EpochResult(status="idle", version=current.version)
+            return EpochResult(status="idle", version=current.version), None
 
     # The copy's old scores come from the change stream when it holds exactly the
     # ledger at its watermark (one HMGET of every changed player fewer: ~10% of an epoch).
@@ -221,11 +256,9 @@ def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Ke
         if current is not None:
             fresh.update(c[2] for c in changes if (c[0], c[1]) > current.watermark)
     else:
-        wait = target.released_at + settings.COPY_GRACE_SECONDS - time.time()
-        if wait > 0:
-            # Readers of the version this copy last served may still be running.
-            time.sleep(min(wait, settings.COPY_GRACE_SECONDS))
+        _grace_wait(target)
         target = rankview.copy_begin_mutation(r, keys, token, target)
+    read = StreamRead(after=target.watermark, changes=changes)
     head = ChangeCursor(changes[-1][0], changes[-1][1]) if changes else ChangeCursor(*target.watermark)
 
     applied = _copy_changes_apply(r=r, keys=keys, token=token, target=target, changes=changes, exact=exact)
@@ -256,7 +289,7 @@ def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Ke
     _metrics_observe(season=season, r=r, after=current.watermark if current is not None else None,
                      upto=manifest.watermark, published_at=published_at, epoch_ms=epoch_ms)
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms,
-                       applied=applied)
+                       applied=applied), read
 
 
 def _metrics_observe(*, season: Season, r: redis.Redis, after: tuple[int, int] | None, upto: tuple[int, int],
@@ -290,9 +323,6 @@ def _recovery_start(season: Season) -> EpochResult:
     except RebuildError:
         return EpochResult(status="lost", detail="views lost; a rebuild is in flight")
     return EpochResult(status="lost", detail=f"views lost; recovery job {job.pk} started")
-
-
-Change = tuple[int, int, str, int, int, int | None]  # txid, id, player, new score, version, old score
 
 
 def _changes_upto(

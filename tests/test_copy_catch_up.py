@@ -124,6 +124,29 @@ def test_the_next_epoch_applies_only_the_changes_since_the_current_version(
     assert_board_equals(reader_of(season), db_standings(season))
 
 
+def test_the_catch_up_applies_the_rows_its_epoch_read_without_reading_the_stream_again(
+    season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i}", i) for i in range(20)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("p0", 100)])
+    publish(season)
+    reads: list[Any] = []
+    real = materializer.score_change_heads_after
+
+    def counting(**kwargs: Any) -> Any:
+        reads.append(kwargs["cursor"])
+        return real(**kwargs)
+
+    monkeypatch.setattr(materializer, "score_change_heads_after", counting)
+    post_ok(post_scores, season, [ev.result("p1", 101), ev.correction("p2", 0), ev.result("new", 7)])
+    assert publish(season).catch_up_ms is not None
+    assert len(reads) == 1, reads
+    assert_idle_copy_caught_up(season)
+    assert_board_equals(reader_of(season), db_standings(season))
+
+
 def test_the_older_copy_is_touched_only_after_its_grace_period(
     season: Season, post_scores: Post, settings: Any
 ) -> None:
