@@ -2,7 +2,8 @@
 
 Two front ends call them and must answer identically: the DRF views (read_views.py,
 behind Django's middleware) and the fast read path (fastpath.py), which serves the same
-URLs straight from ASGI. Parameter errors raise ApiError (a 400 naming the parameter).
+URLs straight from ASGI. Client errors raise ApiError (a 400 naming the parameter, an
+unknown season's 404); both front ends render it with api_error_body.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
+from leaderboard.api.errors import ApiError
 from leaderboard.api.params import bool_param, int_param, player_id_param
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry
@@ -45,7 +47,7 @@ def _read(season_id: str, call: Callable[[RankReader], Answer]) -> Answer:
         return call(reader)
     except Unavailable:
         if season_get(slug=season_id) is None:
-            return Answer(404, {"error": "season_not_found", "detail": f"no season {season_id!r}"})
+            raise ApiError(status_code=404, code="season_not_found", detail=f"no season {season_id!r}") from None
         retry = max(1, math.ceil(settings.EPOCH_SECONDS))
         return Answer(
             503,
