@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -101,21 +102,56 @@ def role_epoch_loop(args: argparse.Namespace) -> int:
     return 0
 
 
-def role_writer(args: argparse.Namespace) -> int:
-    from leaderboard.core.events import ScoreEvent, events_parse
-    from leaderboard.services import score_events_apply
-    from leaderboard.simulation import MatchSimulator, player_ids
-    from seasons.models import Season
+def random_batches(args: argparse.Namespace) -> Callable[[int, datetime], tuple[list[Any], int]]:
+    """Batch n of the random workload; its event ids are w<writer>-b<batch>-<index>."""
+    from leaderboard.core.events import ScoreEvent
 
-    season = Season.objects.get(pk=args.season_id)
-    if args.workload == "matches":
-        # The ingest benchmark's workload: simulated matches over a fresh season.
-        simulator = MatchSimulator(players=player_ids(args.players)[args.writer_index :: args.writers],
-                                   seed=args.seed * 10_007 + args.writer_index, event_prefix=f"w{args.writer_index}-")
     scores = loader.scores_generate(args.players, seed=args.seed)
     mine = list(range(args.writer_index, args.players, args.writers))
     versions: dict[int, int] = {}
     rng = random.Random(args.seed * 1000 + args.writer_index)
+
+    def batch(n: int, completed: datetime) -> tuple[list[Any], int]:
+        events = []
+        for j in range(BATCH):
+            i = rng.choice(mine)
+            version = versions.get(i, 1) + 1
+            versions[i] = version
+            # 85% of results raise the best score; the rest repeat it (unchanged).
+            if rng.random() < 0.85:
+                scores[i] = min(loader.MAX_SCORE, scores[i] + rng.randint(10, 20_000))
+            events.append(ScoreEvent(
+                event_id=f"w{args.writer_index}-b{n}-{j}", match_id=f"m{args.writer_index}-{n}-{j}",
+                player_id=loader.player_id(i), best_score=scores[i], score_version=version,
+                completed_at=completed,
+            ))
+        return events, 0
+
+    return batch
+
+
+def match_batches(args: argparse.Namespace) -> Callable[[int, datetime], tuple[list[Any], int]]:
+    """The ingest benchmark's simulated matches; event ids are w<writer>-<sequence>, and a
+    batch holds every new sequence number up to the one it returns."""
+    from leaderboard.core.events import events_parse
+    from leaderboard.simulation import MatchSimulator, player_ids
+
+    simulator = MatchSimulator(players=player_ids(args.players)[args.writer_index :: args.writers],
+                               seed=args.seed * 10_007 + args.writer_index, event_prefix=f"w{args.writer_index}-")
+
+    def batch(n: int, completed: datetime) -> tuple[list[Any], int]:
+        bodies = simulator.batch(BATCH, completed_at=completed)
+        return events_parse({"events": bodies}), max(int(e["event_id"].rsplit("-", 1)[1]) for e in bodies)
+
+    return batch
+
+
+def role_writer(args: argparse.Namespace) -> int:
+    from leaderboard.services import score_events_apply
+    from seasons.models import Season
+
+    season = Season.objects.get(pk=args.season_id)
+    next_batch = random_batches(args) if args.workload == "random" else match_batches(args)
     interval = BATCH * args.writers / args.rate
     batches: list[list[float]] = []
     while time.time() < args.start_at:
@@ -130,26 +166,7 @@ def role_writer(args: argparse.Namespace) -> int:
         now = time.monotonic()
         if now < slot:
             time.sleep(slot - now)
-        completed = datetime.now(UTC)
-        events = []
-        upto = 0
-        if args.workload == "matches":
-            bodies = simulator.batch(BATCH, completed_at=completed)
-            # Event ids are w<writer>-<sequence>; a batch holds every new sequence number up to `upto`.
-            upto = max(int(e["event_id"].rsplit("-", 1)[1]) for e in bodies)
-            events = events_parse({"events": bodies})
-        for j in range(BATCH if args.workload == "random" else 0):
-            i = rng.choice(mine)
-            version = versions.get(i, 1) + 1
-            versions[i] = version
-            # 85% of results raise the best score; the rest repeat it (unchanged).
-            if rng.random() < 0.85:
-                scores[i] = min(loader.MAX_SCORE, scores[i] + rng.randint(10, 20_000))
-            events.append(ScoreEvent(
-                event_id=f"w{args.writer_index}-b{n}-{j}", match_id=f"m{args.writer_index}-{n}-{j}",
-                player_id=loader.player_id(i), best_score=scores[i], score_version=version,
-                completed_at=completed,
-            ))
+        events, upto = next_batch(n, datetime.now(UTC))
         sent = time.time()
         result = score_events_apply(season=season, events=events, client=None)
         committed = time.time()
