@@ -80,6 +80,20 @@ class EpochInBackground:
         return self.results[0]
 
 
+def published_twice(season: Season, post_scores: Post) -> tuple[Any, rankview.Keys, int]:
+    """Versions 1 and 2 (both copies built), then the season's lease taken: (redis, keys, token)."""
+    ev = Events()
+    post_ok(post_scores, season, [ev.result("a", 1), ev.result("b", 2)])
+    publish(season)
+    post_ok(post_scores, season, [ev.result("a", 3)])
+    publish(season)
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    token = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    assert token is not None
+    return r, keys, token
+
+
 def idle_copy(season: Season) -> str:
     current = current_manifest(season).copy
     return next(c for c in rankview.copies_get(materializer.redis_get(), keys_of(season)) if c != current)
@@ -170,15 +184,7 @@ def test_the_older_copy_is_touched_only_after_its_grace_period(
 def test_a_coordinator_that_lost_its_lease_cannot_touch_the_older_copy(season: Season, post_scores: Post,
                                                                         settings: Any) -> None:
     settings.EPOCH_CATCH_UP = False
-    ev = Events()
-    post_ok(post_scores, season, [ev.result("a", 1), ev.result("b", 2)])
-    publish(season)
-    post_ok(post_scores, season, [ev.result("a", 3)])
-    publish(season)
-    r = materializer.redis_get()
-    keys = keys_of(season)
-    stale = rankview.lease_acquire(r, keys, ttl_ms=30_000)
-    assert stale is not None
+    r, keys, stale = published_twice(season, post_scores)
     r.delete(keys.lease)  # its lease expired...
     newer = rankview.lease_acquire(r, keys, ttl_ms=30_000)  # ...and another coordinator took it
     assert newer is not None
@@ -195,15 +201,7 @@ def test_a_coordinator_that_lost_its_lease_cannot_touch_the_older_copy(season: S
 
 
 def test_a_catch_up_with_nothing_to_do_returns_none(season: Season, post_scores: Post) -> None:
-    ev = Events()
-    post_ok(post_scores, season, [ev.result("a", 1)])
-    publish(season)
-    post_ok(post_scores, season, [ev.result("a", 2)])
-    publish(season)
-    r = materializer.redis_get()
-    keys = keys_of(season)
-    token = rankview.lease_acquire(r, keys, ttl_ms=30_000)
-    assert token is not None
+    r, keys, token = published_twice(season, post_scores)  # the epochs caught the older copy up
     gen_before = copy_contents(season, idle_copy(season))[0].gen
     assert season_idle_copy_catch_up(season=season, r=r, keys=keys, token=token) is None
     assert copy_contents(season, idle_copy(season))[0].gen == gen_before

@@ -179,32 +179,55 @@ def test_moves_across_buckets_up_and_down(season_factory: Callable[..., Season],
 # --- a materializer killed mid-apply -------------------------------------------------------------------
 
 
+class KillableSeason:
+    """600 players in NARROW buckets with both copies built. `move_all()` moves every
+    player to another bucket, so the next epoch (and its catch-up) applies hundreds of
+    two-player chunks: many moments for a SIGKILL to land in."""
+
+    def __init__(self, season: Season, seed: int):
+        self.season = season
+        self.rnd = random.Random(seed)
+        self.scores = {f"k{i:05d}": self.rnd.randint(0, 999) for i in range(600)}
+        self.versions = itertools.count(1)
+        apply_events(season, [event(p, s, next(self.versions)) for p, s in self.scores.items()])
+        publish(season)
+        self.set("k00000", 1000)
+        self.before = publish(season)
+
+    def set(self, player_id: str, score: int) -> None:
+        apply_events(self.season, [event(player_id, score, next(self.versions))])
+
+    def move_all(self) -> None:
+        self.scores = {p: (s + self.rnd.randint(100, 800)) % 1000 for p, s in self.scores.items()}
+        apply_events(self.season, [event(p, s, next(self.versions), kind="correction")
+                                   for p, s in self.scores.items()])
+        settle(self.season)
+
+
+def lease_expired_wait(season: Season) -> None:
+    """Until a dead coordinator's lease (EPOCH_LEASE_SECONDS=2 in its child) runs out."""
+    r = redis_get()
+    deadline = time.monotonic() + 10
+    while r.get(keys_of(season).lease) is not None:
+        assert time.monotonic() < deadline, "the dead coordinator's lease never expired"
+        time.sleep(0.05)
+
+
 def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
     season_factory: Callable[..., Season], settings: Any
 ) -> None:
     season = season_factory(slug="killed", layout=NARROW)
     r = redis_get()
     keys = keys_of(season)
-    rnd = random.Random(11)
-    n = 600
-    scores = {f"k{i:05d}": rnd.randint(0, 999) for i in range(n)}
-    version = itertools.count(1)
-    apply_events(season, [event(p, s, next(version)) for p, s in scores.items()])
-    publish(season)
-    apply_events(season, [event("k00000", 1000, next(version))])
-    publish(season)
-    apply_events(season, [event("k00001", 1000, next(version))])
-    before = publish(season)  # both copies built; the next epoch applies changes to the other one
+    killable = KillableSeason(season, seed=11)
+    before = killable.before  # the next epoch applies changes to the other copy
     served = board_snapshot(season)
     target = next(c for c in rankview.copies_get(r, keys) if c != current(season).copy)  # type: ignore[union-attr]
 
     landed = False
     for _attempt in range(6):
-        # Every player moves to another bucket (the next epoch applies all of them).
-        scores = {p: (s + rnd.randint(100, 800)) % 1000 for p, s in scores.items()}
-        apply_events(season, [event(p, s, next(version), kind="correction") for p, s in scores.items()])
-        settle(season)
-        landed = epoch_child_killed_inside_apply(season, target, rnd)
+        killable.move_all()
+        landed = epoch_child_killed_inside_apply(season, target, killable.rnd)
         if landed:
             break
         # The epoch finished first: make the next one bigger.
@@ -220,15 +243,12 @@ def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
     assert board_snapshot(season) == served
     full_check(season, before)
     # The lease expires (2 s); the next coordinator applies the rest and publishes.
-    deadline = time.monotonic() + 10
-    while r.get(keys.lease) is not None:
-        assert time.monotonic() < deadline, "the dead coordinator's lease never expired"
-        time.sleep(0.05)
+    lease_expired_wait(season)
     assert board_snapshot(season) == served
     assert publish(season) == before + 1
     assert assert_matches_ledger(season, window_limits=(3,)) == before + 1
     assert ManifestRow.objects.filter(season=season, version=before + 1).exists()
-    apply_events(season, [event("k00002", 1000, next(version))])
+    killable.set("k00002", 1000)
     assert publish(season) == before + 2
     assert assert_board_matches_ledger(season) == before + 2
 
@@ -239,44 +259,32 @@ def test_a_coordinator_killed_while_catching_up_the_older_copy_leaves_the_next_e
     season = season_factory(slug="killed-catch-up", layout=NARROW)
     r = redis_get()
     keys = keys_of(season)
-    rnd = random.Random(12)
-    scores = {f"k{i:05d}": rnd.randint(0, 999) for i in range(600)}
-    version = itertools.count(1)
-    apply_events(season, [event(p, s, next(version)) for p, s in scores.items()])
-    publish(season)
-    apply_events(season, [event("k00000", 1000, next(version))])
-    before = publish(season)  # both copies built and caught up
+    killable = KillableSeason(season, seed=12)
+    before = killable.before  # both copies built and caught up
 
     landed = False
     for _attempt in range(6):
-        # Every player moves to another bucket: the published copy and then the older
-        # one each apply all of them, two players per MULTI/EXEC.
-        scores = {p: (s + rnd.randint(100, 800)) % 1000 for p, s in scores.items()}
-        apply_events(season, [event(p, s, next(version), kind="correction") for p, s in scores.items()])
-        settle(season)
+        # The published copy and then the older one each apply every player.
+        killable.move_all()
         older = current(season).copy  # type: ignore[union-attr]  # the copy the catch-up will touch
-        landed = epoch_child_killed_inside_apply(season, older, rnd, EPOCH_CATCH_UP="true")
+        landed = epoch_child_killed_inside_apply(season, older, killable.rnd, EPOCH_CATCH_UP="true")
         assert rankview.pointer_get(r, keys) == before + 1, "the catch-up runs only after the publication"
         before += 1
         if landed:
             break
         # The catch-up finished first: try again with the next round.
-        while r.get(keys.lease) is not None:
-            time.sleep(0.05)
+        lease_expired_wait(season)
     assert landed, "no kill landed inside the catch-up"
 
     # The version the dead coordinator published serves the ledger exactly.
     served = board_snapshot(season)
     assert assert_matches_ledger(season, window_limits=(3,)) == before
     full_check(season, before)
-    deadline = time.monotonic() + 10
-    while r.get(keys.lease) is not None:
-        assert time.monotonic() < deadline, "the dead coordinator's lease never expired"
-        time.sleep(0.05)
+    lease_expired_wait(season)
     assert board_snapshot(season) == served
     # The next epoch targets the half caught-up copy: it reads its old scores from the
     # copy and re-applies from its old watermark.
-    apply_events(season, [event("k00002", 1000, next(version))])
+    killable.set("k00002", 1000)
     assert publish(season) == before + 1
     assert current(season).copy == older  # type: ignore[union-attr]
     assert assert_board_matches_ledger(season) == before + 1
