@@ -426,10 +426,10 @@ def _chunk_mismatch(plan: EpochPlan, commands: list[tuple[Any, ...]], replies: l
     """What a chunk's replies say that its plan did not expect: ZREM counts the members
     removed, ZADD and the lookup HSETs the ones inserted (the copy-meta HSET last only
     rewrites fields)."""
-    inserted = {"ZREM": 0, "ZADD": 0, "HSET": 0}
+    counted = {"ZREM": 0, "ZADD": 0, "HSET": 0}
     for command, reply in zip(commands[:-1], replies[:-1], strict=True):
-        inserted[command[0]] += int(reply)
-    removed, added, arrived = inserted["ZREM"], inserted["ZADD"], inserted["HSET"]
+        counted[command[0]] += int(reply)
+    removed, added, arrived = counted["ZREM"], counted["ZADD"], counted["HSET"]
     if removed != len(plan.removals):
         return f"removed {removed} members, the plan moved {len(plan.removals)} out of their buckets"
     if added != len(plan.removals) + plan.arrivals or arrived != plan.arrivals:
