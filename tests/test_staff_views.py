@@ -1,4 +1,4 @@
-"""The staff console's pages and actions (seasons/staff_views.py) through Django's test client:
+"""The staff console's pages and actions (seasons/staff_views/) through Django's test client:
 who may do what (viewer, reviewer, approver; nobody approves their own proposal; anonymous
 users go to the login page), CSRF on every action, the audit row each action writes, and
 the pages with real published versions (bucket table, hot buckets, splits, rebuild

@@ -1,0 +1,107 @@
+"""What every console view shares: the one permission decorator and the one action helper.
+
+Every view checks a StaffConsole permission through `staff_required` (the roles are groups
+of them); every action is a POST (CSRF-checked by the middleware) that goes through `act`:
+validate the form, call one service, report the outcome as a message, redirect
+(POST/redirect/GET), or show the form again with its errors on a form page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.models import PermissionsMixin
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.shortcuts import redirect, render
+from django.urls import reverse_lazy
+from django.views.decorators.http import require_http_methods
+
+from leaderboard.rebuild import RebuildError
+from seasons.services import SeasonError
+from seasons.staff_services import StaffError, perm, staff_role_of
+
+View = Callable[..., HttpResponseBase]
+LOGIN_URL = reverse_lazy("staff:login")
+# What a refused action reports to the staff member (anything else is a bug: a 500).
+REFUSALS = (StaffError, SeasonError, RebuildError)
+# A page that is also its form's action.
+GET_OR_POST = require_http_methods(["GET", "POST"])
+
+
+def staff_required(codename: str, *, post: str | None = None) -> Callable[[View], View]:
+    """Anonymous: to the login page (coming back afterwards). Signed in without the permission: 403.
+
+    `post` names the permission a POST needs instead, for a page that is also the form of
+    an action only some roles may take (the season's rebuilds, its reconciliation runs).
+    """
+
+    def decorator(view: View) -> View:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path(), str(LOGIN_URL))
+            needed = post if post is not None and request.method == "POST" else codename
+            if not can(request, needed):
+                return render(request, "staff/forbidden.html", {"needed": needed}, status=403)
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def can(request: HttpRequest, codename: str) -> bool:
+    user = request.user
+    return isinstance(user, PermissionsMixin) and user.has_perm(perm(codename))
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """An action's outcome when a plain success message back on the same page is not it."""
+
+    message: str
+    # Where to go next (default: back where the action was taken).
+    then: str | None = None
+    # messages.WARNING: the service ran but did not do what was asked (the page offers a retry).
+    level: int = messages.SUCCESS
+
+
+Action = Callable[[dict[str, Any]], str | Done]
+
+
+def act(request: HttpRequest, form: forms.Form, action: Action, *, back: str,
+        page: Callable[[], HttpResponse] | None = None) -> HttpResponse:
+    """Validate, run one service, report its outcome, redirect (PRG).
+
+    Without `page` an invalid form or a refusal is a message on the page `back` leads to.
+    With `page` (a form page: GET shows the form, POST runs the action) they are shown on
+    the form itself, which is rendered again as typed.
+    """
+    if not form.is_valid():
+        if page is not None:
+            return page()
+        problems = "; ".join(f"{name}: {' '.join(str(e) for e in errors)}" for name, errors in form.errors.items())
+        messages.error(request, f"Nothing was done: {problems}")
+        return redirect(back)
+    try:
+        outcome = action(form.cleaned_data)
+    except REFUSALS as exc:
+        if page is not None:
+            form.add_error(None, str(exc))
+            return page()
+        messages.error(request, str(exc))
+        return redirect(back)
+    done = outcome if isinstance(outcome, Done) else Done(outcome)
+    messages.add_message(request, done.level, done.message)
+    return redirect(done.then or back)
+
+
+def context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
+    return {"role": staff_role_of(request.user), **extra}

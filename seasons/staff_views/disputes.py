@@ -1,0 +1,285 @@
+"""Disputes, score revocations (the two-person correction flow) and late results.
+
+A dispute and a late result are both resolved by a revocation, so the three share the
+revocation form: another approver approves what one proposes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from leaderboard.models import LateResult
+from seasons import staff_forms as f
+from seasons import staff_selectors as sel
+from seasons.models import Dispute, ScoreRevocation, Season
+from seasons.staff_services import (
+    StaffError,
+    dispute_assign,
+    dispute_file,
+    dispute_note_add,
+    dispute_reject,
+    late_result_dismiss,
+    late_result_proposal_score,
+    score_revocation_approve,
+    score_revocation_propose,
+    score_revocation_reject,
+    staff_actor,
+)
+from seasons.staff_views.common import GET_OR_POST, Done, act, context, staff_required
+
+# ----------------------------------------------------------------------- disputes
+
+
+@require_GET
+@staff_required("console_view")
+def disputes(request: HttpRequest) -> HttpResponse:
+    form = f.DisputeFilterForm(request.GET or {"status": "active"})
+    data = form.cleaned_data if form.is_valid() else {"status": "active"}
+    qs = sel.disputes_filtered(season=data.get("season", ""), status=data.get("status", ""),
+                               assignee=data.get("assignee", ""), player_id=data.get("player_id", ""),
+                               user_id=request.user.pk)
+    page = Paginator(qs, 50).get_page(request.GET.get("page"))
+    ctx = context(request, form=form, page=page, seasons=Season.objects.order_by("-starts_at"),
+                  staff=sel.staff_users())
+    if request.htmx:  # type: ignore[attr-defined]
+        # The filter form swaps only the table (and pushes the URL), so the filters stay as typed.
+        return render(request, "staff/partials/dispute_table.html", ctx)
+    return render(request, "staff/disputes.html", ctx)
+
+
+@GET_OR_POST
+@staff_required("disputes_manage")
+def dispute_new(request: HttpRequest) -> HttpResponse:
+    form = f.DisputeFileForm(request.POST or None, initial={"season": request.GET.get("season"),
+                                                            "player_id": request.GET.get("player_id")})
+
+    def page() -> HttpResponse:
+        return render(request, "staff/dispute_new.html", context(request, form=form))
+
+    if request.method != "POST":
+        return page()
+
+    def file(data: dict[str, Any]) -> Done:
+        dispute, _ = dispute_file(season=data["season"], player_id=data["player_id"], summary=data["summary"],
+                                  details=data["details"], claimed_score=data["claimed_score"],
+                                  match_id=data["match_id"], actor=staff_actor(request.user))
+        return Done(f"Dispute {dispute.pk} filed", then=reverse("staff:dispute", args=[dispute.pk]))
+
+    return act(request, form, file, back=reverse("staff:dispute-new"), page=page)
+
+
+def _dispute(dispute_id: int) -> Dispute:
+    return get_object_or_404(Dispute.objects.select_related("season", "assignee"), pk=dispute_id)
+
+
+@require_GET
+@staff_required("console_view")
+def dispute_page(request: HttpRequest, dispute_id: int) -> HttpResponse:
+    dispute = _dispute(dispute_id)
+    return render(request, "staff/dispute.html", context(
+        request, dispute=dispute, notes=sel.dispute_notes(dispute=dispute),
+        revocations=sel.dispute_revocations(dispute=dispute),
+        assign_form=f.DisputeAssignForm(initial={"assignee": dispute.assignee_id}), note_form=f.NoteForm(),
+        reject_form=f.ReasonForm(),
+    ))
+
+
+@require_POST
+@staff_required("disputes_manage")
+def dispute_assign_action(request: HttpRequest, dispute_id: int) -> HttpResponse:
+    dispute = _dispute(dispute_id)
+
+    def assign(data: dict[str, Any]) -> str:
+        done = dispute_assign(dispute=dispute, assignee=data["assignee"], actor=staff_actor(request.user))
+        return f"Assigned to {done.assignee.get_username()}" if done.assignee else "Unassigned"
+
+    return act(request, f.DisputeAssignForm(request.POST), assign, back=reverse("staff:dispute", args=[dispute_id]))
+
+
+@require_POST
+@staff_required("disputes_manage")
+def dispute_note_action(request: HttpRequest, dispute_id: int) -> HttpResponse:
+    dispute = _dispute(dispute_id)
+
+    def note(data: dict[str, Any]) -> str:
+        dispute_note_add(dispute=dispute, text=data["text"], actor=staff_actor(request.user))
+        return "Note added"
+
+    return act(request, f.NoteForm(request.POST), note, back=reverse("staff:dispute", args=[dispute_id]))
+
+
+@require_POST
+@staff_required("disputes_manage")
+def dispute_reject_action(request: HttpRequest, dispute_id: int) -> HttpResponse:
+    dispute = _dispute(dispute_id)
+
+    def reject(data: dict[str, Any]) -> str:
+        dispute_reject(dispute=dispute, reason=data["reason"], actor=staff_actor(request.user))
+        return f"Dispute {dispute.pk} rejected"
+
+    return act(request, f.ReasonForm(request.POST), reject, back=reverse("staff:dispute", args=[dispute_id]))
+
+
+@GET_OR_POST
+@staff_required("revocation_propose")
+def dispute_revocation(request: HttpRequest, dispute_id: int) -> HttpResponse:
+    """Resolve a dispute by a revocation: propose the corrected score (another approver approves)."""
+    dispute = _dispute(dispute_id)
+    initial = {"player_id": dispute.player_id, "new_score": dispute.claimed_score,
+               "reason": f"dispute {dispute.pk}: {dispute.summary}"[:500]}
+    return _revocation_form(request, season=dispute.season, initial=initial, dispute=dispute,
+                            back=reverse("staff:dispute", args=[dispute.pk]))
+
+
+# -------------------------------------------------------------------- revocations
+
+
+def _revocation_form(request: HttpRequest, *, season: Season | None, initial: dict[str, Any], back: str,
+                     dispute: Dispute | None = None, late_result: LateResult | None = None) -> HttpResponse:
+    form = f.RevocationProposeForm(request.POST or None, initial=initial)
+    if late_result is not None or dispute is not None:
+        # The player is fixed by the dispute or late result the revocation resolves.
+        form.fields["player_id"].disabled = True
+    chosen = season
+    if season is None:
+        chosen = Season.objects.filter(slug=request.POST.get("season") or request.GET.get("season")).first()
+
+    def page() -> HttpResponse:
+        current = None
+        player_id = form["player_id"].value()
+        if chosen is not None and player_id:
+            current = sel.player_score_get(season=chosen, player_id=player_id)
+        return render(request, "staff/revocation_new.html", context(
+            request, form=form, season=chosen, seasons=Season.objects.order_by("-starts_at"), dispute=dispute,
+            late_result=late_result, current=current, back=back,
+        ))
+
+    if request.method != "POST":
+        return page()
+
+    def propose(data: dict[str, Any]) -> Done:
+        if chosen is None:
+            raise StaffError("choose a season")
+        revocation = score_revocation_propose(
+            season=chosen, player_id=data["player_id"], new_score=data["new_score"], reason=data["reason"],
+            evidence=data["evidence"], actor=staff_actor(request.user), dispute=dispute, late_result=late_result,
+        )
+        return Done(f"Revocation {revocation.pk} proposed; another approver must approve it",
+                    then=reverse("staff:revocation", args=[revocation.pk]))
+
+    return act(request, form, propose, back=back, page=page)
+
+
+@GET_OR_POST
+@staff_required("revocation_propose")
+def revocation_new(request: HttpRequest) -> HttpResponse:
+    return _revocation_form(request, season=None, initial={"player_id": request.GET.get("player_id")},
+                            back=reverse("staff:revocations"))
+
+
+@require_GET
+@staff_required("console_view")
+def revocations(request: HttpRequest) -> HttpResponse:
+    form = f.RevocationFilterForm(request.GET or {"status": "proposed"})
+    data = form.cleaned_data if form.is_valid() else {"status": "proposed"}
+    page = Paginator(sel.revocations_filtered(status=data.get("status", ""), season=data.get("season", "")),
+                     50).get_page(request.GET.get("page"))
+    return render(request, "staff/revocations.html", context(request, form=form, page=page))
+
+
+def _revocation(revocation_id: int) -> ScoreRevocation:
+    return get_object_or_404(ScoreRevocation.objects.select_related("season", "dispute", "late_result"),
+                             pk=revocation_id)
+
+
+@require_GET
+@staff_required("console_view")
+def revocation_page(request: HttpRequest, revocation_id: int) -> HttpResponse:
+    revocation = _revocation(revocation_id)
+    current = sel.player_score_get(season=revocation.season, player_id=revocation.player_id)
+    moved = current is not None and current.score_version != revocation.base_version
+    return render(request, "staff/revocation.html", context(
+        request, revocation=revocation, current=current, moved=moved, approve_form=f.OptionalReasonForm(),
+        reject_form=f.ReasonForm(), own=revocation.proposed_by_id == request.user.pk,
+    ))
+
+
+@require_POST
+@staff_required("revocation_approve")
+def revocation_approve_action(request: HttpRequest, revocation_id: int) -> HttpResponse:
+    revocation = _revocation(revocation_id)
+
+    def approve(data: dict[str, Any]) -> Done:
+        result = score_revocation_approve(revocation=revocation, actor=staff_actor(request.user),
+                                          reason=data["reason"], rebase=request.POST.get("rebase") == "1")
+        if result.applied:
+            return Done(f"Approved and written to the ledger: {result.detail}")
+        # Not an error of the console: the ledger refused (usually stale); the page offers a retry.
+        return Done(f"Not applied. {result.detail}", level=messages.WARNING)
+
+    return act(request, f.OptionalReasonForm(request.POST), approve,
+               back=reverse("staff:revocation", args=[revocation_id]))
+
+
+@require_POST
+@staff_required("revocation_approve")
+def revocation_reject_action(request: HttpRequest, revocation_id: int) -> HttpResponse:
+    revocation = _revocation(revocation_id)
+
+    def reject(data: dict[str, Any]) -> str:
+        score_revocation_reject(revocation=revocation, actor=staff_actor(request.user), reason=data["reason"])
+        return f"Revocation {revocation.pk} rejected"
+
+    return act(request, f.ReasonForm(request.POST), reject, back=reverse("staff:revocation", args=[revocation_id]))
+
+
+# -------------------------------------------------------------------- late results
+
+
+@require_GET
+@staff_required("console_view")
+def late_results(request: HttpRequest, slug: str) -> HttpResponse:
+    season = get_object_or_404(Season, slug=slug)
+    status = request.GET.get("status", LateResult.Status.PENDING)
+    if status not in {"", *LateResult.Status.values}:
+        status = LateResult.Status.PENDING
+    return render(request, "staff/late_results.html", context(
+        request, season=season, rows=sel.late_results(season=season, status=status), status=status,
+        statuses=LateResult.Status.values, dismiss_form=f.ReasonForm(),
+    ))
+
+
+def _late(slug: str, late_id: int) -> LateResult:
+    return get_object_or_404(LateResult.objects.select_related("season", "ledger_event"), pk=late_id,
+                             season__slug=slug)
+
+
+@GET_OR_POST
+@staff_required("revocation_propose")
+def late_result_apply(request: HttpRequest, slug: str, late_id: int) -> HttpResponse:
+    """Apply a late result through the two-person correction flow, prefilled with max(current, late)."""
+    late = _late(slug, late_id)
+    initial = {"player_id": late.player_id, "new_score": late_result_proposal_score(late_result=late),
+               "reason": f"late result {late.ledger_event.event_id} (completed {late.completed_at:%Y-%m-%d %H:%M:%S}"
+                         f" UTC, best {late.best_score}) applied after the seal"[:500]}
+    return _revocation_form(request, season=late.season, initial=initial, late_result=late,
+                            back=reverse("staff:late-results", args=[slug]))
+
+
+@require_POST
+@staff_required("late_results_dismiss")
+def late_result_dismiss_action(request: HttpRequest, slug: str, late_id: int) -> HttpResponse:
+    late = _late(slug, late_id)
+
+    def dismiss(data: dict[str, Any]) -> str:
+        late_result_dismiss(late_result=late, actor=staff_actor(request.user), reason=data["reason"])
+        return f"Late result {late.pk} dismissed"
+
+    return act(request, f.ReasonForm(request.POST), dismiss, back=reverse("staff:late-results", args=[slug]))

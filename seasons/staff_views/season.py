@@ -1,0 +1,195 @@
+"""A season's pages: versions and buckets, the lifecycle, splits and rebuilds, reconciliation, players."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from leaderboard.core.lifecycle import SeasonState
+from leaderboard.models import RebuildJob, ReconciliationRun
+from leaderboard.rebuild import (
+    RebuildError,
+    rebuild_discard,
+    rebuild_publish,
+    season_rebuild_start,
+    season_split_propose,
+)
+from seasons import staff_forms as f
+from seasons import staff_selectors as sel
+from seasons.models import Season
+from seasons.services import season_seal_ingest, season_transition
+from seasons.staff_services import reconciliation_trigger, staff_actor
+from seasons.staff_views.common import GET_OR_POST, Done, act, context, staff_required
+
+
+@require_GET
+@staff_required("console_view")
+def season_page(request: HttpRequest, slug: str) -> HttpResponse:
+    season = get_object_or_404(Season, slug=slug)
+    return render(request, "staff/season.html", context(
+        request, season=season, detail=sel.season_detail(season=season),
+        manifests=sel.manifests_recent(season=season), jobs=sel.rebuild_jobs_recent(season=season),
+        lifecycle_form=f.LifecycleForm(), split_form=f.SplitProposeForm(), lookup_form=f.PlayerLookupForm(),
+    ))
+
+
+@require_GET
+@staff_required("console_view")
+def season_stats(request: HttpRequest, slug: str) -> HttpResponse:
+    """The polled partial of the season page: current version, bucket chart and table, hot buckets."""
+    season = get_object_or_404(Season, slug=slug)
+    return render(request, "staff/partials/season_stats.html",
+                  context(request, season=season, detail=sel.season_detail(season=season)))
+
+
+@require_POST
+@staff_required("season_transition")
+def season_lifecycle(request: HttpRequest, slug: str) -> HttpResponse:
+    season = get_object_or_404(Season, slug=slug)
+    actor = staff_actor(request.user)
+
+    def move(data: dict[str, Any]) -> str:
+        if data["target"] == "seal":
+            sealed = season_seal_ingest(season=season, actor=actor, reason=data["reason"])
+            return f"Ingest sealed at {sealed.ingest_watermark_txid}:{sealed.ingest_watermark_id}; season FINALIZING"
+        moved = season_transition(season=season, target=SeasonState(data["target"]), actor=actor,
+                                  reason=data["reason"])
+        return f"Season is now {moved.state}"
+
+    return act(request, f.LifecycleForm(request.POST), move, back=reverse("staff:season", args=[slug]))
+
+
+@require_POST
+@staff_required("views_operate")
+def split_propose(request: HttpRequest, slug: str) -> HttpResponse:
+    season = get_object_or_404(Season, slug=slug)
+
+    def propose(data: dict[str, Any]) -> Done:
+        job = season_split_propose(season=season, actor=staff_actor(request.user),
+                                   split_points=data["split_points"], reason=data["reason"])
+        return Done(f"Shadow build {job.pk} started; its comparison report appears here when it is done",
+                    then=reverse("staff:rebuild", args=[slug, job.pk]))
+
+    return act(request, f.SplitProposeForm(request.POST), propose, back=reverse("staff:season", args=[slug]))
+
+
+# ---------------------------------------------------------------------- rebuilds
+
+
+@GET_OR_POST
+@staff_required("console_view", post="views_operate")
+def rebuilds(request: HttpRequest, slug: str) -> HttpResponse:
+    """GET: the season's shadow builds. POST (views_operate): start a rebuild."""
+    season = get_object_or_404(Season, slug=slug)
+    if request.method == "POST":
+
+        def start(data: dict[str, Any]) -> Done:
+            job = season_rebuild_start(season=season, actor=staff_actor(request.user), reason=data["reason"])
+            return Done(f"Rebuild {job.pk} queued", then=reverse("staff:rebuild", args=[slug, job.pk]))
+
+        return act(request, f.OptionalReasonForm(request.POST), start, back=reverse("staff:rebuilds", args=[slug]))
+    return render(request, "staff/rebuilds.html", context(
+        request, season=season, jobs=sel.rebuild_jobs_recent(season=season, limit=100), form=f.OptionalReasonForm(),
+    ))
+
+
+def _job(slug: str, job_id: int) -> RebuildJob:
+    return get_object_or_404(RebuildJob.objects.select_related("season"), pk=job_id, season__slug=slug)
+
+
+@require_GET
+@staff_required("console_view")
+def rebuild_page(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
+    job = _job(slug, job_id)
+    return render(request, "staff/rebuild.html", context(request, season=job.season, job=job,
+                                                          form=f.OptionalReasonForm()))
+
+
+@require_GET
+@staff_required("console_view")
+def rebuild_progress(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
+    """The polled partial (every second while the job runs): progress bar, status, report, actions."""
+    job = _job(slug, job_id)
+    return render(request, "staff/partials/rebuild_progress.html", context(request, season=job.season, job=job,
+                                                                            form=f.OptionalReasonForm()))
+
+
+@require_POST
+@staff_required("split_publish")
+def rebuild_publish_action(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
+    job = _job(slug, job_id)
+
+    def publish(data: dict[str, Any]) -> str:
+        done = rebuild_publish(job=job, actor=staff_actor(request.user), reason=data["reason"])
+        if done.status != RebuildJob.Status.PUBLISHED:
+            raise RebuildError(f"not published: the second comparison failed ({done.error})")
+        return f"Published as version {done.published_version}"
+
+    return act(request, f.OptionalReasonForm(request.POST), publish, back=reverse("staff:rebuild", args=[slug, job_id]))
+
+
+@require_POST
+@staff_required("views_operate")
+def rebuild_discard_action(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
+    job = _job(slug, job_id)
+
+    def discard(data: dict[str, Any]) -> str:
+        rebuild_discard(job=job, actor=staff_actor(request.user), reason=data["reason"])
+        return f"Shadow build {job.pk} discarded; the live version is unchanged"
+
+    return act(request, f.OptionalReasonForm(request.POST), discard, back=reverse("staff:rebuild", args=[slug, job_id]))
+
+
+# ---------------------------------------------------------------- reconciliation
+
+
+@GET_OR_POST
+@staff_required("console_view", post="views_operate")
+def reconciliation(request: HttpRequest, slug: str) -> HttpResponse:
+    """GET: the season's reconciliation runs. POST (views_operate): run one now."""
+    season = get_object_or_404(Season, slug=slug)
+    if request.method == "POST":
+
+        def run_now(data: dict[str, Any]) -> str:
+            run = reconciliation_trigger(season=season, actor=staff_actor(request.user))
+            return f"Reconciliation run {run.pk} on version {run.version}: {'ok' if run.ok else 'FAILED'}"
+
+        return act(request, forms.Form(request.POST), run_now, back=reverse("staff:reconciliation", args=[slug]))
+    runs = ReconciliationRun.objects.filter(season=season).order_by("-id")
+    page = Paginator(runs, 50).get_page(request.GET.get("page"))
+    return render(request, "staff/reconciliation.html", context(request, season=season, page=page))
+
+
+@require_GET
+@staff_required("console_view")
+def reconciliation_run_page(request: HttpRequest, slug: str, run_id: int) -> HttpResponse:
+    run = get_object_or_404(ReconciliationRun.objects.select_related("season"), pk=run_id, season__slug=slug)
+    return render(request, "staff/reconciliation_run.html", context(request, season=run.season, run=run))
+
+
+# ------------------------------------------------------------------------ players
+
+
+@require_GET
+@staff_required("console_view")
+def player_lookup(request: HttpRequest, slug: str) -> HttpResponse:
+    season = get_object_or_404(Season, slug=slug)
+    form = f.PlayerLookupForm(request.GET)
+    if form.is_valid():
+        return redirect("staff:player", slug, form.cleaned_data["player_id"])
+    return render(request, "staff/player_lookup.html", context(request, season=season, form=form))
+
+
+@require_GET
+@staff_required("console_view")
+def player_page(request: HttpRequest, slug: str, player_id: str) -> HttpResponse:
+    season = get_object_or_404(Season, slug=slug)
+    return render(request, "staff/player.html", context(
+        request, season=season, player=sel.player_detail(season=season, player_id=player_id),
+    ))
