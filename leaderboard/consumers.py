@@ -27,6 +27,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.utils import await_many_dispatch
 
 from leaderboard import live
+from leaderboard.core.events import id_is_valid
 from leaderboard.core.live import (
     CLOSE_SLOW_CONSUMER,
     CLOSE_TOO_MANY_SNAPSHOTS,
@@ -109,7 +110,8 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         if isinstance(parsed, Refusal):
             await self._refuse(parsed)
             return
-        found = await database_sync_to_async(live.season_live_state)(self.slug)
+        # An id outside the id rule names no season (and never reaches the database).
+        found = await database_sync_to_async(live.season_live_state)(self.slug) if id_is_valid(self.slug) else None
         if found is None:
             await self._refuse(Refusal(CLOSE_UNKNOWN_SEASON, "unknown_season", f"no season {self.slug!r}"))
             return

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from leaderboard.api.errors import ApiError
-from leaderboard.api.params import int_param, player_id_param
+from leaderboard.api.params import int_param, player_id_param, season_id_param, season_not_found
 from seasons.models import FinalStanding, Season
 from seasons.selectors import (
     final_candidate_approved,
@@ -25,9 +25,9 @@ FINAL_PAGE_MAX = 1000
 
 
 def _final_season(season_id: str) -> Season:
-    season = season_get(slug=season_id)
+    season = season_get(slug=season_id_param(season_id))
     if season is None:
-        raise ApiError(status_code=404, code="season_not_found", detail=f"no season {season_id!r}")
+        raise season_not_found(season_id)
     if season.final_version is None:
         raise ApiError(status_code=404, code="not_final",
                        detail=f"season {season_id!r} is {season.state}; it has no FINAL standings yet")

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 from audit.services import Actor
 from leaderboard.api.auth import ApiClientTokenAuthentication, scope_required
 from leaderboard.api.errors import ApiError, validation_error
+from leaderboard.api.params import season_id_param, season_not_found
 from leaderboard.core.events import MAX_SCORE, MIN_SCORE, check_player_id
 from seasons.models import Dispute
 from seasons.selectors import season_get
@@ -73,9 +74,9 @@ class DisputesView(APIView):
     permission_classes = [scope_required(SCOPE)]
 
     def post(self, request: Request, season_id: str) -> Response:
-        season = season_get(slug=season_id)
+        season = season_get(slug=season_id_param(season_id, write=True))
         if season is None:
-            raise ApiError(status_code=404, code="season_not_found", detail=f"no season {season_id!r}")
+            raise season_not_found(season_id)
         data = _parse(request.data)
         client = request.auth
         actor = Actor(kind="api_client", id=str(client.pk), label=client.name)

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from leaderboard.core.events import id_is_valid
 from leaderboard.models import Manifest as ManifestRow
 from seasons.models import FinalCandidate, FinalCorrection, FinalStanding, Season
 
 
 def season_get(*, slug: str) -> Season | None:
+    # An id outside the id rule names no season; PostgreSQL would refuse a NUL with an error.
+    if not id_is_valid(slug):
+        return None
     return Season.objects.filter(slug=slug).first()
 
 

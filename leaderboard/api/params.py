@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from leaderboard.api.errors import validation_error
-from leaderboard.core.events import check_player_id
+from leaderboard.api.errors import ApiError, validation_error
+from leaderboard.core.events import ID_RULE, id_is_valid
 
 # The largest integer a bigint column and the JSON renderer (orjson) both carry: beyond it
 # a query or the response itself would fail with a 500.
@@ -40,7 +40,22 @@ def bool_param(query: Mapping[str, str], name: str) -> bool:
 
 
 def player_id_param(player_id: str) -> str:
-    problem = check_player_id(player_id)
-    if problem:
-        raise validation_error({"player_id": [problem]})
+    """A player id of a read URL: one outside the id rule names no player, a 404."""
+    if not id_is_valid(player_id):
+        raise ApiError(status_code=404, code="player_not_found",
+                       detail=f"no player {player_id!r}: player ids are {ID_RULE}")
     return player_id
+
+
+def season_id_param(season_id: str, *, write: bool = False) -> str:
+    """A season id of a URL, checked before it reaches a query or a Redis key: outside the
+    id rule it names no season, a 404 on reads and a 400 naming `season_id` on writes."""
+    if not id_is_valid(season_id):
+        if write:
+            raise validation_error({"season_id": [f"must be {ID_RULE}"]})
+        raise season_not_found(season_id)
+    return season_id
+
+
+def season_not_found(season_id: str) -> ApiError:
+    return ApiError(status_code=404, code="season_not_found", detail=f"no season {season_id!r}")

@@ -3,7 +3,7 @@
 Two front ends call them and must answer identically: the DRF views (read_views.py,
 behind Django's middleware) and the fast read path (fastpath.py), which serves the same
 URLs straight from ASGI. Client errors raise ApiError (a 400 naming the parameter, an
-unknown season's 404); both front ends render it with api_error_body.
+unknown season's or player's 404); both front ends render it with api_error_body.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
-from leaderboard.api.errors import ApiError
-from leaderboard.api.params import bool_param, int_param, player_id_param
+from leaderboard.api.params import bool_param, int_param, player_id_param, season_id_param, season_not_found
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry
 from leaderboard.rankview import RankReader, Unavailable, VersionExpired
@@ -42,12 +41,12 @@ def _entries(entries: list[Entry]) -> list[dict[str, object]]:
 
 
 def _read(season_id: str, call: Callable[[RankReader], Answer]) -> Answer:
-    reader = leaderboard_reader(season_slug=season_id)
+    reader = leaderboard_reader(season_slug=season_id_param(season_id))
     try:
         return call(reader)
     except Unavailable:
         if season_get(slug=season_id) is None:
-            raise ApiError(status_code=404, code="season_not_found", detail=f"no season {season_id!r}") from None
+            raise season_not_found(season_id) from None
         retry = max(1, math.ceil(settings.EPOCH_SECONDS))
         return Answer(
             503,

@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 
 from leaderboard.api.auth import ApiClientTokenAuthentication, scope_required
 from leaderboard.api.errors import ApiError, validation_error
+from leaderboard.api.params import season_id_param, season_not_found
 from leaderboard.core.events import MAX_BATCH, BatchTooLarge, EventValidationError, events_parse
 from leaderboard.services import score_events_apply
 from seasons.selectors import season_get
@@ -27,9 +28,9 @@ class ScoresApplyView(APIView):
     permission_classes = [scope_required("scores:write")]
 
     def post(self, request: Request, season_id: str) -> Response:
-        season = season_get(slug=season_id)
+        season = season_get(slug=season_id_param(season_id, write=True))
         if season is None:
-            raise ApiError(status_code=404, code="season_not_found", detail=f"no season {season_id!r}")
+            raise season_not_found(season_id)
         limit = settings.SCORES_MAX_BODY_BYTES
         try:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)

@@ -24,7 +24,11 @@ KIND_RESULT = "result"
 KIND_CORRECTION = "correction"
 KINDS = (KIND_RESULT, KIND_CORRECTION)
 
-PLAYER_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+# The public id rule: player ids and season ids (a season slug is a subset of it). An id
+# outside it names nothing: reads answer 404, writes 400, and it never reaches a query
+# (PostgreSQL text refuses NUL) or a Redis key.
+ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+ID_RULE = "1..64 characters from [A-Za-z0-9_.:-]"
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 # RFC 3339 date-time with a mandatory offset ("Z" or +hh:mm); fromisoformat alone would
 # also take naive times and week dates.
@@ -96,11 +100,15 @@ def _check_text_id(value: Any) -> str | None:
     return None
 
 
+def id_is_valid(value: Any) -> bool:
+    return isinstance(value, str) and ID_RE.fullmatch(value) is not None
+
+
 def check_player_id(value: Any) -> str | None:
     if not isinstance(value, str):
         return "must be a string"
-    if not PLAYER_ID_RE.fullmatch(value):
-        return "must be 1..64 characters from [A-Za-z0-9_.:-]"
+    if not ID_RE.fullmatch(value):
+        return f"must be {ID_RULE}"
     return None
 
 
