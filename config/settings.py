@@ -172,7 +172,6 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": max(EPOCH_SECONDS * 2, 1.0)},
     },
 }
-SCORES_MAX_BATCH = 1000
 # bench/reads.py only: routes /bench/baseline/... (rank from one plain sorted set) so the
 # read benchmark can compare against it in the same server stack. Off in production.
 BENCH_BASELINE = env_bool("BENCH_BASELINE", False)

@@ -68,13 +68,13 @@ ASYNC_REDIS_CONNECTIONS = 16
 
 def send_timeout() -> float:
     """How long one send to one socket may wait for the client to drain its buffer."""
-    return float(getattr(settings, "LIVE_SEND_TIMEOUT_SECONDS", 5.0))
+    return settings.LIVE_SEND_TIMEOUT_SECONDS
 
 
 def group_refresh_seconds() -> float:
     """How often a process re-joins a season's group: channels-redis forgets members after
     `group_expiry`, and a Redis that lost its data has forgotten them already."""
-    return float(getattr(settings, "LIVE_GROUP_REFRESH_SECONDS", 30.0))
+    return settings.LIVE_GROUP_REFRESH_SECONDS
 
 
 def season_group(season_slug: str) -> str:

@@ -100,7 +100,7 @@ def _counter_lines(name: str, help_text: str, raw: dict[Any, Any], label: str) -
 
 
 def metrics_render() -> str:
-    from leaderboard.models import RebuildJob, ReconciliationRun
+    from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ReconciliationRun
     from seasons.models import Season
 
     r = redis_get()
@@ -145,7 +145,7 @@ def metrics_render() -> str:
 
     lines += ["# HELP leaderboard_rebuild_progress_ratio Progress of shadow builds in flight (0..1).",
               "# TYPE leaderboard_rebuild_progress_ratio gauge"]
-    for job in RebuildJob.objects.filter(status__in=["queued", "building", "comparing"]).select_related("season"):
+    for job in RebuildJob.objects.filter(status__in=ACTIVE_REBUILD_STATUSES).select_related("season"):
         lines.append(f'leaderboard_rebuild_progress_ratio{{season="{job.season.slug}",job="{job.pk}",'
                      f'kind="{job.kind}"}} {job.percent / 100:.4f}')
     lines += ["# HELP leaderboard_reconciliation_runs_total Reconciliation runs by result.",

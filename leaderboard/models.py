@@ -172,6 +172,10 @@ class LateResult(models.Model):
         indexes = [models.Index(fields=["season", "status"], name="late_result_queue")]
 
 
+# The statuses of a shadow build in flight (RebuildJob.Status): at most one per season.
+ACTIVE_REBUILD_STATUSES = ("queued", "building", "comparing")
+
+
 class RebuildJob(models.Model):
     """A shadow build of a season's views from the ledger (a rebuild, or a new bucket layout).
 
@@ -220,7 +224,7 @@ class RebuildJob(models.Model):
             # At most one shadow build in flight per season: the claim is this row.
             models.UniqueConstraint(
                 fields=["season"],
-                condition=models.Q(status__in=["queued", "building", "comparing"]),
+                condition=models.Q(status__in=list(ACTIVE_REBUILD_STATUSES)),
                 name="rebuild_job_one_active_per_season",
             ),
         ]

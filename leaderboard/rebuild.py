@@ -46,7 +46,6 @@ from seasons.models import Season
 
 log = logging.getLogger(__name__)
 
-ACTIVE = (RebuildJob.Status.QUEUED, RebuildJob.Status.BUILDING, RebuildJob.Status.COMPARING)
 LEASE_WAIT_SECONDS = 30.0
 LEASE_KEEP_MAX_SECONDS = 3600.0  # a hung comparison gives the season back after this long
 

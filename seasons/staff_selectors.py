@@ -20,7 +20,15 @@ from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.splits import SplitProposal
 from leaderboard.metrics import LAG_BOUNDS
-from leaderboard.models import LateResult, Manifest, PlayerScore, RebuildJob, ScoreChange, ScoreEvent
+from leaderboard.models import (
+    ACTIVE_REBUILD_STATUSES,
+    LateResult,
+    Manifest,
+    PlayerScore,
+    RebuildJob,
+    ScoreChange,
+    ScoreEvent,
+)
 from leaderboard.redis_client import redis_get
 from seasons.models import Dispute, DisputeNote, FinalCandidate, FinalStanding, ScoreRevocation, Season
 
@@ -93,8 +101,7 @@ def seasons_overview(*, now: datetime | None = None) -> list[SeasonStats]:
             pending_late=LateResult.objects.filter(season=season, status=LateResult.Status.PENDING).count(),
             pending_revocations=ScoreRevocation.objects.filter(season=season,
                                                                status=ScoreRevocation.Status.PROPOSED).count(),
-            active_rebuild=RebuildJob.objects.filter(season=season, status__in=["queued", "building", "comparing"])
-            .first(),
+            active_rebuild=RebuildJob.objects.filter(season=season, status__in=ACTIVE_REBUILD_STATUSES).first(),
         ))
     return stats
 
