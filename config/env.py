@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+from pathlib import Path
 
 
 class ConfigError(RuntimeError):
@@ -59,3 +62,19 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def dev_secret_key(var_dir: Path) -> str:
+    """A development key, generated on first use and kept (mode 0600) under var_dir."""
+    path = var_dir / "secret_key"
+    if not path.exists():
+        # Written aside and linked into place: a concurrent first start never reads a
+        # half-written key, and the first link wins.
+        tmp = var_dir / f".secret_key.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(50))
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+        tmp.unlink()
+    return path.read_text().strip()

@@ -7,7 +7,7 @@ from pathlib import Path
 import dj_database_url
 
 from config import embedded_redis
-from config.env import ConfigError, env_bool, env_float, env_int, env_list, env_str
+from config.env import ConfigError, dev_secret_key, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var")
@@ -15,13 +15,17 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 DEBUG = env_bool("DEBUG", False)
 
+# A deployment names its database (DATABASE_URL) and must bring a real key; a developer's
+# machine on the embedded defaults (or with DEBUG on) gets a key generated once and kept
+# under VAR_DIR, so every command works as printed on a fresh clone.
 _secret = env_str("SECRET_KEY")
 if _secret is None:
-    if not DEBUG:
+    if not DEBUG and env_str("DATABASE_URL") is not None:
         raise ConfigError(
-            "SECRET_KEY is required when DEBUG is off; set SECRET_KEY, or DEBUG=true for development"
+            "SECRET_KEY is required when DATABASE_URL is set and DEBUG is off; "
+            "set SECRET_KEY (e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))')"
         )
-    _secret = "dev-only-insecure-secret-key-do-not-deploy"
+    _secret = dev_secret_key(VAR_DIR)
 SECRET_KEY: str = _secret
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])

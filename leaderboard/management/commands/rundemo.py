@@ -2,26 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from audit.services import Actor
 from config import embedded_redis
+from leaderboard.management.commands.simulate_matches import TOKEN_ENV
 from leaderboard.services import api_client_create
+from leaderboard.simulation import player_ids
 from seasons.selectors import season_get
 from seasons.services import season_create
+from seasons.staff_services import staff_user_create
 
 DEMO_ACTOR = Actor(kind="system", id="", label="manage.py rundemo")
+# One account per role, and a second approver so the two-person flows (FINAL approval,
+# revocations, splits) can be tried: one proposes, the other approves.
+DEMO_STAFF = (("viewer", "viewer"), ("reviewer", "reviewer"), ("approver", "approver"), ("approver2", "approver"))
+# Stopped in this order, each with this long to go before it is killed: nothing is left
+# writing into a server that is already gone, and the worker gets a warm shutdown (its
+# main process alone is signalled, so it finishes its task and stops its own pool).
+STOP_ORDER = (("simulator", 3.0), ("web", 4.0), ("beat", 3.0), ("worker", 8.0))
 
 
 class Command(BaseCommand):
@@ -44,76 +59,129 @@ class Command(BaseCommand):
                 slug=slug, name="Demo season", starts_at=now - timedelta(days=1),
                 cutoff=now + timedelta(days=30), actor=DEMO_ACTOR,
             )
-            self.stdout.write(f"created season {slug}")
         client, token = api_client_create(
             name=f"demo-match-service-{timezone.now():%Y%m%d%H%M%S}", scopes=["scores:write"],
             actor=DEMO_ACTOR,
         )
+        token_file = _private_write(settings.VAR_DIR / "demo-token", token)
+        staff = [(username, role, _demo_staff(username, role)) for username, role in DEMO_STAFF]
         base = f"http://{options['host']}:{options['port']}"
         python = sys.executable
         env = {**os.environ, "REDIS_URL": settings.REDIS_URL}
-        commands: list[tuple[str, list[str]]] = [
+        # Celery warns at length when run as root, which a container often is; it is not
+        # something the demo's user can act on, and it buries the lines printed below.
+        celery_env = {**env, "PYTHONWARNINGS": "ignore::celery.exceptions.SecurityWarning"}
+        commands: list[tuple[str, list[str], dict[str, str]]] = [
+            ("worker", [python, "-m", "celery", "-A", "config", "--quiet", "worker", "--loglevel", "WARNING",
+                        "--concurrency", "2"], celery_env),
+            ("beat", [python, "-m", "celery", "-A", "config", "--quiet", "beat", "--loglevel", "WARNING",
+                      "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")], celery_env),
             ("web", [python, "-m", "uvicorn", "config.asgi:application", "--host", options["host"],
-                     "--port", str(options["port"]), "--workers", "2", "--log-level", "warning"]),
-            ("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "WARNING",
-                        "--concurrency", "2"]),
-            ("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING",
-                      "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")]),
+                     "--port", str(options["port"]), "--workers", "2", "--log-level", "warning",
+                     "--no-access-log", "--timeout-graceful-shutdown", "2"], env),
         ]
-        if not options["no_simulator"]:
-            commands.append(
-                ("simulator", [python, "manage.py", "simulate_matches", slug, "--url", base,
-                               "--token", token, "--players", str(options["players"]),
-                               "--rate", str(options["rate"])])
-            )
-        children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        simulator = [python, "manage.py", "simulate_matches", slug, "--url", base, "--players",
+                     str(options["players"]), "--rate", str(options["rate"]), "--report-every", "0"]
+        children: dict[str, subprocess.Popen[bytes]] = {}
         # A shell's background job starts with SIGINT ignored; Ctrl-C (and a SIGTERM from
         # a supervisor) must still stop everything this command started.
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
         try:
-            for name, argv in commands:
-                children.append((name, subprocess.Popen(argv, env=env, start_new_session=True)))
-            self.stdout.write(
-                "\n".join(
-                    [
-                        "",
-                        f"  match-service token ({client.name}): {token}",
-                        f"  write API   POST {base}/internal/v1/seasons/{slug}/scores:apply",
-                        f"  health      {base}/healthz   {base}/readyz",
-                        f"  admin       {base}/admin/",
-                        f"  redis       {settings.REDIS_URL}{' (embedded)' if settings.REDIS_EMBEDDED else ''}",
-                        f"  database    {settings.DATABASES['default']['NAME']}",
-                        "  Ctrl-C stops everything.",
-                        "",
-                    ]
+            for name, argv, child_env in commands:
+                # Their own sessions: the terminal's Ctrl-C reaches this command only, which
+                # then stops them in order.
+                children[name] = subprocess.Popen(argv, env=child_env, start_new_session=True)
+            self._wait_ready(f"{base}/healthz", children)
+            if not options["no_simulator"]:
+                children["simulator"] = subprocess.Popen(
+                    simulator, env={**env, TOKEN_ENV: token}, start_new_session=True
                 )
-            )
+            sample = player_ids(1)[0]
+            lines = [
+                "",
+                f"  Demo season {slug!r} is live at {base}",
+                "",
+                f"  live board      {base}/seasons/{slug}/live",
+                f"  staff console   {base}/staff/   (passwords are new on every run)",
+                *[f"                    {u:<10} {p}   role {r}" for u, r, p in staff],
+                f"  read API        curl '{base}/v1/seasons/{slug}/leaderboard/top?limit=10'",
+                f"                  curl '{base}/v1/seasons/{slug}/players/{sample}/rank'",
+                f"  API docs        {base}/api/docs/",
+                f"  write API       POST {base}/internal/v1/seasons/{slug}/scores:apply",
+                f"                  token (scores:write) in {token_file}",
+                f"  health          {base}/healthz   {base}/readyz",
+                f"  redis           {settings.REDIS_URL}{' (embedded)' if settings.REDIS_EMBEDDED else ''}",
+                f"  database        {settings.DATABASES['default']['NAME']}",
+                "",
+                "  Ctrl-C stops everything.",
+                "",
+            ]
+            self.stdout.write("\n".join(lines))
             while True:
-                for name, proc in children:
+                for name, proc in children.items():
                     if proc.poll() is not None:
                         self.stderr.write(f"{name} exited with {proc.returncode}; stopping")
                         return
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            self.stdout.write("stopping…")
+            pass
         finally:
+            started = time.monotonic()
             _stop(children)
             if settings.REDIS_EMBEDDED:
-                embedded_redis.stop(settings.VAR_DIR)
+                embedded_redis.release(settings.VAR_DIR)
+            self.stdout.write(f"stopped in {time.monotonic() - started:.1f} s")
+
+    def _wait_ready(self, url: str, children: dict[str, subprocess.Popen[bytes]]) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for name, proc in children.items():
+                if proc.poll() is not None:
+                    raise CommandError(f"{name} exited with {proc.returncode} while starting")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise CommandError(f"the web server did not answer {url} within 60 s")
+
+
+def _demo_staff(username: str, role: str) -> str:
+    password = secrets.token_urlsafe(9)
+    staff_user_create(username=username, role=role, password=password, actor=DEMO_ACTOR)
+    return password
+
+
+def _private_write(path: Path, text: str) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text + "\n")
+    os.chmod(path, 0o600)  # an older file keeps its mode through O_CREAT
+    return path
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _stop(children: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
-    for _, proc in children:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for _, proc in children:
+def _stop(children: dict[str, subprocess.Popen[bytes]]) -> None:
+    # A second Ctrl-C while stopping must not abandon the children half-stopped.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for name, grace in STOP_ORDER:
+        proc = children.get(name)
+        if proc is None or proc.poll() is not None:
+            continue
+        proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # Whatever a child left in its session (a pool process, a uvicorn worker) goes too.
+    for proc in children.values():
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

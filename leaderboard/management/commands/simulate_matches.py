@@ -7,11 +7,13 @@ this command only paces them, sends them, retries failures with backoff and repo
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import signal
 import time
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,6 +22,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from leaderboard.core.events import MAX_BATCH
 from leaderboard.simulation import MatchSimulator, SimConfig, player_ids
+
+# The token comes from the environment or a file, never the command line, where any
+# user of the machine could read it in the process list.
+TOKEN_ENV = "LEADERBOARD_TOKEN"
 
 # Statuses that mean "fix the configuration", not "try again later".
 FATAL_STATUSES = {401: "bad token", 403: "token lacks the scores:write scope", 404: "unknown season"}
@@ -35,12 +41,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("season", help="season slug (the {season_id} of the URL)")
         parser.add_argument("--url", default="http://127.0.0.1:8000", help="base URL of the service")
-        parser.add_argument("--token", required=True, help="API token with scope scores:write")
+        parser.add_argument(
+            "--token-file", default=None,
+            help=f"file holding an API token with scope scores:write; default: ${TOKEN_ENV}",
+        )
         parser.add_argument("--players", type=int, default=5000)
         parser.add_argument("--rate", type=float, default=500, help="events per second")
         parser.add_argument("--duration", type=float, default=None, help="seconds; default: until stopped")
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between sends")
-        parser.add_argument("--report-every", type=float, default=5.0, help="seconds between progress lines")
+        parser.add_argument(
+            "--report-every", type=float, default=60.0, help="seconds between progress lines; 0: only the last"
+        )
         parser.add_argument("--duplicate-rate", type=float, default=0.03)
         parser.add_argument("--correction-rate", type=float, default=0.005)
         parser.add_argument("--seed", type=int, default=None, help="default: random")
@@ -50,11 +61,12 @@ class Command(BaseCommand):
         if options["players"] < 1 or options["rate"] <= 0 or options["interval"] <= 0:
             raise CommandError("--players, --rate and --interval must be positive")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request
+        token = _token(options["token_file"])
         run = SimulationRun(
             out=self._say,
             url=options["url"].rstrip("/"),
             season=options["season"],
-            token=options["token"],
+            token=token,
             simulator=MatchSimulator(
                 players=player_ids(options["players"]),
                 seed=options["seed"] if options["seed"] is not None else secrets.randbits(32),
@@ -85,6 +97,19 @@ class Command(BaseCommand):
     def _say(self, line: str) -> None:
         self.stdout.write(line)
         self.stdout.flush()
+
+
+def _token(token_file: str | None) -> str:
+    if token_file is not None:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise CommandError(f"cannot read --token-file: {exc}") from exc
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise CommandError(f"no API token: pass --token-file FILE or set ${TOKEN_ENV}")
+    return token
 
 
 class SimulationRun:
@@ -124,12 +149,13 @@ class SimulationRun:
         headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
         with httpx.Client(headers=headers, timeout=self.timeout) as client:
             self._wait_for_server(client)
-            self.out(
-                f"simulating {len(self.simulator.players)} players at {self.rate:g} events/s "
-                f"-> {self.endpoint}"
-            )
+            if self.report_every > 0:
+                self.out(
+                    f"simulating {len(self.simulator.players)} players at {self.rate:g} events/s "
+                    f"-> {self.endpoint}"
+                )
             started = next_tick = time.monotonic()
-            next_report = started + self.report_every
+            next_report = started + self.report_every if self.report_every > 0 else float("inf")
             fatal = None
             while not self.stopping and fatal is None:
                 now = time.monotonic()
