@@ -207,6 +207,11 @@ def dispute_file(
 
 
 def _dispute_locked(dispute: Dispute) -> Dispute:
+    # Lock order, in every service of this module: the revocation row, then its dispute,
+    # then its late result, then the season's write lock (score_events_apply), and the
+    # audit chain's head last (audit_log). Two actions on one dispute then queue behind
+    # each other; taken the other way round (a decision holding the audit head while it
+    # waits for the dispute a note holds) PostgreSQL kills one of them as a deadlock.
     # FOR UPDATE OF the dispute only: the joined season row must stay unlocked (epochs and
     # lifecycle transitions lock it), and the assignee is an outer join PostgreSQL cannot lock.
     return Dispute.objects.select_for_update(of=("self",)).select_related("season", "assignee").get(pk=dispute.pk)
@@ -359,6 +364,8 @@ def score_revocation_approve(
         based_on = {"score": locked.score_before, "score_version": locked.base_version}
         if rebase:
             locked.score_before, locked.base_version = _player_state(season, locked.player_id)
+        # The dispute before the late result, the season lock and the audit head (_dispute_locked).
+        dispute = _dispute_locked(locked.dispute) if locked.dispute_id else None  # type: ignore[arg-type]
         late_result = (LateResult.objects.select_for_update().get(pk=locked.late_result_id)
                        if locked.late_result_id else None)
         if late_result is not None and late_result.status != LateResult.Status.PENDING:
@@ -400,16 +407,16 @@ def score_revocation_approve(
                          "proposed_by": locked.proposed_by_label},
                   reason=reason or locked.reason)
         if outcome.status == APPLIED:
-            _revocation_resolves(locked, late_result=late_result, actor=actor, now=now)
+            _revocation_resolves(locked, dispute=dispute, late_result=late_result, actor=actor, now=now)
     return ApprovalResult(revocation=locked, status=outcome.status, detail=locked.last_outcome_detail)
 
 
-def _revocation_resolves(revocation: ScoreRevocation, *, late_result: LateResult | None, actor: Actor,
-                         now: datetime) -> None:
-    """An applied revocation closes the dispute or late result it came from (same transaction)."""
+def _revocation_resolves(revocation: ScoreRevocation, *, dispute: Dispute | None, late_result: LateResult | None,
+                         actor: Actor, now: datetime) -> None:
+    """An applied revocation closes the dispute or late result it came from (same transaction;
+    the caller holds their locks)."""
     slug = revocation.season.slug
-    if revocation.dispute_id:
-        dispute = _dispute_locked(revocation.dispute)  # type: ignore[arg-type]
+    if dispute is not None:
         dispute.status = Dispute.Status.RESOLVED
         dispute.resolution_reason = f"score revoked to {revocation.new_score} (revocation {revocation.pk})"
         dispute.resolved_by_label, dispute.resolved_at, dispute.updated_at = actor.label, now, now
@@ -440,14 +447,15 @@ def score_revocation_reject(*, revocation: ScoreRevocation, actor: Actor, reason
         locked.decided_by_id, locked.decided_by_label, locked.decided_at = decider_id, actor.label, now
         locked.decision_reason = reason
         locked.save(update_fields=["status", "decided_by", "decided_by_label", "decided_at", "decision_reason"])
-        audit_log(actor=actor, action="revocation.rejected", target_type="revocation", target_id=str(locked.pk),
-                  season_slug=locked.season.slug, before={"status": ScoreRevocation.Status.PROPOSED},
-                  after={"status": locked.status}, reason=reason)
         if locked.dispute_id:
             # The dispute goes back to the queue: it can be rejected or get another proposal.
+            # Updated before the audit row: the audit head is the last lock (_dispute_locked).
             Dispute.objects.filter(pk=locked.dispute_id, status=Dispute.Status.REVOCATION_PROPOSED).update(
                 status=Dispute.Status.OPEN, updated_at=now
             )
+        audit_log(actor=actor, action="revocation.rejected", target_type="revocation", target_id=str(locked.pk),
+                  season_slug=locked.season.slug, before={"status": ScoreRevocation.Status.PROPOSED},
+                  after={"status": locked.status}, reason=reason)
     return locked
 
 
