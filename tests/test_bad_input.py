@@ -1,6 +1,8 @@
 """Bad input is a clear 4xx, never a 500: ids outside the id rule (1..64 characters from
 [A-Za-z0-9_.:-]) are 404 on every read and on the live socket's handshake (close 4404)
-and 400 on writes; they never reach PostgreSQL (which refuses a NUL) or a Redis key."""
+and 400 on writes; they never reach PostgreSQL (which refuses a NUL) or a Redis key.
+Date-times outside 1970..9999 and split points that are no number (nan, inf) are refused
+naming the field."""
 
 from __future__ import annotations
 
@@ -17,9 +19,16 @@ from rest_framework.test import APIClient
 
 from config.asgi import application
 from leaderboard.api.fastpath import ReadFastPath
+from leaderboard.core.buckets import BucketLayout, LayoutError
+from leaderboard.core.splits import split_points_valid
+from leaderboard.models import RebuildJob, ScoreEvent
 from leaderboard.services import api_client_create
 from seasons.models import Season
-from tests.conftest import TEST_ACTOR
+from tests.staff_support import follow_messages
+from tests.support import TEST_ACTOR
+
+# The staff fixtures (make_staff, client_as, fast_passwords).
+pytest_plugins = ["tests.staff_fixtures"]
 
 pytestmark = pytest.mark.django_db
 
@@ -119,3 +128,33 @@ def test_a_season_id_outside_the_rule_is_400_when_filing_a_dispute(bad: str) -> 
                             format="json")
     assert response.status_code == 400, response.content[:200]
     assert "season_id" in response.json()["fields"]
+
+
+# --- date-times and split points ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("completed_at", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00",
+                                          "1969-12-31T23:59:59Z"])
+def test_a_date_outside_1970_to_9999_is_400_naming_the_field(season: Season, post_scores: Post,
+                                                             event_factory: Callable[..., Any],
+                                                             completed_at: str) -> None:
+    response = post_scores(season.slug, {"events": [event_factory(), event_factory(completed_at=completed_at)]})
+    assert response.status_code == 400, response.content[:200]
+    assert list(response.json()["fields"]) == ["events[1].completed_at"]
+    assert not ScoreEvent.objects.exists()
+
+
+@pytest.mark.parametrize("point", ["nan", "inf", "-inf", "1e999", float("nan"), float("inf")])
+def test_a_split_point_that_is_no_finite_number_is_refused(point: object) -> None:
+    with pytest.raises(LayoutError, match="is not a score"):
+        split_points_valid(BucketLayout.uniform(), [point])
+
+
+@pytest.mark.usefixtures("redis_flushed")
+@pytest.mark.parametrize("points", ["nan", "inf", "150, 1e999"])
+def test_the_staff_split_form_refuses_nan_and_inf_with_a_message(season: Season, client_as: Any,
+                                                                 points: str) -> None:
+    reviewer = client_as("reviewer")
+    response = reviewer.post(f"/staff/seasons/{season.slug}/splits", {"split_points": points, "reason": "hot"})
+    assert "is not a score" in follow_messages(reviewer, response)[-1]
+    assert not RebuildJob.objects.exists()

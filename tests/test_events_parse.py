@@ -19,7 +19,8 @@ SCORE_ERROR = "must be an integer in 0..1000000"
 VERSION_ERROR = "must be an integer >= 1"
 PLAYER_ERROR = "must be 1..64 characters from [A-Za-z0-9_.:-]"
 ID_LENGTH_ERROR = "must be 1..64 characters"
-TIME_ERROR = "must be an RFC 3339 date-time with an offset, e.g. 2026-01-31T18:00:00Z"
+TIME_ERROR = ("must be an RFC 3339 date-time with an offset between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z, "
+              "e.g. 2026-01-31T18:00:00Z")
 
 
 def valid(**overrides: Any) -> dict[str, Any]:
@@ -183,6 +184,9 @@ def test_text_id_rejected(field: str, value: Any, message: str) -> None:
         ("2026-11-15T12:00:00.5Z", datetime(2026, 11, 15, 12, 0, 0, 500000, tzinfo=UTC)),
         ("2026-11-15T12:00:00.123456789Z", datetime(2026, 11, 15, 12, 0, 0, 123456, tzinfo=UTC)),
         ("2026-11-15 12:00:00+00:00", datetime(2026, 11, 15, 12, tzinfo=UTC)),
+        ("1970-01-01T00:00:00Z", datetime(1970, 1, 1, tzinfo=UTC)),
+        ("9999-12-31T23:59:59Z", datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)),
+        ("9999-12-31T23:59:59+01:00", datetime(9999, 12, 31, 22, 59, 59, tzinfo=UTC)),
     ],
 )
 def test_completed_at_accepted_and_normalised_to_the_same_instant(text: str, expected: datetime) -> None:
@@ -212,6 +216,12 @@ def test_completed_at_keeps_the_senders_offset() -> None:
         "2026-11-15T12:00:00Z trailing",
         1763208000,
         None,
+        # Outside 1970..9999 in UTC: the first two overflowed Python's datetime (a 500).
+        "0001-01-01T00:00:00+01:00",
+        "9999-12-31T23:59:59-01:00",
+        "0001-01-01T00:00:00Z",
+        "1969-12-31T23:59:59Z",
+        "1970-01-01T00:30:00+01:00",
     ],
 )
 def test_completed_at_rejected(text: Any) -> None:

@@ -471,6 +471,8 @@ def test_empty_body_is_400_listing_required_fields(season: Season, api: APIClien
         ({"player_id": ""}, "player_id"),
         ({"event_id": "e" * 65}, "event_id"),
         ({"completed_at": "2026-11-15T12:00:00"}, "completed_at"),
+        ({"completed_at": "0001-01-01T00:00:00+01:00"}, "completed_at"),
+        ({"completed_at": "9999-12-31T23:59:59-01:00"}, "completed_at"),
         ({"kind": "bonus"}, "kind"),
         ({"kind": "correction"}, "reason"),
         ({"reason": "r" * 501}, "reason"),

@@ -36,6 +36,10 @@ _RFC3339_RE = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
 )
 
+# The instants a date-time may name: anything else is a typo or a probe, refused as invalid.
+EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+
 REQUIRED_FIELDS = ("event_id", "match_id", "player_id", "best_score", "score_version", "completed_at")
 OPTIONAL_FIELDS = ("kind", "reason")
 ALLOWED_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
@@ -124,7 +128,15 @@ def parse_rfc3339(value: Any) -> datetime | None:
         parsed = datetime.fromisoformat(text.replace(" ", "T"))
     except ValueError:
         return None
-    return parsed if parsed.tzinfo is not None else None
+    if parsed.tzinfo is None:
+        return None
+    # Year 1 at +01:00 or 9999-12-31 at -01:00 is no instant Python can hold in UTC: the
+    # payload hash would fail (OverflowError) long after validation.
+    try:
+        instant = parsed.astimezone(UTC)
+    except OverflowError:
+        return None
+    return parsed if EARLIEST_INSTANT <= instant <= LATEST_INSTANT else None
 
 
 def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent | None:
@@ -160,7 +172,8 @@ def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent 
     if "completed_at" in raw:
         completed_at = parse_rfc3339(raw["completed_at"])
         if completed_at is None:
-            fail("completed_at", "must be an RFC 3339 date-time with an offset, e.g. 2026-01-31T18:00:00Z")
+            fail("completed_at", "must be an RFC 3339 date-time with an offset between 1970-01-01T00:00:00Z and "
+                                 "9999-12-31T23:59:59Z, e.g. 2026-01-31T18:00:00Z")
 
     kind = raw.get("kind", KIND_RESULT)
     if kind not in KINDS:

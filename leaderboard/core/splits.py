@@ -9,6 +9,7 @@ ties are never split (CONTRACT.md 1).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ def split_points_valid(layout: BucketLayout, points: Sequence[object]) -> list[i
             value = float(point)
         except ValueError:
             raise LayoutError(f"split point {point!r} is not a score") from None
+        if not math.isfinite(value):  # "nan", "inf", "1e999": int() of them raises
+            raise LayoutError(f"split point {point!r} is not a score")
         if value != int(value):
             raise LayoutError(f"split point {point!r} falls inside one score value: ties would be split")
         score = int(value)
