@@ -195,7 +195,7 @@ def _copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, targ
     touched = rankview.copy_apply(r, keys, token, target, old_scores, newest)
     problems = rankview.copy_verify_counts(r, keys, target, touched)
     if problems:
-        r.hset(keys.copy_meta(target.copy), "state", "broken")
+        r.hset(keys.copy_meta(target.copy), "state", rankview.STATE_BROKEN)
         raise EpochError(f"copy {target.copy} failed verification, marked for a rebuild: {'; '.join(problems)}")
     return len(newest)
 
@@ -228,7 +228,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     target_name = next(c for c in copies if current is None or c != current.copy)
     target = rankview.copy_meta_load(r, keys, target_name)
     layout = current.layout if current is not None else season.bucket_layout
-    rebuild = target is None or target.state == "broken" or target.layout != layout
+    rebuild = target is None or target.state == rankview.STATE_BROKEN or target.layout != layout
 
     # (txid, id, player_id, new_score, score_version) in cursor order, read before the
     # target is touched: with nothing new since the current version the epoch is idle
@@ -276,7 +276,10 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
         top=rankview.copy_top(r, keys, target, limit=100),
     )
     rankview.manifest_store(r, keys, manifest, token=token)
-    rankview.pointer_publish(r, keys, token=token, expected=current_version, version=version)
+    # The FINAL version keeps its manifest when a correction replaces it (the catch-up
+    # leaves its copy alone too): it stays readable by number until that copy is needed.
+    rankview.pointer_publish(r, keys, token=token, expected=current_version, version=version,
+                             keep_replaced=current_version is not None and current_version == season.final_version)
     published_at = datetime.now(UTC)
     if current is not None:
         rankview.copy_release(r, keys, current.copy, at=time.time())
@@ -421,7 +424,7 @@ def season_copy_build(
     meta.checksums = checksums
     problems = rankview.copy_verify_counts(r, keys, meta, range(layout.size))
     if problems:
-        r.hset(keys.copy_meta(copy), "state", "broken")
+        r.hset(keys.copy_meta(copy), "state", rankview.STATE_BROKEN)
         raise EpochError(f"copy {copy} built from scores failed verification: {'; '.join(problems)}")
     # Still "applying" until an epoch finishes it with the watermark of what it applied.
     meta.watermark = watermark

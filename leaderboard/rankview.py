@@ -5,7 +5,7 @@ No Django here: callers pass a redis client and the key prefix. Layout of the ke
 per-season control keys together in one):
 
     {P}:{season}:ptr                 current version number
-    {P}:{season}:m:{version}         manifest JSON (kept MANIFEST_TTL seconds)
+    {P}:{season}:m:{version}         manifest JSON (no expiry while current; MANIFEST_TTL s once superseded)
     {P}:{season}:fence / :lease      fencing counter / the coordinator's token
     {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums
     {P}:{season:c:L:b}:z             bucket b (layout L) of copy c: member player_id, score -score
@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,11 +44,18 @@ LOOKUP_SHARDS = 16
 # The copies of the index (R = 2): the materializer alternates between them, and a rank
 # read fetches the player's lookup score in each with the pointer, in one round trip.
 COPY_NAMES = ("0", "1")
+# How long a manifest outlives its currency: a candidate never published, or a version
+# the pointer swap replaced (pinned readers then get 410). The current version's manifest
+# never expires: a quiet season (no match overnight, a FINAL awaiting its approver) must
+# stay readable, and an expired one would read as lost views and start a recovery.
 MANIFEST_TTL = 3600
 APPLY_CHUNK = 2000
 
 STATE_READY = "ready"
 STATE_APPLYING = "applying"
+# A copy whose contents cannot be trusted (a chunk reply or its verification disagreed):
+# the next epoch rebuilds it from the scores instead of applying changes to it.
+STATE_BROKEN = "broken"
 
 
 def lookup_shard(player_id: str) -> int:
@@ -191,14 +199,19 @@ return 0
 """
 
 # Publication: one atomic pointer swap, only by the lease holder, only from the version
-# it built on. KEYS: lease, ptr, copies. ARGV: token, expected current ('' = none), new
-# version, and the season's new copy names ('' = unchanged: a rebuild publishing its
-# shadow names them in the same step, so the pointer never names a copy the list lacks).
+# it built on. KEYS: lease, ptr, copies, the new version's manifest, the replaced one's.
+# ARGV: token, expected current ('' = none), new version, the season's new copy names
+# ('' = unchanged: a rebuild publishing its shadow names them in the same step, so the
+# pointer never names a copy the list lacks), the replaced manifest's TTL ('' = keep it).
+# The manifests' expiry moves in the same step: the current one never expires, so no
+# crash between two commands can leave the current version with a clock on it.
 _PUBLISH = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local cur = redis.call('GET', KEYS[2])
 if (cur or '') ~= ARGV[2] then return -2 end
 redis.call('SET', KEYS[2], ARGV[3])
+redis.call('PERSIST', KEYS[4])
+if cur and ARGV[5] ~= '' then redis.call('EXPIRE', KEYS[5], ARGV[5]) end
 if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4]) end
 return 1
 """
@@ -262,10 +275,16 @@ class LeaseKeeper:
 
 
 def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | None, version: int,
-                    copies: list[str] | None = None) -> None:
-    result = r.eval(_PUBLISH, 3, keys.lease, keys.ptr, keys.copies, str(token),
+                    copies: list[str] | None = None, keep_replaced: bool = False) -> None:
+    """Make `version` current; the manifest it replaces expires after MANIFEST_TTL.
+
+    keep_replaced: the replaced version keeps its manifest for good (the FINAL version,
+    readable by number for as long as a copy still holds it).
+    """
+    result = r.eval(_PUBLISH, 5, keys.lease, keys.ptr, keys.copies, keys.manifest(version),
+                    keys.manifest(expected or 0), str(token),
                     "" if expected is None else str(expected), str(version),
-                    orjson.dumps(copies) if copies else "")
+                    orjson.dumps(copies) if copies else "", "" if keep_replaced else str(MANIFEST_TTL))
     if result == -1:
         raise FenceLost("the lease moved to another coordinator before publication")
     if result == -2:
@@ -377,7 +396,7 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
     def landed(plan: EpochPlan, commands: list[tuple[Any, ...]], replies: list[Any]) -> None:
         problem = _chunk_mismatch(plan, commands, replies)
         if problem:
-            r.hset(keys.copy_meta(meta.copy), "state", "broken")
+            r.hset(keys.copy_meta(meta.copy), "state", STATE_BROKEN)
             raise CopyMismatch(f"copy {meta.copy}: {problem}")
         meta.counts = plan.counts
         meta.checksums = plan.checksums
@@ -537,11 +556,12 @@ def bucket_checksum_scan(r: redis.Redis, keys: Keys, copy: str, layout_id: int, 
 
 
 def manifest_store(r: redis.Redis, keys: Keys, manifest: Manifest, *, token: int | None = None) -> None:
-    """Store a manifest; with `token`, only while that token holds the lease.
+    """Store a candidate manifest; with `token`, only while that token holds the lease.
 
     A coordinator that stalls after building a version can find its version number
     published by its successor: unfenced, its late write would replace the successor's
-    manifest with one naming a stale copy generation.
+    manifest with one naming a stale copy generation. It expires after MANIFEST_TTL
+    unless pointer_publish makes it current (a candidate that fails is not left behind).
     """
     raw = manifest.to_json()
     if token is None:
@@ -570,33 +590,41 @@ def pointer_get(r: redis.Redis, keys: Keys) -> int | None:
     return int(raw) if raw is not None else None
 
 
-_manifest_cache: dict[tuple[str, str, int], Manifest] = {}
+# Least recently used first. Clearing it when full would send every season's readers to
+# Redis at once; evicting the oldest keeps the current versions the reads actually use.
+_manifest_cache: OrderedDict[tuple[str, str, int], Manifest] = OrderedDict()
+_manifest_cache_lock = threading.Lock()  # the reading threads share it
 _MANIFEST_CACHE_MAX = 256
 
 
 def manifest_get(r: redis.Redis, keys: Keys, version: int) -> Manifest | None:
     """A manifest is immutable once published, so each process caches it by version."""
     cache_key = (keys.prefix, keys.season, version)
-    cached = _manifest_cache.get(cache_key)
-    if cached is not None:
-        return cached
+    with _manifest_cache_lock:
+        cached = _manifest_cache.get(cache_key)
+        if cached is not None:
+            _manifest_cache.move_to_end(cache_key)
+            return cached
     raw = r.get(keys.manifest(version))
     if raw is None:
         return None
     manifest = Manifest.from_json(raw)
-    if len(_manifest_cache) >= _MANIFEST_CACHE_MAX:
-        _manifest_cache.clear()
-    _manifest_cache[cache_key] = manifest
+    with _manifest_cache_lock:
+        _manifest_cache[cache_key] = manifest
+        while len(_manifest_cache) > _MANIFEST_CACHE_MAX:
+            _manifest_cache.popitem(last=False)
     return manifest
 
 
 def manifest_cache_clear() -> None:
-    _manifest_cache.clear()
+    with _manifest_cache_lock:
+        _manifest_cache.clear()
 
 
 def manifest_cache_forget(keys: Keys, version: int) -> None:
     """Forget a cached manifest that was never published (a failed candidate's number is reused)."""
-    _manifest_cache.pop((keys.prefix, keys.season, version), None)
+    with _manifest_cache_lock:
+        _manifest_cache.pop((keys.prefix, keys.season, version), None)
 
 
 # ------------------------------------------------------------------------------ reads
