@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from leaderboard import live_views
 from leaderboard.api import health
@@ -8,6 +9,8 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("seasons/<str:season_id>/live", live_views.season_live_page, name="season-live"),
     path("", include("leaderboard.api.urls")),
     path("staff/", include("seasons.staff_urls")),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from leaderboard.api import schema as api_schema
 from leaderboard.api.errors import ApiError
 from leaderboard.api.params import int_param, player_id_param, season_id_param, season_not_found
 from seasons.models import FinalStanding, Season
@@ -42,6 +44,9 @@ class FinalView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
+    @extend_schema(operation_id="final_get", summary="The FINAL standings' manifest: version, content hash, totals",
+                   parameters=[api_schema.SEASON_ID],
+                   responses={200: api_schema.FinalSerializer, **api_schema.final_errors()})
     def get(self, request: Request, season_id: str) -> Response:
         season = _final_season(season_id)
         manifest = final_manifest_get(season=season)
@@ -71,6 +76,11 @@ class FinalStandingsView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
+    @extend_schema(operation_id="final_standings", summary="A page of the FINAL standings in position order",
+                   parameters=[api_schema.SEASON_ID, api_schema.FROM_POSITION,
+                               api_schema.int_query("limit", "entries to return", low=1, high=FINAL_PAGE_MAX,
+                                                    default=100)],
+                   responses={200: api_schema.FinalStandingsSerializer, **api_schema.final_errors()})
     def get(self, request: Request, season_id: str) -> Response:
         season = _final_season(season_id)
         first = int_param(request.query_params, "from_position", default=1, low=1, high=None) or 1
@@ -86,6 +96,9 @@ class FinalPlayerView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
+    @extend_schema(operation_id="final_player", summary="A player's FINAL standing",
+                   parameters=[api_schema.SEASON_ID, api_schema.PLAYER_ID],
+                   responses={200: api_schema.FinalPlayerSerializer, **api_schema.final_errors()})
     def get(self, request: Request, season_id: str, player_id: str) -> Response:
         player_id_param(player_id)
         season = _final_season(season_id)
@@ -100,6 +113,9 @@ class FinalCorrectionsView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
+    @extend_schema(operation_id="final_corrections", summary="Corrections applied after the FINAL was published",
+                   parameters=[api_schema.SEASON_ID],
+                   responses={200: api_schema.FinalCorrectionsSerializer, **api_schema.final_errors()})
     def get(self, request: Request, season_id: str) -> Response:
         season = _final_season(season_id)
         return Response({

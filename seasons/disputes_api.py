@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.services import Actor
+from leaderboard.api import schema as api_schema
 from leaderboard.api.auth import ApiClientTokenAuthentication, scope_required
 from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.api.params import season_id_param, season_not_found
@@ -73,6 +75,16 @@ class DisputesView(APIView):
     authentication_classes = [ApiClientTokenAuthentication]
     permission_classes = [scope_required(SCOPE)]
 
+    @extend_schema(
+        operation_id="dispute_file", summary="File a player's dispute (scope disputes:write)",
+        description="Staff handle it in the console; a known `external_ref` answers the first dispute, so a "
+                    "retried delivery never files twice.",
+        parameters=[api_schema.SEASON_ID], request={"application/json": api_schema.DISPUTE_BODY},
+        responses={201: OpenApiResponse(api_schema.DisputeSerializer, description="the new dispute"),
+                   200: OpenApiResponse(api_schema.DisputeSerializer,
+                                        description="`external_ref` was filed before: the first dispute"),
+                   **api_schema.write_errors()},
+    )
     def post(self, request: Request, season_id: str) -> Response:
         season = season_get(slug=season_id_param(season_id, write=True))
         if season is None:

@@ -15,6 +15,7 @@ f"{REDIS_KEY_PREFIX}:baseline:{season_id}", loaded by bench/reads.py.
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -56,6 +57,7 @@ class BaselineRankView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
+    @extend_schema(exclude=True)  # a benchmark's yardstick, not part of the API
     def get(self, request: Request, season_id: str, player_id: str) -> Response:
         answer = baseline_answer(season_id=season_id, player_id=player_id,
                                  lean=request.query_params.get("client") == "lean")

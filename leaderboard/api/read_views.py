@@ -7,12 +7,14 @@ fast path hands on) with the same functions, so the answers are the same.
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from leaderboard.api import reads
+from leaderboard.api import schema as api_schema
 
 
 def _respond(answer: reads.Answer) -> Response:
@@ -25,21 +27,35 @@ class LeaderboardReadView(APIView):
 
 
 class TopView(LeaderboardReadView):
+    @extend_schema(operation_id="leaderboard_top", summary="The top of the current (or a given) version",
+                   parameters=[api_schema.SEASON_ID, api_schema.LIMIT, api_schema.VERSION],
+                   responses={200: api_schema.TopSerializer, **api_schema.read_errors()})
     def get(self, request: Request, season_id: str) -> Response:
         return _respond(reads.top_answer(season_id=season_id, query=request.query_params))
 
 
 class WindowView(LeaderboardReadView):
+    @extend_schema(operation_id="leaderboard_window", summary="A window of the board from any position",
+                   parameters=[api_schema.SEASON_ID, api_schema.FROM_POSITION, api_schema.LIMIT,
+                               api_schema.VERSION],
+                   responses={200: api_schema.WindowSerializer, **api_schema.read_errors()})
     def get(self, request: Request, season_id: str) -> Response:
         return _respond(reads.window_answer(season_id=season_id, query=request.query_params))
 
 
 class RankView(LeaderboardReadView):
+    @extend_schema(operation_id="player_rank", summary="A player's score, rank and position",
+                   parameters=[api_schema.SEASON_ID, api_schema.PLAYER_ID, api_schema.VERSION,
+                               api_schema.INCLUDE_PENDING],
+                   responses={200: api_schema.RankSerializer, **api_schema.read_errors()})
     def get(self, request: Request, season_id: str, player_id: str) -> Response:
         return _respond(reads.rank_answer(season_id=season_id, player_id=player_id, query=request.query_params))
 
 
 class NeighborsView(LeaderboardReadView):
+    @extend_schema(operation_id="player_neighbors", summary="A player and the entries around them",
+                   parameters=[api_schema.SEASON_ID, api_schema.PLAYER_ID, api_schema.RADIUS, api_schema.VERSION],
+                   responses={200: api_schema.NeighborsSerializer, **api_schema.read_errors()})
     def get(self, request: Request, season_id: str, player_id: str) -> Response:
         return _respond(reads.neighbors_answer(season_id=season_id, player_id=player_id,
                                                query=request.query_params))

@@ -4,11 +4,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from leaderboard.api import schema as api_schema
 from leaderboard.api.auth import ApiClientTokenAuthentication, scope_required
 from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.api.params import season_id_param, season_not_found
@@ -27,6 +29,12 @@ class ScoresApplyView(APIView):
     authentication_classes = [ApiClientTokenAuthentication]
     permission_classes = [scope_required("scores:write")]
 
+    @extend_schema(operation_id="scores_apply", summary="Apply settled match results (scope scores:write)",
+                   description="Each event is applied in order, in one transaction with its ledger row, and "
+                               "answered with its outcome; a retried event is a `duplicate` and changes nothing. "
+                               "Rules: docs/rules.md.",
+                   parameters=[api_schema.SEASON_ID], request={"application/json": api_schema.SCORES_APPLY_BODY},
+                   responses={200: api_schema.ApplyResultSerializer, **api_schema.write_errors()})
     def post(self, request: Request, season_id: str) -> Response:
         season = season_get(slug=season_id_param(season_id, write=True))
         if season is None:
