@@ -5,7 +5,7 @@ from django.utils import timezone
 
 
 class AuditEntry(models.Model):
-    """One append-only row per staff action or lifecycle transition (CONTRACT.md 6).
+    """One append-only row per staff action or lifecycle transition (docs/rules.md, Staff roles and the audit trail).
 
     Rows form a hash chain (audit/chain.py): `row_hash` covers the row's content and the
     previous row's hash, so editing, removing or reordering a row breaks the chain at that

@@ -26,7 +26,7 @@ current-scores table every --vacuum-seconds (autovacuum's stand-in: this machine
 PostgreSQL runs without it); PostgreSQL's buffer allocations and backend writes are
 printed, since they set the writers' rate here.
 
-Target (CONTRACT.md 4): p99 < 5 s; this benchmark's goal: p99 < 2 s at 15,000 events/s.
+Target (docs/rules.md, Publication): p99 < 5 s; this benchmark's goal: p99 < 2 s at 15,000 events/s.
 
     SECRET_KEY=x .venv/bin/python bench/freshness.py                      # 15k events/s, 30 s, 1M players
     SECRET_KEY=x .venv/bin/python bench/freshness.py --rate 20000 --duration 60 --players 10M

@@ -10,8 +10,9 @@ single-index design would hold) to measure it the same way (used_memory delta).
     SECRET_KEY=x .venv/bin/python bench/memory.py                 # 1M players (~1 min)
     SECRET_KEY=x .venv/bin/python bench/memory.py --players 1M,10M  # ~3.5 GB of Redis at 10M
 
-CONTRACT.md 7 measured ~109 bytes per member of a sorted set with ~9-byte members and
-~56 bytes per hash entry on this machine; player ids here are 9 bytes (`p%08d`).
+Redis 7.0 here measured ~109 bytes per member of a sorted set with ~9-byte members and
+~56 bytes per hash entry on this machine (docs/benchmarks.md, Memory); player ids here
+are 9 bytes (`p%08d`).
 """
 
 from __future__ import annotations

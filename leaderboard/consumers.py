@@ -1,4 +1,5 @@
-"""The live board socket, /ws/v1/seasons/{season_id}/live[?player_id=P&radius=R] (CONTRACT.md 6).
+"""The live board socket, /ws/v1/seasons/{season_id}/live[?player_id=P&radius=R]
+(docs/api.md, Live board websocket).
 
 Thin: what to send is decided in leaderboard.core.live (pure) and leaderboard.live (reads,
 rounds, the per-process registry and group listener). This class holds one socket's state:

@@ -1,4 +1,4 @@
-"""The invariant checker of CONTRACT.md 4, for one published version.
+"""The invariant checker (docs/rules.md, Invariants), for one published version.
 
 Checks, against the version's own copy in Redis: every player appears once; the lookup
 score equals the index score; rank = 1 + count(score > mine) recomputed over every

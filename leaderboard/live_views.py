@@ -1,4 +1,4 @@
-"""The public live page of a season: /seasons/{season_id}/live (CONTRACT.md 6).
+"""The public live page of a season: /seasons/{season_id}/live (docs/api.md, Live board websocket).
 
 A plain page; the board itself arrives over the websocket (static/live/live.js), so the
 view only renders the shell with the season's identity and state.

@@ -12,7 +12,7 @@ per-season control keys together in one):
     {P}:{season:c:h:k}:h             lookup shard k of copy c: player_id -> score
 
 Scores are stored negated, so ascending ZRANGE order is score descending, then member
-ascending by bytes: the display order of CONTRACT.md 1 in one range call, and
+ascending by bytes: the display order (docs/rules.md, Ranking) in one range call, and
 ZCOUNT(-inf, (-s) counts the strictly higher scores in a bucket.
 """
 

@@ -1,4 +1,4 @@
-"""Reconciliation of a published version against the ledger (CONTRACT.md 5).
+"""Reconciliation of a published version against the ledger (docs/rules.md, FINAL candidate and approval).
 
 The invariant checker proves a version is internally consistent; this proves it equals
 the source of truth: player count, top 100, stratified sampled ranks recomputed on the
@@ -28,7 +28,7 @@ from leaderboard.redis_client import redis_get
 from seasons.models import Season
 
 _ORDER_PG = 'ORDER BY score DESC, player_id COLLATE "C"'
-# SQLite compares text with BINARY collation by default: byte order, as CONTRACT.md 1 says.
+# SQLite compares text with BINARY collation by default: byte order, as docs/rules.md (Ranking) says.
 _ORDER_SQLITE = "ORDER BY score DESC, player_id"
 
 
@@ -140,7 +140,8 @@ def _scores(season_id: int) -> Iterator[tuple[str, int]]:
 def version_reconcile(
     *, r: redis.Redis, keys: rankview.Keys, season_id: int, version: int, sample: int = 1000, seed: int | None = None
 ) -> Report:
-    """Every check of CONTRACT.md 5 on one version; each finding says what differs and by how much."""
+    """Every check of docs/rules.md (FINAL candidate and approval) on one version; each
+    finding says what differs and by how much."""
     report = version_check(r=r, keys=keys, version=version, sample=sample, full=True, seed=seed)
     manifest = rankview.manifest_get(r, keys, version)
     unreadable = any(f.check in ("manifest", "copy", "published") for f in report.failures())

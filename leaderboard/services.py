@@ -43,7 +43,7 @@ class ApplyResult:
 def score_events_apply(
     *, season: Season, events: list[ScoreEvent], client: ApiClient | None, actor: Actor | None = None
 ) -> ApplyResult:
-    """Apply one validated batch to the ledger (CONTRACT.md 2) in a single transaction.
+    """Apply one validated batch to the ledger (docs/rules.md, Writes: per-event outcomes) in a single transaction.
 
     A constant number of statements per batch, whatever its size: lock the season's
     writers, fetch prior events and player states, decide in memory, write everything

@@ -2,7 +2,7 @@
 
 Pure: no Django, no I/O, no clock of its own. Used by `manage.py simulate_matches` (the
 demo of `make run`) and by `bench/ingest.py`, so both exercise the write path with the
-same mix of events (CONTRACT.md 2):
+same mix of events (docs/rules.md, Writes: per-event outcomes):
 
 - matches of 2..8 players; each player has a skill (log-normal: many casual players, a
   long tail of strong ones), a per-match spread, and a trend, so some players improve

@@ -26,8 +26,8 @@ class Season(models.Model):
     # The last published leaderboard version (0 until the first epoch publishes);
     # writes answer pending_version from it without touching Redis.
     published_version = models.BigIntegerField(default=0)
-    # The bucket layout new versions are built with (CONTRACT.md 4; 101 x 10,000 points
-    # unless the season was created with another).
+    # The bucket layout new versions are built with (docs/architecture.md, How versions are
+    # published; 101 x 10,000 points unless the season was created with another).
     layout = models.JSONField(default=default_layout)
     created_at = models.DateTimeField(auto_now_add=True)
     # Ingest seal (CLOSING -> FINALIZING): every change at or below this change-stream

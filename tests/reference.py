@@ -1,4 +1,4 @@
-"""A brute-force reference model of the score ledger, written from CONTRACT.md section 2.
+"""A brute-force reference model of the score ledger, written from docs/rules.md, Writes: per-event outcomes.
 
 Deliberately naive: one event at a time, plain dicts, no hashing, no batching. The
 property tests run the real code (the pure `batch_plan`, and `score_events_apply` on a
@@ -56,7 +56,7 @@ def outcome_dict(
     reason: str = "",
     first_status: str | None = None,
 ) -> dict[str, Any]:
-    """One entry of the response's "results" list (CONTRACT.md 2)."""
+    """One entry of the response's "results" list (docs/api.md, Writes)."""
     out: dict[str, Any] = {"event_id": event_id, "status": status}
     if reason:
         out["reason"] = reason
@@ -138,7 +138,7 @@ class ReferenceLedger:
 
 
 def season_rejection(*, starts_at: datetime, cutoff: datetime) -> Callable[[Event], str | None]:
-    """The admission rule of an OPEN season (CONTRACT.md 2 and 5)."""
+    """The admission rule of an OPEN season (docs/rules.md, Writes and Season lifecycle)."""
 
     def rejection(event: Event) -> str | None:
         if event["completed_at"] > cutoff:

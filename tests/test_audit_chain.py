@@ -1,6 +1,6 @@
-"""The audit trail is append-only and hash-chained (CONTRACT.md 6): the database refuses to
-rewrite a row, the chain names the first row that was edited or removed anyway (with the
-trigger out of the way), concurrent writers never fork the chain, and the checks are
+"""The audit trail is append-only and hash-chained (docs/rules.md, Staff roles and the audit
+trail): the database refuses to rewrite a row, the chain names the first row that was
+edited or removed anyway (with the trigger out of the way), concurrent writers never fork the chain, and the checks are
 reachable from the command line and the console."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pure unit tests of the ranking core (CONTRACT.md 1 and 4): bucket layouts, checksums,
+"""Pure unit tests of the ranking core (docs/rules.md, Ranking and Publication): bucket layouts, checksums,
 epoch planning, position arithmetic, the brute-force Standings reference and sampling.
 No database, no Redis."""
 
@@ -27,7 +27,7 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, Standings, display_key, ranked
 from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
 
-# Every character a player id may hold (CONTRACT.md 1), in UTF-8 byte order.
+# Every character a player id may hold (docs/rules.md, Ranking), in UTF-8 byte order.
 ID_ALPHABET = "-.0123456789:ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
 player_ids = st.text(alphabet=ID_ALPHABET, min_size=1, max_size=8)
 
@@ -407,7 +407,7 @@ def test_ranked_window_inside_a_tie_takes_rank_of_first() -> None:
     assert ranked([]) == []
 
 
-# --- Standings: the reference of CONTRACT.md 1 ----------------------------------------------------------
+# --- Standings: the reference of docs/rules.md, Ranking --------------------------------------------------
 
 
 def test_standings_display_order_is_by_utf8_bytes_of_player_id() -> None:

@@ -1,4 +1,4 @@
-"""batch_plan: the pure ledger rules of CONTRACT.md 2, checked by example and against the
+"""batch_plan: the pure ledger rules of docs/rules.md (Writes: per-event outcomes), checked by example and against the
 brute-force reference model (tests/reference.py) over random interleavings and batch splits."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pure season state machine of CONTRACT.md 5 (leaderboard/core/lifecycle.py):
+"""The pure season state machine of docs/rules.md, Season lifecycle (leaderboard/core/lifecycle.py):
 transitions and their guards, what the clock calls for, which events a season admits,
 and the two-person rule of FINAL approval."""
 

@@ -1,4 +1,4 @@
-"""The public read API (CONTRACT.md 3) as DRF views: thin wrappers over leaderboard.api.reads.
+"""The public read API (docs/api.md, Reads) as DRF views: thin wrappers over leaderboard.api.reads.
 
 In the ASGI server the fast read path (fastpath.py) answers these URLs before Django
 sees them; these views serve every other way in (WSGI, the test client, a request the

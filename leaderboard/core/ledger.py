@@ -1,4 +1,4 @@
-"""The ledger rules of CONTRACT.md 2 as a pure function over one batch.
+"""The ledger rules (docs/rules.md, Writes: per-event outcomes) as a pure function over one batch.
 
 The database layer fetches what the batch needs (earlier events with the same ids, the
 current score of each player involved), `batch_plan` decides every outcome in order, and
@@ -79,7 +79,7 @@ class LedgerRow:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """ScoreChanged of CONTRACT.md 2 (season and commit time are added when written)."""
+    """ScoreChanged (docs/rules.md, The change stream); season and commit time are added when written."""
 
     player_id: str
     old_score: int | None

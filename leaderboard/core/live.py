@@ -1,4 +1,4 @@
-"""Live boards over websockets (CONTRACT.md 6): the pure part.
+"""Live boards over websockets (docs/api.md, Live board websocket): the pure part.
 
 What a live socket sends, independent of Django, Redis and Channels:
 

@@ -1,4 +1,4 @@
-"""A published version: what it contains and where it lives (CONTRACT.md 4)."""
+"""A published version: what it contains and where it lives (docs/rules.md, Publication)."""
 
 from __future__ import annotations
 

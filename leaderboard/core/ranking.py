@@ -1,4 +1,4 @@
-"""The ranking rules of CONTRACT.md 1, as plain functions.
+"""The ranking rules (docs/rules.md, Ranking), as plain functions.
 
 Rank is competition ranking: 1 + the number of players with a strictly higher score.
 Display order is score descending, then player_id ascending by its UTF-8 bytes; position

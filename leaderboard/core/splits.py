@@ -4,7 +4,7 @@ A bucket is hot when it holds much more than its share of players or of changes:
 sorted set grows slow to update and to copy, and every epoch touches it. The remedy is
 narrower score ranges there, placed at score quantiles of the bucket so the new buckets
 hold similar numbers of players. A boundary is a score value, never a position, so
-ties are never split (CONTRACT.md 1).
+ties are never split (docs/rules.md, Ranking).
 """
 
 from __future__ import annotations
