@@ -23,6 +23,7 @@ from django.core.exceptions import SuspiciousOperation  # noqa: E402
 from django.core.handlers.exception import response_for_exception  # noqa: E402
 from django.http import HttpRequest, HttpResponseBase  # noqa: E402
 
+from leaderboard.api.bodylimit import BodyLimit  # noqa: E402
 from leaderboard.api.fastpath import ReadFastPath  # noqa: E402
 from leaderboard.routing import websocket_urlpatterns  # noqa: E402
 
@@ -47,6 +48,8 @@ http_application: Any = StaticFiles(django_application)
 if settings.READ_FAST_PATH:
     # The public read URLs answered before Django (leaderboard/api/fastpath.py).
     http_application = ReadFastPath(http_application, threads=settings.READ_THREADS)
+# Outermost: a body over the limit is refused before anything reads it (leaderboard/api/bodylimit.py).
+http_application = BodyLimit(http_application, limit=settings.SCORES_MAX_BODY_BYTES)
 
 application = ProtocolTypeRouter({
     "http": http_application,

@@ -181,8 +181,8 @@ CELERY_BEAT_SCHEDULE = {
 # bench/reads.py only: routes /bench/baseline/... (rank from one plain sorted set) so the
 # read benchmark can compare against it in the same server stack. Off in production.
 BENCH_BASELINE = env_bool("BENCH_BASELINE", False)
-# A full batch of 1,000 events is about 250 KB; beyond this the request is refused with 413
-# before its body is read.
+# The largest request body on any URL (a full batch of 1,000 events is about 250 KB);
+# beyond it the ASGI server answers 413 before reading it (leaderboard/api/bodylimit.py).
 SCORES_MAX_BODY_BYTES = env_int("SCORES_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = SCORES_MAX_BODY_BYTES
 
