@@ -31,7 +31,7 @@ cpu; both copies' work; every client of the server counts, so run it on a quiet
 server). `task ms` is the whole call; with the catch-up it includes the grace period
 (COPY_GRACE_SECONDS) the catch-up waits out. One warm-up round per cell is not timed;
 then --repeats timed rounds give the median and p90.
-The target (CONTRACT.md 4): at 10M players an epoch of 10k changes publishes in < 500 ms,
+The target (docs/benchmarks.md, Epoch publish time): at 10M players an epoch of 10k changes publishes in < 500 ms,
 and the time follows K, not the number of players.
 
     SECRET_KEY=x .venv/bin/python bench/epoch.py                       # 100k,1M x 1k,10k (~3 min)

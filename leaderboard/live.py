@@ -1,4 +1,4 @@
-"""Live boards over websockets (CONTRACT.md 6): publication, per-process fan-out, batched reads.
+"""Live boards over websockets (docs/architecture.md, Live boards): publication, per-process fan-out, batched reads.
 
 One published version reaches the sockets like this:
 

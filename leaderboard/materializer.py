@@ -1,4 +1,4 @@
-"""Services that materialize and publish leaderboard versions (CONTRACT.md 4).
+"""Services that materialize and publish leaderboard versions (docs/architecture.md, How versions are published).
 
 `season_epoch_run` is one epoch for one season: it brings the oldest copy of the index
 up to date with the change stream, verifies it, and publishes it with a fenced pointer
@@ -288,7 +288,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     # one); the copy itself applied `newest`, the changes since it was last current.
     changed = len(fresh) if current is not None else manifest.total
     _manifest_record(season=season, manifest=manifest, changed=changed, epoch_ms=epoch_ms)
-    transaction.on_commit(lambda: live_version_published(season.slug, version))  # live sockets (CONTRACT.md 6)
+    transaction.on_commit(lambda: live_version_published(season.slug, version))  # live sockets (docs/api.md)
     _metrics_observe(season=season, r=r, after=current.watermark if current is not None else None,
                      upto=manifest.watermark, published_at=published_at, epoch_ms=epoch_ms)
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms,

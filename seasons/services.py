@@ -321,7 +321,7 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
     """Copy the ledger's current scores, ranked, into FinalStanding; return (SHA-256, rows).
 
     One INSERT ... SELECT with window functions: rank() is competition ranking and
-    row_number() the display order of CONTRACT.md 1 (byte order of player ids).
+    row_number() the display order of docs/rules.md, Ranking (byte order of player ids).
     """
     order = display_order_sql()
     with connection.cursor() as cursor:

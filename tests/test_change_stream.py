@@ -1,4 +1,4 @@
-"""The durable change stream (CONTRACT.md 2): ScoreChanged rows written with the ledger, and
+"""The durable change stream (docs/rules.md, The change stream): ScoreChanged rows written with the ledger, and
 score_changes_after, which must never skip a committed change, also when concurrent
 transactions commit out of sequence order."""
 

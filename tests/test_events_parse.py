@@ -1,4 +1,4 @@
-"""events_parse: the validator of score events (CONTRACT.md 2), field by field and batch shapes."""
+"""events_parse: the validator of score events (docs/api.md, Writes), field by field and batch shapes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The failure matrix (CONTRACT.md 2-5), each case on a real database and a real Redis,
+"""The failure matrix (docs/architecture.md, Tests), each case on a real database and a real Redis,
 each ending with exact answers checked against the ledger: every player's rank, the top,
 every neighbourhood and window against `Standings` built from the current-scores table,
 and the full invariant check of the version.

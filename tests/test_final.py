@@ -1,4 +1,4 @@
-"""FINAL standings end to end (CONTRACT.md 5) on a real database and a real Redis: seal,
+"""FINAL standings end to end (docs/rules.md, Season lifecycle) on a real database and a real Redis: seal,
 reconciled candidate, two-person approval, durable hashed standings, corrections after
 FINAL that never rewrite it, and the ways a candidate is refused."""
 
@@ -149,7 +149,7 @@ def test_end_to_end_seal_candidate_two_person_approval_and_durable_hashed_standi
     assert (candidate.decided_by, candidate.decided_by_label, candidate.decision_reason) == (
         approver.id, "approver", "second pair of eyes")
 
-    # The standings are the ledger's scores ranked by CONTRACT.md 1, in the database.
+    # The standings are the ledger's scores ranked by docs/rules.md (Ranking), in the database.
     rows = final_rows(season)
     expected = as_rows(Standings(dict(PlayerScore.objects.filter(season=season).values_list("player_id", "score"))))
     assert rows == expected

@@ -1,4 +1,4 @@
-"""The FINAL read API for the rewards service (CONTRACT.md 5):
+"""The FINAL read API for the rewards service (docs/api.md, FINAL standings):
 GET /v1/seasons/{id}/final, /final/standings, /final/players/{player_id}, /final/corrections."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The live board socket (CONTRACT.md 6) through the real ASGI application (origin check,
+"""The live board socket (docs/api.md, Live board websocket) through the real ASGI application (origin check,
 URL routing, LiveBoardConsumer) with the channels-redis layer on a real Redis, epochs
 publishing real versions: snapshots, pushed versions with diffs and player events, gap
 recovery, refusals and their close codes, the FINAL state, per-process batching of the

@@ -1,4 +1,4 @@
-"""The public live page /seasons/{season_id}/live (CONTRACT.md 6): the Django view, and a
+"""The public live page /seasons/{season_id}/live (docs/api.md, Live board websocket): the Django view, and a
 headless Chromium (Debian's /usr/bin/chromium driven by Playwright) watching the page of
 a real ASGI server (uvicorn, in a subprocess on the test database) change in place when
 versions are published."""

@@ -1,4 +1,4 @@
-"""The epoch materializer (CONTRACT.md 4) on a real database and a real Redis: versions
+"""The epoch materializer (docs/rules.md, Publication) on a real database and a real Redis: versions
 built from the change stream, bucket moves, the fenced lease, crash recovery, rebuilds
 and the invariant checker."""
 

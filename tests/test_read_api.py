@@ -1,4 +1,4 @@
-"""The public read API (CONTRACT.md 3) over HTTP: top, window, rank, neighbours, version
+"""The public read API (docs/api.md, Reads) over HTTP: top, window, rank, neighbours, version
 pinning, 410/503/404 answers and include_pending, on a real database and Redis."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Readers hammer the read side while a writer posts results and an epoch loop publishes
-versions (CONTRACT.md 3-4): every answer must be exactly the board of the one version it
+versions (docs/rules.md, Publication): every answer must be exactly the board of the one version it
 names, no read may fail, and 410 only ever answers a pinned version."""
 
 from __future__ import annotations

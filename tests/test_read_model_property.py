@@ -2,7 +2,7 @@
 duplicates, stale events, ties and bucket moves go through the real write API and real
 epochs on a real database and Redis; then every read of each published version (top,
 rank, neighbours with radius 10, a window at every position) is compared with the
-brute-force `Standings` (CONTRACT.md 1) of the current-scores table at that version."""
+brute-force `Standings` (docs/rules.md, Ranking) of the current-scores table at that version."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""POST /internal/v1/seasons/{season_id}/scores:apply (CONTRACT.md 2) on a real database,
+"""POST /internal/v1/seasons/{season_id}/scores:apply (docs/api.md, Writes) on a real database,
 plus a property test of score_events_apply against the brute-force reference model."""
 
 from __future__ import annotations
@@ -365,7 +365,7 @@ def test_scheduled_season_rejects_with_season_not_open(
 def test_result_after_ingest_seal_is_held_out_of_the_board(
     state: str, season: Season, post_scores: Post, event_factory: EventFactory
 ) -> None:
-    """CONTRACT.md 5: a pre-cutoff result arriving after the seal never enters the board."""
+    """docs/rules.md, Seal and late results: a pre-cutoff result arriving after the seal never enters the board."""
     post_scores(season.slug, event_factory(event_id="before", player_id="p", best_score=5, score_version=1))
     Season.objects.filter(pk=season.pk).update(state=state)
     result = post_scores(

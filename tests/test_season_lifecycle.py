@@ -1,4 +1,4 @@
-"""The season lifecycle services (seasons/services.py, CONTRACT.md 5) on a real database:
+"""The season lifecycle services (seasons/services.py, docs/rules.md, Season lifecycle) on a real database:
 transitions and their audit rows, admission of results in each state, the clock (beat
 tick), the ingest seal with its watermark and late-results queue, and the race between
 writers and the seal."""

@@ -1,4 +1,4 @@
-"""The public read API (CONTRACT.md 3) as plain functions: query in, (status, body, headers) out.
+"""The public read API (docs/api.md, Reads) as plain functions: query in, (status, body, headers) out.
 
 Two front ends call them and must answer identically: the DRF views (read_views.py,
 behind Django's middleware) and the fast read path (fastpath.py), which serves the same

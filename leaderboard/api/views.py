@@ -24,7 +24,7 @@ def _too_large(detail: str) -> ApiError:
 
 
 class ScoresApplyView(APIView):
-    """POST /internal/v1/seasons/{season_id}/scores:apply (CONTRACT.md 2)."""
+    """POST /internal/v1/seasons/{season_id}/scores:apply (docs/api.md, Writes)."""
 
     authentication_classes = [ApiClientTokenAuthentication]
     permission_classes = [scope_required("scores:write")]

@@ -1,4 +1,4 @@
-"""Score events as the trusted match service sends them (CONTRACT.md 2), and their validation.
+"""Score events as the trusted match service sends them (docs/api.md, Writes), and their validation.
 
 Hand-written rather than a DRF serializer: a batch of 1,000 events is validated on every
 write and a serializer costs ~40x more per event. Errors are keyed by JSON path

@@ -1,4 +1,4 @@
-"""Season states (CONTRACT.md 5): transitions, their guards, and which events a season admits.
+"""Season states (docs/rules.md, Season lifecycle): transitions, their guards, and which events a season admits.
 
     SCHEDULED -> OPEN -> CLOSING -> FINALIZING -> FINAL
 
