@@ -155,6 +155,10 @@ if COPY_GRACE_SECONDS <= READ_DEADLINE_SECONDS:
 SEAL_AFTER_CUTOFF_SECONDS = env_float("SEAL_AFTER_CUTOFF_SECONDS", 600.0, minimum=0.0)
 # Stratified sample of ranks and neighbour windows a shadow build is compared on.
 REBUILD_SAMPLE_SIZE = env_int("REBUILD_SAMPLE_SIZE", 1000, minimum=1)
+# A shadow build whose worker has not moved its heartbeat (every quarter of this, at most
+# 10 s) for this long is failed by the season's next rebuild or recovery, or by
+# `manage.py rebuild_views SEASON --fail-stale`: a killed builder never blocks recovery.
+REBUILD_STALE_SECONDS = env_float("REBUILD_STALE_SECONDS", 60.0, minimum=1.0)
 # Continuous reconciliation of each season's current version (Celery beat).
 RECONCILE_SECONDS = env_float("RECONCILE_SECONDS", 60.0, minimum=1.0)
 RECONCILE_SAMPLE_SIZE = env_int("RECONCILE_SAMPLE_SIZE", 200, minimum=1)
@@ -193,10 +197,6 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "leaderboard.api.errors.api_exception_handler",
-}
-
-# --- Security: safe unless DEBUG says this is a developer's machine.
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 # The OpenAPI schema (/api/schema/) and its browsable page (/api/docs/), whose Swagger UI
@@ -216,6 +216,10 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "leaderboard.api.schema.probes_add",
     ],
+}
+
+# --- Security: safe unless DEBUG says this is a developer's machine.
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SESSION_COOKIE_HTTPONLY = True
 SECURE_CONTENT_TYPE_NOSNIFF = True

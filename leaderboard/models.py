@@ -94,7 +94,7 @@ class PlayerScore(models.Model):
 
 
 class ScoreChange(models.Model):
-    """The durable change stream (ScoreChanged, docs/rules.md: The change stream), written with the ledger.
+    """The durable change stream (ScoreChanged of CONTRACT.md 2), written with the ledger.
 
     `txid` is the writing transaction's id on PostgreSQL (0 on SQLite, where writers are
     serialized): readers walk (txid, id) and stop below the oldest running transaction,
@@ -193,6 +193,7 @@ class RebuildJob(models.Model):
         BUILDING = "building"
         COMPARING = "comparing"
         READY = "ready"  # a split waiting for a person to publish it
+        PUBLISHING = "publishing"  # a READY split claimed by the one publish that may run
         PUBLISHED = "published"
         FAILED = "failed"
         DISCARDED = "discarded"
@@ -217,6 +218,9 @@ class RebuildJob(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Moved every few seconds by the process working on the job (rebuild._Heartbeat): a job
+    # whose heartbeat is older than REBUILD_STALE_SECONDS lost its worker.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

@@ -12,13 +12,15 @@ so a recovery is reconciled against the ledger instead.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import redis
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import Actor, audit_log
@@ -38,7 +40,7 @@ from leaderboard.materializer import (
     season_epoch_run_locked,
     season_keys,
 )
-from leaderboard.models import RebuildJob, ScoreChange
+from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.reconcile import version_reconcile
 from leaderboard.redis_client import redis_get
 from leaderboard.selectors import ChangeCursor, score_change_heads_after
@@ -48,6 +50,8 @@ log = logging.getLogger(__name__)
 
 LEASE_WAIT_SECONDS = 30.0
 LEASE_KEEP_MAX_SECONDS = 3600.0  # a hung comparison gives the season back after this long
+# The statuses in which a process works on the job and keeps its heartbeat moving.
+WORKED_STATUSES = (*ACTIVE_REBUILD_STATUSES, RebuildJob.Status.PUBLISHING)
 
 
 class RebuildError(RuntimeError):
@@ -58,12 +62,18 @@ def season_rebuild_start(
     *, season: Season, actor: Actor, kind: str = RebuildJob.Kind.REBUILD, layout: BucketLayout | None = None,
     reason: str = "", enqueue: bool = True,
 ) -> RebuildJob:
-    """Claim the season's one shadow-build slot and queue the work (Celery, after commit)."""
+    """Claim the season's one shadow-build slot and queue the work (Celery, after commit).
+
+    A job of the season whose worker is gone (no heartbeat for REBUILD_STALE_SECONDS) is
+    failed first, so a killed builder never blocks the next recovery.
+    """
     layout = layout or _live_layout(season)
+    rebuild_jobs_fail_stale(season=season, actor=actor)
     try:
         with transaction.atomic():
             job = RebuildJob.objects.create(
                 season=season, kind=kind, layout=layout.as_dict(), requested_by_label=actor.label, reason=reason,
+                heartbeat_at=timezone.now(),
             )
             action = {"rebuild": "views.rebuild.requested", "split": "views.split.proposed",
                       "recovery": "views.recovery.started"}[kind]
@@ -141,14 +151,16 @@ class _JobProgress:
 
 def rebuild_run(*, job_id: int, on_progress: Callable[[RebuildJob], None] | None = None) -> RebuildJob:
     """Run a queued job to its end. Idempotent: a job already claimed by someone else is left alone."""
+    now = timezone.now()
     claimed = RebuildJob.objects.filter(pk=job_id, status=RebuildJob.Status.QUEUED).update(
-        status=RebuildJob.Status.BUILDING, started_at=timezone.now()
+        status=RebuildJob.Status.BUILDING, started_at=now, heartbeat_at=now
     )
     job = RebuildJob.objects.select_related("season").get(pk=job_id)
     if not claimed:
         return job
     try:
-        return _run(job=job, on_progress=on_progress)
+        with _Heartbeat(job.pk):
+            return _run(job=job, on_progress=on_progress)
     except Exception as exc:
         log.exception("shadow build %s failed", job.pk)
         _finish(job, RebuildJob.Status.FAILED, error=f"{exc.__class__.__name__}: {exc}")
@@ -183,25 +195,126 @@ def _run(*, job: RebuildJob, on_progress: Callable[[RebuildJob], None] | None) -
     return _compare_and_maybe_publish(job=job, r=r, keys=keys, publish=job.kind != RebuildJob.Kind.SPLIT)
 
 
-def rebuild_publish(*, job: RebuildJob, actor: Actor, reason: str = "") -> RebuildJob:
-    """Publish a READY split: catch the shadow up again, compare again, then swap."""
-    if job.status != RebuildJob.Status.READY:
-        raise RebuildError(f"job {job.pk} is {job.status}, only a ready shadow can be published")
+def _claim(job: RebuildJob, *, to: str, actor: Actor, action: str, reason: str) -> RebuildJob:
+    """Move a READY job to `to` in one conditional UPDATE, with its audit row: of two
+    approvers (or a double click, or a publish and a discard) exactly one gets the job,
+    the others are refused with the status they found."""
+    now = timezone.now()
     with transaction.atomic():
-        audit_log(actor=actor, action="views.split.publish_requested", target_type="rebuild_job",
-                  target_id=str(job.pk), season_slug=job.season.slug, reason=reason)
-    return _compare_and_maybe_publish(job=job, r=redis_get(), keys=season_keys(job.season), publish=True)
+        fields: dict[str, object] = {"status": to, "heartbeat_at": now}
+        if to == RebuildJob.Status.DISCARDED:
+            fields["finished_at"] = now
+        if not RebuildJob.objects.filter(pk=job.pk, status=RebuildJob.Status.READY).update(**fields):
+            found = RebuildJob.objects.filter(pk=job.pk).values_list("status", flat=True).first()
+            raise RebuildError(f"job {job.pk} is {found}, only a ready shadow can be published or discarded")
+        audit_log(actor=actor, action=action, target_type="rebuild_job", target_id=str(job.pk),
+                  season_slug=job.season.slug, reason=reason)
+    return RebuildJob.objects.select_related("season").get(pk=job.pk)
+
+
+def rebuild_publish(*, job: RebuildJob, actor: Actor, reason: str = "") -> RebuildJob:
+    """Publish a READY split: catch the shadow up again, compare again, then swap.
+
+    The job is claimed first (READY -> PUBLISHING); a publication that stops short of the
+    swap (the lease stayed busy, Redis failed) gives it back as READY, shadow kept.
+    """
+    job = _claim(job, to=RebuildJob.Status.PUBLISHING, actor=actor, action="views.split.publish_requested",
+                 reason=reason)
+    try:
+        with _Heartbeat(job.pk):
+            return _compare_and_maybe_publish(job=job, r=redis_get(), keys=season_keys(job.season), publish=True)
+    except Exception:
+        _publication_abandoned(job)
+        raise
+
+
+def _publication_abandoned(job: RebuildJob) -> str:
+    """The status of a PUBLISHING job whose publisher stopped (an error, or its worker died):
+    PUBLISHED when its shadow is the live copy already, else READY again."""
+    live = job.copy in rankview.copies_get(redis_get(), season_keys(job.season))
+    status = RebuildJob.Status.PUBLISHED if live else RebuildJob.Status.READY
+    RebuildJob.objects.filter(pk=job.pk, status=RebuildJob.Status.PUBLISHING).update(
+        status=status, finished_at=timezone.now() if live else None)
+    return status
 
 
 def rebuild_discard(*, job: RebuildJob, actor: Actor, reason: str = "") -> RebuildJob:
-    if job.status != RebuildJob.Status.READY:
-        raise RebuildError(f"job {job.pk} is {job.status}")
+    job = _claim(job, to=RebuildJob.Status.DISCARDED, actor=actor, action="views.split.discarded", reason=reason)
     _drop_shadow(job)
-    _finish(job, RebuildJob.Status.DISCARDED)
-    with transaction.atomic():
-        audit_log(actor=actor, action="views.split.discarded", target_type="rebuild_job", target_id=str(job.pk),
-                  season_slug=job.season.slug, reason=reason)
     return job
+
+
+class _Heartbeat:
+    """Moves the job's heartbeat_at every few seconds from a daemon thread while this
+    process works on it. A killed worker stops it: once it is older than
+    REBUILD_STALE_SECONDS, rebuild_jobs_fail_stale fails the job, so the season's next
+    recovery can start (the job row is the season's claim)."""
+
+    def __init__(self, job_id: int):
+        self.job_id = job_id
+        self.interval = min(max(settings.REBUILD_STALE_SECONDS / 4, 0.1), 10.0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rebuild-heartbeat-{job_id}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    RebuildJob.objects.filter(pk=self.job_id, status__in=WORKED_STATUSES).update(
+                        heartbeat_at=timezone.now())
+                except DatabaseError:
+                    log.warning("rebuild %s: heartbeat not recorded", self.job_id, exc_info=True)
+        finally:
+            connection.close()
+
+
+def rebuild_jobs_fail_stale(*, season: Season | None, actor: Actor, stale_seconds: float | None = None
+                            ) -> list[RebuildJob]:
+    """Fail the jobs (of `season`, or every season) whose worker stopped beating.
+
+    A job still queued, building or comparing after REBUILD_STALE_SECONDS without a
+    heartbeat is failed and its shadows dropped; a publishing one goes back to READY (or
+    PUBLISHED if its swap happened). Each is a conditional UPDATE on the heartbeat it was
+    found with, so a worker that beats meanwhile keeps its job; each writes an audit row.
+    """
+    stale_seconds = settings.REBUILD_STALE_SECONDS if stale_seconds is None else stale_seconds
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=stale_seconds)
+    found = RebuildJob.objects.select_related("season").filter(status__in=WORKED_STATUSES).filter(
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, created_at__lt=cutoff))
+    if season is not None:
+        found = found.filter(season=season)
+    failed = []
+    for job in found:
+        beat = job.heartbeat_at or job.created_at
+        error = f"stale: no heartbeat for {(now - beat).total_seconds():.0f} s (its worker is gone)"
+        with transaction.atomic():
+            claim = RebuildJob.objects.filter(pk=job.pk, status=job.status, heartbeat_at=job.heartbeat_at)
+            if job.status == RebuildJob.Status.PUBLISHING:
+                if not claim.update(heartbeat_at=now):
+                    continue
+                status = _publication_abandoned(job)
+            else:
+                status = RebuildJob.Status.FAILED
+                if not claim.update(status=status, finished_at=now, error=error):
+                    continue
+            audit_log(actor=actor, action="views.rebuild.stale_failed", target_type="rebuild_job",
+                      target_id=str(job.pk), season_slug=job.season.slug,
+                      before={"status": job.status, "heartbeat_at": beat.isoformat()}, after={"status": status},
+                      reason=error)
+        if status == RebuildJob.Status.FAILED:
+            _drop_shadow(job)
+        job.status, job.error = status, error
+        failed.append(job)
+    return failed
 
 
 def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankview.Keys, publish: bool) -> RebuildJob:
@@ -220,6 +333,10 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
     keeper = rankview.LeaseKeeper(r, keys, token, ttl_ms=ttl_ms, max_seconds=LEASE_KEEP_MAX_SECONDS).start()
     version: int | None = None
     try:
+        # Re-checked under the lease: the job may have been failed as stale, or published
+        # by someone else, while this process waited for it.
+        if not RebuildJob.objects.filter(pk=job.pk, status=job.status).exists():
+            raise RebuildError(f"job {job.pk} is no longer {job.status}")
         shadow = rankview.copy_meta_load(r, keys, job.copy)
         if shadow is None:
             raise RebuildError(f"shadow copy {job.copy} is gone")
@@ -269,11 +386,11 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             _finish(job, RebuildJob.Status.READY)
             return job
         rankview.manifest_store(r, keys, candidate, token=token)
-        retired = rankview.copies_get(r, keys)
+        named = [shadow.copy, _second(job)]
+        retired = [name for name in rankview.copies_get(r, keys) if name not in named]
         # The pointer and the copy names change in one step: a coordinator dying right
         # after it leaves the shadow live and named, never dropped as a failed build's.
-        rankview.pointer_publish(r, keys, token=token, expected=live_version, version=version,
-                                 copies=[shadow.copy, _second(job)])
+        rankview.pointer_publish(r, keys, token=token, expected=live_version, version=version, copies=named)
         for name in retired:
             # No manifest names these copies any more; readers of an older version fail
             # their generation check and retry on the new one (or get 410 when pinned).
@@ -402,9 +519,10 @@ def _drop_shadow(job: RebuildJob) -> None:
         return
     r = redis_get()
     keys = season_keys(job.season)
-    if job.copy in rankview.copies_get(r, keys):
-        return  # published: it is live now
+    live = rankview.copies_get(r, keys)
     for name in (job.copy, _second(job)):
+        if name in live:
+            continue  # published: the season's copies now
         meta = rankview.copy_meta_load(r, keys, name)
         if meta is not None:
             rankview.copy_drop(r, keys, meta)

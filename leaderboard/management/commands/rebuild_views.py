@@ -7,7 +7,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import Actor
 from leaderboard.models import RebuildJob
-from leaderboard.rebuild import RebuildError, rebuild_run, season_rebuild_start, season_split_propose
+from leaderboard.rebuild import (
+    RebuildError,
+    rebuild_jobs_fail_stale,
+    rebuild_run,
+    season_rebuild_start,
+    season_split_propose,
+)
 from seasons.selectors import season_get
 
 
@@ -19,12 +25,26 @@ class Command(BaseCommand):
         parser.add_argument("slug")
         parser.add_argument("--split", help="comma-separated score boundaries: build a split layout instead")
         parser.add_argument("--reason", default="")
+        parser.add_argument("--fail-stale", action="store_true",
+                            help="only fail the season's jobs whose worker stopped beating (audited), then exit")
+        parser.add_argument("--stale-seconds", type=float, default=None,
+                            help="with --fail-stale: the heartbeat age that counts as stale "
+                                 "(default REBUILD_STALE_SECONDS)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         season = season_get(slug=options["slug"])
         if season is None:
             raise CommandError(f"no season {options['slug']!r}")
         actor = Actor(kind="system", id="", label="manage.py rebuild_views")
+        if options["fail_stale"]:
+            stale = options["stale_seconds"]
+            if stale is not None and not stale > 0:
+                raise CommandError("--stale-seconds must be a positive number")
+            failed = rebuild_jobs_fail_stale(season=season, actor=actor, stale_seconds=stale)
+            for job in failed:
+                self.stdout.write(f"job {job.pk} ({job.kind}): {job.status}: {job.error}")
+            self.stdout.write(f"{len(failed)} stale job(s) of {season.slug}")
+            return
         try:
             if options["split"]:
                 points: list[object] = [p.strip() for p in options["split"].split(",") if p.strip()]
