@@ -247,4 +247,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # Django's default config gives "django" a console handler of its own (DEBUG only) and
+    # lets it propagate to root as well: every 4xx warning of django.request came out twice.
+    # Here it has none, so its records reach the console once, through root.
+    "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
 }

@@ -48,7 +48,7 @@ from leaderboard.core.epoch import locate_position
 from leaderboard.core.live import TOP_LIMIT, Subscription, player_payload, top_diff
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked
-from leaderboard.selectors import leaderboard_reader
+from leaderboard.selectors import leaderboard_reader, read_unavailable
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -376,12 +376,12 @@ def snapshot_message(season_slug: str, state: str | None, final_version: int | N
 
 
 def unavailable_message(season_slug: str, state: str | None, final_version: int | None) -> dict[str, Any]:
-    retry = max(1, round(float(settings.EPOCH_SECONDS)))
+    """The read API's 503 body as a socket message: the same reason and retry_after."""
+    refusal = read_unavailable()
     return {
-        "type": "unavailable", "season_id": season_slug, "state": state, "final_version": final_version,
-        "retry_after": retry,
-        "detail": "no complete leaderboard version is published (yet, or the views are being rebuilt); "
-                  "the next published version is pushed to this socket",
+        "type": refusal.code, "season_id": season_slug, "state": state, "final_version": final_version,
+        "retry_after": refusal.retry_after,
+        "detail": f"{refusal.detail}; the next published version is pushed to this socket",
     }
 
 

@@ -28,6 +28,7 @@ from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout, LayoutError
 from leaderboard.core.checksum import MODULUS
 from leaderboard.core.epoch import newest_scores
+from leaderboard.core.errors import DomainError
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
@@ -54,8 +55,8 @@ LEASE_KEEP_MAX_SECONDS = 3600.0  # a hung comparison gives the season back after
 WORKED_STATUSES = (*ACTIVE_REBUILD_STATUSES, RebuildJob.Status.PUBLISHING)
 
 
-class RebuildError(RuntimeError):
-    pass
+class RebuildError(DomainError):
+    code = "rebuild_refused"
 
 
 def season_rebuild_start(

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
+from leaderboard.core.errors import ReadUnavailable, retry_after_seconds
 from leaderboard.core.ranking import Entry
 from leaderboard.models import ApiClient, PlayerScore, ScoreChange
 from leaderboard.rankview import Keys, RankReader
@@ -116,6 +117,12 @@ def leaderboard_reader(*, season_slug: str) -> RankReader:
     return RankReader(
         redis_get(), Keys(settings.REDIS_KEY_PREFIX, season_slug), deadline=settings.READ_DEADLINE_SECONDS
     )
+
+
+def read_unavailable() -> ReadUnavailable:
+    """Why a read of a season with no complete version fails, for the read API and the live
+    boards alike: the next version may come one epoch later."""
+    return ReadUnavailable(retry_after=retry_after_seconds(settings.EPOCH_SECONDS))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from leaderboard.api import schema as api_schema
 from leaderboard.api.auth import ApiClientTokenAuthentication, scope_required
 from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.api.params import season_id_param, season_not_found
-from leaderboard.core.events import MAX_SCORE, MIN_SCORE, check_player_id
+from leaderboard.core.events import MAX_SCORE, MIN_SCORE, check_int, check_player_id
 from seasons.models import Dispute
 from seasons.selectors import season_get
 from seasons.staff_services import StaffError, dispute_file
@@ -31,7 +31,7 @@ _FIELDS = frozenset({"player_id", "claimed_score", *_TEXT_LIMITS})
 
 def _parse(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise validation_error({"body": ["must be a JSON object"]})
+        raise validation_error({"body": ["must be a JSON object"]}, write=True)
     errors: dict[str, list[str]] = {}
     for name in sorted(map(str, body.keys() - _FIELDS)):
         errors[name] = ["unknown field"]
@@ -53,12 +53,11 @@ def _parse(body: Any) -> dict[str, Any]:
             errors[name] = ["must not contain NUL characters"]
         out[name] = value
     score = body.get("claimed_score")
-    if score is not None and (isinstance(score, bool) or not isinstance(score, int)
-                              or not MIN_SCORE <= score <= MAX_SCORE):
-        errors["claimed_score"] = [f"must be an integer in {MIN_SCORE}..{MAX_SCORE}"]
+    if score is not None and (problem := check_int(score, low=MIN_SCORE, high=MAX_SCORE)):
+        errors["claimed_score"] = [problem]
     out["claimed_score"] = score
     if errors:
-        raise validation_error(errors)
+        raise validation_error(errors, write=True)
     return out
 
 

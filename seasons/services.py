@@ -14,6 +14,7 @@ from django.utils import timezone
 from audit.services import SYSTEM, Actor, audit_log
 from leaderboard import ledger_store, rankview
 from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.errors import DomainError
 from leaderboard.core.lifecycle import (
     SeasonState,
     TransitionError,
@@ -33,8 +34,8 @@ from seasons.models import FinalCandidate, FinalStanding, Season
 log = logging.getLogger(__name__)
 
 
-class SeasonError(ValueError):
-    pass
+class SeasonError(DomainError):
+    code = "season_refused"
 
 
 def season_create(
@@ -171,7 +172,7 @@ def seasons_lifecycle_tick(*, now: datetime | None = None) -> list[str]:
 
 
 class FinalNotReady(SeasonError):
-    pass
+    code = "final_not_ready"
 
 
 def _current_manifest(season: Season) -> Manifest | None:

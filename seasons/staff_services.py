@@ -20,12 +20,14 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_log
+from leaderboard.core.errors import DomainError
 from leaderboard.core.events import (
     KIND_CORRECTION,
     MAX_REASON_LENGTH,
     MAX_SCORE,
     MIN_SCORE,
     ScoreEvent,
+    check_int,
     check_player_id,
 )
 from leaderboard.core.ledger import APPLIED
@@ -46,8 +48,10 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {"viewer": VIEWER, "reviewer": RE
 ROLES = tuple(ROLE_PERMISSIONS)
 
 
-class StaffError(ValueError):
+class StaffError(DomainError):
     """An action the rules refuse; the message is shown to the staff member as is."""
+
+    code = "action_refused"
 
 
 def perm(codename: str) -> str:
@@ -78,8 +82,9 @@ def _text(value: str, *, field: str, required: bool = True, limit: int | None = 
 
 
 def _score(value: int, *, field: str = "score") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not MIN_SCORE <= value <= MAX_SCORE:
-        raise StaffError(f"{field} must be an integer in {MIN_SCORE}..{MAX_SCORE}")
+    problem = check_int(value, low=MIN_SCORE, high=MAX_SCORE)
+    if problem:
+        raise StaffError(f"{field}: {problem}")
     return value
 
 

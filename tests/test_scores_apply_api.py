@@ -508,7 +508,7 @@ def test_one_invalid_event_fails_the_whole_batch(
     events[3]["best_score"] = 1_000_001
     response = post_scores(season.slug, {"events": events})
     assert response.status_code == 400
-    assert response.json()["fields"] == {"events[3].best_score": ["must be an integer in 0..1000000"]}
+    assert response.json()["fields"] == {"events[3].best_score": ["out of range: must be in 0..1000000"]}
     assert counts() == NOTHING
 
 

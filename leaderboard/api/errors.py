@@ -1,4 +1,9 @@
-"""Every API error is {"error": code, "detail": text, "fields"?: {...}}, never an HTML page."""
+"""Every API error is {"error": code, "detail": text, ...extra}, never an HTML page.
+
+One path for all of them: a view raises ApiError, or lets a domain refusal (DomainError)
+escape, and both front ends (DRF's exception handler here, the fast read path) render it
+with `api_error_body`, its status and its headers.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,23 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from leaderboard.core.errors import DomainError
+
 
 class ApiError(exceptions.APIException):
-    def __init__(self, *, status_code: int, code: str, detail: str, extra: dict[str, Any] | None = None):
+    def __init__(self, *, status_code: int, code: str, detail: str, extra: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(detail=detail, code=code)
         self.status_code = status_code
         self.error_code = code
         self.extra = extra or {}
+        self.headers = headers or {}
+
+    @classmethod
+    def of(cls, refusal: DomainError) -> ApiError:
+        retry_after = refusal.extra.get("retry_after")
+        return cls(status_code=refusal.status, code=refusal.code, detail=refusal.detail, extra=refusal.extra,
+                   headers={"Retry-After": str(retry_after)} if retry_after is not None else None)
 
 
 _CODES = {
@@ -28,6 +43,10 @@ _CODES = {
     exceptions.NotAcceptable: "not_acceptable",
     exceptions.Throttled: "throttled",
 }
+# The project's own words where DRF's default text would leak through.
+_DETAILS = {
+    exceptions.NotAuthenticated: "an API token is required: send 'Authorization: Bearer <token>'",
+}
 
 
 def api_error_body(exc: ApiError) -> dict[str, Any]:
@@ -35,21 +54,28 @@ def api_error_body(exc: ApiError) -> dict[str, Any]:
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        exc = ApiError.of(exc)
     if isinstance(exc, ApiError):
-        return Response(api_error_body(exc), status=exc.status_code)
+        return Response(api_error_body(exc), status=exc.status_code, headers=exc.headers or None)
     response = exception_handler(exc, context)
     if response is None:
         return None
     code = next((c for klass, c in _CODES.items() if isinstance(exc, klass)), "error")
-    detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
-    response.data = {"error": code, "detail": str(detail)}
+    detail = next((d for klass, d in _DETAILS.items() if isinstance(exc, klass)), None)
+    if detail is None:
+        detail = str(exc.detail) if isinstance(exc, exceptions.APIException) else str(exc)
+    response.data = {"error": code, "detail": detail}
     return response
 
 
-def validation_error(fields: dict[str, list[str]]) -> ApiError:
+def validation_error(fields: dict[str, list[str]], *, write: bool = False) -> ApiError:
+    """A 400 naming each bad field. `write`: the request would have written, and the
+    client may rely on nothing having been written (a read writes nothing anyway)."""
     return ApiError(
         status_code=status.HTTP_400_BAD_REQUEST,
         code="validation_error",
-        detail="the request is invalid; nothing was written",
+        detail="the request is invalid; nothing was written" if write else "the request is invalid",
         extra={"fields": fields},
     )
+

@@ -76,7 +76,7 @@ def _answer(handler: Handler, match: re.Match[str], query: reads.Query) -> reads
     try:
         return handler(match, query)
     except ApiError as exc:
-        return reads.Answer(exc.status_code, api_error_body(exc))
+        return reads.Answer(exc.status_code, api_error_body(exc), exc.headers)
     finally:
         close_old_connections()
 

@@ -7,27 +7,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from leaderboard.api.errors import ApiError, validation_error
-from leaderboard.core.events import ID_RULE, id_is_valid
-
-# The largest integer a bigint column and the JSON renderer (orjson) both carry: beyond it
-# a query or the response itself would fail with a 500.
-MAX_INT_PARAM = 2**63 - 1
+from leaderboard.core.events import BIGINT_MAX, ID_RULE, check_int, id_is_valid
 
 
 def int_param(query: Mapping[str, str], name: str, *, default: int | None, low: int, high: int | None) -> int | None:
+    """`high=None`: up to the largest integer a bigint column and the JSON renderer (orjson)
+    both carry; beyond it a query or the response itself would fail with a 500."""
     raw = query.get(name)
     if raw is None or raw == "":
         return default
+    value: int | float | str
     try:
         value = int(raw)
     except ValueError:
-        raise validation_error({name: ["must be an integer"]}) from None
-    if value < low or (high is not None and value > high):
-        bounds = f"{low}..{high}" if high is not None else f">= {low}"
-        raise validation_error({name: [f"must be in {bounds}"]})
-    if value > MAX_INT_PARAM:
-        raise validation_error({name: [f"must be <= {MAX_INT_PARAM}"]})
-    return value
+        # int() refuses a number of over 4,300 digits: it is out of range (float: inf), not "no integer".
+        value = float(raw) if raw.strip().lstrip("+-").isdigit() else raw
+    problem = check_int(value, low=low, high=BIGINT_MAX if high is None else high)
+    if problem:
+        raise validation_error({name: [problem]})
+    return int(value)
 
 
 def bool_param(query: Mapping[str, str], name: str) -> bool:
@@ -52,7 +50,7 @@ def season_id_param(season_id: str, *, write: bool = False) -> str:
     id rule it names no season, a 404 on reads and a 400 naming `season_id` on writes."""
     if not id_is_valid(season_id):
         if write:
-            raise validation_error({"season_id": [f"must be {ID_RULE}"]})
+            raise validation_error({"season_id": [f"must be {ID_RULE}"]}, write=True)
         raise season_not_found(season_id)
     return season_id
 

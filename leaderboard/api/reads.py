@@ -2,24 +2,25 @@
 
 Two front ends call them and must answer identically: the DRF views (read_views.py,
 behind Django's middleware) and the fast read path (fastpath.py), which serves the same
-URLs straight from ASGI. Client errors raise ApiError (a 400 naming the parameter, an
-unknown season's or player's 404); both front ends render it with api_error_body.
+URLs straight from ASGI. They return the 200s; every other answer is raised as an
+ApiError (a 400 naming the parameter, an unknown season's or player's 404, not_ranked's
+404, version_expired's 410, unavailable's 503 with Retry-After), which both front ends
+render with api_error_body.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-
+from leaderboard.api.errors import ApiError
 from leaderboard.api.params import bool_param, int_param, player_id_param, season_id_param, season_not_found
+from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry
 from leaderboard.rankview import RankReader, Unavailable, VersionExpired
-from leaderboard.selectors import leaderboard_reader, player_pending_score
+from leaderboard.selectors import leaderboard_reader, player_pending_score, read_unavailable
 from seasons.selectors import season_get
 
 Query = Mapping[str, str]
@@ -47,21 +48,14 @@ def _read(season_id: str, call: Callable[[RankReader], Answer]) -> Answer:
     except Unavailable:
         if season_get(slug=season_id) is None:
             raise season_not_found(season_id) from None
-        retry = max(1, math.ceil(settings.EPOCH_SECONDS))
-        return Answer(
-            503,
-            {"error": "unavailable", "retry_after": retry,
-             "detail": "no complete leaderboard version is published yet; retry shortly"},
-            {"Retry-After": str(retry)},
-        )
+        raise ApiError.of(read_unavailable()) from None
     except VersionExpired as exc:
-        return Answer(410, {"error": "version_expired", "current_version": exc.current,
-                            "detail": "that version is no longer retained; reposition on the current one"})
+        raise ApiError.of(ReadVersionExpired(current_version=exc.current)) from None
 
 
-def _not_ranked(manifest: Manifest, player_id: str) -> Answer:
-    return Answer(404, _envelope(manifest, {"error": "not_ranked", "player_id": player_id,
-                                            "detail": "this version has no entry for the player"}))
+def _not_ranked(manifest: Manifest, player_id: str) -> ApiError:
+    return ApiError(status_code=404, code="not_ranked", detail="this version has no entry for the player",
+                    extra=_envelope(manifest, {"player_id": player_id}))
 
 
 def top_answer(*, season_id: str, query: Query) -> Answer:
@@ -101,7 +95,7 @@ def rank_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
             pending = player_pending_score(season_slug=season_id, player_id=player_id, published=view.entry,
                                            version=view.manifest.version)
         if view.entry is None and pending is None:
-            return _not_ranked(view.manifest, player_id)
+            raise _not_ranked(view.manifest, player_id)
         body: dict[str, Any] = {"player_id": player_id, "total_players": view.total}
         if view.entry is not None:
             body.update(score=view.entry.score, rank=view.entry.rank, position=view.entry.position)
@@ -125,7 +119,7 @@ def neighbors_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
     def call(reader: RankReader) -> Answer:
         manifest, me, entries = reader.neighbors(player_id, radius or 0, version)
         if me is None:
-            return _not_ranked(manifest, player_id)
+            raise _not_ranked(manifest, player_id)
         return Answer(200, _envelope(manifest, {
             "player": me.as_dict(), "radius": radius, "entries": _entries(entries),
             "total_players": manifest.total,

@@ -55,6 +55,6 @@ class ScoresApplyView(APIView):
         except BatchTooLarge as exc:
             raise _too_large(f"a batch holds at most {MAX_BATCH} events, got {exc.size}") from exc
         except EventValidationError as exc:
-            raise validation_error(exc.errors) from exc
+            raise validation_error(exc.errors, write=True) from exc
         result = score_events_apply(season=season, events=events, client=request.auth)
         return Response(result.as_dict())

@@ -11,13 +11,14 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from leaderboard.core.errors import DomainError
 from leaderboard.core.events import MAX_SCORE, MIN_SCORE
 
 DEFAULT_BUCKET_WIDTH = 10_000
 
 
-class LayoutError(ValueError):
-    pass
+class LayoutError(DomainError):
+    code = "invalid_layout"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,17 +8,22 @@ write and a serializer costs ~40x more per event. Errors are keyed by JSON path
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeGuard
+
+from leaderboard.core.errors import DomainError
 
 MIN_SCORE = 0
 MAX_SCORE = 1_000_000
 MAX_BATCH = 1000
 MAX_ID_LENGTH = 64
 MAX_REASON_LENGTH = 500
-MAX_SCORE_VERSION = 2**63 - 1
+# The largest integer a PostgreSQL bigint (and orjson) holds: the bound of every version.
+BIGINT_MAX = 2**63 - 1
+MAX_SCORE_VERSION = BIGINT_MAX
 
 KIND_RESULT = "result"
 KIND_CORRECTION = "correction"
@@ -77,13 +82,18 @@ class ScoreEvent:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-class EventValidationError(ValueError):
+class EventValidationError(DomainError):
+    code = "validation_error"
+
     def __init__(self, errors: dict[str, list[str]]):
-        super().__init__("invalid score events")
+        super().__init__("invalid score events", extra={"fields": errors})
         self.errors = errors
 
 
-class BatchTooLarge(ValueError):
+class BatchTooLarge(DomainError):
+    code = "payload_too_large"
+    status = 413
+
     def __init__(self, size: int):
         super().__init__(f"a batch holds at most {MAX_BATCH} events, got {size}")
         self.size = size
@@ -92,6 +102,19 @@ class BatchTooLarge(ValueError):
 def _is_int(value: Any) -> TypeGuard[int]:
     # bool is an int subclass in Python; JSON true must not pass as score 1.
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(value: Any, *, low: int, high: int) -> str | None:
+    """None for an integer in low..high, else what is wrong with it. A number out of the
+    range is told so with the range, not called "not an integer": orjson reads a JSON
+    integer beyond 64 bits (2**70) as a float, and it is still an integer to the sender."""
+    if _is_int(value):
+        if low <= value <= high:
+            return None
+    elif not (isinstance(value, float) and (value.is_integer() or math.isinf(value)) and not low <= value <= high):
+        return f"must be an integer in {low}..{high}"
+    bound = " (the largest 64-bit integer)" if high == BIGINT_MAX else ""
+    return f"out of range: must be in {low}..{high}{bound}"
 
 
 def _check_text_id(value: Any) -> str | None:
@@ -162,11 +185,11 @@ def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent 
         fail("player_id", problem)
 
     score = raw.get("best_score")
-    if "best_score" in raw and not (_is_int(score) and MIN_SCORE <= score <= MAX_SCORE):
-        fail("best_score", f"must be an integer in {MIN_SCORE}..{MAX_SCORE}")
+    if "best_score" in raw and (problem := check_int(score, low=MIN_SCORE, high=MAX_SCORE)):
+        fail("best_score", problem)
     version = raw.get("score_version")
-    if "score_version" in raw and not (_is_int(version) and 1 <= version <= MAX_SCORE_VERSION):
-        fail("score_version", "must be an integer >= 1")
+    if "score_version" in raw and (problem := check_int(version, low=1, high=MAX_SCORE_VERSION)):
+        fail("score_version", problem)
 
     completed_at = None
     if "completed_at" in raw:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from leaderboard.core.errors import DomainError
+
 
 class SeasonState(StrEnum):
     SCHEDULED = "SCHEDULED"
@@ -43,8 +45,8 @@ TRANSITIONS: dict[tuple[SeasonState, SeasonState], str] = {
 }
 
 
-class TransitionError(ValueError):
-    pass
+class TransitionError(DomainError):
+    code = "transition_refused"
 
 
 def initial_state(*, starts_at: datetime, cutoff: datetime, now: datetime) -> SeasonState:

@@ -1,0 +1,160 @@
+"""Refusals and error answers: one base class for the domain's refusals, one body for every
+API error (reads, writes, the live socket), range messages that say "out of range", the
+401 in the project's words, and each 4xx logged once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from leaderboard import live
+from leaderboard.api.errors import api_exception_handler
+from leaderboard.core.buckets import LayoutError
+from leaderboard.core.errors import DomainError
+from leaderboard.core.events import BatchTooLarge, EventValidationError
+from leaderboard.core.lifecycle import TransitionError
+from leaderboard.rebuild import RebuildError
+from seasons.models import Season
+from seasons.services import FinalNotReady, SeasonError
+from seasons.staff_services import StaffError
+
+ROOT = Path(__file__).resolve().parent.parent
+BIGINT_RANGE = "1..9223372036854775807 (the largest 64-bit integer)"
+
+Post = Callable[..., Any]
+
+
+# --- one base class for the domain's refusals -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [LayoutError, TransitionError, SeasonError, FinalNotReady, StaffError, RebuildError,
+     EventValidationError, BatchTooLarge],
+)
+def test_every_domain_refusal_derives_from_the_one_base_with_its_own_code(refusal: type[Exception]) -> None:
+    assert issubclass(refusal, DomainError)
+    assert not issubclass(refusal, (ValueError, RuntimeError))
+    assert refusal.code != DomainError.code  # type: ignore[attr-defined]
+
+
+def test_a_refusal_escaping_an_api_view_is_its_4xx_body_not_a_500() -> None:
+    response = api_exception_handler(SeasonError("a FINAL season cannot be approved"), {})
+    assert response is not None
+    assert response.status_code == 400
+    assert response.data == {"error": "season_refused", "detail": "a FINAL season cannot be approved"}
+
+    response = api_exception_handler(BatchTooLarge(1001), {})
+    assert response is not None
+    assert response.status_code == 413
+    assert response.data["error"] == "payload_too_large"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rank_views")
+def test_the_live_socket_and_the_read_api_say_the_same_unavailable(season: Season, settings: Any) -> None:
+    settings.EPOCH_SECONDS = 2.5  # a retry_after that rounds down but must round up: the next epoch
+    response = APIClient().get(f"/v1/seasons/{season.slug}/leaderboard/top")
+    assert response.status_code == 503
+    body = response.json()
+    message = live.unavailable_message(season.slug, None, None)
+    assert body["retry_after"] == message["retry_after"] == 3
+    assert response["Retry-After"] == "3"
+    assert message["type"] == body["error"] == "unavailable"
+    assert message["detail"].startswith(body["detail"])
+
+
+# --- range messages and wording -------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_score_version_beyond_64_bits_is_out_of_range_naming_the_bigint_bound(
+    season: Season, api: APIClient, event_factory: Callable[..., dict[str, Any]]
+) -> None:
+    # 2**70 written as a JSON integer: the parser (orjson) reads it as a float.
+    raw = api.post(f"/internal/v1/seasons/{season.slug}/scores:apply",
+                   data=b'{"event_id": "e1", "match_id": "m1", "player_id": "p1", "best_score": 10, '
+                        b'"score_version": 1180591620717411303424, "completed_at": "2026-11-15T12:00:00Z"}',
+                   content_type="application/json")
+    assert raw.status_code == 400
+    assert raw.json()["fields"] == {"score_version": [f"out of range: must be in {BIGINT_RANGE}"]}
+    # Every numeric field of the write API says so the same way.
+    too_high = api.post(f"/internal/v1/seasons/{season.slug}/scores:apply",
+                        event_factory(best_score=2**70, score_version=2**63), format="json")
+    assert too_high.json()["fields"] == {
+        "best_score": ["out of range: must be in 0..1000000"],
+        "score_version": [f"out of range: must be in {BIGINT_RANGE}"],
+    }
+    not_a_number = api.post(f"/internal/v1/seasons/{season.slug}/scores:apply",
+                            event_factory(best_score="10"), format="json")
+    assert not_a_number.json()["fields"] == {"best_score": ["must be an integer in 0..1000000"]}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rank_views")
+def test_a_bad_read_parameter_names_its_range_and_claims_no_write(season: Season) -> None:
+    client = APIClient()
+    url = f"/v1/seasons/{season.slug}/leaderboard"
+    cases = {
+        "limit=0": {"limit": ["out of range: must be in 1..100"]},
+        "limit=abc": {"limit": ["must be an integer in 1..100"]},
+        f"version={2**70}": {"version": [f"out of range: must be in {BIGINT_RANGE}"]},
+        f"from_position={'9' * 5000}": {"from_position": [f"out of range: must be in {BIGINT_RANGE}"]},
+    }
+    for query, fields in cases.items():
+        response = client.get(f"{url}?{query}")
+        assert response.status_code == 400, query
+        body = response.json()
+        assert body["fields"] == fields, query
+        assert body["detail"] == "the request is invalid", query
+
+
+@pytest.mark.django_db
+def test_an_invalid_write_says_nothing_was_written(
+    season: Season, post_scores: Post, event_factory: Callable[..., dict[str, Any]]
+) -> None:
+    response = post_scores(season.slug, event_factory(score_version=0))
+    assert response.status_code == 400
+    assert response.json()["detail"] == "the request is invalid; nothing was written"
+
+
+# --- 401 -----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_write_without_a_token_gets_the_projects_401_body_and_a_bearer_challenge(
+    season: Season, event_factory: Callable[..., dict[str, Any]]
+) -> None:
+    response = APIClient().post(f"/internal/v1/seasons/{season.slug}/scores:apply", event_factory(), format="json")
+    assert response.status_code == 401
+    assert response.json() == {
+        "error": "unauthenticated", "detail": "an API token is required: send 'Authorization: Bearer <token>'",
+    }
+    assert response["WWW-Authenticate"].startswith("Bearer ")
+
+
+# --- logging -------------------------------------------------------------------------------
+
+_REQUEST_A_MISSING_PAGE = """
+import django
+django.setup()
+from django.test import Client
+assert Client().get("/no-such-page").status_code == 404
+"""
+
+
+def test_a_4xx_through_django_is_logged_once() -> None:
+    """In a process of its own: the logging the settings configure, on a developer's
+    machine (DEBUG on), where Django's default config adds a console handler of its own."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "true"}
+    done = subprocess.run([sys.executable, "-c", _REQUEST_A_MISSING_PAGE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("Not Found: /no-such-page") == 1, done.stderr
