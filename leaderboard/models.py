@@ -94,7 +94,7 @@ class PlayerScore(models.Model):
 
 
 class ScoreChange(models.Model):
-    """The durable change stream (ScoreChanged of CONTRACT.md 2), written with the ledger.
+    """The durable change stream (ScoreChanged, docs/rules.md: The change stream), written with the ledger.
 
     `txid` is the writing transaction's id on PostgreSQL (0 on SQLite, where writers are
     serialized): readers walk (txid, id) and stop below the oldest running transaction,
