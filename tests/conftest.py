@@ -8,16 +8,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 from rest_framework.test import APIClient
 
-from audit.services import Actor
 from leaderboard.models import ApiClient
 from leaderboard.services import api_client_create
 from seasons.models import Season
 from seasons.services import season_create
+from tests.support import TEST_ACTOR
 
-TEST_ACTOR = Actor(kind="system", id="", label="tests")
 SEASON_START = datetime(2026, 11, 1, tzinfo=UTC)
 SEASON_CUTOFF = datetime.now(UTC) + timedelta(days=30)
 
@@ -99,10 +97,6 @@ def redis_flushed() -> Iterator[Any]:
     client.flushdb()
     yield client
     client.flushdb()
-
-
-def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from django.test import Client
 
 from seasons.staff_services import staff_user_create
-from tests.conftest import TEST_ACTOR
 from tests.staff_support import PASSWORD
+from tests.support import TEST_ACTOR
 
 _names = itertools.count(1)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,11 +15,10 @@ import pytest
 from django.db import connection
 
 from leaderboard.core.events import events_parse
-from leaderboard.models import ScoreChange
+from leaderboard.models import ScoreChange, StreamHead
 from leaderboard.selectors import ChangeCursor, ChangeRow, score_changes_after
 from leaderboard.services import score_events_apply
 from seasons.models import Season
-from tests.conftest import requires_postgres
 
 
 def ev(event_id: str, player_id: str, best_score: int, score_version: int = 1, **extra: Any) -> dict[str, Any]:
@@ -51,18 +51,6 @@ def read_all(season: Season, cursor: ChangeCursor = START, limit: int = 10_000) 
         assert len(page) <= limit
         out.extend(page)
         cursor = page[-1].cursor
-
-
-def read_until(season: Season, cursor: ChangeCursor, count: int, timeout: float = 10.0) -> list[ChangeRow]:
-    """Read from `cursor` until `count` rows came back. On PostgreSQL the reader only returns
-    changes below the oldest running transaction of the whole cluster, so an unrelated
-    session's transaction may hold them back for a moment: wait for it, with a bound."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = read_all(season, cursor)
-        if len(rows) >= count or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.05)
 
 
 # --- what the write path emits -------------------------------------------------------------
@@ -113,22 +101,21 @@ def test_one_change_per_score_change_with_old_and_new_chained(
         assert all(prev[1] == nxt[0] for prev, nxt in zip(chain, chain[1:], strict=False))
 
 
-def test_change_rows_carry_season_commit_time_and_writer_txid(
+def test_change_rows_carry_season_commit_time_and_commit_number(
     season: Season
 ) -> None:
     before = datetime.now(UTC)
-    apply(season, ev("e", "p", 1))
-    change = ScoreChange.objects.get()
-    assert change.season_id == season.pk
-    assert before <= change.committed_at <= datetime.now(UTC)
+    apply(season, ev("e1", "p", 1))
+    apply(season, ev("e2", "p", 2, score_version=2), ev("e3", "q", 3))
+    changes = list(ScoreChange.objects.order_by("id"))
+    assert all(c.season_id == season.pk for c in changes)
+    assert all(before <= c.committed_at <= datetime.now(UTC) for c in changes)
     if connection.vendor == "postgresql":
-        with connection.cursor() as db:
-            db.execute("SELECT pg_current_xact_id()::text::bigint")
-            (current,) = db.fetchone()
-        # written by this test's (still open) transaction
-        assert change.txid == current
+        # One number per writing transaction, in the season's commit order.
+        assert [c.txid for c in changes] == [1, 2, 2]
+        assert StreamHead.objects.get(season=season).head == 2
     else:
-        assert change.txid == 0
+        assert [c.txid for c in changes] == [0, 0, 0]
 
 
 # --- reading the stream ------------------------------------------------------------------
@@ -147,7 +134,7 @@ def test_committed_changes_are_read_in_cursor_order(
     apply(season, ev("e4", "b", best_score=1, score_version=10))  # unchanged
     apply(season, ev("e5", "c", best_score=4, score_version=5))
 
-    rows = read_until(season, ChangeCursor(), 4)
+    rows = read_all(season)
     assert [as_tuple(r) for r in rows] == [
         ("a", None, 1, 1, "e1"),
         ("b", None, 2, 1, "e2"),
@@ -160,7 +147,7 @@ def test_committed_changes_are_read_in_cursor_order(
     assert all(r.committed_at.tzinfo is not None for r in rows)
     # nothing after the last cursor; the other season's change is never in this stream
     assert score_changes_after(season_id=season.pk, cursor=rows[-1].cursor) == []
-    assert [as_tuple(r) for r in read_until(other, ChangeCursor(), 1)] == [("a", None, 50, 1, "x1")]
+    assert [as_tuple(r) for r in read_all(other)] == [("a", None, 50, 1, "x1")]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -174,7 +161,7 @@ def test_pages_with_limit_resume_from_the_cursor(
                           score_version=batch + 1)
             for i in range(3)
         ])
-    everything = read_until(season, ChangeCursor(), 9)
+    everything = read_all(season)
     assert len(everything) == 9
 
     pages: list[list[ChangeRow]] = []
@@ -197,7 +184,7 @@ def test_cursor_text_round_trip_and_order() -> None:
     assert ChangeCursor() == ChangeCursor(0, 0)
 
 
-# --- concurrent writers committing out of sequence order (PostgreSQL) -----------------------
+# --- concurrent writers (PostgreSQL) -------------------------------------------------------
 
 
 @pytest.fixture
@@ -222,32 +209,18 @@ def pg_connections() -> Iterator[Callable[[], psycopg.Connection[Any]]]:
 
 
 def insert_change(conn: psycopg.Connection[Any], season: Season, player_id: str, new_score: int) -> tuple[int, int]:
-    """Insert one ScoreChanged row as the write path does; returns (id, txid)."""
+    """Insert one ScoreChanged row the way the write path numbers it (the season's next
+    commit number, taken by updating its StreamHead row); returns (id, txid)."""
     row = conn.execute(
+        "WITH head AS (INSERT INTO leaderboard_streamhead (season_id, head) VALUES (%s, 1) "
+        "ON CONFLICT (season_id) DO UPDATE SET head = leaderboard_streamhead.head + 1 RETURNING head) "
         "INSERT INTO leaderboard_scorechange "
         "(season_id, player_id, old_score, new_score, score_version, event_id, committed_at, txid) "
-        "VALUES (%s, %s, NULL, %s, 1, %s, now(), pg_current_xact_id()::text::bigint) "
-        "RETURNING id, txid",
-        [season.pk, player_id, new_score, f"evt-{player_id}"],
+        "SELECT %s, %s, NULL, %s, 1, %s, now(), head FROM head RETURNING id, txid",
+        [season.pk, season.pk, player_id, new_score, f"evt-{player_id}"],
     ).fetchone()
     assert row is not None
     return row[0], row[1]
-
-
-def assign_xid(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def naive_read(season: Season, last_id: int) -> list[int]:
-    """The reader the selector must NOT be: "every id above the last one I saw"."""
-    with connection.cursor() as db:
-        db.execute(
-            "SELECT id FROM leaderboard_scorechange WHERE season_id = %s AND id > %s ORDER BY id",
-            [season.pk, last_id],
-        )
-        return [row[0] for row in db.fetchall()]
 
 
 class StreamConsumer:
@@ -266,111 +239,89 @@ class StreamConsumer:
         self.seen.extend(ids)
         return ids
 
-    def poll_until(self, expected_total: int, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.seen) < expected_total and time.monotonic() < deadline:
-            self.poll()
-            if len(self.seen) < expected_total:
-                time.sleep(0.05)
 
-
-@requires_postgres
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_lower_id_committing_last_is_not_skipped(
+def test_a_later_writer_waits_for_the_earlier_one_so_nothing_commits_below_the_cursor(
     season_factory: Callable[..., Season], pg_connections: Callable[[], psycopg.Connection[Any]]
 ) -> None:
+    """B cannot take a commit number while A holds the one before it: B's change can
+    never become visible ahead of A's and be passed by a consumer's cursor."""
     season = season_factory(slug="race")
     tx_a, tx_b = pg_connections(), pg_connections()
-    id_a, txid_a = insert_change(tx_a, season, "A", 10)  # lower id, lower txid
-    id_b, txid_b = insert_change(tx_b, season, "B", 20)  # higher id, higher txid
-    assert id_a < id_b and txid_a < txid_b
-    tx_b.commit()
-
+    id_a, number_a = insert_change(tx_a, season, "A", 10)
     consumer = StreamConsumer(season)
-    assert consumer.poll() == []  # B is committed, but A (older) can still commit below it
-    assert consumer.poll() == []
+    with ThreadPoolExecutor(1) as pool:
+        b = pool.submit(insert_change, tx_b, season, "B", 20)
+        time.sleep(0.3)
+        assert not b.done(), "B took a commit number while A's was still open"
+        assert consumer.poll() == []
+        tx_a.commit()
+        id_b, number_b = b.result(timeout=10)
+    assert number_b == number_a + 1
+    assert consumer.poll() == [id_a]  # B is not committed yet
+    tx_b.commit()
+    assert consumer.poll() == [id_b]
+    assert consumer.seen == [id_a, id_b] and consumer.poll() == []
 
-    tx_a.commit()
-    consumer.poll_until(2)
-    assert consumer.seen == [id_a, id_b]
-    assert consumer.poll() == []
 
-
-@requires_postgres
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_naive_id_reader_would_skip_the_late_committer(
+def test_a_rolled_back_writer_leaves_a_gap_that_is_never_filled(
     season_factory: Callable[..., Season], pg_connections: Callable[[], psycopg.Connection[Any]]
 ) -> None:
-    """The same race read with "id > last id": A's change is lost. Shows the scenario is real."""
-    season = season_factory(slug="naive")
-    tx_a, tx_b = pg_connections(), pg_connections()
-    id_a, _ = insert_change(tx_a, season, "A", 10)
+    season = season_factory(slug="gap")
+    tx_a = pg_connections()
+    insert_change(tx_a, season, "A", 10)
+    tx_a.rollback()
+    tx_b = pg_connections()
     id_b, _ = insert_change(tx_b, season, "B", 20)
     tx_b.commit()
-
-    seen = naive_read(season, 0)
-    assert seen == [id_b]  # B already visible, A not yet committed
-    last_id = seen[-1]
-    tx_a.commit()
-    assert naive_read(season, last_id) == []  # A is below last_id: skipped forever
-    assert naive_read(season, 0) == [id_a, id_b]  # although it is committed
-
-
-@requires_postgres
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("first_commit", ["older_txid", "younger_txid"])
-def test_txid_order_differs_from_id_order(
-    first_commit: str,
-    season_factory: Callable[..., Season],
-    pg_connections: Callable[[], psycopg.Connection[Any]],
-) -> None:
-    """X takes its transaction id first but inserts last: X has the lower txid and the higher
-    row id. Whichever commits first, every change is delivered exactly once."""
-    season = season_factory(slug=f"xid-{first_commit}".replace("_", "-"))
-    tx_x, tx_y = pg_connections(), pg_connections()
-    xid_x = assign_xid(tx_x)
-    id_y, txid_y = insert_change(tx_y, season, "Y", 20)
-    id_x, txid_x = insert_change(tx_x, season, "X", 10)
-    assert txid_x == xid_x < txid_y and id_y < id_x
-
     consumer = StreamConsumer(season)
-    naive_last = 0
-    naive_seen: list[int] = []
-    first, second = (tx_x, tx_y) if first_commit == "older_txid" else (tx_y, tx_x)
-    first.commit()
-    if first is tx_x:
-        consumer.poll_until(1)
-        assert consumer.seen == [id_x]
-    else:
-        assert consumer.poll() == []  # Y must wait for the older X
-    naive_seen += naive_read(season, naive_last)
-    naive_last = max([naive_last, *naive_seen])
-
-    second.commit()
-    consumer.poll_until(2)
-    assert sorted(consumer.seen) == sorted([id_x, id_y])
-    assert consumer.seen == [id_x, id_y]  # cursor order: by txid, then id
-    assert len(consumer.seen) == len(set(consumer.seen))
-    assert consumer.poll() == []
-
-    naive_seen += naive_read(season, naive_last)
-    if first is tx_x:
-        assert id_y not in naive_seen  # the naive reader lost Y
+    assert consumer.poll() == [id_b] and consumer.poll() == []
 
 
-@requires_postgres
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_many_interleaved_writers_never_lose_a_change(
+def test_a_long_transaction_elsewhere_on_the_server_does_not_hold_back_this_season(
     season_factory: Callable[..., Season], pg_connections: Callable[[], psycopg.Connection[Any]]
 ) -> None:
-    """Five open transactions, committed in reverse order, read between every commit."""
+    """A writing transaction held open in another season (and one with only an xid, as any
+    other database on the same server could hold) must not delay this season's stream:
+    the stream used to wait for the server's oldest running transaction."""
+    season, other = season_factory(slug="quiet"), season_factory(slug="busy")
+    other_writer = pg_connections()
+    insert_change(other_writer, other, "X", 1)  # open, uncommitted, holds the oldest xid
+    bystander = pg_connections()
+    bystander.execute("SELECT pg_current_xact_id()")
+    apply(season, ev("q1", "alice", 100), ev("q2", "bob", 200))
+    started = time.monotonic()
+    rows = read_all(season)
+    assert [r.player_id for r in rows] == ["alice", "bob"]
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_many_interleaved_writers_never_lose_or_repeat_a_change(season_factory: Callable[..., Season]) -> None:
+    """Writers of one season through the real write path, in threads, read while they run."""
     season = season_factory(slug="many")
-    txs = [pg_connections() for _ in range(5)]
-    ids = [insert_change(tx, season, f"P{i}", i)[0] for i, tx in enumerate(txs)]
+    writers, per_writer = 4, 25
+
+    def write(w: int) -> None:
+        try:
+            for i in range(per_writer):
+                apply(season, ev(f"w{w}-{i}", f"p{w}-{i}", 10 + i))
+        finally:
+            connection.close()
+
     consumer = StreamConsumer(season)
-    for tx in reversed(txs[1:]):
-        tx.commit()
-        assert consumer.poll() == []  # the oldest writer is still open: nothing may pass it
-    txs[0].commit()
-    consumer.poll_until(5)
-    assert consumer.seen == ids
+    with ThreadPoolExecutor(writers) as pool:
+        futures = [pool.submit(write, w) for w in range(writers)]
+        while not all(f.done() for f in futures):
+            consumer.poll()
+        for f in futures:
+            f.result()
+    consumer.poll()
+    expected = list(ScoreChange.objects.filter(season=season).order_by("txid", "id").values_list("id", flat=True))
+    assert consumer.seen == expected and len(expected) == writers * per_writer

@@ -16,7 +16,7 @@ from django.db import connection
 from leaderboard import materializer, rankview
 from leaderboard.materializer import season_idle_copy_catch_up
 from seasons.models import Season
-from tests.readside import (
+from tests.support import (
     Events,
     assert_board_equals,
     assert_idle_copy_caught_up,
@@ -26,6 +26,7 @@ from tests.readside import (
     epoch,
     keys_of,
     post_ok,
+    publish,
     reader_of,
     settle,
 )
@@ -33,12 +34,6 @@ from tests.readside import (
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
 Post = Callable[..., Any]
-
-
-def publish(season: Season) -> Any:
-    result = epoch(season)
-    assert result.status == "published", result
-    return result
 
 
 class EpochInBackground:
@@ -102,10 +97,11 @@ def idle_copy(season: Season) -> str:
 def test_after_a_publication_the_older_copy_holds_the_current_version(season: Season, post_scores: Post) -> None:
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i}", 10 * i) for i in range(40)])
-    assert publish(season).catch_up_ms is None  # one copy so far: nothing to catch up
+    first = epoch(season)
+    assert (first.status, first.catch_up_ms) == ("published", None)  # one copy so far: nothing to catch up
     post_ok(post_scores, season, [ev.result("p1", 5000), ev.correction("p39", 3)])
-    second = publish(season)  # builds the second copy, then catches the first one up
-    assert second.version == 2 and second.catch_up_ms is not None
+    second = epoch(season)  # builds the second copy, then catches the first one up
+    assert (second.status, second.version) == ("published", 2) and second.catch_up_ms is not None
     assert_idle_copy_caught_up(season)
     meta, _, _ = copy_contents(season, idle_copy(season))
     assert meta.exact and meta.version == 1  # its own version number; its generation moved on
@@ -114,8 +110,8 @@ def test_after_a_publication_the_older_copy_holds_the_current_version(season: Se
     assert_board_equals(reader_of(season), db_standings(season))
 
     post_ok(post_scores, season, [ev.result("p2", 7000), ev.result("new", 1)])
-    third = publish(season)
-    assert third.version == 3 and third.catch_up_ms is not None
+    third = epoch(season)
+    assert (third.status, third.version) == ("published", 3) and third.catch_up_ms is not None
     assert_idle_copy_caught_up(season)
     assert_board_equals(reader_of(season), db_standings(season))
 
@@ -131,10 +127,12 @@ def test_the_next_epoch_applies_only_the_changes_since_the_current_version(
     post_ok(post_scores, season, [ev.result("p0", 100)])
     publish(season)  # both copies exist from here on
     post_ok(post_scores, season, [ev.result("p1", 101), ev.result("p2", 102)])
-    assert publish(season).applied == (2 if catch_up else 3)
+    result = epoch(season)
+    assert (result.status, result.applied) == ("published", 2 if catch_up else 3)
     post_ok(post_scores, season, [ev.result("p3", 103)])
     # Without the catch-up, the target still lacks the previous epoch's two changes.
-    assert publish(season).applied == (1 if catch_up else 3)
+    result = epoch(season)
+    assert (result.status, result.applied) == ("published", 1 if catch_up else 3)
     assert_board_equals(reader_of(season), db_standings(season))
 
 
@@ -155,7 +153,8 @@ def test_the_catch_up_applies_the_rows_its_epoch_read_without_reading_the_stream
 
     monkeypatch.setattr(materializer, "score_change_heads_after", counting)
     post_ok(post_scores, season, [ev.result("p1", 101), ev.correction("p2", 0), ev.result("new", 7)])
-    assert publish(season).catch_up_ms is not None
+    result = epoch(season)
+    assert result.status == "published" and result.catch_up_ms is not None
     assert len(reads) == 1, reads
     assert_idle_copy_caught_up(season)
     assert_board_equals(reader_of(season), db_standings(season))

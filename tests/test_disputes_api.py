@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from audit.models import AuditEntry
 from leaderboard.services import KNOWN_SCOPES, api_client_create
 from seasons.models import Dispute, Season
-from tests.conftest import TEST_ACTOR
+from tests.support import TEST_ACTOR
 
 pytestmark = pytest.mark.django_db
 

@@ -33,16 +33,17 @@ from seasons.services import (
     season_final_reject,
     season_seal_ingest,
 )
-from tests.lifecycle_support import (
+from tests.staff_support import audit_actions
+from tests.support import (
     RECONCILIATION_CHECKS,
     Events,
-    audit_actions,
     canonical_sha256,
     closing_season,
     current_manifest,
     db_scores,
     final_rows,
     finalize,
+    held_correction_approve,
     in_season,
     materialize,
     post_ok,
@@ -237,8 +238,15 @@ def test_a_revoked_champion_after_final_gets_a_corrected_version_and_final_never
 
     revoke = events.correction("champ", 12, reason="revoked: account shared with a pro")
     results = post_ok(post_scores, season, [revoke])
-    assert statuses(results) == [("applied", "")]
-    assert results[0]["pending_version"] == final_version + 1
+    # From the write API a correction is held: recorded, queued for staff, the board untouched.
+    assert statuses(results) == [("held", "correction_after_seal")]
+    assert results[0]["pending_version"] is None
+    assert db_scores(season)["champ"] == 1_000_000
+    proposer, approver = staff("rev-proposer"), staff("rev-approver")
+    approval = held_correction_approve(season, revoke["event_id"], public_reason="rule violation",
+                                       proposer=proposer, approver=approver)
+    assert approval.applied, approval.detail
+    approved_event = approval.revocation.event_id
     # A plain result after FINAL is a late result: queued, never into the board.
     late = events.result("newcomer", 999_000)
     assert statuses(post_ok(post_scores, season, [late])) == [("rejected", "late_after_seal")]
@@ -268,17 +276,19 @@ def test_a_revoked_champion_after_final_gets_a_corrected_version_and_final_never
     assert (listed["season_id"], listed["final_version"]) == ("revoked", final_version)
     assert len(listed["corrections"]) == 1
     correction = listed["corrections"][0]
+    # Public: an opaque approver id and the public reason; names and the internal reason are not.
     assert {k: v for k, v in correction.items() if k != "at"} == {
-        "player_id": "champ", "before": 1_000_000, "after": 12, "event_id": revoke["event_id"],
-        "version": final_version + 1, "who": "match-service", "why": "revoked: account shared with a pro",
+        "player_id": "champ", "before": 1_000_000, "after": 12, "event_id": approved_event,
+        "version": final_version + 1, "who": f"staff-{approver.id}", "why": "rule violation",
     }
+    assert "rev-approver" not in str(listed) and "account shared" not in str(listed)
     assert datetime.fromisoformat(correction["at"].replace("Z", "+00:00")) <= datetime.now(UTC)
     assert FinalCorrection.objects.filter(season=season).count() == 1
     audit = AuditEntry.objects.get(action="season.final.correction")
     assert (audit.actor_type, audit.actor_label, audit.target_type, audit.target_id, audit.season_slug) == (
-        "api_client", "match-service", "player", "champ", "revoked")
+        "user", "rev-approver", "player", "champ", "revoked")
     assert audit.before == {"score": 1_000_000}
-    assert audit.after == {"score": 12, "score_version": revoke["score_version"], "event_id": revoke["event_id"]}
+    assert audit.after == {"score": 12, "score_version": revoke["score_version"], "event_id": approved_event}
     assert audit.reason == "revoked: account shared with a pro"
 
     # The FINAL itself: same rows, same hash, same bytes on every endpoint.
@@ -295,7 +305,9 @@ def test_a_correction_that_changes_nothing_is_not_listed(season_factory: SeasonF
     events = Events("noop", in_season(season))
     load(post_scores, season, events, {"a": 5, "b": 3})
     finalize(season)
-    assert statuses(post_ok(post_scores, season, [events.correction("a", 5, reason="re-check")])) == [("applied", "")]
+    recheck = events.correction("a", 5, reason="re-check")
+    assert statuses(post_ok(post_scores, season, [recheck])) == [("held", "correction_after_seal")]
+    assert held_correction_approve(season, recheck["event_id"]).applied
     assert not FinalCorrection.objects.exists()
     assert get(f"/v1/seasons/{season.slug}/final/corrections").json()["corrections"] == []
 
@@ -307,7 +319,9 @@ def test_final_endpoints_answer_from_the_database_with_redis_flushed(
     events = Events("fl", in_season(season))
     load(post_scores, season, events)
     finalize(season)
-    post_ok(post_scores, season, [events.correction("champ", 7, reason="revoked")])
+    revoke = events.correction("champ", 7, reason="revoked")
+    post_ok(post_scores, season, [revoke])
+    assert held_correction_approve(season, revoke["event_id"]).applied
     materialize(season)
     snapshot = final_snapshot(season.slug)
     corrections = get(f"/v1/seasons/{season.slug}/final/corrections").content
@@ -446,8 +460,9 @@ def test_a_correction_in_finalizing_after_the_candidate_makes_approval_refuse(
     season_final_propose(candidate=candidate, actor=proposer)
 
     # A dispute upheld while the candidate waits: applied, but not in any version yet.
-    assert statuses(post_ok(post_scores, season, [events.correction("c", 8, reason="dispute won")])) == [
-        ("applied", "")]
+    upheld = events.correction("c", 8, reason="dispute won")
+    assert statuses(post_ok(post_scores, season, [upheld])) == [("held", "correction_after_seal")]
+    assert held_correction_approve(season, upheld["event_id"]).applied
     with pytest.raises(SeasonError, match="the ledger changed after the candidate version: build a new candidate"):
         season_final_approve(candidate=candidate, actor=approver)
     # Once published, the board has moved past the candidate.

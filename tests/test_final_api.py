@@ -13,14 +13,15 @@ from rest_framework.test import APIClient
 from audit.services import SYSTEM
 from leaderboard.core.ranking import Standings
 from leaderboard.models import Manifest as ManifestRow
-from seasons.models import Season
+from seasons.models import FinalCandidate, Season
 from seasons.services import season_final_propose, season_seal_ingest
-from tests.lifecycle_support import (
+from tests.support import (
     Events,
     closing_season,
     db_scores,
     final_rows,
     finalize,
+    held_correction_approve,
     in_season,
     materialize,
     post_ok,
@@ -71,7 +72,11 @@ def test_final_describes_the_approved_version_and_its_hash(final_season: Season)
                          "total_players", "proposed_by", "approved_by", "manifest"}
     assert (body["season_id"], body["state"], body["final_version"], body["total_players"]) == (
         "fin", "FINAL", final_season.final_version, PLAYERS)
-    assert (body["proposed_by"], body["approved_by"]) == ("carol", "dave")
+    # Opaque staff ids, never the staff members' user names.
+    candidate = FinalCandidate.objects.get(season=final_season, status="approved")
+    assert (body["proposed_by"], body["approved_by"]) == (f"staff-{candidate.proposed_by}",
+                                                          f"staff-{candidate.decided_by}")
+    assert "carol" not in response.content.decode() and "dave" not in response.content.decode()
     assert body["content_hash"] == row.content_hash
     assert len(body["content_hash"]) == 64
     assert body["hash_algorithm"].startswith("sha256")
@@ -190,17 +195,22 @@ def test_corrections_are_empty_until_a_correction_after_final(final_season: Seas
     assert get("/v1/seasons/fin/final/corrections").json() == {
         "season_id": "fin", "final_version": final_season.final_version, "corrections": []}
     events = Events("fix", in_season(final_season))
-    # Versions 1 were used at load time; corrections need newer ones.
-    events.versions = {"p149": 1, "p000": 1}
-    post_ok(post_scores, final_season, [events.correction("p149", 5, reason="revoked"),
-                                        events.correction("p000", 60_000, reason="dispute won"),
-                                        events.correction("p999", 7, reason="match was never counted")])
+    fixes = [events.correction("p149", 5, reason="revoked"),
+             events.correction("p000", 60_000, reason="dispute won"),
+             events.correction("p999", 7, reason="match was never counted")]
+    post_ok(post_scores, final_season, fixes)
+    # Held for staff: nothing is listed until a correction is approved.
+    assert get("/v1/seasons/fin/final/corrections").json()["corrections"] == []
+    approver = staff("fix-approver")
+    for fix, public in zip(fixes, ["cheating", "", "scoring error"], strict=True):
+        assert held_correction_approve(final_season, fix["event_id"], public_reason=public, approver=approver).applied
     corrections = get("/v1/seasons/fin/final/corrections").json()["corrections"]
     assert final_season.final_version is not None
+    who = f"staff-{approver.id}"
     assert [(c["player_id"], c["before"], c["after"], c["version"], c["who"], c["why"]) for c in corrections] == [
-        ("p149", 49000, 5, final_season.final_version + 1, "match-service", "revoked"),
-        ("p000", 0, 60_000, final_season.final_version + 1, "match-service", "dispute won"),
-        ("p999", None, 7, final_season.final_version + 1, "match-service", "match was never counted"),
+        ("p149", 49000, 5, final_season.final_version + 1, who, "cheating"),
+        ("p000", 0, 60_000, final_season.final_version + 1, who, "score corrected after staff review"),
+        ("p999", None, 7, final_season.final_version + 1, who, "scoring error"),
     ]
     assert get("/v1/seasons/fin/final/players/p999").json()["error"] == "not_in_final"
     assert all(set(c) == {"player_id", "before", "after", "event_id", "version", "who", "why", "at"}

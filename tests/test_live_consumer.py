@@ -20,9 +20,8 @@ from config.asgi import application
 from leaderboard import live, rankview
 from leaderboard.core.live import top_apply
 from leaderboard.core.ranking import Standings
-from leaderboard.materializer import season_epoch_run
 from seasons.models import Season
-from tests.readside import Events, current_manifest, db_standings, keys_of, post_ok, settle
+from tests.support import NARROW, Events, current_manifest, db_standings, keys_of, post_ok, publish
 
 # Epochs read the change stream below the oldest running transaction (PostgreSQL): every
 # test commits for real.
@@ -51,14 +50,6 @@ async def connect(slug: str, query: str = "", headers: list[tuple[bytes, bytes]]
 async def receive(comm: WebsocketCommunicator) -> dict[str, Any]:
     message: dict[str, Any] = await comm.receive_json_from(timeout=TIMEOUT)
     return message
-
-
-def publish(season: Season) -> int:
-    settle(season)
-    result = season_epoch_run(season=season)
-    assert result.status == "published", result
-    assert result.version is not None
-    return result.version
 
 
 apublish = sync_to_async(publish)
@@ -415,10 +406,9 @@ def test_player_reads_are_one_batch_per_version_per_process(season_factory: Call
 
 def test_players_read_matches_the_reference_with_ties_and_bucket_edges(
         season_factory: Callable[..., Season], post_scores: Post) -> None:
-    from leaderboard.core.buckets import BucketLayout
     from leaderboard.redis_client import redis_get
 
-    season = season_factory(slug="reads", layout=BucketLayout(layout_id=1, lower_bounds=tuple(range(0, 1001, 100))))
+    season = season_factory(slug="reads", layout=NARROW)
     ev = Events()
     # Scores on bucket edges and many ties, so windows span buckets and start inside ties.
     scores = {f"u{i:03d}": [0, 99, 100, 100, 199, 200, 500, 500, 500, 999][i % 10] + (i // 40) for i in range(120)}

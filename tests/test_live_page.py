@@ -14,10 +14,9 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.test import Client
 
-from leaderboard.materializer import season_epoch_run
 from seasons.models import Season
 from tests import browser
-from tests.readside import Events, current_manifest, db_standings, post_ok, settle
+from tests.support import Events, current_manifest, db_standings, post_ok, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -25,14 +24,6 @@ ROOT = browser.ROOT
 CHROMIUM = browser.CHROMIUM
 CHROMIUM_ARGS = browser.CHROMIUM_ARGS
 Post = Callable[..., Any]
-
-
-def publish(season: Season) -> int:
-    settle(season)
-    result = season_epoch_run(season=season)
-    assert result.status == "published", result
-    assert result.version is not None
-    return result.version
 
 
 # --- the view --------------------------------------------------------------------------------

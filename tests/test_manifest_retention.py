@@ -18,10 +18,18 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.models import RebuildJob
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
-from tests.failure_support import publish
-from tests.lifecycle_support import Events as SeasonEvents
-from tests.lifecycle_support import closing_season, finalize, in_season, materialize, statuses
-from tests.readside import Events, epoch, keys_of, post_ok
+from tests.support import (
+    Events,
+    closing_season,
+    epoch,
+    finalize,
+    in_season,
+    keys_of,
+    materialize,
+    post_ok,
+    publish,
+    statuses,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -74,7 +82,7 @@ def test_the_final_version_keeps_its_manifest_after_a_correction_replaces_it(
 ) -> None:
     r = redis_get()
     season = closing_season(season_factory, "final-kept")
-    events = SeasonEvents("fk", in_season(season))
+    events = Events("fk", in_season(season))
     post_ok(post_scores, season, [events.result("champ", 900), events.result("second", 800)])
     finalize(season)
     season.refresh_from_db()

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from leaderboard import materializer, rankview
 from leaderboard.core.buckets import BucketLayout
@@ -19,17 +18,18 @@ from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import RebuildJob
 from leaderboard.rebuild import rebuild_run
 from seasons.models import Season
-from tests.readside import (
+from tests.support import (
+    NARROW,
     Events,
-    assert_board_equals,
+    assert_matches_ledger,
     board_read,
-    change_head,
     current_manifest,
     db_scores,
-    db_standings,
     epoch,
+    full_check,
     keys_of,
     post_ok,
+    publish,
     reader_of,
 )
 
@@ -37,45 +37,7 @@ from tests.readside import (
 # test must not hold one open, so every test here commits for real.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
-__all__ = ["connection"]
-
 Post = Callable[..., Any]
-# Eleven buckets: ten of 100 points for the scores these tests use, then the rest.
-NARROW = BucketLayout(layout_id=1, lower_bounds=tuple(range(0, 1001, 100)))
-
-
-def publish(season: Season) -> int:
-    result = epoch(season)
-    assert result.status == "published", result
-    assert result.version is not None
-    return result.version
-
-
-def check_full(season: Season, version: int | None = None) -> None:
-    from leaderboard.redis_client import redis_get
-
-    report = version_check(r=redis_get(), keys=keys_of(season), version=version, full=True, sample=10_000)
-    assert report.ok, report.failures()
-    names = {f.check for f in report.findings}
-    assert {"bucket_counts", "total_players", "players_once", "bucket_ranges", "bucket_checksums",
-            "lookup_equals_index", "sampled_ranks"} <= names
-
-
-def check_matches_db(season: Season, *, exhaustive: bool = True, **kwargs: Any) -> int:
-    """The current version against the database: every read when `exhaustive`, otherwise
-    the whole board, the top and the invariant checker."""
-    manifest = current_manifest(season)
-    head = change_head(season)
-    assert head is None or head <= manifest.watermark, "the version does not cover every committed change"
-    expected = db_standings(season)
-    if exhaustive:
-        version = assert_board_equals(reader_of(season), expected, **kwargs)
-    else:
-        version, board = board_read(reader_of(season))
-        assert board == expected.window(from_position=1, limit=len(expected) + 1)
-        assert manifest.top == [e.as_dict() for e in expected.top(100)]
-    check_full(season, version)
-    return version
 
 
 # --- publication ---------------------------------------------------------------------------------
@@ -87,7 +49,7 @@ def test_first_epoch_of_an_empty_season_publishes_an_empty_version(season: Seaso
     assert (result.status, result.version, result.changed_players) == ("published", 1, 0)
     manifest, top = reader_of(season).top(100)
     assert (manifest.version, manifest.total, top) == (1, 0, [])
-    check_full(season)
+    full_check(season)
 
 
 def test_version_1_is_built_from_existing_scores(season: Season, post_scores: Post) -> None:
@@ -97,7 +59,7 @@ def test_version_1_is_built_from_existing_scores(season: Season, post_scores: Po
     assert (result.status, result.version) == ("published", 1)
     # Everyone is new to the board in its first version.
     assert result.changed_players == 8
-    assert check_matches_db(season, absent=["nobody"]) == 1
+    assert assert_matches_ledger(season, absent=["nobody"]) == 1
     season.refresh_from_db()
     assert season.published_version == 1
     row = ManifestRow.objects.get(season=season, version=1)
@@ -133,7 +95,7 @@ def test_later_versions_apply_only_the_changes(season: Season, post_scores: Post
         row = ManifestRow.objects.get(season=season, version=number)
         assert row.changed_players == changed
         assert row.total_players == 201
-        check_matches_db(season, exhaustive=number == 5)
+        assert_matches_ledger(season, exhaustive=number == 5)
 
     # The work of an epoch follows the changes, not the 201 players: each copy replays the
     # changes of the (at most two) versions since it was last current.
@@ -162,7 +124,7 @@ def test_idle_epochs_keep_every_copy_complete(season: Season, post_scores: Post)
         post_ok(post_scores, season, [ev.result(f"p{step}", 5000 + step), ev.result(f"n{step}", step)])
         version += 1
         assert publish(season) == version
-        check_matches_db(season)
+        assert_matches_ledger(season)
         for _ in range(2):
             idle = epoch(season)
             assert (idle.status, idle.version) == ("idle", version)
@@ -192,7 +154,7 @@ def test_idle_epoch_returns_without_waiting_for_the_grace_period(season: Season,
     assert publish(season) == 3
     assert current_manifest(season).copy == "0"
     assert time.time() - older.released_at >= 0.99
-    check_matches_db(season)
+    assert_matches_ledger(season)
 
 
 @pytest.mark.parametrize("layout", [BucketLayout.uniform(), NARROW], ids=["default", "narrow"])
@@ -229,11 +191,11 @@ def test_moves_across_buckets_in_both_directions(season_factory: Callable[..., S
         for player_id in ("mover", "anchor"):
             score = db_scores(season)[player_id]
             assert where(player_id) == [(layout.bucket_of(score), score)], player_id
-        check_matches_db(season)
+        assert_matches_ledger(season)
         # Twice: the next epoch replays the same moves onto the other copy.
         post_ok(post_scores, season, [ev.result("warm", len(ev.sent))])
         publish(season)
-        check_matches_db(season)
+        assert_matches_ledger(season)
 
 
 def test_manifest_row_records_each_published_version(season: Season, post_scores: Post) -> None:
@@ -413,7 +375,7 @@ def test_a_coordinator_that_loses_its_lease_mid_epoch_publishes_nothing(
 
     rankview.lease_release(r, keys, thief["token"])
     assert publish(season) == 3
-    check_matches_db(season)
+    assert_matches_ledger(season)
 
 
 # --- crashes, rebuilds ------------------------------------------------------------------------------------
@@ -462,17 +424,17 @@ def test_a_crash_midway_through_apply_keeps_the_previous_version(season_factory:
     assert rankview.pointer_get(r, keys) == 3
     assert board_read(reader) == served
     assert {p: reader.rank(p).entry for p in ranks} == ranks
-    check_full(season, 3)
+    full_check(season, 3)
     half = rankview.copy_meta_load(r, keys, "1" if current_manifest(season).copy == "0" else "0")
     assert half is not None and half.state == rankview.STATE_APPLYING
     with pytest.raises(rankview.VersionExpired):
         reader.rank("p01", 2)
 
     assert publish(season) == 4
-    check_matches_db(season)
+    assert_matches_ledger(season)
     post_ok(post_scores, season, [ev.result("p20", 777)])
     assert publish(season) == 5
-    check_matches_db(season)
+    assert_matches_ledger(season)
 
 
 def test_a_crash_between_pointer_swap_and_db_record_is_recorded_later(season: Season, post_scores: Post,
@@ -501,7 +463,7 @@ def test_a_crash_between_pointer_swap_and_db_record_is_recorded_later(season: Se
     assert ManifestRow.objects.get(season=season, version=2).total_players == 1
     post_ok(post_scores, season, [ev.result("b", 3)])
     assert publish(season) == 3
-    check_matches_db(season)
+    assert_matches_ledger(season)
 
 
 def test_a_rebuilt_copy_does_not_revive_an_old_version(season: Season, post_scores: Post) -> None:
@@ -523,7 +485,7 @@ def test_a_rebuilt_copy_does_not_revive_an_old_version(season: Season, post_scor
     post_ok(post_scores, season, [ev.result("p9", 9999)])
     assert publish(season) == 5
     assert current_manifest(season).copy == "0"
-    check_matches_db(season)
+    assert_matches_ledger(season)
     for old in (1, 2, 3):
         with pytest.raises(rankview.VersionExpired):
             reader.rank("p3", old)
@@ -558,11 +520,11 @@ def test_a_lost_view_is_rebuilt_with_new_version_numbers(season: Season, post_sc
     assert rebuild_run(job_id=jobs[0].pk).status == "published"
     # Version numbers go on from the database's record, never reusing one.
     assert current_manifest(season).version == 4
-    check_matches_db(season)
+    assert_matches_ledger(season)
     for step in range(3):
         post_ok(post_scores, season, [ev.result(f"p{step + 10}", 2000 + step)])
         assert publish(season) == 5 + step
-        check_matches_db(season)
+        assert_matches_ledger(season)
         # Manifests cached before the loss never answer from the rebuilt copies.
         for old in (2, 3):
             with pytest.raises(rankview.VersionExpired):
@@ -588,7 +550,7 @@ def test_a_copy_that_fails_verification_is_not_published(season: Season, post_sc
     assert rankview.copy_meta_load(r, keys, stale_copy).state == "broken"  # type: ignore[union-attr]
     # The next epoch rebuilds it from the scores and publishes a correct version.
     assert publish(season) == 3
-    check_matches_db(season)
+    assert_matches_ledger(season)
 
 
 def test_an_exact_copy_takes_its_old_scores_from_the_change_stream(season_factory: Callable[..., Season],
@@ -624,7 +586,7 @@ def test_an_exact_copy_takes_its_old_scores_from_the_change_stream(season_factor
         before = len(lookups)
         publish(season)
         assert meta.exact and len(lookups) == before, "an epoch finishes its copy exact"
-        check_matches_db(season)
+        assert_matches_ledger(season)
 
 
 def test_a_copy_that_does_not_hold_the_assumed_old_scores_is_marked_broken_and_rebuilt(
@@ -653,7 +615,7 @@ def test_a_copy_that_does_not_hold_the_assumed_old_scores_is_marked_broken_and_r
     assert rankview.copy_meta_load(r, keys, stale).state == "broken"  # type: ignore[union-attr]
     # The version before still serves; the next epoch rebuilds the copy and publishes.
     publish(season)
-    check_matches_db(season)
+    assert_matches_ledger(season)
 
 
 def test_a_single_bucket_season_works_end_to_end(season_factory: Callable[..., Season], post_scores: Post) -> None:
@@ -664,12 +626,12 @@ def test_a_single_bucket_season_works_end_to_end(season_factory: Callable[..., S
     assert publish(season) == 1
     manifest = current_manifest(season)
     assert manifest.layout.size == 1 and manifest.counts == [150]
-    check_matches_db(season, radius=10)
+    assert_matches_ledger(season, radius=10)
     for step in range(3):
         post_ok(post_scores, season, [ev.result(f"p{step:03d}", 1_000_000), ev.correction("tie1", step),
                                       ev.result(f"late{step}", 500_000)])
         publish(season)
-        check_matches_db(season, exhaustive=step == 2)
+        assert_matches_ledger(season, exhaustive=step == 2)
 
 
 # --- the invariant checker ----------------------------------------------------------------------------
@@ -681,7 +643,7 @@ def _corruptible(season: Season, post_scores: Post) -> tuple[Any, rankview.Keys,
     publish(season)
     post_ok(post_scores, season, [ev.result("p00", 15_005)])
     publish(season)
-    check_full(season)
+    full_check(season)
     return materializer.redis_get(), keys_of(season), current_manifest(season)
 
 

@@ -21,9 +21,7 @@ from leaderboard.rebuild import rebuild_run, season_rebuild_start
 from leaderboard.reconcile import reconciliation_run
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
-from tests.conftest import TEST_ACTOR
-from tests.failure_support import NARROW, current, publish
-from tests.readside import Events, epoch, keys_of, post_ok, settle
+from tests.support import NARROW, TEST_ACTOR, Events, current_manifest, epoch, keys_of, post_ok, publish, settle
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -132,7 +130,7 @@ def test_metrics_render_every_family_with_values_that_follow_from_events(
     assert value(families, "leaderboard_version", season=slug) == 1
     age = value(families, "leaderboard_version_age_seconds", season=slug)
     assert age is not None and 0 <= age < 60
-    manifest = current(season)
+    manifest = current_manifest(season)
     assert manifest is not None
     sizes = {int(s.labels["bucket"]): s.value for s in samples(families, "leaderboard_bucket_players", season=slug)}
     assert sizes == {b: c for b, c in enumerate(manifest.counts) if c}
@@ -176,7 +174,7 @@ def test_rebuild_progress_and_failure_counters(season_factory: Callable[..., Sea
 
     # A corrupted copy fails the reconciliation (and its checksums): both are counted.
     r = redis_get()
-    manifest = current(season)
+    manifest = current_manifest(season)
     assert manifest is not None
     r.zadd(rankview.Keys(keys_of(season).prefix, slug).bucket(manifest.copy, manifest.layout.layout_id, 0),
            {"stray": -5})

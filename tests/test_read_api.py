@@ -8,17 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 from rest_framework.test import APIClient
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Standings
 from seasons.models import Season
-from tests.readside import Events, db_standings, epoch, post_ok
+from tests.support import Events, db_standings, epoch, post_ok, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
-
-__all__ = ["connection"]
 
 Post = Callable[..., Any]
 RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
@@ -62,12 +59,6 @@ def ok(client: APIClient, url: str, **params: Any) -> dict[str, Any]:
     return body
 
 
-def published(season: Season) -> int:
-    result = epoch(season)
-    assert result.status == "published", result
-    return int(result.version)
-
-
 def entries(board: Standings, first: int, limit: int) -> list[dict[str, object]]:
     return [e.as_dict() for e in board.window(from_position=first, limit=limit)]
 
@@ -82,7 +73,7 @@ def board(season: Season, post_scores: Post) -> Standings:
     events += [ev.result(pid, 500_000) for pid in ("B", "a", "Z", "_")]
     events += [ev.result(f"lo{i:02d}", i) for i in range(10)]
     post_ok(post_scores, season, events)
-    assert published(season) == 1
+    assert publish(season) == 1
     standings = db_standings(season)
     assert len(standings) == 130
     return standings
@@ -124,7 +115,7 @@ def test_top_limit_out_of_range_is_400(client: APIClient, season: Season, board:
 def test_top_of_a_small_board_has_every_player(client: APIClient, season: Season, post_scores: Post) -> None:
     ev = Events()
     post_ok(post_scores, season, [ev.result("x", 5), ev.result("y", 5), ev.result("z", 7)])
-    published(season)
+    publish(season)
     body = ok(client, top_url(season.slug))
     assert body["entries"] == [
         {"position": 1, "rank": 1, "player_id": "z", "score": 7},
@@ -282,7 +273,7 @@ def test_version_pinning_and_expiry(client: APIClient, season: Season, board: St
     # hi03 climbs to the top, a tie player drops out of the tie, a new player arrives.
     post_ok(post_scores, season, [ev.result("hi03", 999_999), ev.result("tie70", 700_000),
                                   ev.result("newbie", 500_000)])
-    assert published(season) == 2
+    assert publish(season) == 2
     # Idle epochs publish nothing and retire nothing.
     assert epoch(season).status == "idle"
     current = {k: r.json() for k, r in _pinned_reads(client, slug, None).items()}
@@ -297,7 +288,7 @@ def test_version_pinning_and_expiry(client: APIClient, season: Season, board: St
     assert {k: r.json() for k, r in _pinned_reads(client, slug, 2).items()} == current
 
     post_ok(post_scores, season, [ev.result("lo09", 1_000_000)])
-    assert published(season) == 3
+    assert publish(season) == 3
     # Two versions later the copy that held version 1 was brought up to date: gone.
     for name, response in _pinned_reads(client, slug, 1).items():
         assert response.status_code == 410, name
@@ -334,7 +325,7 @@ def test_no_published_version_is_503_with_retry_after(client: APIClient, season:
             assert isinstance(body["retry_after"], int) and body["retry_after"] >= 1
             assert response["Retry-After"] == str(body["retry_after"])
             assert "leaderboard_version" not in body
-    published(season)
+    publish(season)
     for url in _all_urls(season.slug):
         ok(client, url)
 
@@ -349,7 +340,7 @@ def test_unknown_season_is_404(client: APIClient, season: Season) -> None:
 def test_every_endpoint_serves_the_same_version(client: APIClient, season: Season, board: Standings,
                                                 post_scores: Post) -> None:
     post_ok(post_scores, season, [Events(tag="x").result("hi10", 950_000)])
-    assert published(season) == 2
+    assert publish(season) == 2
     versions = {ok(client, url)["leaderboard_version"] for url in _all_urls(season.slug)[:2]}
     versions |= {ok(client, rank_url(season.slug, "hi10"))["leaderboard_version"],
                  ok(client, neighbors_url(season.slug, "hi10"))["leaderboard_version"]}
@@ -365,7 +356,7 @@ def test_include_pending_shows_the_ledger_score_until_it_is_published(client: AP
                                                                       post_scores: Post) -> None:
     ev = Events()
     post_ok(post_scores, season, [ev.result("alice", 100), ev.result("carol", 300)])
-    assert published(season) == 1
+    assert publish(season) == 1
 
     written = post_ok(post_scores, season, [ev.result("alice", 500), ev.result("bob", 50)])
     assert [w["pending_version"] for w in written] == [2, 2]
@@ -388,7 +379,7 @@ def test_include_pending_shows_the_ledger_score_until_it_is_published(client: AP
     response = get(client, rank_url(season.slug, "nobody"), include_pending="true")
     assert response.status_code == 404 and response.json()["error"] == "not_ranked"
 
-    assert published(season) == 2
+    assert publish(season) == 2
     body = ok(client, rank_url(season.slug, "alice"), include_pending="true")
     assert (body["leaderboard_version"], body["score"], body["rank"], body["pending"]) == (2, 500, 1, None)
     body = ok(client, rank_url(season.slug, "bob"), include_pending="true")
@@ -406,7 +397,7 @@ def test_reads_of_a_single_bucket_season(client: APIClient, season_factory: Call
     season = season_factory(slug="single", layout=BucketLayout.single())
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i:03d}", (i * 7) % 50) for i in range(150)])
-    published(season)
+    publish(season)
     board = db_standings(season)
     assert ok(client, top_url(season.slug))["entries"] == entries(board, 1, 100)
     assert ok(client, window_url(season.slug), from_position=90, limit=30)["entries"] == entries(board, 90, 30)

@@ -13,19 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.test import Client
 from rest_framework.test import APIClient
 
 from leaderboard import rankview
-from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Entry, Standings
 from leaderboard.materializer import season_epoch_run
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
 from leaderboard.selectors import leaderboard_reader
 from seasons.models import Season
-from tests.readside import (
+from tests.support import (
+    NARROW,
     Events,
     assert_board_equals,
     board_read,
@@ -39,12 +39,9 @@ from tests.readside import (
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-__all__ = ["connection"]
-
 RUN_SECONDS = 3.5
 READERS = 3
 PLAYERS = [f"p{i:03d}" for i in range(150)]
-LAYOUT = BucketLayout(layout_id=1, lower_bounds=tuple(range(0, 1001, 100)))
 
 
 @dataclass
@@ -264,7 +261,7 @@ def test_reads_are_consistent_while_versions_are_published(
     season_factory: Callable[..., Season], post_scores: Callable[..., Any], writer: Any, redis_flushed: Any
 ) -> None:
     rankview.manifest_cache_clear()
-    season = season_factory(slug="busy", layout=LAYOUT)
+    season = season_factory(slug="busy", layout=NARROW)
     ev = Events(tag="seed")
     post_ok(post_scores, season, [ev.result(p, random.Random(i).randint(0, 1000)) for i, p in enumerate(PLAYERS[:100])])
     # The first two versions (one per copy) are built before the load starts; all later

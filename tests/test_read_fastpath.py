@@ -11,20 +11,15 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from django.db import connection
 from rest_framework.test import APIClient
 
 from leaderboard.api.fastpath import ReadFastPath
-from leaderboard.core.buckets import BucketLayout
 from seasons.models import Season
-from tests.readside import Events, epoch, post_ok
+from tests.support import NARROW, Events, post_ok, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
-__all__ = ["connection"]
-
 Post = Callable[..., Any]
-NARROW = BucketLayout(layout_id=1, lower_bounds=tuple(range(0, 1001, 100)))
 
 
 class Behind:
@@ -54,9 +49,9 @@ def published(season_factory: Callable[..., Season], post_scores: Post) -> Seaso
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i:02d}", (i * 37) % 1000) for i in range(40)]
             + [ev.result(f"tie{i}", 500) for i in range(5)])
-    assert epoch(season).status == "published"
+    publish(season)
     post_ok(post_scores, season, [ev.result("p03", 999)])
-    assert epoch(season).status == "published"
+    publish(season)
     return season
 
 

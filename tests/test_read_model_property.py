@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,7 +23,8 @@ from leaderboard.core.ranking import Standings
 from leaderboard.invariants import version_check
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
-from tests.readside import (
+from tests.support import (
+    NARROW,
     Events,
     assert_board_equals,
     assert_idle_copy_caught_up,
@@ -41,15 +41,13 @@ from tests.readside import (
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
-__all__ = ["connection"]
-
 Post = Callable[..., Any]
 SEASONS = itertools.count(1)
 
 # name -> (layout, score strategy). Narrow buckets make moves between buckets frequent;
 # the default layout gets scores around its bucket edges; "sparse" has many empty buckets.
 LAYOUTS: dict[str, tuple[BucketLayout, st.SearchStrategy[int]]] = {
-    "narrow": (BucketLayout(layout_id=1, lower_bounds=tuple(range(0, 1001, 100))), st.integers(0, 1000)),
+    "narrow": (NARROW, st.integers(0, 1000)),
     "default": (BucketLayout.uniform(), st.one_of(
         st.integers(0, 60_000), st.sampled_from([0, 9_999, 10_000, 19_999, 20_000, 999_999, 1_000_000]))),
     "single": (BucketLayout.single(), st.integers(0, 1000)),
@@ -140,7 +138,7 @@ def check_version(season: Season, client: APIClient, players: set[str]) -> tuple
     """Everything the version answers equals the reference built from the database."""
     manifest = current_manifest(season)
     head = change_head(season)
-    assert head is None or head <= manifest.watermark, "the version misses committed changes"
+    assert head <= manifest.watermark, "the version misses committed changes"
     scores = db_scores(season)
     # The ledger's current scores are exactly what its change stream replays to.
     assert scores_at_watermark(season, manifest.watermark) == scores

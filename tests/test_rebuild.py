@@ -29,15 +29,20 @@ from leaderboard.rebuild import (
 from leaderboard.redis_client import redis_get
 from leaderboard.tasks import rebuild_run_task
 from seasons.models import Season
-from tests.conftest import TEST_ACTOR
-from tests.failure_support import NARROW, assert_matches_ledger, board_snapshot, current, full_check, publish
-from tests.readside import (
+from tests.support import (
+    NARROW,
+    TEST_ACTOR,
     Events,
+    assert_matches_ledger,
     board_read,
+    board_snapshot,
+    current_manifest,
     epoch,
+    full_check,
     is_postgres,
     keys_of,
     post_ok,
+    publish,
     reader_of,
     scores_at_watermark,
     settle,
@@ -225,7 +230,7 @@ def test_a_rebuild_catches_up_with_writes_before_and_after_its_snapshot(
 
 def assert_exact_at_watermark(season: Season, version: int) -> None:
     """The version's whole board is the change stream replayed up to its watermark."""
-    manifest = current(season)
+    manifest = current_manifest(season)
     assert manifest is not None and manifest.version == version
     expected = Standings(scores_at_watermark(season, manifest.watermark))
     assert board_read(reader_of(season))[1] == expected.window(from_position=1, limit=len(expected))
@@ -237,7 +242,7 @@ def test_a_rebuild_compared_with_a_drifted_live_version_is_refused(season_factor
     season, _ = seeded(season_factory, post_scores, "drifted")
     r = redis_get()
     keys = keys_of(season)
-    live = current(season)
+    live = current_manifest(season)
     assert live is not None
     # The live copy's bookkeeping disagrees with the ledger: a player's score was changed
     # in its index and lookup behind the materializer's back.
@@ -400,7 +405,7 @@ def test_a_published_split_changes_the_layout_readers_use(season_factory: Callab
     assert new_layout.layout_id == 2 and {150, 250, 975} <= set(new_layout.lower_bounds)
     season.refresh_from_db()
     assert season.layout == new_layout.as_dict()
-    manifest = current(season)
+    manifest = current_manifest(season)
     assert manifest is not None and manifest.layout == new_layout and manifest.copy == job.copy
     assert ManifestRow.objects.get(season=season, version=4).layout == new_layout.as_dict()
     # Readers use the new layout: the rank path reads the new copy's buckets.
@@ -411,15 +416,15 @@ def test_a_published_split_changes_the_layout_readers_use(season_factory: Callab
     assert season_data_keys(season, "0") == [] and season_data_keys(season, "1") == []
     post_ok(post_scores, season, [ev.result("p012", 151), ev.result("p013", 999)])
     assert publish(season) == 5
-    assert current(season).copy == f"{job.copy}b"  # type: ignore[union-attr]
+    assert current_manifest(season).copy == f"{job.copy}b"
     assert assert_matches_ledger(season) == 5
     post_ok(post_scores, season, [ev.correction("p012", 1)])
-    assert publish(season) == 6 and current(season).copy == job.copy  # type: ignore[union-attr]
+    assert publish(season) == 6 and current_manifest(season).copy == job.copy
     assert_matches_ledger(season)
     # A later rebuild keeps the split layout.
     settle(season)
     again = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk)
-    assert again.status == "published" and current(season).layout == new_layout  # type: ignore[union-attr]
+    assert again.status == "published" and current_manifest(season).layout == new_layout
     assert_matches_ledger(season)
 
 

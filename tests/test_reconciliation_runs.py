@@ -15,8 +15,7 @@ from leaderboard.reconcile import reconciliation_run
 from leaderboard.redis_client import redis_get
 from leaderboard.tasks import season_reconcile
 from seasons.models import Season
-from tests.failure_support import NARROW, assert_matches_ledger, current, publish
-from tests.readside import Events, keys_of, post_ok, settle
+from tests.support import NARROW, Events, assert_matches_ledger, current_manifest, keys_of, post_ok, publish, settle
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -90,7 +89,7 @@ def test_a_corrupted_copy_is_detected_and_counted(season_factory: Callable[..., 
     season, _ = seeded(season_factory, post_scores, f"recon-{corruption}-{'full' if full else 'sampled'}")
     r = redis_get()
     keys = keys_of(season)
-    manifest = current(season)
+    manifest = current_manifest(season)
     assert manifest is not None
     before = metrics_render()
     if corruption == "stray":

@@ -29,10 +29,10 @@ from seasons.services import (
     seasons_lifecycle_tick,
 )
 from seasons.tasks import seasons_lifecycle
-from tests.conftest import TEST_ACTOR
-from tests.lifecycle_support import (
+from tests.staff_support import audit_actions
+from tests.support import (
+    TEST_ACTOR,
     Events,
-    audit_actions,
     change_head,
     closing_season,
     db_scores,
@@ -228,7 +228,7 @@ def test_a_closing_season_accepts_pre_cutoff_results_and_rejects_after_cutoff_on
 
 
 @pytest.mark.django_db
-def test_after_the_seal_pre_cutoff_results_go_to_the_late_queue_and_corrections_still_apply(
+def test_after_the_seal_late_results_and_api_corrections_wait_in_the_queue_for_staff(
     season_factory: SeasonFactory, post_scores: Post, writer: tuple[ApiClient, str]
 ) -> None:
     season = closing_season(season_factory, "sealed")
@@ -247,27 +247,32 @@ def test_after_the_seal_pre_cutoff_results_go_to_the_late_queue_and_corrections_
     results = post_ok(post_scores, season, [late, new_player, after_cutoff, before_start, correction])
     assert statuses(results) == [
         ("rejected", "late_after_seal"), ("rejected", "late_after_seal"), ("rejected", "after_cutoff"),
-        ("rejected", "before_season_start"), ("applied", ""),
+        ("rejected", "before_season_start"), ("held", "correction_after_seal"),
     ]
-    assert [r["pending_version"] for r in results] == [None, None, None, None, 1]
-    assert db_scores(season) == {"alice": 300, "bob": 50}
+    assert [r["pending_version"] for r in results] == [None, None, None, None, None]
+    # The held correction is recorded but changes nothing until staff approve it.
+    assert db_scores(season) == {"alice": 300, "bob": 200}
 
     queued = list(LateResult.objects.filter(season=season).order_by("id"))
     assert [(q.ledger_event.event_id, q.player_id, q.best_score, q.reason, q.status) for q in queued] == [
         (late["event_id"], "alice", 5000, "late_after_seal", "pending"),
         (new_player["event_id"], "dave", 700, "late_after_seal", "pending"),
+        (correction["event_id"], "bob", 50, "correction_after_seal", "pending"),
     ]
     assert queued[0].completed_at == season.cutoff - timedelta(hours=1)
-    for q in queued:
-        ledger = q.ledger_event
-        assert (ledger.status, ledger.status_reason, ledger.client_id) == ("rejected", "late_after_seal", writer[0].pk)
+    assert [(q.ledger_event.status, q.ledger_event.status_reason, q.ledger_event.client_id) for q in queued] == [
+        ("rejected", "late_after_seal", writer[0].pk), ("rejected", "late_after_seal", writer[0].pk),
+        ("held", "correction_after_seal", writer[0].pk),
+    ]
 
     # A retry of a late result is a duplicate: it is not queued twice.
     again = post_ok(post_scores, season, [late])[0]
     assert (again["status"], again["first_status"], again["reason"]) == ("duplicate", "rejected", "late_after_seal")
-    assert LateResult.objects.filter(season=season).count() == 2
-    # The correction moved the change stream past the seal; the seal itself did not move.
-    assert change_head(season) > watermark
+    held_again = post_ok(post_scores, season, [correction])[0]
+    assert (held_again["status"], held_again["first_status"]) == ("duplicate", "held")
+    assert LateResult.objects.filter(season=season).count() == 3
+    # Nothing after the seal moved the change stream, nor the seal itself.
+    assert change_head(season) == watermark
     assert (reload(season).ingest_watermark_txid, reload(season).ingest_watermark_id) == watermark
 
 

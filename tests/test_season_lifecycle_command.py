@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from audit.models import AuditEntry
 from leaderboard.core.lifecycle import SeasonState
 from seasons.models import FinalCandidate, FinalStanding, Season
-from tests.lifecycle_support import Events, closing_season, final_rows, in_season, materialize, post_ok
+from tests.support import Events, closing_season, current_manifest, final_rows, in_season, materialize, post_ok
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -137,7 +137,6 @@ def test_a_failed_reconciliation_is_printed_with_the_failing_checks(
 ) -> None:
     from leaderboard.materializer import season_keys
     from leaderboard.redis_client import redis_get
-    from tests.lifecycle_support import current_manifest
 
     season = closing_season(season_factory, "bad")
     post_ok(post_scores, season, [Events("bad", in_season(season)).result("x", 5)])

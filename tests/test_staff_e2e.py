@@ -25,8 +25,7 @@ from leaderboard.rebuild import rebuild_run
 from seasons.models import Dispute, ScoreRevocation, Season
 from seasons.staff_services import staff_user_create
 from tests import browser
-from tests.conftest import TEST_ACTOR
-from tests.lifecycle_support import Events, closing_season, in_season, materialize, post_ok
+from tests.support import TEST_ACTOR, Events, closing_season, in_season, materialize, post_ok
 
 ROOT = browser.ROOT
 CHROMIUM = browser.CHROMIUM
@@ -111,7 +110,7 @@ def test_two_people_run_a_season_to_final_in_the_browser(
     # A crowded score range, so the season page has a hot bucket to show.
     post_ok(post_scores, season, [events.result(f"p{i:03d}", 40_000 + 61 * i) for i in range(120)]
             + [events.result(f"q{i:02d}", 7_919 * i) for i in range(60)])
-    materialize(season, timeout=60)
+    materialize(season)
     staff_account("rhea", "reviewer")
     staff_account("arno", "approver")
     arun = sync_to_async(rebuild_run)
@@ -126,7 +125,7 @@ def test_two_people_run_a_season_to_final_in_the_browser(
         first_version = int((await rhea.inner_text(version_cell)).strip())
         await rhea.evaluate("window.notReloaded = true")
         await apost(post_scores, season, [events.result("late-joiner", 1)])
-        newer = (await amaterialize(season, timeout=60)).version
+        newer = (await amaterialize(season)).version
         assert newer > first_version
         await rhea.wait_for_function(
             f"document.querySelector(\"{version_cell}\")?.textContent.trim() === '{newer}'", timeout=10_000)
@@ -197,7 +196,7 @@ def test_two_people_run_a_season_to_final_in_the_browser(
         await arno.fill("#lifecycle input[name=reason]", "cutoff passed, all results in")
         await arno.click("#lifecycle button[type=submit]")
         await arno.wait_for_selector("#season-state >> text=FINALIZING")
-        await amaterialize(season, timeout=60)
+        await amaterialize(season)
 
         await rhea.goto(f"{server}/staff/seasons/{season.slug}/final/")
         await rhea.click("#build-form button[type=submit]")

@@ -34,9 +34,8 @@ from seasons.staff_services import (
     staff_role_of,
     staff_user_create,
 )
-from tests.conftest import TEST_ACTOR
-from tests.lifecycle_support import Events, closing_season, in_season, post_ok
 from tests.staff_support import actor_of, audit_actions, audit_head, audit_rows
+from tests.support import TEST_ACTOR, Events, closing_season, in_season, post_ok
 
 # The staff fixtures (make_staff, client_as, fast_passwords).
 pytest_plugins = ["tests.staff_fixtures"]
@@ -162,12 +161,13 @@ def test_a_dispute_is_validated(open_season: Any, people: dict[str, Any], bad: d
 def test_a_revocation_is_approved_by_another_person_and_written_through_the_ledger(
     open_season: Any, people: dict[str, Any]
 ) -> None:
-    season, _ = open_season
+    season, events = open_season
+    version = events.versions["alice"]  # of her best result, 900
     reviewer, approver = actor_of(people["reviewer"]), actor_of(people["approver"])
     dispute, _ = dispute_file(season=season, player_id="alice", summary="cheated", actor=reviewer)
     revocation = score_revocation_propose(season=season, player_id="alice", new_score=100, reason="cheating proven",
                                           evidence="match m-9 replay", actor=reviewer, dispute=dispute)
-    assert (revocation.score_before, revocation.base_version) == (900, 2)
+    assert (revocation.score_before, revocation.base_version) == (900, version)
     dispute.refresh_from_db()
     assert dispute.status == Dispute.Status.REVOCATION_PROPOSED
 
@@ -184,7 +184,7 @@ def test_a_revocation_is_approved_by_another_person_and_written_through_the_ledg
     assert PlayerScore.objects.get(season=season, player_id="alice").score == 100  # lower: a revocation
     event = ScoreEvent.objects.get(season=season, event_id=result.revocation.event_id)
     assert (event.kind, event.best_score, event.score_version, event.status, event.client_id) == (
-        "correction", 100, 3, "applied", None)
+        "correction", 100, version + 1, "applied", None)
     assert event.reason == "cheating proven"
     revocation.refresh_from_db()
     assert revocation.status == ScoreRevocation.Status.APPLIED and revocation.decided_by_label == approver.label
@@ -192,7 +192,7 @@ def test_a_revocation_is_approved_by_another_person_and_written_through_the_ledg
     assert dispute.status == Dispute.Status.RESOLVED and "revoked to 100" in dispute.resolution_reason
     rows = audit_rows(season, since=start)
     assert [r.action for r in rows] == ["revocation.approved", "dispute.resolved"]
-    assert rows[0].before == {"score": 900, "score_version": 2}
+    assert rows[0].before == {"score": 900, "score_version": version}
     assert rows[0].after is not None
     assert rows[0].after["score"] == 100 and rows[0].after["proposed_by"] == reviewer.label
     assert rows[0].actor_label == approver.label and rows[0].reason == "replay reviewed"
@@ -206,12 +206,14 @@ def test_a_stale_approval_changes_nothing_reports_why_and_can_be_retried(
     season, events = open_season
     reviewer, approver = actor_of(people["reviewer"]), actor_of(people["approver"])
     revocation = score_revocation_propose(season=season, player_id="alice", new_score=10, reason="bug", actor=reviewer)
-    # The match service settles another match of alice meanwhile: her version moves to 3.
+    based_on = events.versions["alice"]
+    # The match service settles another match of alice meanwhile: her version moves on.
     post_ok(post_scores, season, [events.result("alice", 1200)])
+    newer = events.versions["alice"]
     start = audit_head()
     result = score_revocation_approve(revocation=revocation, actor=approver)
     assert result.status == "stale" and not result.applied
-    assert "version 3 (score 1200)" in result.detail and "based on version 2" in result.detail
+    assert f"version {newer} (score 1200)" in result.detail and f"based on version {based_on}" in result.detail
     assert PlayerScore.objects.get(season=season, player_id="alice").score == 1200
     assert ScoreEvent.objects.get(event_id=f"staff-revocation-{revocation.pk}-1").status == "stale"
     revocation.refresh_from_db()
@@ -223,9 +225,9 @@ def test_a_stale_approval_changes_nothing_reports_why_and_can_be_retried(
     assert PlayerScore.objects.get(season=season, player_id="alice").score == 10
     revocation.refresh_from_db()
     assert (revocation.base_version, revocation.score_before, revocation.event_id) == (
-        3, 1200, f"staff-revocation-{revocation.pk}-2")
+        newer, 1200, f"staff-revocation-{revocation.pk}-2")
     last = audit_rows(season)[-1]
-    assert last.action == "revocation.approved" and (last.after or {})["rebased_on"] == 3
+    assert last.action == "revocation.approved" and (last.after or {})["rebased_on"] == newer
 
 
 def test_a_rejected_revocation_sends_its_dispute_back_to_the_queue(open_season: Any, people: dict[str, Any]) -> None:

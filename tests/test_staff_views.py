@@ -25,9 +25,8 @@ from leaderboard.rebuild import rebuild_run
 from seasons.models import Dispute, FinalCandidate, ScoreRevocation, Season
 from seasons.services import season_seal_ingest
 from seasons.staff_services import ROLE_PERMISSIONS, score_revocation_propose
-from tests.conftest import TEST_ACTOR
-from tests.lifecycle_support import Events, closing_season, in_season, materialize, post_ok
 from tests.staff_support import PASSWORD, actor_of, audit_actions, audit_head, audit_rows, follow_messages
+from tests.support import TEST_ACTOR, Events, closing_season, in_season, materialize, post_ok
 
 # The staff fixtures (make_staff, client_as, fast_passwords).
 pytest_plugins = ["tests.staff_fixtures"]
@@ -282,7 +281,7 @@ def test_nobody_approves_their_own_proposal_and_a_stale_approval_offers_a_retry(
     assert message.startswith("Not applied. stale: the match service moved alice")
     assert PlayerScore.objects.get(season=season, player_id="alice").score == 990
     page = second.get(f"/staff/revocations/{revocation.pk}/").content.decode()
-    assert 'id="retry-form"' in page and "Retry on the current version (2)" in page
+    assert 'id="retry-form"' in page and f"Retry on the current version ({world['events'].versions['alice']})" in page
     retried = second.post(f"/staff/revocations/{revocation.pk}/approve", {"rebase": "1", "reason": "still wrong"})
     assert follow_messages(second, retried)[0].startswith("Approved")
     assert PlayerScore.objects.get(season=season, player_id="alice").score == 5
@@ -407,7 +406,7 @@ def test_season_pages_show_versions_buckets_hot_splits_rebuilds_and_reconciliati
     # Most players crowd into bucket 5 (50,000..59,999): a hot bucket.
     post_ok(post_scores, season, [events.result(f"p{i:03d}", 50_000 + i * 37) for i in range(150)]
             + [events.result(f"q{i}", 1_000 * i) for i in range(40)])
-    manifest = materialize(season, timeout=60)
+    manifest = materialize(season)
     reviewer, approver = client_as("reviewer", "rev"), client_as("approver", "apr")
 
     def overview_row() -> str:
@@ -486,12 +485,14 @@ def test_final_is_proposed_and_approved_by_two_people_and_the_player_page_explai
 ) -> None:
     season = closing_season(season_factory, "fin")
     events = Events("fin", in_season(season))
-    post_ok(post_scores, season, [events.result("ann", 500), events.result("bo", 700), events.result("cy", 700),
-                                  events.result("ann", 800), events.result("ann", 650)])
-    materialize(season, timeout=60)
+    sent = [events.result("ann", 500), events.result("bo", 700), events.result("cy", 700),
+            events.result("ann", 800), events.result("ann", 650)]
+    post_ok(post_scores, season, sent)
+    ann_best, ann_last = sent[3], sent[4]
+    materialize(season)
     reviewer, first, second = client_as("reviewer", "rev"), client_as("approver", "ap1"), client_as("approver", "ap2")
     first.post(f"/staff/seasons/{season.slug}/lifecycle", {"target": "seal"})
-    materialize(season, timeout=60)
+    materialize(season)
 
     built = reviewer.post(f"/staff/seasons/{season.slug}/final/build")
     assert "reconciled" in follow_messages(reviewer, built)[0]
@@ -514,10 +515,10 @@ def test_final_is_proposed_and_approved_by_two_people_and_the_player_page_explai
         ("season.final.approved", "ap2")]
 
     player = reviewer.get(f"/staff/seasons/{season.slug}/players/ann/").content.decode()
-    assert re.search(r'id="player-score">800 <small>version 3', player)
+    assert re.search(rf'id="player-score">800 <small>version {ann_last["score_version"]},', player)
     assert re.search(r'id="player-rank">1 <small>position 1 of 3 in version \d+', player)
     assert re.search(r'id="player-final">1 <small>position 1, score 800', player)
-    assert re.search(r'id="player-why">set by <code>fin-4</code> \(result\)', player)
+    assert re.search(rf'id="player-why">set by <code>{ann_best["event_id"]}</code> \(result\)', player)
     outcomes = re.findall(r'<span class="status status-(\w+)">', player.split('id="player-events"')[1])
     assert outcomes == ["applied", "applied", "unchanged"]
     assert 'class="outcome-applied setter"' in player

@@ -1,0 +1,71 @@
+"""Helpers shared by the tests, by topic: writing scores and reading the ledger (writes),
+publishing versions and checking them (publication), seasons through their lifecycle to
+FINAL (lifecycle), and killable child processes (failure). Import them from here:
+`from tests.support import Events, post_ok, publish`."""
+
+from tests.support.failure import (
+    ROOT,
+    child_database_url,
+    child_env,
+    epoch_child,
+    epoch_child_killed_inside_apply,
+    recovery_jobs,
+)
+from tests.support.lifecycle import (
+    RECONCILIATION_CHECKS,
+    canonical_sha256,
+    closing_season,
+    final_rows,
+    finalize,
+    held_correction_approve,
+    in_season,
+    iso,
+    seal_and_build,
+    staff,
+)
+from tests.support.publication import (
+    INVARIANT_CHECKS,
+    NARROW,
+    assert_board_equals,
+    assert_idle_copy_caught_up,
+    assert_matches_ledger,
+    board_read,
+    board_snapshot,
+    copy_contents,
+    current_manifest,
+    epoch,
+    full_check,
+    keys_of,
+    materialize,
+    publish,
+    reader_of,
+)
+from tests.support.writes import (
+    COMPLETED_AT,
+    TEST_ACTOR,
+    Events,
+    Post,
+    apply_events,
+    change_head,
+    db_scores,
+    db_standings,
+    is_postgres,
+    players,
+    post_ok,
+    scores_at_watermark,
+    settle,
+    statuses,
+)
+
+__all__ = [
+    "COMPLETED_AT", "INVARIANT_CHECKS", "NARROW", "RECONCILIATION_CHECKS", "ROOT", "TEST_ACTOR",
+    "held_correction_approve",
+    "Events", "Post",
+    "apply_events", "assert_board_equals", "assert_idle_copy_caught_up",
+    "assert_matches_ledger", "board_read", "board_snapshot", "canonical_sha256", "change_head",
+    "child_database_url", "child_env", "closing_season", "copy_contents", "current_manifest", "db_scores",
+    "db_standings", "epoch", "epoch_child", "epoch_child_killed_inside_apply", "final_rows", "finalize",
+    "full_check", "in_season", "is_postgres", "iso", "keys_of", "materialize", "players", "post_ok",
+    "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build", "settle", "staff",
+    "statuses",
+]

@@ -1,0 +1,114 @@
+"""Failure helpers: a materializer in a child process that can be killed, the environment
+such a child needs to share this test's database and Redis, and the recovery jobs it leaves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from django.conf import settings
+from django.db import connection
+
+from leaderboard.models import RebuildJob
+from leaderboard.redis_client import redis_get
+from seasons.models import Season
+from tests.support.publication import keys_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recovery_jobs(season: Season) -> list[RebuildJob]:
+    return list(RebuildJob.objects.filter(season=season, kind=RebuildJob.Kind.RECOVERY).order_by("id"))
+
+
+def child_database_url() -> str:
+    """A URL of the test database this process uses, for a child process."""
+    name = connection.settings_dict["NAME"]
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{name}"
+    parts = urlsplit(str(settings.DATABASE_URL))
+    return str(urlunsplit(parts._replace(path=f"/{name}")))
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": child_database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
+        "VAR_DIR": str(settings.VAR_DIR),
+        "SECRET_KEY": settings.SECRET_KEY,
+        "DEBUG": "false",
+        "DB_POOL_SIZE": "0",
+        "PYTHONPATH": str(ROOT),
+    }
+    env.update(extra)
+    return env
+
+
+# One epoch in a child process, as a Celery worker would run it. The epoch's internals are
+# not touched: only the apply chunk is made small, so a big epoch takes long enough to be
+# killed in the middle of it.
+EPOCH_CHILD = """
+import sys
+import django
+
+django.setup()
+from leaderboard import rankview
+from leaderboard.materializer import season_epoch_run
+from seasons.models import Season
+
+rankview.APPLY_CHUNK = int(sys.argv[2])
+season = Season.objects.get(slug=sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+result = season_epoch_run(season=season)
+print(result.status, result.version, flush=True)
+"""
+
+
+def epoch_child(season: Season, *, apply_chunk: int, **env: str) -> subprocess.Popen[str]:
+    """A child process that runs one epoch of `season` once a line arrives on its stdin."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", EPOCH_CHILD, season.slug, str(apply_chunk)],
+        cwd=ROOT, env=child_env(**env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if line.strip() != "ready":
+        child.kill()
+        raise AssertionError(f"epoch child did not start: {line!r} {child.stderr.read() if child.stderr else ''}")
+    return child
+
+
+def epoch_child_killed_inside_apply(season: Season, copy: str, rnd: Any, **env: str) -> bool:
+    """Run one epoch in a child applying two players per MULTI/EXEC (a few hundred chunks,
+    each a moment to die in) and SIGKILL it once `copy` is being applied to. True when
+    the kill landed there: the child died and left the copy half applied (False: the
+    child finished first)."""
+    r = redis_get()
+    meta_key = keys_of(season).copy_meta(copy)
+    counts_before = r.hget(meta_key, "counts")
+    child = epoch_child(season, apply_chunk=2, EPOCH_LEASE_SECONDS="2", COPY_GRACE_SECONDS="0.02",
+                        READ_DEADLINE_SECONDS="0.01", **env)
+    assert child.stdin is not None
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.poll() is None:
+        state, counts = r.hmget(meta_key, ["state", "counts"])
+        if state == b"applying" and counts != counts_before:
+            time.sleep(rnd.uniform(0, 0.01))  # somewhere inside the apply
+            os.kill(child.pid, signal.SIGKILL)
+            break
+    child.wait(timeout=30)
+    state, counts = r.hmget(meta_key, ["state", "counts"])
+    return child.returncode == -signal.SIGKILL and state == b"applying" and counts != counts_before

@@ -1,0 +1,194 @@
+"""Publishing versions (epochs) and checking them: what a published version answers,
+compared read by read with the brute-force `Standings` of the ledger (docs/rules.md,
+"Ranking"), and what the invariant checker finds in its copy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from leaderboard import rankview
+from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.manifest import Manifest
+from leaderboard.core.ranking import Entry, Standings
+from leaderboard.invariants import version_check
+from leaderboard.materializer import EpochResult, season_epoch_run, season_keys
+from leaderboard.redis_client import redis_get
+from leaderboard.selectors import leaderboard_reader
+from seasons.models import Season
+from tests.support.writes import change_head, db_standings, settle
+
+# Eleven buckets: ten of 100 points for the scores these tests use, then the rest.
+NARROW = BucketLayout(layout_id=1, lower_bounds=tuple(range(0, 1001, 100)))
+
+INVARIANT_CHECKS = frozenset({"bucket_counts", "total_players", "players_once", "bucket_ranges",
+                              "bucket_checksums", "lookup_equals_index", "sampled_ranks"})
+
+
+def keys_of(season: Season) -> rankview.Keys:
+    return season_keys(season)
+
+
+def reader_of(season: Season | str) -> rankview.RankReader:
+    slug = season if isinstance(season, str) else season.slug
+    return leaderboard_reader(season_slug=slug)
+
+
+def current_manifest(season: Season) -> Manifest:
+    """The manifest of the version the pointer names; fails the test when nothing is published."""
+    r = redis_get()
+    keys = keys_of(season)
+    version = rankview.pointer_get(r, keys)
+    assert version is not None, "nothing published"
+    manifest = rankview.manifest_get(r, keys, version)
+    assert manifest is not None, f"the pointer names v{version}, whose manifest is missing"
+    return manifest
+
+
+# ------------------------------------------------------------------ epochs
+
+
+def epoch(season: Season) -> EpochResult:
+    """One epoch, once every change committed so far can be seen; whatever its outcome."""
+    settle(season)
+    return season_epoch_run(season=season)
+
+
+def publish(season: Season) -> int:
+    """One epoch that must publish a new version (holding every change committed so far); its number."""
+    result = epoch(season)
+    assert result.status == "published", result
+    assert result.version is not None
+    return result.version
+
+
+def materialize(season: Season) -> Manifest:
+    """Bring the published version up to every change committed so far, publishing only if
+    one is missing (an idle epoch is fine); refreshes `season` and returns the manifest."""
+    head = change_head(season)
+    result = epoch(season)
+    assert result.status in ("published", "idle"), result
+    manifest = current_manifest(season)
+    assert manifest.watermark >= head, f"v{manifest.version} does not cover {head}"
+    season.refresh_from_db()
+    return manifest
+
+
+# ------------------------------------------------------------------ reading a version
+
+
+def board_read(reader: rankview.RankReader, version: int | None = None) -> tuple[int, list[Entry]]:
+    """The whole board of one version through bounded windows; (version, entries)."""
+    manifest, entries = reader.window(1, 100, version)
+    pinned = manifest.version
+    out = list(entries)
+    while len(out) < manifest.total:
+        _, more = reader.window(len(out) + 1, 100, pinned)
+        assert more, "a window inside the board came back empty"
+        out.extend(more)
+    return pinned, out
+
+
+def board_snapshot(season: Season) -> tuple[int, list[Entry], dict[str, Any]]:
+    """(version, whole board, each player's rank entry) through the API's reader."""
+    reader = rankview.RankReader(redis_get(), keys_of(season), deadline=3600)
+    version, board = board_read(reader)
+    ranks = {e.player_id: reader.rank(e.player_id, version).entry for e in board}
+    return version, board, ranks
+
+
+def copy_contents(season: Season, copy: str) -> tuple[rankview.CopyMeta, dict[str, int], list[list[tuple[str, int]]]]:
+    """A copy's metadata, its whole lookup and every bucket in index order."""
+    r = redis_get()
+    keys = keys_of(season)
+    meta = rankview.copy_meta_load(r, keys, copy)
+    assert meta is not None, f"copy {copy} is missing"
+    lookup: dict[str, int] = {}
+    for shard in range(rankview.LOOKUP_SHARDS):
+        raw: dict[bytes, bytes] = r.hgetall(keys.lookup(copy, shard))  # type: ignore[assignment]
+        lookup.update({p.decode(): int(s) for p, s in raw.items()})
+    buckets = []
+    for b in range(meta.layout.size):
+        members: list[tuple[bytes, float]] = r.zrange(  # type: ignore[assignment]
+            keys.bucket(copy, meta.layout.layout_id, b), 0, -1, withscores=True)
+        buckets.append([(p.decode(), -int(s)) for p, s in members])
+    return meta, lookup, buckets
+
+
+# ------------------------------------------------------------------ checks
+
+
+def assert_idle_copy_caught_up(season: Season) -> None:
+    """The copy that is not current holds exactly what the current one holds, at its watermark."""
+    current = current_manifest(season)
+    idle = next(c for c in rankview.copies_get(redis_get(), keys_of(season)) if c != current.copy)
+    meta, lookup, buckets = copy_contents(season, idle)
+    _, current_lookup, current_buckets = copy_contents(season, current.copy)
+    assert (meta.state, meta.watermark) == (rankview.STATE_READY, current.watermark)
+    assert (meta.counts, meta.checksums) == (current.counts, current.checksums)
+    assert lookup == current_lookup
+    assert buckets == current_buckets
+
+
+def assert_board_equals(reader: rankview.RankReader, expected: Standings, *, version: int | None = None,
+                        players: Iterable[str] = (), absent: Iterable[str] = (), radius: int = 10,
+                        window_limits: tuple[int, ...] = (1, 3)) -> int:
+    """Every read of the version against the reference: top, total, the rank and the
+    neighbours of every player, a window at every position, and the empty tail.
+    Returns the version that answered (pinned for all reads after the first)."""
+    manifest, top = reader.top(100, version)
+    pinned = manifest.version
+    everything = expected.window(from_position=1, limit=len(expected) + 1)
+    assert manifest.total == len(expected)
+    assert top == [e.as_dict() for e in expected.top(100)], f"top of v{pinned}"
+
+    got_version, board = board_read(reader, pinned)
+    assert got_version == pinned
+    assert board == everything, f"board of v{pinned}"
+
+    for player_id in set(players) | {e.player_id for e in everything}:
+        view = reader.rank(player_id, pinned)
+        assert view.manifest.version == pinned
+        assert view.entry == expected.entry(player_id), f"rank of {player_id} in v{pinned}"
+        _, me, around = reader.neighbors(player_id, radius, pinned)
+        assert me == expected.entry(player_id)
+        assert around == expected.neighbors(player_id, radius), f"neighbours of {player_id} in v{pinned}"
+    for player_id in absent:
+        assert reader.rank(player_id, pinned).entry is None
+        assert reader.neighbors(player_id, radius, pinned)[1:] == (None, [])
+    for limit in window_limits:
+        for position in range(1, len(expected) + 1):
+            _, window = reader.window(position, limit, pinned)
+            assert window == everything[position - 1 : position - 1 + limit], f"window {position}+{limit}"
+    assert reader.window(len(expected) + 1, 100, pinned)[1] == []
+    return pinned
+
+
+def full_check(season: Season, version: int | None = None, *, sample: int = 10_000) -> None:
+    """The invariant checker with a full scan (every player once, checksums, lookup = index)
+    and brute-force ranks of up to `sample` players (all of them on the boards tests build)."""
+    report = version_check(r=redis_get(), keys=keys_of(season), version=version, full=True, sample=sample)
+    assert report.ok, report.failures()
+    assert {f.check for f in report.findings} >= INVARIANT_CHECKS
+
+
+def assert_matches_ledger(season: Season, *, exhaustive: bool = True, **kwargs: Any) -> int:
+    """The current version holds every committed change and answers as the ledger's
+    standings do, then passes the full invariant check; returns the version.
+
+    `exhaustive`: every read (assert_board_equals, which takes the other keywords).
+    Otherwise, cheaper for big boards: the whole board and the top, and the ranks the
+    invariant checker samples."""
+    manifest = current_manifest(season)
+    head = change_head(season)
+    assert head <= manifest.watermark, "the version does not cover every committed change"
+    expected = db_standings(season)
+    reader = reader_of(season)
+    if exhaustive:
+        version = assert_board_equals(reader, expected, **kwargs)
+    else:
+        version, board = board_read(reader, manifest.version)
+        assert board == expected.window(from_position=1, limit=len(expected) + 1), f"board of v{version}"
+        assert reader.top(100, version)[1] == [e.as_dict() for e in expected.top(100)], f"top of v{version}"
+    full_check(season, version)
+    return version

@@ -1,0 +1,142 @@
+"""Writing scores the way the match service does (the real write API, or the write service
+for bulk set-up), and reading back what the ledger holds."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.db import connection
+
+from audit.services import Actor
+from leaderboard.core.events import events_parse
+from leaderboard.core.ranking import Standings
+from leaderboard.models import PlayerScore, ScoreChange
+from leaderboard.services import score_events_apply
+from seasons.models import Season
+
+Post = Callable[..., Any]
+
+TEST_ACTOR = Actor(kind="system", id="", label="tests")
+COMPLETED_AT = "2026-11-15T12:00:00Z"
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+class Events:
+    """Builds valid score events: ids unique across builders, and per player a score_version
+    newer than every one sent before, whichever builder sent it."""
+
+    # One counter for ids and versions, shared by every builder: two builders writing the
+    # same player (a fixture's board, then a test's own events) never send a stale version.
+    _ids = itertools.count(1)
+
+    def __init__(self, tag: str = "e", completed_at: str = COMPLETED_AT):
+        self.tag = tag
+        self.completed_at = completed_at
+        self.versions: dict[str, int] = {}
+        self.sent: list[dict[str, Any]] = []
+
+    def result(self, player_id: str, best_score: int, **extra: Any) -> dict[str, Any]:
+        return self._make(player_id, best_score, **extra)
+
+    def correction(self, player_id: str, best_score: int, reason: str = "dispute upheld",
+                   **extra: Any) -> dict[str, Any]:
+        return self._make(player_id, best_score, kind="correction", reason=reason, **extra)
+
+    def stale(self, player_id: str, best_score: int) -> dict[str, Any]:
+        """A result older than the last one this builder sent for the player: recorded, ignored."""
+        return self._make(player_id, best_score, score_version=max(1, self.versions[player_id] - 1))
+
+    def _make(self, player_id: str, best_score: int, **extra: Any) -> dict[str, Any]:
+        n = next(self._ids)
+        event = {"event_id": f"{self.tag}-{n}", "match_id": f"{self.tag}-m{n}", "player_id": player_id,
+                 "best_score": best_score, "score_version": n, "completed_at": self.completed_at, **extra}
+        if "score_version" not in extra:
+            self.versions[player_id] = n
+        self.sent.append(event)
+        return event
+
+
+def post_ok(post_scores: Post, season: Season | str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events through the write API, which must answer 200 with one result per event."""
+    slug = season if isinstance(season, str) else season.slug
+    response = post_scores(slug, {"events": events})
+    assert response.status_code == 200, response.content
+    results: list[dict[str, Any]] = response.json()["results"]
+    assert len(results) == len(events)
+    return results
+
+
+def statuses(results: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(r["status"], r.get("reason", "")) for r in results]
+
+
+def apply_events(season: Season, events: list[dict[str, Any]], *, batch: int = 1000) -> list[Any]:
+    """Events through the write service itself (no HTTP): for bulk set-up."""
+    outcomes = []
+    for start in range(0, len(events), batch):
+        parsed = events_parse({"events": events[start : start + batch]})
+        outcomes.extend(score_events_apply(season=season, events=parsed, client=None).outcomes)
+    return outcomes
+
+
+def players(prefix: str, n: int) -> Iterable[str]:
+    return (f"{prefix}{i:05d}" for i in range(n))
+
+
+def db_scores(season: Season) -> dict[str, int]:
+    return dict(PlayerScore.objects.filter(season=season).values_list("player_id", "score"))
+
+
+def db_standings(season: Season) -> Standings:
+    """The reference board: the ranking rules (docs/rules.md, "Ranking") applied to the current-scores table."""
+    return Standings(db_scores(season))
+
+
+def change_head(season: Season) -> tuple[int, int]:
+    """The (txid, id) cursor of the season's newest committed change; (0, 0), the cursor
+    before every change, when it has none."""
+    row = ScoreChange.objects.filter(season=season).order_by("-txid", "-id").values_list("txid", "id").first()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def scores_at_watermark(season: Season, watermark: tuple[int, int]) -> dict[str, int]:
+    """The board a version with this watermark must hold, replayed from the change stream
+    alone: per player, the newest (highest score_version) change at or below the cursor."""
+    newest: dict[str, tuple[int, int]] = {}
+    for txid, ident, player_id, score, version in ScoreChange.objects.filter(season=season).values_list(
+        "txid", "id", "player_id", "new_score", "score_version"
+    ):
+        if (txid, ident) > watermark:
+            continue
+        seen = newest.get(player_id)
+        if seen is None or version > seen[1]:
+            newest[player_id] = (score, version)
+    return {p: s for p, (s, _) in newest.items()}
+
+
+def settle(season: Season, *, timeout: float = 120.0) -> None:
+    """Wait until every committed change of the season is visible to the change stream.
+
+    On PostgreSQL the stream returns a change only once every older transaction of the
+    whole server has ended (selectors.score_changes_after), so unrelated sessions on the
+    same server (another test run, a benchmark) delay it by their transactions' length.
+    Waiting here keeps the tests exact about which version holds what. SQLite: no wait.
+    """
+    if not is_postgres():
+        return
+    head = change_head(season)
+    deadline = time.monotonic() + timeout
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+            xmin = int(cursor.fetchone()[0])
+        if xmin > head[0]:
+            return
+        assert time.monotonic() < deadline, f"transaction {head[0]} still not visible after {timeout} s"
+        time.sleep(0.01)
