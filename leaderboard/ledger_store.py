@@ -9,7 +9,7 @@ tests run the same suite on both.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connection
 
@@ -181,7 +181,9 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "e_player": _text_array([r.event.player_id for r in rows]),
         "e_best": _int_array([r.event.best_score for r in rows]),
         "e_version": _int_array([r.event.score_version for r in rows]),
-        "e_completed": _text_array([r.event.completed_at.isoformat() for r in rows]),
+        # Instants go to the database in UTC: RFC 3339 allows offsets up to +-23:59 and
+        # PostgreSQL refuses +-16:00 and beyond.
+        "e_completed": _text_array([r.event.completed_at.astimezone(UTC).isoformat() for r in rows]),
         "e_kind": _text_array([r.event.kind for r in rows]),
         "e_reason": _text_array([r.event.reason for r in rows]),
         "e_hash": _text_array([r.payload_hash for r in rows]),
@@ -212,7 +214,7 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
             player_id=r.event.player_id,
             best_score=r.event.best_score,
             score_version=r.event.score_version,
-            completed_at=r.event.completed_at,
+            completed_at=r.event.completed_at.astimezone(UTC),
             kind=r.event.kind,
             reason=r.event.reason,
             payload_hash=r.payload_hash,
@@ -260,7 +262,8 @@ def late_results_record(*, season_id: int, rows: list[LedgerRow], now: datetime)
     LateResult.objects.bulk_create(
         LateResult(
             season_id=season_id, ledger_event_id=ledger_ids[r.event.event_id], player_id=r.event.player_id,
-            best_score=r.event.best_score, completed_at=r.event.completed_at, received_at=now, reason=r.reason,
+            best_score=r.event.best_score, completed_at=r.event.completed_at.astimezone(UTC), received_at=now,
+            reason=r.reason,
         )
         for r in rows
     )

@@ -282,6 +282,18 @@ def test_completed_at_offset_and_microseconds_are_stored_as_the_same_instant(
     assert ScoreEvent.objects.get().completed_at == datetime(2026, 11, 15, 17, 30, 0, 123456, tzinfo=UTC)
 
 
+@requires_postgres
+def test_completed_at_with_an_offset_postgresql_cannot_parse_is_applied_at_its_instant(
+    season: Season, post_scores: Post, event_factory: EventFactory
+) -> None:
+    # RFC 3339 allows offsets up to +-23:59, PostgreSQL's input stops short of +-16:00: the
+    # fuzzer's "+20:16" was a 500 while the instant went to the database with its offset.
+    response = post_scores(season.slug, event_factory(completed_at="2026-11-15T12:00:00+20:16"))
+    assert response.status_code == 200
+    assert response.json()["results"][0]["status"] == "applied"
+    assert ScoreEvent.objects.get().completed_at == datetime(2026, 11, 14, 15, 44, tzinfo=UTC)
+
+
 def test_batch_of_1000_events_is_applied(season: Season, post_scores: Post) -> None:
     events = [
         {"event_id": f"e{i}", "match_id": f"m{i}", "player_id": f"player{i % 400}",

@@ -2,16 +2,20 @@ from __future__ import annotations
 
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_safe
 
 from leaderboard.metrics import metrics_render
 from leaderboard.redis_client import redis_get
 
 
+# The probes answer GET and HEAD; any other method is a 405 with Allow, as on the API's URLs.
+@require_safe
 def healthz(request: HttpRequest) -> JsonResponse:
     """The process is up; says nothing of its dependencies."""
     return JsonResponse({"status": "ok"})
 
 
+@require_safe
 def readyz(request: HttpRequest) -> JsonResponse:
     """Ready to serve: the database and Redis both answer."""
     checks: dict[str, str] = {}
@@ -30,6 +34,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
 
 
+@require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition; scrape it from inside the deployment's network."""
     return HttpResponse(metrics_render(), content_type="text/plain; version=0.0.4; charset=utf-8")

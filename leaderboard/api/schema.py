@@ -297,8 +297,8 @@ class FinalSerializer(serializers.Serializer[Any]):
     content_hash = serializers.CharField()
     hash_algorithm = serializers.CharField()
     total_players = serializers.IntegerField()
-    proposed_by = serializers.CharField(allow_null=True)
-    approved_by = serializers.CharField(allow_null=True)
+    proposed_by = serializers.CharField(allow_null=True, help_text="opaque staff id, e.g. staff-12")
+    approved_by = serializers.CharField(allow_null=True, help_text="opaque staff id, e.g. staff-12")
     manifest = FinalManifestSerializer()
 
 
@@ -320,8 +320,8 @@ class FinalCorrectionSerializer(serializers.Serializer[Any]):
     after = serializers.IntegerField()
     event_id = serializers.CharField()
     version = serializers.IntegerField(allow_null=True)
-    who = serializers.CharField()
-    why = serializers.CharField()
+    who = serializers.CharField(help_text="opaque id of who approved it (staff-N), never a name")
+    why = serializers.CharField(help_text="the public reason; evidence and internal notes stay with staff")
     at = serializers.DateTimeField()
 
 
@@ -363,17 +363,18 @@ def _probes() -> dict[str, Any]:
         }},
         "/readyz": {"get": {
             "operationId": "readyz", "security": [{}],
-            "description": "Ready to serve: the database and Redis both answer.",
+            "description": "Ready to serve: the database and Redis both answer. `checks` only for an operator "
+                           "(the METRICS_TOKEN bearer token, or a request from this host when none is set).",
             "responses": {"200": _json(_STATUS_BODY, "ready"),
                           "503": _json(_STATUS_BODY, "a dependency failed; `checks` says which")},
         }},
         "/metrics": {"get": {
             "operationId": "metrics", "security": [{}],
-            "description": "Prometheus text exposition.",
+            "description": "Prometheus text exposition, for operators only.",
             "responses": {
                 "200": {"description": "the metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
-                "401": _json(error_ref, "`unauthenticated`: the metrics need their token"),
-                "403": _json(error_ref, "`forbidden`: wrong token, or an address not allowed"),
+                "403": _json(error_ref, "`forbidden`: without the METRICS_TOKEN bearer token (or, when none is "
+                                        "set, from another host)"),
             },
         }},
     }
@@ -416,12 +417,17 @@ def _tag(path: str) -> str:
 
 
 def probes_add(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
-    """POSTPROCESSING_HOOKS entry: the probes, the links, and request bodies marked required
-    (drf-spectacular leaves a raw-schema body optional; every write here needs one)."""
+    """POSTPROCESSING_HOOKS entry: the probes, tags, empty query values, the links, and request
+    bodies marked required (drf-spectacular leaves a raw-schema body optional; every write
+    here needs one)."""
     result["paths"].update(_probes())
     for path, item in result["paths"].items():
         for operation in item.values():
             operation["tags"] = [_tag(path)]
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "query":
+                    # The parsers take an empty value (`?limit=`) for an absent one: its default.
+                    parameter["allowEmptyValue"] = True
             if "requestBody" in operation:
                 operation["requestBody"]["required"] = True
             for status, response in operation.get("responses", {}).items():
