@@ -23,14 +23,14 @@ from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.views.decorators.http import require_http_methods
 
-from leaderboard.rebuild import RebuildError
-from seasons.services import SeasonError
-from seasons.staff_services import StaffError, perm, staff_role_of
+from leaderboard.core.errors import DomainError
+from seasons.staff_services import ROLE_PERMISSIONS, staff_role_of
 
 View = Callable[..., HttpResponseBase]
 LOGIN_URL = reverse_lazy("staff:login")
-# What a refused action reports to the staff member (anything else is a bug: a 500).
-REFUSALS = (StaffError, SeasonError, RebuildError)
+# What a refused action reports to the staff member: any refusal of the domain (anything
+# else is a bug: a 500).
+REFUSALS = DomainError
 # A page that is also its form's action.
 GET_OR_POST = require_http_methods(["GET", "POST"])
 
@@ -58,8 +58,11 @@ def staff_required(codename: str, *, post: str | None = None) -> Callable[[View]
 
 
 def can(request: HttpRequest, codename: str) -> bool:
+    """Whether the user's role grants the permission. Only the role counts: a Django
+    superuser is not an approver (has_perm would say yes to everything, and one person
+    with two such accounts would pass the two-person rule)."""
     user = request.user
-    return isinstance(user, PermissionsMixin) and user.has_perm(perm(codename))
+    return isinstance(user, PermissionsMixin) and codename in ROLE_PERMISSIONS.get(staff_role_of(user) or "", ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,4 +107,7 @@ def act(request: HttpRequest, form: forms.Form, action: Action, *, back: str,
 
 
 def context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
-    return {"role": staff_role_of(request.user), **extra}
+    role = staff_role_of(request.user)
+    # `perms` as the role grants them (see `can`), so a page offers only what its user may do.
+    granted = dict.fromkeys(ROLE_PERMISSIONS.get(role or "", ()), True)
+    return {"role": role, "perms": {"seasons": granted}, **extra}
