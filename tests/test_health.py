@@ -87,3 +87,12 @@ def test_with_a_metrics_token_only_its_bearer_sees_metrics_and_readiness_details
         assert Client().get("/readyz").json() == {"status": "ok"}
         detailed = Client().get("/readyz", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token", REMOTE_ADDR=PUBLIC)
         assert detailed.json() == {"status": "ok", "checks": {"database": "ok", "redis": "ok"}}
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
+@pytest.mark.parametrize("method", ["post", "put", "delete", "trace"])
+def test_probes_answer_other_methods_405_with_allow(path: str, method: str) -> None:
+    # The fuzzer's find: TRACE /healthz was a 200, an answer its schema (GET only) does not describe.
+    response = getattr(Client(), method)(path)
+    assert response.status_code == 405
+    assert set(response["Allow"].replace(" ", "").split(",")) == {"GET", "HEAD"}
