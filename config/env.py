@@ -78,3 +78,24 @@ def dev_secret_key(var_dir: Path) -> str:
             os.link(tmp, path)
         tmp.unlink()
     return path.read_text().strip()
+
+
+_RATE_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def env_rate(name: str, default: str) -> tuple[float, int] | None:
+    """A rate limit "COUNT/PERIOD[:BURST]" (PERIOD s, m or h), e.g. "100/s:200" or "10/m":
+    (tokens per second, bucket size; the burst defaults to COUNT). "off" is no limit."""
+    text = (env_str(name, default) or default).strip().lower()
+    if text in {"off", "0", "none", "false"}:
+        return None
+    rate, _, burst = text.partition(":")
+    count, _, period = rate.partition("/")
+    try:
+        tokens, seconds = int(count), _RATE_PERIODS[period.strip()]
+        size = int(burst) if burst else tokens
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(f"{name} must look like 100/s, 10/m:20 or off, got {text!r}") from exc
+    if tokens < 1 or size < 1:
+        raise ConfigError(f"{name} must allow at least 1 request, got {text!r}")
+    return tokens / seconds, size

@@ -7,7 +7,7 @@ from pathlib import Path
 import dj_database_url
 
 from config import embedded_redis
-from config.env import ConfigError, dev_secret_key, env_bool, env_float, env_int, env_list, env_str
+from config.env import ConfigError, dev_secret_key, env_bool, env_float, env_int, env_list, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var")
@@ -224,7 +224,19 @@ CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SESSION_COOKIE_HTTPONLY = True
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY", False) else None
+# Behind a TLS-terminating proxy the client's scheme and address come from the proxy's
+# X-Forwarded-Proto / X-Forwarded-For headers; without one those headers are the client's
+# own words and are ignored.
+BEHIND_TLS_PROXY = env_bool("BEHIND_TLS_PROXY", False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BEHIND_TLS_PROXY else None
+# Rate limits (leaderboard/ratelimit.py), token buckets in Redis shared by every process,
+# "COUNT/PERIOD[:BURST]" or "off". Public reads per client address; staff sign-in attempts
+# per address and per user name. They fail open: with Redis unreachable nothing is limited.
+READ_RATE_LIMIT = env_rate("READ_RATE_LIMIT", "1000/s:2000")
+LOGIN_RATE_LIMIT = env_rate("LOGIN_RATE_LIMIT", "10/m:20")
+# Live sockets one server process holds open, per client address and in all.
+LIVE_SOCKETS_PER_ADDRESS = env_int("LIVE_SOCKETS_PER_ADDRESS", 100, minimum=1)
+LIVE_SOCKETS_PER_PROCESS = env_int("LIVE_SOCKETS_PER_PROCESS", 20_000, minimum=1)
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 3600, minimum=0)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from leaderboard.api import schema as api_schema
 from leaderboard.api.errors import ApiError
 from leaderboard.api.params import int_param, player_id_param, season_id_param, season_not_found
+from leaderboard.ratelimit import ReadRateThrottle
 from seasons.models import FinalStanding, Season
 from seasons.selectors import (
     final_candidate_approved,
@@ -43,6 +44,7 @@ def _standing(row: FinalStanding) -> dict[str, Any]:
 class FinalView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
+    throttle_classes = [ReadRateThrottle]
 
     @extend_schema(operation_id="final_get", summary="The FINAL standings' manifest: version, content hash, totals",
                    parameters=[api_schema.SEASON_ID],
@@ -75,6 +77,7 @@ class FinalView(APIView):
 class FinalStandingsView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
+    throttle_classes = [ReadRateThrottle]
 
     @extend_schema(operation_id="final_standings", summary="A page of the FINAL standings in position order",
                    parameters=[api_schema.SEASON_ID, api_schema.FROM_POSITION,
@@ -95,6 +98,7 @@ class FinalStandingsView(APIView):
 class FinalPlayerView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
+    throttle_classes = [ReadRateThrottle]
 
     @extend_schema(operation_id="final_player", summary="A player's FINAL standing",
                    parameters=[api_schema.SEASON_ID, api_schema.PLAYER_ID],
@@ -112,6 +116,7 @@ class FinalPlayerView(APIView):
 class FinalCorrectionsView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
+    throttle_classes = [ReadRateThrottle]
 
     @extend_schema(operation_id="final_corrections", summary="Corrections applied after the FINAL was published",
                    parameters=[api_schema.SEASON_ID],

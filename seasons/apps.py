@@ -10,7 +10,8 @@ class SeasonsConfig(AppConfig):
 
         from seasons import staff_services
 
-        # Sign-ins belong to "who did what": the audit trail records them (and failures).
+        # Sign-ins belong to "who did what": the audit trail records them. Failures are
+        # counted instead (anyone can cause them; staff_services.staff_login_failed_count).
         user_logged_in.connect(staff_services.staff_login_audit, dispatch_uid="staff-login-audit")
         user_logged_out.connect(staff_services.staff_logout_audit, dispatch_uid="staff-logout-audit")
-        user_login_failed.connect(staff_services.staff_login_failed_audit, dispatch_uid="staff-login-failed-audit")
+        user_login_failed.connect(staff_services.staff_login_failed_count, dispatch_uid="staff-login-failed-count")

@@ -9,10 +9,14 @@ an object may move between) are enforced here.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import redis
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission
 from django.contrib.contenttypes.models import ContentType
@@ -32,10 +36,13 @@ from leaderboard.core.events import (
 )
 from leaderboard.core.ledger import APPLIED
 from leaderboard.models import LateResult, PlayerScore, ReconciliationRun
+from leaderboard.ratelimit import rate_take, request_address
 from leaderboard.reconcile import reconciliation_run
+from leaderboard.redis_client import redis_get
 from leaderboard.services import score_events_apply
 from seasons.models import Dispute, DisputeNote, ScoreRevocation, Season, StaffConsole
 
+log = logging.getLogger(__name__)
 User = get_user_model()
 
 # Role -> the StaffConsole permissions its group holds. Each role includes the one before:
@@ -149,7 +156,7 @@ def staff_user_create(*, username: str, role: str, password: str, actor: Actor) 
 
 
 def _client_address(request: Any) -> str:
-    return str(getattr(request, "META", {}).get("REMOTE_ADDR", "")) if request is not None else ""
+    return request_address(request.META) if request is not None and hasattr(request, "META") else ""
 
 
 def staff_login_audit(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
@@ -164,11 +171,60 @@ def staff_logout_audit(sender: Any, request: Any, user: Any, **kwargs: Any) -> N
     audit_log(actor=staff_actor(user), action="auth.logout", target_type="user", target_id=str(user.pk))
 
 
-def staff_login_failed_audit(sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any) -> None:
-    """A failed sign-in names the username tried (Django already masks the password) and the address."""
+# Failed sign-ins are counted per hour, address and user name in Redis, kept a week.
+LOGIN_FAILURES_KEEP_SECONDS = 7 * 86_400
+
+
+def login_failures_key(hour: int) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:auth:failed:{hour}"
+
+
+def staff_login_failed_count(sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any) -> None:
+    """Signal receiver (user_login_failed): counted, not audited.
+
+    Anyone can fail a sign-in, as often as the login throttle lets them: a chained audit
+    row each (under the chain's one lock) would let anonymous traffic grow the trail and
+    stall every staff action. What is security-relevant, a throttled address or user
+    name, is audited once per window (staff_login_attempt_check); successful sign-ins
+    are audited. Django has already masked the password; the user name tried is kept.
+    """
     username = str(credentials.get("username", ""))[:150]
-    audit_log(actor=Actor(kind="anonymous", id="", label=username or "(no username)"), action="auth.login_failed",
-              target_type="user", target_id=username, after={"address": _client_address(request)})
+    address = _client_address(request)
+    key = login_failures_key(int(time.time()) // 3600)
+    try:
+        with redis_get().pipeline(transaction=False) as pipe:
+            pipe.hincrby(key, f"{address}|{username}", 1)
+            pipe.expire(key, LOGIN_FAILURES_KEEP_SECONDS)
+            pipe.execute()
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+        log.warning("failed sign-in of %r from %s not counted: Redis unreachable", username, address)
+
+
+def staff_login_attempt_check(*, address: str, username: str) -> float:
+    """One sign-in attempt from `address` for `username`: 0.0 to go ahead, else the seconds
+    to wait (LOGIN_RATE_LIMIT, per address and per user name).
+
+    The first refusal of a window is audited (`auth.login.throttled`): someone is guessing
+    passwords. Later refusals in the same window are not, so a flood writes one row.
+    """
+    rate = settings.LOGIN_RATE_LIMIT
+    if rate is None:
+        return 0.0
+    per_second, size = rate
+    name = username.strip().lower()[:150]
+    waits = {"address": rate_take(kind="login-address", name=address, rate=rate),
+             "username": rate_take(kind="login-user", name=name, rate=rate)}
+    blocked = {by: wait for by, wait in waits.items() if wait}
+    if not blocked:
+        return 0.0
+    window = (1 / (size / per_second), 1)  # one audit row per bucket's refill time
+    for by in blocked:
+        if not rate_take(kind="login-throttle-audited", name=f"{by}:{address if by == 'address' else name}",
+                         rate=window):
+            audit_log(actor=Actor(kind="anonymous", id="", label=username[:150] or "(no username)"),
+                      action="auth.login.throttled", target_type="user", target_id=name,
+                      after={"address": address, "by": by, "limit": f"{size} per {size / per_second:.0f} s"})
+    return max(blocked.values())
 
 
 # ------------------------------------------------------------------------- disputes

@@ -29,6 +29,7 @@ from django.http.request import split_domain_port, validate_host
 
 from leaderboard.api import reads
 from leaderboard.api.errors import ApiError, api_error_body
+from leaderboard.ratelimit import read_rate_check, scope_address
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +72,10 @@ def _security_headers() -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def _answer(handler: Handler, match: re.Match[str], query: reads.Query) -> reads.Answer:
+def _answer(handler: Handler, match: re.Match[str], query: reads.Query, address: str) -> reads.Answer:
     close_old_connections()
     try:
+        read_rate_check(address=address)
         return handler(match, query)
     except ApiError as exc:
         return reads.Answer(exc.status_code, api_error_body(exc), exc.headers)
@@ -120,7 +122,7 @@ class ReadFastPath:
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
         loop = asyncio.get_running_loop()
         try:
-            answer = await loop.run_in_executor(self.pool, _answer, handler, match, query)
+            answer = await loop.run_in_executor(self.pool, _answer, handler, match, query, scope_address(scope))
         except Exception:
             log.exception("read %s failed", scope["path"])
             answer = reads.Answer(500, {"error": "internal_error", "detail": "the read failed; retry"})

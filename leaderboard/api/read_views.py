@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from leaderboard.api import reads
 from leaderboard.api import schema as api_schema
+from leaderboard.ratelimit import ReadRateThrottle
 
 
 def _respond(answer: reads.Answer) -> Response:
@@ -24,6 +25,7 @@ def _respond(answer: reads.Answer) -> Response:
 class LeaderboardReadView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
+    throttle_classes = [ReadRateThrottle]
 
 
 class TopView(LeaderboardReadView):
