@@ -45,12 +45,15 @@ from leaderboard.core.live import (
     subscription_parse,
 )
 from leaderboard.core.manifest import Manifest
+from leaderboard.ratelimit import live_sockets, scope_address
 
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT_SECONDS = 1.0
 # RFC 6455 "try again later": the server could not join the season's group (Redis down).
 CLOSE_TRY_AGAIN_LATER = 1013
+# Refused at the handshake: this process holds its limit of sockets (per address or in all).
+CLOSE_TOO_MANY_SOCKETS = 4429
 
 
 class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
@@ -69,6 +72,8 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.mark: PlayerMark | None = None
         self.budget = SnapshotBudget()
         self.closing = False
+        # The address this socket counts against (ratelimit.live_sockets), once admitted.
+        self.counted_address: str | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         # Channels' AsyncConsumer.__call__, without a channel-layer channel per socket: the
@@ -85,6 +90,9 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             pass
         finally:
             self._leave()
+            if self.counted_address is not None:
+                live_sockets.leave(self.counted_address)
+                self.counted_address = None
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' dispatch closes stale database connections before every message, a
@@ -107,6 +115,12 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         # Accept first: a refusal is a JSON error and a close code the client can read,
         # not a bare HTTP 403 from the handshake.
         await self.accept()
+        address = scope_address(self.scope)
+        if not live_sockets.enter(address):
+            await self._refuse(Refusal(CLOSE_TOO_MANY_SOCKETS, "rate_limited",
+                                       "too many live sockets from this address or on this server; retry later"))
+            return
+        self.counted_address = address
         parsed = subscription_parse(self.scope.get("query_string", b""))
         if isinstance(parsed, Refusal):
             await self._refuse(parsed)
