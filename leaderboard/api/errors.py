@@ -7,8 +7,11 @@ with `api_error_body`, its status and its headers.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import redis
+from django import db
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -56,6 +59,8 @@ def api_error_body(exc: ApiError) -> dict[str, Any]:
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
         exc = ApiError.of(exc)
+    elif isinstance(exc, OUTAGES):
+        exc = outage_error(exc)
     if isinstance(exc, ApiError):
         return Response(api_error_body(exc), status=exc.status_code, headers=exc.headers or None)
     response = exception_handler(exc, context)
@@ -79,3 +84,24 @@ def validation_error(fields: dict[str, list[str]], *, write: bool = False) -> Ap
         extra={"fields": fields},
     )
 
+
+log = logging.getLogger(__name__)
+
+# A dependency that does not answer: Redis or PostgreSQL refused the connection or timed
+# out, or the database pool ran dry. The client should come back later; it is not a bug,
+# so it is a 503 and never a 500. Other database and Redis errors are bugs and stay 500s.
+OUTAGES: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, db.OperationalError, db.InterfaceError,
+)
+# Long enough not to hammer a dependency that is restarting, short enough to notice it back.
+OUTAGE_RETRY_AFTER_SECONDS = 5
+
+
+def outage_error(exc: Exception) -> ApiError:
+    """The 503 for a request that met an outage (one of OUTAGES): retry after a few seconds."""
+    which = "redis" if isinstance(exc, redis.RedisError) else "database"
+    log.warning("%s unreachable: %s: %s", which, exc.__class__.__name__, exc)
+    retry = OUTAGE_RETRY_AFTER_SECONDS
+    return ApiError(status_code=status.HTTP_503_SERVICE_UNAVAILABLE, code="unavailable",
+                    detail="the leaderboard's storage does not answer right now; retry shortly",
+                    extra={"retry_after": retry}, headers={"Retry-After": str(retry)})

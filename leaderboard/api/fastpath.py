@@ -28,7 +28,7 @@ from django.db import close_old_connections
 from django.http.request import split_domain_port, validate_host
 
 from leaderboard.api import reads
-from leaderboard.api.errors import ApiError, api_error_body
+from leaderboard.api.errors import OUTAGES, ApiError, api_error_body, outage_error
 from leaderboard.ratelimit import read_rate_check, scope_address
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,9 @@ def _answer(handler: Handler, match: re.Match[str], query: reads.Query, address:
         return handler(match, query)
     except ApiError as exc:
         return reads.Answer(exc.status_code, api_error_body(exc), exc.headers)
+    except OUTAGES as exc:  # as DRF's exception handler does for the views
+        error = outage_error(exc)
+        return reads.Answer(error.status_code, api_error_body(error), error.headers)
     finally:
         close_old_connections()
 
