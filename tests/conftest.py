@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,14 +16,36 @@ from leaderboard.models import ApiClient
 from leaderboard.services import api_client_create
 from seasons.models import Season
 from seasons.services import season_create
-from tests.support import TEST_ACTOR
+from tests import browser
+from tests.support import TEST_ACTOR, is_postgres
 
 SEASON_START = datetime(2026, 11, 1, tzinfo=UTC)
 SEASON_CUTOFF = datetime.now(UTC) + timedelta(days=30)
 
-requires_postgres = pytest.mark.skipif(
-    "connection.vendor != 'postgresql'", reason="needs PostgreSQL (set DATABASE_URL)"
-)
+
+
+def postgres_missing() -> str | None:
+    if is_postgres():
+        return None
+    return "needs PostgreSQL: set DATABASE_URL=postgres://... (this run uses SQLite)"
+
+
+def browser_missing() -> str | None:
+    if not os.path.exists(browser.CHROMIUM):
+        return f"needs Chromium at {browser.CHROMIUM}: apt-get install chromium (Debian/Ubuntu)"
+    if importlib.util.find_spec("playwright") is None:
+        return "needs the playwright package: make install (it drives the system's Chromium: no `playwright install`)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skips the tests marked `postgres` or `browser` (markers: pyproject.toml) that cannot
+    run here, saying why; `slow` ones run unless deselected with -m "not slow"."""
+    missing = {"postgres": postgres_missing(), "browser": browser_missing()}
+    for item in items:
+        for marker, reason in missing.items():
+            if reason is not None and item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture

@@ -6,11 +6,9 @@ naming the field."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing.websocket import WebsocketCommunicator
@@ -18,14 +16,13 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from config.asgi import application
-from leaderboard.api.fastpath import ReadFastPath
 from leaderboard.core.buckets import BucketLayout, LayoutError
 from leaderboard.core.splits import split_points_valid
 from leaderboard.models import RebuildJob, ScoreEvent
 from leaderboard.services import api_client_create
 from seasons.models import Season
 from tests.staff_support import follow_messages
-from tests.support import TEST_ACTOR
+from tests.support import TEST_ACTOR, fast_get
 
 # The staff fixtures (make_staff, client_as, fast_passwords).
 pytest_plugins = ["tests.staff_fixtures"]
@@ -52,18 +49,6 @@ PLAYER_URLS = [
 ]
 
 
-def _fast_get(url: str) -> httpx.Response:
-    async def go() -> httpx.Response:
-        async def behind(scope: Any, receive: Any, send: Any) -> None:
-            raise AssertionError(f"the fast path handed {scope['path']!r} on")
-
-        transport = httpx.ASGITransport(app=ReadFastPath(behind, threads=1))
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
-            return await client.get(url)
-
-    return asyncio.run(go())
-
-
 @pytest.mark.parametrize("bad", BAD_IDS)
 def test_a_season_id_outside_the_rule_is_404_on_every_read(client: APIClient, season: Season, bad: str) -> None:
     for template in READ_URLS:
@@ -76,7 +61,7 @@ def test_a_season_id_outside_the_rule_is_404_on_every_read(client: APIClient, se
 @pytest.mark.parametrize("bad", BAD_IDS)
 def test_a_season_id_outside_the_rule_is_404_on_the_fast_read_path(season: Season, bad: str) -> None:
     for template in READ_URLS[:4]:
-        response = _fast_get(template.format(s=bad))
+        response = fast_get(template.format(s=bad))
         assert response.status_code == 404, (template, bad, response.content[:200])
         assert response.json()["error"] == "season_not_found", template
 

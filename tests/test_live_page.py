@@ -5,7 +5,6 @@ versions are published."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -104,10 +103,6 @@ def asgi_server(transactional_db: Any) -> Iterator[str]:
         yield base
 
 
-needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                    reason=f"{CHROMIUM} is missing (apt-get install -y chromium)")
-
-
 def browse(base: str, scenario: Callable[[Any], Any]) -> list[str]:
     """Run `scenario(page)` in headless Chromium; returns the page's JavaScript errors."""
     from playwright.async_api import async_playwright
@@ -138,11 +133,11 @@ async def wait_version(page: Any, version: int) -> None:
     await page.wait_for_function(f"document.getElementById('lb-version')?.textContent === '{version}'")
 
 
-@needs_chromium
+@pytest.mark.browser
+@pytest.mark.slow
 @pytest.mark.usefixtures("rank_views")
 def test_the_page_changes_in_place_when_a_version_is_published(season: Season, post_scores: Post,
                                                                asgi_server: str) -> None:
-    pytest.importorskip("playwright", reason="pip install playwright (the browser itself is Debian's chromium)")
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i:03d}", 1000 + 10 * i) for i in range(120)])
     assert publish(season) == 1
@@ -202,11 +197,11 @@ def test_the_page_changes_in_place_when_a_version_is_published(season: Season, p
     assert errors == []
 
 
-@needs_chromium
+@pytest.mark.browser
+@pytest.mark.slow
 @pytest.mark.usefixtures("rank_views")
 def test_the_page_shows_an_unavailable_board_then_the_first_version(season: Season, post_scores: Post,
                                                                       asgi_server: str) -> None:
-    pytest.importorskip("playwright", reason="pip install playwright (the browser itself is Debian's chromium)")
     ev = Events()
     post_ok(post_scores, season, [ev.result("solo", 42)])
 

@@ -257,6 +257,7 @@ def verify(answer: Answer, board: list[Entry]) -> str:
     return ""
 
 
+@pytest.mark.slow
 def test_reads_are_consistent_while_versions_are_published(
     season_factory: Callable[..., Season], post_scores: Callable[..., Any], writer: Any, redis_flushed: Any
 ) -> None:

@@ -35,8 +35,8 @@ Post = Callable[..., Any]
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is missing: apt-get install -y chromium (and pip install playwright)"),
+    pytest.mark.browser,
+    pytest.mark.slow,
 ]
 
 
@@ -56,7 +56,6 @@ def staff_account(username: str, role: str) -> None:
 
 def browse(scenario: Callable[[Any, list[str]], Awaitable[None]]) -> list[str]:
     """Run `scenario(browser, errors)` in headless Chromium; returns the pages' JavaScript errors."""
-    pytest.importorskip("playwright", reason="pip install playwright (the browser itself is Debian's chromium)")
     from playwright.async_api import async_playwright
 
     errors: list[str] = []

@@ -22,12 +22,11 @@ from seasons.staff_services import (
     score_revocation_propose,
     score_revocation_reject,
 )
-from tests.conftest import requires_postgres
 from tests.staff_support import actor_of
 from tests.support import Events, post_ok
 
 pytest_plugins = ["tests.staff_fixtures"]
-pytestmark = [pytest.mark.django_db(transaction=True), requires_postgres]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 Post = Callable[..., Any]
 
 

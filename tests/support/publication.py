@@ -4,10 +4,14 @@ compared read by read with the brute-force `Standings` of the ledger (docs/rules
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+import httpx
+
 from leaderboard import rankview
+from leaderboard.api.fastpath import ReadFastPath
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, Standings
@@ -87,6 +91,20 @@ def board_read(reader: rankview.RankReader, version: int | None = None) -> tuple
         assert more, "a window inside the board came back empty"
         out.extend(more)
     return pinned, out
+
+
+def fast_get(url: str) -> httpx.Response:
+    """GET `url` from the fast read path alone: a request it would hand on to Django fails the test."""
+
+    async def go() -> httpx.Response:
+        async def behind(scope: Any, receive: Any, send: Any) -> None:
+            raise AssertionError(f"the fast path handed {scope['path']!r} on")
+
+        transport = httpx.ASGITransport(app=ReadFastPath(behind, threads=1))
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            return await client.get(url)
+
+    return asyncio.run(go())
 
 
 def board_snapshot(season: Season) -> tuple[int, list[Entry], dict[str, Any]]:
