@@ -74,6 +74,9 @@ def environment_prepare(args: argparse.Namespace, *, quiet: bool = False) -> dic
         "DEBUG": "false",
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "LOG_LEVEL": os.environ.get("LOG_LEVEL") or "WARNING",
+        # Every load generator runs from one address: the per-address read limit would
+        # measure itself, not the service. Set READ_RATE_LIMIT to measure with it.
+        "READ_RATE_LIMIT": os.environ.get("READ_RATE_LIMIT") or "off",
     }
     os.environ.update(env)
     import django

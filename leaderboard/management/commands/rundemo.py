@@ -78,7 +78,10 @@ class Command(BaseCommand):
                       "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")], celery_env),
             ("web", [python, "-m", "uvicorn", "config.asgi:application", "--host", options["host"],
                      "--port", str(options["port"]), "--workers", "2", "--log-level", "warning",
-                     "--no-access-log", "--timeout-graceful-shutdown", "2"], env),
+                     "--no-access-log", "--timeout-graceful-shutdown", "2",
+                     # The service reads client addresses itself (BEHIND_TLS_PROXY); uvicorn
+                     # would otherwise take X-Forwarded-For from any local client.
+                     "--no-proxy-headers"], env),
         ]
         simulator = [python, "manage.py", "simulate_matches", slug, "--url", base, "--players",
                      str(options["players"]), "--rate", str(options["rate"]), "--report-every", "0"]
