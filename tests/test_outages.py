@@ -20,7 +20,7 @@ from leaderboard.models import PlayerScore
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
 from tests import browser
-from tests.support import NARROW, Events, fast_get, is_postgres, post_ok, publish
+from tests.support import NARROW, Events, fast_get, post_ok, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -83,12 +83,12 @@ def closed_database_url() -> str:
     return urlunsplit(parts._replace(netloc=f"{auth}@127.0.0.1:{CLOSED_PORT}"))
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
 @pytest.mark.parametrize("fast_path", ["true", "false"])
 def test_with_postgres_unreachable_reads_go_on_from_redis_and_writes_answer_503(
     published: Season, writer: Any, fast_path: str
 ) -> None:
-    if not is_postgres():
-        pytest.skip("a PostgreSQL server to make unreachable (set DATABASE_URL)")
     expected = {url: APIClient().get(url) for url in READS[:4]}
     with browser.asgi_server(DATABASE_URL=closed_database_url(), DB_POOL_TIMEOUT="1",
                              READ_FAST_PATH=fast_path) as base, httpx.Client(base_url=base, timeout=30) as client:
