@@ -208,7 +208,13 @@ class LoadResult:
 def views_build(result: LoadResult, *, verbose: bool = True) -> None:
     """Build both copies from the current-scores table, then publish version 1."""
     from leaderboard import rankview
-    from leaderboard.materializer import COPIES, season_copy_build, season_epoch_run, season_keys
+    from leaderboard.materializer import (
+        COPIES,
+        season_copy_build,
+        season_epoch_run,
+        season_keys,
+        season_lease_acquire,
+    )
     from leaderboard.redis_client import redis_get
 
     season = result.season
@@ -217,7 +223,7 @@ def views_build(result: LoadResult, *, verbose: bool = True) -> None:
     result.memory_before = redis_used_memory(r)
     # A build of millions of players outlasts the epoch lease (EPOCH_LEASE_SECONDS); the
     # loader takes its own fenced lease long enough for the whole build.
-    token = rankview.lease_acquire(r, keys, ttl_ms=BUILD_LEASE_MS)
+    token = season_lease_acquire(season=season, r=r, ttl_ms=BUILD_LEASE_MS)
     if token is None:
         raise SystemExit(f"season {season.slug} is leased by someone else")
     try:

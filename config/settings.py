@@ -132,8 +132,9 @@ LIVE_GROUP_REFRESH_SECONDS = env_float("LIVE_GROUP_REFRESH_SECONDS", 30.0, minim
 
 # --- Leaderboard behaviour.
 EPOCH_SECONDS = env_float("EPOCH_SECONDS", 1.0, minimum=0.05)
-# A coordinator's lease on a season; a crashed one is replaced after this long.
-EPOCH_LEASE_SECONDS = env_float("EPOCH_LEASE_SECONDS", 30.0, minimum=1.0)
+# A coordinator's lease on a season, renewed every third of it while the coordinator works
+# (fenced: only under its own token); a crashed one is replaced after this long.
+EPOCH_LEASE_SECONDS = env_float("EPOCH_LEASE_SECONDS", 2.0, minimum=0.5)
 # A read gives up and retries on the current version after READ_DEADLINE_SECONDS; a copy
 # is mutated only COPY_GRACE_SECONDS after it stopped being current, so no read that
 # respects its deadline ever sees a copy change under it (the generation check is the

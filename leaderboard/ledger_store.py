@@ -57,6 +57,18 @@ def season_write_lock(*, season_id: int) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_SEASON_WRITE_LOCK, season_id])
 
 
+def fence_token_issue(*, season_id: int) -> int:
+    """A new fencing token for the season's coordinator lease, larger than every one issued
+    before: one statement, committed at once (autocommit), on PostgreSQL and SQLite."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO leaderboard_leasefence (season_id, token) VALUES (%s, 1) "
+            "ON CONFLICT (season_id) DO UPDATE SET token = leaderboard_leasefence.token + 1 RETURNING token",
+            [season_id],
+        )
+        return int(cursor.fetchone()[0])
+
+
 def recorded_events_fetch(*, season_id: int, event_ids: Iterable[str]) -> dict[str, RecordedEvent]:
     ids = list(set(event_ids))
     fields = (

@@ -8,6 +8,7 @@ watermark (first start, lost views, the bulk loader).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Q
 
 from audit.services import SYSTEM
-from leaderboard import rankview
+from leaderboard import ledger_store, rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add
 from leaderboard.core.epoch import newest_scores, scores_before
@@ -40,6 +41,11 @@ COPIES = rankview.COPY_NAMES
 STREAM_PAGE = 50_000
 BUILD_BATCH = 20_000
 MAX_CURSOR_ID = 2**63 - 1
+# A coordinator runs the epochs noted while it held the season back to back for at most
+# this long, then leaves the note to the next tick's task (another worker may take it).
+EPOCH_HOLD_SECONDS = 15.0
+# Its lease is renewed while it works (rankview.LeaseKeeper); a hung one gives it back after this.
+LEASE_KEEP_MAX_SECONDS = 3600.0
 
 Change = tuple[int, int, str, int, int, int | None]  # txid, id, player, new score, version, old score
 
@@ -69,25 +75,38 @@ def season_keys(season: Season) -> rankview.Keys:
     return rankview.Keys(settings.REDIS_KEY_PREFIX, season.slug)
 
 
+def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int | None:
+    """The season's coordinator lease under a fencing token issued by the database, or None
+    while someone holds it. Tokens never go back, whatever Redis lost or restored."""
+    token = ledger_store.fence_token_issue(season_id=season.pk)
+    return rankview.lease_acquire(r, season_keys(season), token=token, ttl_ms=ttl_ms)
+
+
 def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: bool | None = None) -> EpochResult:
     """Epochs for one season while this caller holds its fenced lease (at most one coordinator).
+
+    The lease is short (EPOCH_LEASE_SECONDS, 2 s by default) and renewed by a keeper
+    thread while the coordinator works, so a killed coordinator is replaced about one
+    lease after it died, while a long epoch (a copy rebuilt from the scores) keeps it.
 
     After publishing, the copy that stopped being current is brought up to the new
     version once its grace period is over (`catch_up`, default EPOCH_CATCH_UP), so the
     next epoch applies only the changes since this one. An epoch that comes due
     meanwhile finds the lease held and leaves a note; the holder then runs it at once
-    instead of a whole period later, for at most half a lease.
+    instead of a whole period later, for at most EPOCH_HOLD_SECONDS.
     """
     r = r or redis_get()
     keys = season_keys(season)
     ttl_ms = int(settings.EPOCH_LEASE_SECONDS * 1000)
-    token = rankview.lease_acquire(r, keys, ttl_ms=ttl_ms)
+    token = season_lease_acquire(season=season, r=r, ttl_ms=ttl_ms)
     if token is None:
         rankview.epoch_due_mark(r, keys, ttl_ms=int(max(settings.EPOCH_SECONDS * 2, 1.0) * 1000))
         return EpochResult(status="skipped", detail="another coordinator holds the season")
     catch_up = settings.EPOCH_CATCH_UP if catch_up is None else catch_up
     started = time.monotonic()
+    keeper = rankview.LeaseKeeper(r, keys, token, ttl_ms=ttl_ms, max_seconds=LEASE_KEEP_MAX_SECONDS)
     try:
+        keeper.start()
         result: EpochResult | None = None
         while True:
             run, read = _epoch(season=season, r=r, keys=keys, token=token)
@@ -97,11 +116,12 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
             if result is None or run.status != "idle":
                 result = run  # the last publication, not the idle run after it
             # Past the bound the note stays for the next tick's task to run.
-            if time.monotonic() - started > settings.EPOCH_LEASE_SECONDS / 2 or not rankview.epoch_due_take(r, keys):
+            if time.monotonic() - started > EPOCH_HOLD_SECONDS or not rankview.epoch_due_take(r, keys):
                 return result
-            if not rankview.lease_renew(r, keys, token, ttl_ms=ttl_ms):
+            if keeper.lost:
                 return result
     finally:
+        keeper.stop()
         rankview.lease_release(r, keys, token)
 
 
@@ -244,8 +264,10 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
             fresh = {c[2] for c in changes if (c[0], c[1]) > current.watermark}
         else:
             fresh = {c[2] for c in _changes_after(season_id=season.pk, cursor=ChangeCursor(*current.watermark))}
-        if not fresh:
+        if not fresh and current.version >= season.published_version:
             return EpochResult(status="idle", version=current.version), None
+        # Nothing new, but the pointer is older than a version the database recorded
+        # (Redis restarted from an old snapshot): publish above it, never serve it for long.
 
     # The copy's old scores come from the change stream when it holds exactly the
     # ledger at its watermark (one HMGET of every changed player fewer: ~10% of an epoch).
@@ -389,7 +411,7 @@ def season_copy_build(
     keys = season_keys(season)
     old = rankview.copy_meta_load(r, keys, copy)
     if old is not None:
-        rankview.copy_drop(r, keys, old)
+        rankview.copy_drop(r, keys, old, token=token)
     meta = rankview.copy_meta_init(r, keys, copy, layout)
     meta = rankview.copy_begin_mutation(r, keys, token, meta)
     counts = [0] * layout.size
@@ -415,7 +437,7 @@ def season_copy_build(
         ])
         if not batch:
             break
-        _build_batch(r, keys, meta, batch, counts, checksums)
+        _build_batch(r, keys, token, meta, batch, counts, checksums)
         done += len(batch)
         after = batch[-1][0]
         if progress is not None:
@@ -433,9 +455,11 @@ def season_copy_build(
 
 
 def _build_batch(
-    r: redis.Redis, keys: rankview.Keys, meta: rankview.CopyMeta, batch: list[tuple[str, int]],
+    r: redis.Redis, keys: rankview.Keys, token: int | None, meta: rankview.CopyMeta, batch: list[tuple[str, int]],
     counts: list[int], checksums: list[int],
 ) -> None:
+    """One batch of a build as one transaction, fenced by `token` (an epoch's build stops
+    writing the moment its lease is lost; a shadow build, token None, owns its copy)."""
     layout = meta.layout
     zadds: dict[int, dict[str, int]] = {}
     hsets: dict[int, dict[Any, Any]] = {}
@@ -445,9 +469,11 @@ def _build_batch(
         hsets.setdefault(rankview.lookup_shard(player_id), {})[player_id] = score
         counts[bucket] += 1
         checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
-    with r.pipeline(transaction=False) as pipe:
-        for bucket, mapping in zadds.items():
-            pipe.zadd(keys.bucket(meta.copy, layout.layout_id, bucket), mapping)
-        for shard, lookups in hsets.items():
-            pipe.hset(keys.lookup(meta.copy, shard), mapping=lookups)
-        pipe.execute()
+    commands: list[tuple[Any, ...]] = [
+        ("ZADD", keys.bucket(meta.copy, layout.layout_id, bucket), *itertools.chain.from_iterable(
+            (score, player_id) for player_id, score in mapping.items()))
+        for bucket, mapping in zadds.items()
+    ]
+    commands += [("HSET", keys.lookup(meta.copy, shard), *itertools.chain.from_iterable(lookups.items()))
+                 for shard, lookups in hsets.items()]
+    rankview.fenced_write(r, keys, token, commands)

@@ -148,6 +148,18 @@ class Manifest(models.Model):
         return f"{self.season_id} v{self.version}"
 
 
+class LeaseFence(models.Model):
+    """The last fencing token issued for a season's coordinator lease (ledger_store.fence_token_issue).
+
+    Tokens come from here, not from a counter in Redis: a Redis restarted from an old
+    snapshot would issue again a token that a stalled coordinator still holds. A bare
+    season id, no FK check: every epoch takes a token.
+    """
+
+    season_id = models.BigIntegerField(primary_key=True)
+    token = models.BigIntegerField()
+
+
 class LateResult(models.Model):
     """A pre-cutoff result that arrived after the ingest seal: it waits for staff, never enters the board itself."""
 

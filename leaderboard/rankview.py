@@ -6,7 +6,7 @@ per-season control keys together in one):
 
     {P}:{season}:ptr                 current version number
     {P}:{season}:m:{version}         manifest JSON (no expiry while current; MANIFEST_TTL s once superseded)
-    {P}:{season}:fence / :lease      fencing counter / the coordinator's token
+    {P}:{season}:lease               the coordinator's fencing token (issued by the database)
     {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums
     {P}:{season:c:L:b}:z             bucket b (layout L) of copy c: member player_id, score -score
     {P}:{season:c:h:k}:h             lookup shard k of copy c: player_id -> score
@@ -68,7 +68,6 @@ class Keys:
         self.season = season
         base = f"{prefix}:{{{season}}}"
         self.ptr = f"{base}:ptr"
-        self.fence = f"{base}:fence"
         self.lease = f"{base}:lease"
         self.copies = f"{base}:copies"
         self.due = f"{base}:due"
@@ -155,8 +154,9 @@ def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout) 
     return meta
 
 
-def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta) -> None:
-    """Delete a copy's data keys (after a layout change or before a rebuild into it).
+def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None = None) -> None:
+    """Delete a copy's data keys (after a layout change or before a rebuild into it); with
+    `token`, only while that token holds the lease (an epoch rebuilding its target copy).
 
     UNLINK, not DEL: the keys are gone at once either way, but DEL frees a big bucket
     in the server's only thread (a 9M-member sorted set: seconds, every client stalls
@@ -165,7 +165,10 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta) -> None:
     doomed = [keys.bucket(meta.copy, meta.layout.layout_id, b) for b in range(meta.layout.size)]
     doomed += [keys.lookup(meta.copy, k) for k in range(LOOKUP_SHARDS)]
     doomed.append(keys.copy_meta(meta.copy))
-    r.unlink(*doomed)
+    if token is None:
+        r.unlink(*doomed)
+    else:
+        _fenced(r, keys, token, [("UNLINK", *doomed)])
 
 
 def copies_get(r: redis.Redis, keys: Keys) -> list[str]:
@@ -185,9 +188,14 @@ class FenceLost(RuntimeError):
     """Another coordinator holds the season now; this one must stop writing."""
 
 
-def lease_acquire(r: redis.Redis, keys: Keys, *, ttl_ms: int) -> int | None:
-    """A fenced lease: a new, larger token each time, or None while someone holds it."""
-    token = int(r.incr(keys.fence))
+def lease_acquire(r: redis.Redis, keys: Keys, *, token: int, ttl_ms: int) -> int | None:
+    """The season's fenced lease under `token`, or None while someone holds it.
+
+    The caller takes the token from the database (materializer.season_lease_acquire),
+    larger than every one issued before: a counter kept in Redis would go back with a
+    Redis restarted from an old snapshot, and issue again a token that a stalled
+    coordinator still holds, whose fenced writes would then pass.
+    """
     if r.set(keys.lease, token, nx=True, px=ttl_ms):
         return token
     return None
@@ -244,16 +252,19 @@ def lease_renew(r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int) -> bool:
 
 class LeaseKeeper:
     """Renews a held lease every third of its TTL from a daemon thread, for work under the
-    lease that can outlast one TTL (a rebuild's comparison, a recovery's reconciliation).
+    lease that can outlast one TTL (an epoch, a rebuild's comparison, a recovery's
+    reconciliation): the TTL can then be short, so a dead holder is replaced quickly.
 
     A dead process stops renewing, so the lease still expires after one TTL; a live one
-    that hangs keeps it at most `max_seconds`. Fencing is unchanged: a lost lease is not
-    renewed, and the holder's next fenced write raises FenceLost.
+    that hangs keeps it at most `max_seconds`. Fencing is unchanged: the renewal extends
+    the lease only while it still holds this token, a lost lease is never renewed again
+    (`lost`), and the holder's next fenced write raises FenceLost.
     """
 
     def __init__(self, r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int, max_seconds: float):
         self.r, self.keys, self.token, self.ttl_ms = r, keys, token, ttl_ms
         self.deadline = time.monotonic() + max_seconds
+        self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{keys.season}", daemon=True)
 
@@ -265,10 +276,17 @@ class LeaseKeeper:
         self._stop.set()
         self._thread.join()
 
+    def __enter__(self) -> LeaseKeeper:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def _run(self) -> None:
         while not self._stop.wait(self.ttl_ms / 3000) and time.monotonic() < self.deadline:
             try:
                 if not lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms):
+                    self.lost = True
                     return
             except redis.RedisError:
                 continue  # try again at the next tick; the TTL covers two more
@@ -303,6 +321,9 @@ def _transaction(commands: list[tuple[Any, ...]]) -> bytes:
 def _fenced(r: redis.Redis, keys: Keys, token: int | None, commands: list[tuple[Any, ...]]) -> list[Any]:
     """Run `commands` as one MULTI/EXEC that happens only while `token` holds the lease; their replies."""
     return _fenced_packed(r, keys, token, _transaction(commands), len(commands))
+
+
+fenced_write = _fenced  # for the materializer's copy builds: each batch one fenced transaction
 
 
 def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:

@@ -40,6 +40,7 @@ from leaderboard.materializer import (
     season_copy_build,
     season_epoch_run_locked,
     season_keys,
+    season_lease_acquire,
 )
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.reconcile import version_reconcile
@@ -324,7 +325,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
     ttl_ms = int(settings.EPOCH_LEASE_SECONDS * 1000)
     token = None
     while token is None:
-        token = rankview.lease_acquire(r, keys, ttl_ms=ttl_ms)
+        token = season_lease_acquire(season=season, r=r, ttl_ms=ttl_ms)
         if token is None:
             if time.monotonic() > deadline:
                 raise RebuildError("the season's coordinator lease stayed busy")

@@ -84,7 +84,7 @@ def published_twice(season: Season, post_scores: Post) -> tuple[Any, rankview.Ke
     publish(season)
     r = materializer.redis_get()
     keys = keys_of(season)
-    token = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    token = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert token is not None
     return r, keys, token
 
@@ -185,7 +185,7 @@ def test_a_coordinator_that_lost_its_lease_cannot_touch_the_older_copy(season: S
     settings.EPOCH_CATCH_UP = False
     r, keys, stale = published_twice(season, post_scores)
     r.delete(keys.lease)  # its lease expired...
-    newer = rankview.lease_acquire(r, keys, ttl_ms=30_000)  # ...and another coordinator took it
+    newer = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # ...and another coordinator took it
     assert newer is not None
     idle = idle_copy(season)
     gen_before = copy_contents(season, idle)[0].gen

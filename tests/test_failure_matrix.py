@@ -26,7 +26,7 @@ from django.test import Client
 from leaderboard import rankview, rebuild
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Entry, Standings
-from leaderboard.materializer import season_epoch_run, season_epoch_run_locked
+from leaderboard.materializer import season_epoch_run, season_epoch_run_locked, season_lease_acquire
 from leaderboard.models import LateResult, PlayerScore, RebuildJob
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.rebuild import rebuild_publish, rebuild_run, season_rebuild_start, season_split_propose
@@ -412,7 +412,7 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
 
     # Coordinator A takes the lease; as it starts applying, its lease "expires" (deleted)
     # and coordinator B runs a whole epoch with a newer token and publishes.
-    token_a = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    token_a = season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert token_a is not None
     real_apply = rankview.copy_apply
     seen: dict[str, Any] = {}
@@ -433,7 +433,7 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
 
     # A third coordinator holds the season now; A goes on with its stale token: every
     # write and the publication are refused, and nothing in Redis changes.
-    token_c = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    token_c = season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert token_c is not None and token_c > token_a
     manifest = current_manifest(season)
     assert manifest is not None

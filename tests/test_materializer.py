@@ -259,9 +259,9 @@ def test_a_second_coordinator_is_refused_while_the_lease_is_held(season: Season,
     r = materializer.redis_get()
     keys = keys_of(season)
     post_ok(post_scores, season, [Events().result("a", 1)])
-    holder = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    holder = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert holder is not None
-    assert rankview.lease_acquire(r, keys, ttl_ms=30_000) is None
+    assert materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is None
     result = epoch(season)
     assert result.status == "skipped"
     assert rankview.pointer_get(r, keys) is None
@@ -270,7 +270,7 @@ def test_a_second_coordinator_is_refused_while_the_lease_is_held(season: Season,
     rankview.lease_release(r, keys, holder)
     assert publish(season) == 1
     # Released after the epoch: the next coordinator gets a larger token.
-    later = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    later = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert later is not None and later > holder
 
 
@@ -278,7 +278,7 @@ def test_an_expired_lease_lets_the_next_coordinator_in(season: Season, post_scor
     r = materializer.redis_get()
     keys = keys_of(season)
     post_ok(post_scores, season, [Events().result("a", 1)])
-    holder = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    holder = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert holder is not None
     assert 0 < r.pttl(keys.lease) <= 30_000  # the lease expires on its own
     assert epoch(season).status == "skipped"
@@ -298,10 +298,10 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
     assert publish(season) == 1
     current = current_manifest(season)
 
-    stale = rankview.lease_acquire(r, keys, ttl_ms=30_000)
+    stale = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert stale is not None
     r.delete(keys.lease)  # its lease expired...
-    fresh = rankview.lease_acquire(r, keys, ttl_ms=30_000)  # ...and another coordinator took over
+    fresh = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # ...and another coordinator took over
     assert fresh is not None and fresh > stale
 
     target = rankview.copy_meta_init(r, keys, "1", current.layout)
@@ -348,7 +348,7 @@ def test_a_coordinator_that_loses_its_lease_mid_epoch_publishes_nothing(
 
     def steal() -> None:
         r.delete(keys.lease)
-        thief["token"] = rankview.lease_acquire(r, keys, ttl_ms=30_000)  # type: ignore[assignment]
+        thief["token"] = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # type: ignore[assignment]
 
     def stealing(name: str) -> None:
         real = getattr(rankview, name)

@@ -1,0 +1,20 @@
+"""LeaseFence: the fencing tokens of the coordinator leases come from the database."""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('leaderboard', '0008_rebuild_job_publishing_and_heartbeat'),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name='LeaseFence',
+            fields=[
+                ('season_id', models.BigIntegerField(primary_key=True, serialize=False)),
+                ('token', models.BigIntegerField()),
+            ],
+        ),
+    ]
