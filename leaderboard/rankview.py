@@ -614,18 +614,22 @@ def pointer_get(r: redis.Redis, keys: Keys) -> int | None:
 # Least recently used first. Clearing it when full would send every season's readers to
 # Redis at once; evicting the oldest keeps the current versions the reads actually use.
 _manifest_cache: OrderedDict[tuple[str, str, int], Manifest] = OrderedDict()
-_manifest_cache_lock = threading.Lock()  # the reading threads share it
+# Taken by writers of the cache only: a hit, the hot path of every read, stays lock-free
+# (each OrderedDict call is atomic under the GIL; a hit evicted meanwhile is just a hit).
+_manifest_cache_lock = threading.Lock()
 _MANIFEST_CACHE_MAX = 256
 
 
 def manifest_get(r: redis.Redis, keys: Keys, version: int) -> Manifest | None:
     """A manifest is immutable once published, so each process caches it by version."""
     cache_key = (keys.prefix, keys.season, version)
-    with _manifest_cache_lock:
-        cached = _manifest_cache.get(cache_key)
-        if cached is not None:
+    cached = _manifest_cache.get(cache_key)
+    if cached is not None:
+        try:  # noqa: SIM105 - contextlib.suppress would cost more than the hit itself
             _manifest_cache.move_to_end(cache_key)
-            return cached
+        except KeyError:
+            pass
+        return cached
     raw = r.get(keys.manifest(version))
     if raw is None:
         return None
