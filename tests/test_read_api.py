@@ -112,6 +112,15 @@ def test_top_limit_out_of_range_is_400(client: APIClient, season: Season, board:
         assert list(body["fields"]) == ["limit"]
 
 
+def test_integer_parameters_take_ascii_digits_only(client: APIClient, season: Season, board: Standings) -> None:
+    # The fuzzer's find: "08\n" read as version 8. int() also takes spaces, "1_0" and other
+    # scripts' digits, none of them an integer to the schema.
+    for limit in ("5\n", " 5", "1_0", "\u0665"):
+        response = get(client, top_url(season.slug), limit=limit)
+        assert response.status_code == 400, repr(limit)
+        assert list(response.json()["fields"]) == ["limit"]
+
+
 def test_top_of_a_small_board_has_every_player(client: APIClient, season: Season, post_scores: Post) -> None:
     ev = Events()
     post_ok(post_scores, season, [ev.result("x", 5), ev.result("y", 5), ev.result("z", 7)])

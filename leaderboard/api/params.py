@@ -4,10 +4,13 @@ They take the query as a mapping (a QueryDict, or the fast read path's dict), no
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.core.events import BIGINT_MAX, ID_RULE, check_int, id_is_valid
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 def int_param(query: Mapping[str, str], name: str, *, default: int | None, low: int, high: int | None) -> int | None:
@@ -16,12 +19,15 @@ def int_param(query: Mapping[str, str], name: str, *, default: int | None, low: 
     raw = query.get(name)
     if raw is None or raw == "":
         return default
-    value: int | float | str
-    try:
-        value = int(raw)
-    except ValueError:
-        # int() refuses a number of over 4,300 digits: it is out of range (float: inf), not "no integer".
-        value = float(raw) if raw.strip().lstrip("+-").isdigit() else raw
+    value: int | float | str = raw
+    # ASCII digits only: int() would also take " 8\n", "1_000" or another script's digits,
+    # which are no integer to the API's schema (nor to most clients).
+    if _INTEGER.fullmatch(raw):
+        try:
+            value = int(raw)
+        except ValueError:
+            # int() refuses a number of over 4,300 digits: it is out of range (float: inf), not "no integer".
+            value = float(raw)
     problem = check_int(value, low=low, high=BIGINT_MAX if high is None else high)
     if problem:
         raise validation_error({name: [problem]})

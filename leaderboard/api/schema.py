@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
 from leaderboard.core.events import MAX_BATCH, MAX_ID_LENGTH, MAX_REASON_LENGTH, MAX_SCORE, MAX_SCORE_VERSION, MIN_SCORE
@@ -124,8 +124,12 @@ LIMIT = int_query("limit", "entries to return", low=1, high=100, default=100)
 FROM_POSITION = int_query("from_position", "the first display position of the window", low=1, default=1)
 RADIUS = int_query("radius", "entries on each side of the player", low=0, high=10, default=10)
 INCLUDE_PENDING = OpenApiParameter(
-    "include_pending", OpenApiTypes.BOOL, OpenApiParameter.QUERY,
-    description="also return the player's committed score that no published version holds yet",
+    "include_pending",
+    # What bool_param takes, in any letter case.
+    {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|[Yy][Ee][Ss]|[Nn][Oo]|1|0)$",
+     "default": "false"},
+    OpenApiParameter.QUERY,
+    description="true (or 1, yes): also return the player's committed score that no published version holds yet",
 )
 
 
