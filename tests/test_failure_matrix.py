@@ -210,6 +210,7 @@ def lease_expired_wait(season: Season) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
     season_factory: Callable[..., Season], settings: Any
 ) -> None:
@@ -250,6 +251,7 @@ def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
     assert assert_matches_ledger(season, exhaustive=False) == before + 2
 
 
+@pytest.mark.slow
 def test_a_coordinator_killed_while_catching_up_the_older_copy_leaves_the_next_epoch_to_finish_it(
     season_factory: Callable[..., Season], settings: Any
 ) -> None:
@@ -569,6 +571,7 @@ class ReadLoad:
             connections.close_all()
 
 
+@pytest.mark.slow
 def test_redis_flushed_under_read_load_answers_503_then_recovers_exactly(
     season_factory: Callable[..., Season], post_scores: Post
 ) -> None:
@@ -888,6 +891,7 @@ def consistent(entries: list[Entry], first: int | None = None) -> str:
     return ""
 
 
+@pytest.mark.slow
 def test_a_hot_bucket_split_under_write_load(season_factory: Callable[..., Season], post_scores: Post,
                                              writer: Any, settings: Any) -> None:
     settings.COPY_GRACE_SECONDS = 0.5  # readers run concurrently with epochs here
