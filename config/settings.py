@@ -166,6 +166,10 @@ RECONCILE_SAMPLE_SIZE = env_int("RECONCILE_SAMPLE_SIZE", 200, minimum=1)
 RECONCILE_FULL = env_bool("RECONCILE_FULL", False)
 # Stratified sample of ranks recomputed on the ledger for a FINAL candidate.
 FINAL_SAMPLE_SIZE = env_int("FINAL_SAMPLE_SIZE", 1000, minimum=1)
+# The staff console's overview charts: every live season's ingest rate, publication lag,
+# epoch duration and version age are sampled this often (Celery beat) and kept this long.
+METRICS_SAMPLE_SECONDS = env_float("METRICS_SAMPLE_SECONDS", 10.0, minimum=1.0)
+METRICS_HISTORY_SECONDS = env_float("METRICS_HISTORY_SECONDS", 86_400.0, minimum=60.0)
 CELERY_BEAT_SCHEDULE = {
     "leaderboard-reconciliation": {
         "task": "leaderboard.tasks.reconciliations_dispatch",
@@ -181,6 +185,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "leaderboard.tasks.epochs_dispatch",
         "schedule": EPOCH_SECONDS,
         "options": {"expires": max(EPOCH_SECONDS * 2, 1.0)},
+    },
+    "leaderboard-metrics-samples": {
+        "task": "leaderboard.tasks.metrics_sample",
+        "schedule": METRICS_SAMPLE_SECONDS,
+        "options": {"expires": METRICS_SAMPLE_SECONDS},
     },
 }
 # bench/reads.py only: routes /bench/baseline/... (rank from one plain sorted set) so the

@@ -4,11 +4,13 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from leaderboard import live_views
 from leaderboard.api import health
+from seasons.staff_views import console
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),
+    path("favicon.ico", console.favicon, name="favicon"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("seasons/<str:season_id>/live", live_views.season_live_page, name="season-live"),

@@ -64,7 +64,9 @@ class ScoreEvent(models.Model):
 
 
 class ScoreEventConflict(models.Model):
-    """A reuse of an event id with another payload: kept for forensics, never applied."""
+    """A reuse of an event id with another payload (outcome `conflict`): kept for forensics,
+    never applied, written in the batch's transaction. Append-only, like the ledger
+    (migration 0010); the console shows it on the player's and the season's pages."""
 
     season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+")
     event_id = models.CharField(max_length=64)
@@ -72,6 +74,9 @@ class ScoreEventConflict(models.Model):
     payload = models.JSONField()
     client = models.ForeignKey(ApiClient, null=True, on_delete=models.PROTECT, related_name="+")
     received_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["season", "event_id"], name="score_conflict_by_event")]
 
 
 class PlayerScore(models.Model):
@@ -263,3 +268,37 @@ class ReconciliationRun(models.Model):
 
     class Meta:
         ordering = ["-id"]
+
+
+class SeasonSample(models.Model):
+    """A season's health every METRICS_SAMPLE_SECONDS, recorded by Celery beat whether or not
+    anyone is looking (the console's overview charts), kept METRICS_HISTORY_SECONDS.
+
+    `slot` is the sample's tick (seconds since the epoch // the interval): unique per season,
+    so a second delivery of the same tick writes nothing. The cumulative counters are the
+    Redis metrics' at that moment (None while Redis is unreachable); the rates are their
+    differences with the season's previous sample.
+    """
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.CASCADE, related_name="+")
+    slot = models.BigIntegerField()
+    sampled_at = models.DateTimeField()
+    events_total = models.BigIntegerField(null=True)
+    lag_sum = models.FloatField(null=True)
+    lag_count = models.BigIntegerField(null=True)
+    epoch_ms_sum = models.FloatField(null=True)
+    epoch_count = models.BigIntegerField(null=True)
+    # Ingested events per second since the previous sample.
+    ingest_per_second = models.FloatField(null=True)
+    # Mean event-to-publish lag of the changes published since the previous sample.
+    publish_lag_seconds = models.FloatField(null=True)
+    # Age of the oldest committed change no published version holds yet (0: none waiting).
+    backlog_seconds = models.FloatField()
+    # Mean duration of the epochs that published since the previous sample.
+    epoch_ms = models.FloatField(null=True)
+    version = models.BigIntegerField()
+    version_age_seconds = models.FloatField(null=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["season", "slot"], name="season_sample_one_per_tick")]
+        indexes = [models.Index(fields=["sampled_at"], name="season_sample_by_time")]

@@ -9,6 +9,7 @@ from django.conf import settings
 
 from leaderboard.core.lifecycle import MATERIALIZED_STATES
 from leaderboard.materializer import season_epoch_run
+from leaderboard.metrics import metrics_seasons_sample
 from leaderboard.rebuild import rebuild_run
 from leaderboard.reconcile import reconciliation_run
 from seasons.models import Season
@@ -58,3 +59,9 @@ def season_reconcile(season_id: int) -> bool | None:
 def rebuild_run_task(job_id: int) -> str:
     """Runs a claimed shadow build; a second delivery finds the job claimed and returns."""
     return rebuild_run(job_id=job_id).status
+
+
+@shared_task(ignore_result=True)
+def metrics_sample() -> int:
+    """Every METRICS_SAMPLE_SECONDS (beat): one health sample per live season; a repeat of a tick writes nothing."""
+    return metrics_seasons_sample()

@@ -7,10 +7,16 @@ carries a <title> (the browser's tooltip) with its exact value.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+import math
+from collections.abc import Callable, Container, Sequence
 
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+
+
+def quantity(value: float) -> str:
+    """The console's number format (thousands separators), for the charts' labels and tooltips."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.2f}"
 
 
 def bar_chart(
@@ -31,7 +37,7 @@ def bar_chart(
         h = 0 if value <= 0 else max(height * value / top, 1)
         label = labels[i] if labels is not None else str(i)
         rows.append((f"{i * step:.1f}", f"{height - h:.1f}", f"{bar:.1f}", f"{h:.1f}",
-                     "bar hot" if i in highlight else "bar", f"{label}: {value:g}"))
+                     "bar hot" if i in highlight else "bar", f"{label}: {quantity(value)}"))
     bars = format_html_join("", '<rect x="{}" y="{}" width="{}" height="{}" class="{}"><title>{}</title></rect>',
                             rows)
     total_height = height
@@ -41,7 +47,7 @@ def bar_chart(
         extra = format_html(
             '<text x="2" y="{}" class="axis">{}</text><text x="{}" y="{}" class="axis" text-anchor="end">{}</text>'
             '<text x="{}" y="10" class="axis" text-anchor="end">max {}</text>',
-            height + 12, axis[0], width - 2, height + 12, axis[1], width - 2, f"{top:g}",
+            height + 12, axis[0], width - 2, height + 12, axis[1], width - 2, quantity(top),
         )
     return format_html(
         '<svg class="chart" {} viewBox="0 0 {} {}" width="{}" height="{}" role="img" aria-label="{}">'
@@ -66,5 +72,71 @@ def sparkline(values: Sequence[float], *, width: int = 160, height: int = 32, ti
     return format_html(
         '<svg class="chart spark" viewBox="0 0 {} {}" width="{}" height="{}" role="img" aria-label="{}">'
         '<title>{}: {} .. {}</title><polyline points="{}" /></svg>',
-        width, height, width, height, title, title, f"{low:g}", f"{high:g}", points,
+        width, height, width, height, title, title, quantity(low), quantity(high), points,
+    )
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 x 10^k at or above `value` (a y axis's top); 1 for nothing."""
+    if value <= 0:
+        return 1.0
+    scale = 10 ** math.floor(math.log10(value))
+    return next(m * scale for m in (1, 2, 2.5, 5, 10) if m * scale >= value * (1 - 1e-9))
+
+
+def time_chart(
+    points: Sequence[tuple[float, float | None]], *, span: float, fmt: Callable[[float], str], title: str,
+    span_label: str, css_id: str = "", width: int = 640, height: int = 200,
+) -> SafeString:
+    """A line over time: `points` are (seconds since the window's start, value), oldest first,
+    over a window `span` seconds long that ends now; a None value breaks the line (no data).
+
+    The y axis starts at 0 (a lag of 2 s next to 0.1 s must look like it) and ends at a round
+    number; gridlines at 0, half and the top are labelled with `fmt`.
+    """
+    left, right, top, bottom = 58, 8, 8, 18
+    plot_w, plot_h = width - left - right, height - top - bottom
+    values = [v for _, v in points if v is not None]
+    ceiling = nice_ceiling(max(values, default=0.0))
+
+    def x(t: float) -> float:
+        return left + plot_w * min(max(t / span, 0.0), 1.0)
+
+    def y(v: float) -> float:
+        return top + plot_h * (1 - min(v / ceiling, 1.0))
+
+    grid = format_html_join("", '<line x1="{}" y1="{}" x2="{}" y2="{}" class="grid" />'
+                            '<text x="{}" y="{}" class="axis" text-anchor="end">{}</text>',
+                            ((left, f"{y(v):.1f}", width - right, f"{y(v):.1f}", left - 4, f"{y(v) + 3.5:.1f}",
+                              fmt(v) if v else "0") for v in (0.0, ceiling / 2, ceiling)))
+    segments: list[list[tuple[float, float]]] = [[]]
+    for t, v in points:
+        if v is None:
+            if segments[-1]:
+                segments.append([])
+        else:
+            segments[-1].append((x(t), y(v)))
+    shapes = []
+    base = top + plot_h
+    for segment in segments:
+        if len(segment) == 1:
+            shapes.append(format_html('<circle cx="{}" cy="{}" r="2.5" class="dot" />',
+                                      f"{segment[0][0]:.1f}", f"{segment[0][1]:.1f}"))
+        elif segment:
+            line = " ".join(f"{px:.1f},{py:.1f}" for px, py in segment)
+            area = f"{segment[0][0]:.1f},{base:.1f} {line} {segment[-1][0]:.1f},{base:.1f}"
+            shapes.append(format_html('<polygon points="{}" class="area" /><polyline points="{}" />', area, line))
+    body: SafeString | str = mark_safe("".join(shapes)) if shapes else format_html(
+        '<text x="{}" y="{}" class="empty" text-anchor="middle">no samples in this window</text>',
+        f"{left + plot_w / 2:.1f}", f"{top + plot_h / 2:.1f}")
+    axis = format_html(
+        '<text x="{}" y="{}" class="axis">−{}</text><text x="{}" y="{}" class="axis" text-anchor="end">now</text>',
+        left, height - 4, span_label, width - right, height - 4,
+    )
+    latest = f"latest {fmt(values[-1])}" if values else "no data"
+    return format_html(
+        '<svg class="chart time" {} viewBox="0 0 {} {}" role="img" aria-label="{}: {}">'
+        "<title>{}: {}</title>{}{}{}</svg>",
+        mark_safe(format_html('id="{}"', css_id)) if css_id else "", width, height, title, latest, title, latest,
+        grid, body, axis,
     )

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ from audit.models import AuditEntry
 from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.splits import SplitProposal
-from leaderboard.metrics import LAG_BOUNDS
+from leaderboard.metrics import LAG_BOUNDS, season_backlog_seconds
 from leaderboard.models import (
     ACTIVE_REBUILD_STATUSES,
     LateResult,
@@ -28,18 +29,23 @@ from leaderboard.models import (
     RebuildJob,
     ScoreChange,
     ScoreEvent,
+    ScoreEventConflict,
+    SeasonSample,
 )
 from leaderboard.redis_client import redis_get
 from seasons.models import Dispute, DisputeNote, FinalCandidate, FinalStanding, ScoreRevocation, Season
 
 log = logging.getLogger(__name__)
 
-INGEST_WINDOW_SECONDS = 60
-INGEST_BIN_SECONDS = 5
-# Ingest rates come from the ingest counters (leaderboard/metrics.py, in Redis), sampled
-# at each refresh of the overview into a short per-season series: O(1) per refresh
-# whatever the ledger's size (counting recent ledger rows would scan other seasons' rows).
-INGEST_HISTORY_SECONDS = 600
+# The overview's charts come from the samples Celery beat records every
+# METRICS_SAMPLE_SECONDS (leaderboard/metrics.py), so they have a history whether or not
+# anyone had the page open. The windows they can show, and at most how many points a
+# chart draws (consecutive samples are merged, keeping the stretch's worst value).
+CHART_WINDOWS = {900: "15 min", 3600: "1 h", 21_600: "6 h", 86_400: "24 h"}
+DEFAULT_CHART_WINDOW = 3600
+CHART_POINTS = 240
+# The ingest rate in the table: events counted over about this long.
+INGEST_RATE_SECONDS = 60
 CHANGE_WINDOW_SECONDS = 600
 CHANGE_SAMPLE = 200_000
 # The hot-bucket scan reads up to CHANGE_SAMPLE recent changes: polled every few seconds by
@@ -48,6 +54,27 @@ HOT_CACHE_SECONDS = 15.0
 
 
 # ------------------------------------------------------------------------- overview
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One chart's points, oldest first: (seconds since the window's start, value); None breaks the line."""
+
+    points: list[tuple[float, float | None]]
+    latest: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SeasonCharts:
+    window_seconds: int
+    samples: int
+    # Seconds since the newest sample (None: no sample in the window; is Celery beat running?).
+    newest_age_seconds: float | None
+    publish_lag: Series
+    backlog: Series
+    ingest: Series
+    epoch_ms: Series
+    version_age: Series
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +88,9 @@ class SeasonStats:
     # Event-to-publish lag over the season so far, from the metrics histogram (Redis; None if unknown).
     lag_mean_seconds: float | None
     lag_p99_bound: str | None
-    # Events per second over the last minute (None until two samples a second apart exist).
+    # Events per second over about the last INGEST_RATE_SECONDS of samples (None: no recent samples).
     ingest_per_second: float | None
-    ingest_bins: list[int]
+    charts: SeasonCharts
     changed_per_version: list[int]
     players_per_version: list[int]
     open_disputes: int
@@ -72,28 +99,27 @@ class SeasonStats:
     active_rebuild: RebuildJob | None
 
 
-def seasons_overview(*, now: datetime | None = None) -> list[SeasonStats]:
+def seasons_overview(*, now: datetime | None = None, window_seconds: int = DEFAULT_CHART_WINDOW) -> list[SeasonStats]:
     now = now or timezone.now()
     lags = _lag_metrics()
-    ingest = _ingest_rates(slugs=list(Season.objects.values_list("slug", flat=True)), now=now.timestamp())
     stats = []
     for season in Season.objects.order_by("-starts_at", "slug"):
         manifests = list(Manifest.objects.filter(season=season).order_by("-version")
                          .values_list("version", "published_at", "total_players", "changed_players",
                                       "watermark_txid", "watermark_id")[:60])
         latest = manifests[0] if manifests else None
-        rate, bins = ingest.get(season.slug, (None, []))
         lag_mean, lag_p99 = lags.get(season.slug, (None, None))
+        charts = season_charts(season=season, now=now, window_seconds=window_seconds)
         stats.append(SeasonStats(
             season=season,
             version=season.published_version,
             version_age_seconds=(now - latest[1]).total_seconds() if latest else None,
             players=latest[2] if latest else 0,
-            lag_seconds=_unpublished_age(season, latest[4:6] if latest else (0, 0), now),
+            lag_seconds=season_backlog_seconds(season=season, watermark=latest[4:6] if latest else (0, 0), now=now),
             lag_mean_seconds=lag_mean,
             lag_p99_bound=lag_p99,
-            ingest_per_second=rate,
-            ingest_bins=bins,
+            ingest_per_second=_ingest_rate(season=season, now=now),
+            charts=charts,
             changed_per_version=[m[3] for m in reversed(manifests)],
             players_per_version=[m[2] for m in reversed(manifests)],
             open_disputes=Dispute.objects.filter(season=season, status__in=[Dispute.Status.OPEN,
@@ -106,60 +132,85 @@ def seasons_overview(*, now: datetime | None = None) -> list[SeasonStats]:
     return stats
 
 
-def _unpublished_age(season: Season, watermark: tuple[int, int], now: datetime) -> float:
-    # The change stream's cursor index answers this with one short index scan.
-    oldest = (
-        ScoreChange.objects.filter(season=season)
-        .filter(Q(txid__gt=watermark[0]) | Q(txid=watermark[0], id__gt=watermark[1]))
-        .order_by("txid", "id").values_list("committed_at", flat=True).first()
-    )
-    return max((now - oldest).total_seconds(), 0.0) if oldest is not None else 0.0
+def _ingest_rate(*, season: Season, now: datetime) -> float | None:
+    """Events per second between the newest recent sample and the one about INGEST_RATE_SECONDS before it."""
+    stale = 3 * settings.METRICS_SAMPLE_SECONDS
+    recent: list[tuple[datetime, int]] = [
+        (at, total) for at, total in SeasonSample.objects.filter(
+            season=season, sampled_at__gte=now - timedelta(seconds=INGEST_RATE_SECONDS + stale),
+        ).order_by("-slot").values_list("sampled_at", "events_total") if total is not None
+    ]
+    if len(recent) < 2 or (now - recent[0][0]).total_seconds() > stale:
+        return None
+    newest = recent[0]
+    oldest = next((r for r in recent if (newest[0] - r[0]).total_seconds() >= INGEST_RATE_SECONDS), recent[-1])
+    seconds = (newest[0] - oldest[0]).total_seconds()
+    if seconds <= 0 or newest[1] < oldest[1]:
+        return None  # a counter that went back: Redis lost it
+    return (newest[1] - oldest[1]) / seconds
 
 
-def _ingest_rates(*, slugs: list[str], now: float) -> dict[str, tuple[float | None, list[int]]]:
-    """Per season: events per second over the last minute, and events per 5 s (oldest first).
+_SAMPLE_FIELDS = ("slot", "sampled_at", "publish_lag_seconds", "backlog_seconds", "ingest_per_second", "epoch_ms",
+                  "version_age_seconds")
 
-    Each call records (now, events counted so far) per season, then differences the
-    samples of the last minute; Redis trouble leaves the numbers unknown, not the page broken.
+
+def season_charts(*, season: Season, now: datetime, window_seconds: int = DEFAULT_CHART_WINDOW) -> SeasonCharts:
+    """The overview's four charts of one season over the last `window_seconds`, from the samples.
+
+    Recomputed once per new sample per process (the overview polls every 2 s; samples come
+    every METRICS_SAMPLE_SECONDS).
     """
-    prefix = settings.REDIS_KEY_PREFIX
-    try:
-        r = redis_get()
-        totals: dict[str, int] = {}
-        for key, value in r.hgetall(f"{prefix}:metrics:events").items():
-            slug = (key.decode() if isinstance(key, bytes) else str(key)).partition("|")[0]
-            totals[slug] = totals.get(slug, 0) + int(value)
-        with r.pipeline(transaction=False) as pipe:
-            for slug in slugs:
-                key = f"{prefix}:staff:ingest:{slug}"
-                pipe.zadd(key, {f"{now:.3f}:{totals.get(slug, 0)}": now})
-                pipe.zremrangebyscore(key, "-inf", now - INGEST_HISTORY_SECONDS)
-                pipe.expire(key, INGEST_HISTORY_SECONDS)
-                pipe.zrangebyscore(key, now - INGEST_WINDOW_SECONDS - INGEST_BIN_SECONDS, "+inf")
-            replies = pipe.execute()
-    except redis.RedisError:
-        log.warning("ingest counters unavailable", exc_info=True)
-        return {}
-    out: dict[str, tuple[float | None, list[int]]] = {}
-    for i, slug in enumerate(slugs):
-        samples = sorted(
-            (float(t), int(n)) for t, _, n in ((m.decode() if isinstance(m, bytes) else str(m)).partition(":")
-                                             for m in replies[4 * i + 3])
+    since = now - timedelta(seconds=window_seconds)
+    newest = (SeasonSample.objects.filter(season=season, sampled_at__gte=since).order_by("-slot")
+              .values_list("slot", "sampled_at").first())
+    key = f"staff:charts:{season.pk}:{window_seconds}:{newest[0] if newest else None}"
+    cached: SeasonCharts | None = cache.get(key)
+    if cached is None:
+        rows = list(SeasonSample.objects.filter(season=season, sampled_at__gte=since).order_by("slot")
+                    .values_list(*_SAMPLE_FIELDS))
+        start = since.timestamp()
+        gap = 3 * settings.METRICS_SAMPLE_SECONDS
+
+        def series(index: int, merge: str) -> Series:
+            points = [(row[1].timestamp() - start, row[index]) for row in rows]
+            values = [v for _, v in points if v is not None]
+            return Series(points=_thin(points, gap=gap, merge=merge), latest=values[-1] if values else None)
+
+        cached = SeasonCharts(
+            window_seconds=window_seconds, samples=len(rows), newest_age_seconds=None,
+            publish_lag=series(2, "max"), backlog=series(3, "max"), ingest=series(4, "mean"),
+            epoch_ms=series(5, "max"), version_age=series(6, "max"),
         )
-        out[slug] = _ingest_from_samples(samples, now)
+        cache.set(key, cached, window_seconds)
+    age = (now - newest[1]).total_seconds() if newest else None
+    return replace(cached, newest_age_seconds=age)
+
+
+def _thin(points: list[tuple[float, float | None]], *, gap: float, merge: str) -> list[tuple[float, float | None]]:
+    """At most CHART_POINTS points: runs of consecutive samples merged (their max, or mean for a rate);
+    a (t, None) wherever samples are missing for longer than `gap`, so the line breaks there."""
+    per = max(1, -(-len(points) // CHART_POINTS))
+    out: list[tuple[float, float | None]] = []
+    run: list[tuple[float, float | None]] = []
+
+    def flush() -> None:
+        if run:
+            values = [v for _, v in run if v is not None]
+            value = None if not values else max(values) if merge == "max" else sum(values) / len(values)
+            out.append((run[-1][0], value))
+            run.clear()
+
+    previous: float | None = None
+    for t, v in points:
+        if previous is not None and t - previous > gap:
+            flush()
+            out.append((t, None))
+        run.append((t, v))
+        if len(run) >= per:
+            flush()
+        previous = t
+    flush()
     return out
-
-
-def _ingest_from_samples(samples: list[tuple[float, int]], now: float) -> tuple[float | None, list[int]]:
-    bins = [0] * (INGEST_WINDOW_SECONDS // INGEST_BIN_SECONDS)
-    for (_, before), (t, after) in zip(samples, samples[1:], strict=False):
-        index = int((now - t) // INGEST_BIN_SECONDS)
-        if 0 <= index < len(bins):
-            bins[len(bins) - 1 - index] += max(after - before, 0)
-    if len(samples) < 2 or samples[-1][0] - samples[0][0] < 1.0:
-        return None, bins
-    (t0, n0), (t1, n1) = samples[0], samples[-1]
-    return max(n1 - n0, 0) / (t1 - t0), bins
 
 
 def _lag_metrics() -> dict[str, tuple[float | None, str | None]]:
@@ -199,6 +250,7 @@ class BucketRow:
     count: int
     share: float
     changes: int
+    # Over SeasonDetail.changes_window_seconds (a young season's window is its age).
     changes_per_minute: float
     hot: bool
     split_points: tuple[int, ...] = ()
@@ -212,6 +264,9 @@ class SeasonDetail:
     buckets: list[BucketRow] = field(default_factory=list)
     proposals: list[SplitProposal] = field(default_factory=list)
     proposals_error: str = ""
+    # What the bucket table's change counts cover: the window, or less when the season is
+    # younger or the scan stopped at CHANGE_SAMPLE changes.
+    changes_window_seconds: float = CHANGE_WINDOW_SECONDS
 
 
 def season_detail(*, season: Season, window_seconds: float = CHANGE_WINDOW_SECONDS) -> SeasonDetail:
@@ -232,7 +287,8 @@ def season_detail(*, season: Season, window_seconds: float = CHANGE_WINDOW_SECON
             proposals, error = [], f"hot-bucket recommendations need Redis: {exc.__class__.__name__}"
         cached = (proposals, error, _bucket_changes(season, layout, window_seconds))
         cache.set(key, cached, HOT_CACHE_SECONDS)
-    detail.proposals, detail.proposals_error, changes = cached
+    detail.proposals, detail.proposals_error, (changes, covered) = cached
+    detail.changes_window_seconds = covered
     hot = {p.bucket: p for p in detail.proposals}
     total = manifest.total_players or 1
     for row in manifest.buckets:
@@ -240,24 +296,33 @@ def season_detail(*, season: Season, window_seconds: float = CHANGE_WINDOW_SECON
         proposal = hot.get(b)
         detail.buckets.append(BucketRow(
             bucket=b, low=int(row["low"]), high=int(row["high"]), count=int(row["count"]),
-            share=int(row["count"]) / total, changes=changes[b], changes_per_minute=changes[b] * 60 / window_seconds,
+            share=int(row["count"]) / total, changes=changes[b], changes_per_minute=changes[b] * 60 / covered,
             hot=proposal is not None, split_points=proposal.split_points if proposal else (),
             why=proposal.why if proposal else "",
         ))
     return detail
 
 
-def _bucket_changes(season: Season, layout: BucketLayout, window_seconds: float) -> list[int]:
-    """Score changes per bucket of `layout` in the last `window_seconds`, newest first off the cursor index."""
-    since = timezone.now() - timedelta(seconds=window_seconds)
+def _bucket_changes(season: Season, layout: BucketLayout, window_seconds: float) -> tuple[list[int], float]:
+    """Score changes per bucket of `layout` in the last `window_seconds`, newest first off the
+    cursor index, and the seconds those counts really cover: no more than the season's age,
+    nor than the CHANGE_SAMPLE newest changes reach back (never under a second)."""
+    now = timezone.now()
+    since = now - timedelta(seconds=window_seconds)
+    covered = min(window_seconds, (now - max(season.starts_at, season.created_at)).total_seconds())
     counts = [0] * layout.size
     rows = (ScoreChange.objects.filter(season=season).order_by("-txid", "-id")
             .values_list("new_score", "committed_at")[:CHANGE_SAMPLE])
+    read, oldest = 0, now
     for score, committed_at in rows.iterator(chunk_size=20_000):
         if committed_at < since:
             break
         counts[layout.bucket_of(score)] += 1
-    return counts
+        read, oldest = read + 1, committed_at
+    else:
+        if read == CHANGE_SAMPLE:
+            covered = min(covered, (now - oldest).total_seconds())
+    return counts, max(covered, 1.0)
 
 
 def manifests_recent(*, season: Season, limit: int = 50) -> list[Manifest]:
@@ -288,6 +353,9 @@ class PlayerDetail:
     setter: ScoreEvent | None
     revocations: list[ScoreRevocation]
     disputes: list[Dispute]
+    # Deliveries that reused one of this player's event ids, or named this player, with
+    # another payload (outcome `conflict`): recorded, never applied.
+    conflicts: list[ConflictRow]
 
 
 def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
@@ -318,7 +386,64 @@ def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
         final=FinalStanding.objects.filter(season=season, player_id=player_id).first(), setter=setter,
         revocations=list(ScoreRevocation.objects.filter(season=season, player_id=player_id).order_by("-id")),
         disputes=list(Dispute.objects.filter(season=season, player_id=player_id).order_by("-id")),
+        conflicts=_conflict_rows(
+            ScoreEventConflict.objects.filter(season=season)
+            .filter(Q(event_id__in=[e.event_id for e in events]) | Q(payload__player_id=player_id))
+            .select_related("client").order_by("-id")[:CONFLICTS_SHOWN],
+            season=season, known={e.event_id: e for e in events},
+        ),
     )
+
+
+# The conflicting deliveries a page lists (newest first); the season page counts them all.
+CONFLICTS_SHOWN = 100
+# The payload fields a conflict is compared on with the ledger row it collided with.
+_PAYLOAD_FIELDS = ("match_id", "player_id", "best_score", "score_version", "completed_at", "kind", "reason")
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictRow:
+    conflict: ScoreEventConflict
+    # The ledger row holding the event id first (None if it is not in this season's ledger).
+    original: ScoreEvent | None
+    # Payload fields whose value differs from the original's, e.g. ["best_score", "score_version"].
+    differences: list[str]
+
+
+def _conflict_rows(conflicts: Iterable[ScoreEventConflict], *, season: Season,
+                   known: dict[str, ScoreEvent] | None = None) -> list[ConflictRow]:
+    rows = list(conflicts)
+    originals = dict(known or {})
+    missing = {c.event_id for c in rows} - set(originals)
+    if missing:
+        originals.update((e.event_id, e) for e in ScoreEvent.objects.filter(season=season, event_id__in=missing))
+    out = []
+    for conflict in rows:
+        original = originals.get(conflict.event_id)
+        differences = []
+        if original is not None:
+            for name in _PAYLOAD_FIELDS:
+                theirs = getattr(original, name)
+                ours = conflict.payload.get(name)
+                if name == "completed_at":
+                    theirs, ours = theirs.isoformat(), (datetime.fromisoformat(ours).isoformat() if ours else ours)
+                if ours != theirs:
+                    differences.append(name)
+        out.append(ConflictRow(conflict=conflict, original=original, differences=differences))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SeasonConflicts:
+    total: int
+    recent: list[ConflictRow]
+
+
+def season_conflicts(*, season: Season, limit: int = 20) -> SeasonConflicts:
+    """How many conflicting deliveries the season has had, and the newest `limit` of them."""
+    qs = ScoreEventConflict.objects.filter(season=season)
+    return SeasonConflicts(total=qs.count(),
+                           recent=_conflict_rows(qs.select_related("client").order_by("-id")[:limit], season=season))
 
 
 def dispute_notes(*, dispute: Dispute) -> list[DisputeNote]:

@@ -380,12 +380,3 @@ def test_a_revocation_after_final_is_listed_as_a_final_correction(season_factory
     assert (correction.score_before, correction.score_after, correction.actor_label) == (
         999, 0, people["approver"].username)
     assert "season.final.correction" in audit_actions(season)
-
-
-def test_the_ingest_rate_is_the_counted_events_between_samples() -> None:
-    from seasons.staff_selectors import _ingest_from_samples
-
-    rate, bins = _ingest_from_samples([(100.0, 0), (101.0, 10), (102.0, 30), (108.0, 36)], now=108.0)
-    assert rate == pytest.approx(36 / 8)
-    assert bins[-1] == 6 and bins[-2] == 30 and sum(bins) == 36
-    assert _ingest_from_samples([(100.0, 5)], now=100.0)[0] is None  # one sample: unknown, not zero

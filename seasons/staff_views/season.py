@@ -35,7 +35,8 @@ def season_page(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "staff/season.html", context(
         request, season=season, detail=sel.season_detail(season=season),
         manifests=sel.manifests_recent(season=season), jobs=sel.rebuild_jobs_recent(season=season),
-        lifecycle_form=f.LifecycleForm(), split_form=f.SplitProposeForm(), lookup_form=f.PlayerLookupForm(),
+        conflicts=sel.season_conflicts(season=season), lifecycle_form=f.LifecycleForm(),
+        split_form=f.SplitProposeForm(), lookup_form=f.PlayerLookupForm(),
     ))
 
 

@@ -1,4 +1,9 @@
-"""Template helpers of the staff console: durations, JSON, and the inline SVG charts."""
+"""Template helpers of the staff console: numbers, durations, JSON, and the inline SVG charts.
+
+One number format everywhere in the console: quantities (counts, scores, rates) go through
+`num` (thousands separators: 6,003); identifiers (versions, ids, watermarks) are printed as
+they are (version 6003).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,52 @@ from django.utils.safestring import SafeString
 from seasons import staff_charts
 
 register = template.Library()
+
+
+@register.filter
+def num(value: float | int | str | None, decimals: int = 0) -> str:
+    """6003 -> "6,003"; 1234.56|num:1 -> "1,234.6"; None or "" -> "–"."""
+    if value is None or value == "":
+        return "–"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not decimals:
+        return staff_charts.quantity(round(number))
+    return f"{number:,.{int(decimals)}f}"
+
+
+def _seconds(value: float) -> str:
+    if 0 < value < 1:
+        return f"{value * 1000:,.0f} ms"
+    if value < 10:
+        return f"{value:.1f} s"
+    return f"{value:,.0f} s" if value < 120 else duration(value)
+
+
+def _per_second(value: float) -> str:
+    return f"{value:,.1f}/s" if value < 100 else f"{value:,.0f}/s"
+
+
+def _milliseconds(value: float) -> str:
+    return f"{value:,.1f} ms" if value < 10 else f"{value:,.0f} ms"
+
+
+_UNITS = {"s": _seconds, "/s": _per_second, "ms": _milliseconds}
+
+
+@register.simple_tag
+def time_series(series: Any, unit: str, title: str, window: int, window_label: str, css_id: str = "") -> SafeString:
+    """A chart of one of the overview's sample series (seasons/staff_selectors.Series)."""
+    return staff_charts.time_chart(series.points, span=float(window), fmt=_UNITS[unit], title=title,
+                                   span_label=window_label, css_id=css_id)
+
+
+@register.simple_tag
+def series_latest(series: Any, unit: str) -> str:
+    """The newest value of a sample series in its chart's unit; "–" when there is none."""
+    return "–" if series.latest is None else _UNITS[unit](series.latest)
 
 
 @register.filter
