@@ -249,6 +249,11 @@ LIVE_SOCKETS_PER_ADDRESS = env_int("LIVE_SOCKETS_PER_ADDRESS", 100, minimum=1)
 LIVE_SOCKETS_PER_PROCESS = env_int("LIVE_SOCKETS_PER_PROCESS", 20_000, minimum=1)
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 3600, minimum=0)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# /metrics and the details of /readyz (they name every season and each dependency's
+# error): with a token set, only a request bearing it ("Authorization: Bearer ..."); unset,
+# only a loopback client that no proxy forwarded. Everyone else gets 403 on /metrics and
+# a bare status on /readyz.
+METRICS_TOKEN = env_str("METRICS_TOKEN")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
