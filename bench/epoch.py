@@ -138,27 +138,6 @@ def commandstats_delta(before: dict[str, tuple[int, int]],
     return out
 
 
-def wait_for_visibility() -> None:
-    """Wait until every transaction running now has ended, so the next epoch sees all committed changes.
-
-    The change stream only exposes transactions older than the oldest one still running
-    anywhere on the PostgreSQL server (selectors.score_changes_after); another client's
-    open write transaction would otherwise hide part of the round from the timed epoch.
-    """
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
-        horizon = int(cursor.fetchone()[0])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-            if int(cursor.fetchone()[0]) >= horizon:
-                return
-            time.sleep(0.002)
-    print("# warning: a transaction stayed open for 30 s; the epoch may not see the whole round")
-
-
 def ingest(season: Any, events: list[Any]) -> float:
     from leaderboard.services import score_events_apply
 
@@ -218,7 +197,6 @@ def run_cell(season: Any, maker: ChangeMaker, r: Any, cell: Cell, args: argparse
 
             profiler = Profiler(interval=0.0005)
             profiler.start()
-        wait_for_visibility()
         stats_before = redis_commandstats(r)
         redis_cpu_before = redis_cpu_seconds(r)
         started = time.perf_counter()

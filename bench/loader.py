@@ -133,9 +133,8 @@ def ledger_copy(season: Any, scores: array, *, with_events: bool = False) -> flo
     ts = now.isoformat()
     sid = season.pk
     n = len(scores)
-    # One transaction per COPY_TRANSACTION players: the change stream of every season on
-    # this PostgreSQL server waits for the oldest running write transaction
-    # (pg_snapshot_xmin), so one 10M-row transaction would stall their epochs for a minute.
+    # One transaction per COPY_TRANSACTION players: progress is committed as it goes, and a
+    # failure part-way costs at most one transaction's rows.
     for first in range(0, n, COPY_TRANSACTION):
         last = min(n, first + COPY_TRANSACTION)
         with transaction.atomic(), connection.cursor() as cursor:

@@ -328,7 +328,6 @@ def run(args: argparse.Namespace) -> int:
             wait = last_epoch_end + grace - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            epoch_bench.wait_for_visibility()
             before = len(swaps)
             t0 = time.perf_counter()
             outcome = season_epoch_run(season=season, r=r)

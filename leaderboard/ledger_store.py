@@ -142,10 +142,14 @@ WITH ledger AS (
     ON CONFLICT (season_id, player_id) DO UPDATE
         SET score = EXCLUDED.score, score_version = EXCLUDED.score_version,
             updated_at = EXCLUDED.updated_at
+), head AS (
+    INSERT INTO leaderboard_streamhead (season_id, head) VALUES (%(season)s, 1)
+    ON CONFLICT (season_id) DO UPDATE SET head = leaderboard_streamhead.head + 1
+    RETURNING head
 ), changes AS (
     INSERT INTO leaderboard_scorechange (
         season_id, committed_at, txid, player_id, old_score, new_score, score_version, event_id)
-    SELECT %(season)s, %(now)s, pg_current_xact_id()::text::bigint, c.*
+    SELECT %(season)s, %(now)s, (SELECT head FROM head), c.*
     FROM unnest(%(c_player)s::text[], %(c_old)s::int[], %(c_new)s::int[],
                 %(c_version)s::bigint[], %(c_event)s::text[]) AS c
 )

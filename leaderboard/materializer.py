@@ -32,7 +32,7 @@ from leaderboard.metrics import metrics_epoch_observe
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import PlayerScore, ScoreChange
 from leaderboard.redis_client import redis_get
-from leaderboard.selectors import ChangeCursor, score_change_heads_after
+from leaderboard.selectors import ChangeCursor, score_change_heads_after, stream_head_committed
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -400,8 +400,9 @@ def season_copy_build(
 ) -> rankview.CopyMeta:
     """Fill `copy` from the current-scores table, from a change-stream watermark taken first.
 
-    The watermark is read before the scan: on PostgreSQL every transaction below the
-    snapshot's xmin has finished, so the scan sees its changes (or newer ones); every
+    The watermark is read before the scan: on PostgreSQL every change numbered at or
+    below the season's committed stream head is committed, so the scan sees it (or a
+    newer one); every
     change after the watermark is replayed by whoever finishes the copy (an epoch, or a
     rebuild's catch-up), and replay is absolute and keeps the newest version per player,
     so a score the scan already saw changing is harmless. That lets the scan run as short
@@ -417,10 +418,7 @@ def season_copy_build(
     counts = [0] * layout.size
     checksums = [0] * layout.size
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-            xmin = int(cursor.fetchone()[0])
-        watermark = (xmin - 1, MAX_CURSOR_ID)
+        watermark = (stream_head_committed(season_id=season.pk), MAX_CURSOR_ID)
     else:
         # SQLite serializes writers (BEGIN IMMEDIATE): ids are in commit order.
         last = ScoreChange.objects.filter(season_id=season.pk).order_by("-id").values_list("id", flat=True).first()

@@ -101,9 +101,10 @@ class PlayerScore(models.Model):
 class ScoreChange(models.Model):
     """The durable change stream (ScoreChanged, docs/rules.md: The change stream), written with the ledger.
 
-    `txid` is the writing transaction's id on PostgreSQL (0 on SQLite, where writers are
-    serialized): readers walk (txid, id) and stop below the oldest running transaction,
-    so a change that commits out of id order is never skipped (selectors.score_changes_after).
+    `txid` numbers the writing transaction in its season's commit order (StreamHead; 0 on
+    SQLite, where writers are serialized and ids are in commit order): readers walk
+    (txid, id), and a change that commits out of id order is never skipped
+    (selectors.score_changes_after).
     """
 
     # Like ScoreEvent: no FK constraint or season-only index on a hot table.
@@ -120,6 +121,24 @@ class ScoreChange(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["season", "txid", "id"], name="score_change_cursor")]
+
+
+class StreamHead(models.Model):
+    """The last commit number handed out in a season's change stream.
+
+    A writer takes the next number by updating this row in its own transaction, so the
+    row lock orders the season's writers: a number is handed out only after every smaller
+    one has committed (or rolled back). A reader that sees the changes of number N has
+    therefore seen every change below N, and nothing it has not seen can sort before what
+    it has: the stream's visibility depends on this season's writers alone, never on
+    transactions of other seasons or other databases on the same server (as a snapshot's
+    xmin would).
+    """
+
+    season = models.OneToOneField(
+        "seasons.Season", on_delete=models.PROTECT, primary_key=True, related_name="+", db_constraint=False
+    )
+    head = models.BigIntegerField(default=0)
 
 
 class Manifest(models.Model):

@@ -11,7 +11,7 @@ from django.db.models import Q
 
 from leaderboard.core.errors import ReadUnavailable, retry_after_seconds
 from leaderboard.core.ranking import Entry
-from leaderboard.models import ApiClient, PlayerScore, ScoreChange
+from leaderboard.models import ApiClient, PlayerScore, ScoreChange, StreamHead
 from leaderboard.rankview import Keys, RankReader
 from leaderboard.redis_client import redis_get
 from leaderboard.services import api_token_hash
@@ -49,10 +49,10 @@ def score_changes_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10
 
     Sequence ids are handed out before commit, so concurrent writers can commit ids out
     of order: reading "id > last id" would skip the slower one forever. On PostgreSQL
-    each change carries its writer's transaction id and we only return changes of
-    transactions older than the oldest one still running (pg_snapshot_xmin); any
-    transaction that can still commit has a larger txid, so it sorts after the cursor.
-    On SQLite writers are serialized (BEGIN IMMEDIATE), so ids are in commit order.
+    each change carries its season's commit number (models.StreamHead), handed out in
+    commit order: a transaction that can still commit holds a larger number than any
+    committed change, so it sorts after whatever this read returns. On SQLite writers
+    are serialized (BEGIN IMMEDIATE), so ids are in commit order.
     """
     rows = _change_rows(
         season_id=season_id, cursor=cursor, limit=limit,
@@ -86,6 +86,12 @@ def score_change_heads_after(*, season_id: int, cursor: ChangeCursor,
     )
 
 
+def stream_head_committed(*, season_id: int) -> int:
+    """The season's last committed commit number: every change numbered at or below it
+    is committed and visible to any read that starts now."""
+    return StreamHead.objects.filter(season_id=season_id).values_list("head", flat=True).first() or 0
+
+
 def _change_rows(*, season_id: int, cursor: ChangeCursor, limit: int, columns: tuple[str, ...]) -> list[tuple]:  # type: ignore[type-arg]
     if connection.vendor == "postgresql":
         with connection.cursor() as db:
@@ -93,7 +99,6 @@ def _change_rows(*, season_id: int, cursor: ChangeCursor, limit: int, columns: t
                 f"SELECT {', '.join(columns)} "
                 "FROM leaderboard_scorechange "
                 "WHERE season_id = %s AND (txid, id) > (%s, %s) "
-                "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
                 "ORDER BY txid, id LIMIT %s",
                 [season_id, cursor.txid, cursor.id, limit],
             )

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('leaderboard', '0008_rebuild_job_publishing_and_heartbeat'),
+        ('leaderboard', '0010_conflicts_append_only_and_season_samples'),
     ]
 
     operations = [
