@@ -18,6 +18,7 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.models import RebuildJob
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
+from seasons.staff_services import score_revocation_approve, score_revocation_propose
 from tests.support import (
     Events,
     closing_season,
@@ -28,7 +29,7 @@ from tests.support import (
     materialize,
     post_ok,
     publish,
-    statuses,
+    staff,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -91,8 +92,10 @@ def test_the_final_version_keeps_its_manifest_after_a_correction_replaces_it(
     keys = keys_of(season)
     assert r.ttl(keys.manifest(final_version)) == -1
 
-    results = post_ok(post_scores, season, [events.correction("champ", 1, reason="revoked")])
-    assert statuses(results) == [("applied", "")]
+    # A revoked champion: the two-person correction flow, the one way a FINAL season changes.
+    revocation = score_revocation_propose(season=season, player_id="champ", new_score=1, reason="revoked",
+                                          actor=staff())
+    assert score_revocation_approve(revocation=revocation, actor=staff()).applied
     corrected = materialize(season)
     assert corrected.version == final_version + 1
     assert r.ttl(keys.manifest(corrected.version)) == -1
