@@ -27,6 +27,15 @@ class Actor:
     id: str
     label: str
 
+    @property
+    def public_ref(self) -> str:
+        """How public pages name this actor: an opaque id, never a person's user name."""
+        return staff_public_ref(self.id) if self.kind == "user" else self.kind
+
+
+def staff_public_ref(user_id: str | int) -> str:
+    return f"staff-{user_id}"
+
 
 SYSTEM = Actor(kind="system", id="", label="system")
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from audit.services import Actor, audit_log
 from leaderboard import ledger_store
 from leaderboard.core.events import ScoreEvent
-from leaderboard.core.ledger import REJECTED, BatchPlan, Outcome, batch_plan
+from leaderboard.core.ledger import HELD, REJECTED, BatchPlan, Outcome, batch_plan
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
 from leaderboard.metrics import metrics_outcomes_count
 from leaderboard.models import ApiClient
@@ -41,13 +41,19 @@ class ApplyResult:
 
 
 def score_events_apply(
-    *, season: Season, events: list[ScoreEvent], client: ApiClient | None, actor: Actor | None = None
+    *, season: Season, events: list[ScoreEvent], client: ApiClient | None, actor: Actor | None = None,
+    public_reason: str = "",
 ) -> ApplyResult:
     """Apply one validated batch to the ledger (docs/rules.md, Writes: per-event outcomes) in a single transaction.
 
     A constant number of statements per batch, whatever its size: lock the season's
     writers, fetch prior events and player states, decide in memory, write everything
     (ledger, current scores, change stream) in one set-based statement.
+
+    `actor` is the staff member whose approved correction this is (the revocation flow):
+    from the seal on, only such a correction changes the board; one from the write API
+    (`client`) is recorded as `held` and queued for staff review. `public_reason` is what
+    the public FINAL corrections list says of a change to a FINAL season.
     """
     now = timezone.now()
     # Hashing needs no database state: do it before taking the season lock.
@@ -69,7 +75,7 @@ def score_events_apply(
         def rejection(event: ScoreEvent) -> str | None:
             return admission_rejection(
                 state=state, starts_at=starts_at, cutoff=cutoff, completed_at=event.completed_at,
-                kind=event.kind,
+                kind=event.kind, staff_approved=actor is not None,
             )
 
         plan = batch_plan(
@@ -83,11 +89,15 @@ def score_events_apply(
         ledger_store.batch_plan_write(
             season_id=season.pk, plan=plan, client_id=client.pk if client else None, now=now
         )
-        late = [row for row in plan.ledger_rows if row.status == REJECTED and row.reason == LATE_AFTER_SEAL]
+        # Both wait in one queue for staff: pre-cutoff results that arrived after the seal,
+        # and corrections held since the seal.
+        late = [row for row in plan.ledger_rows
+                if (row.status == REJECTED and row.reason == LATE_AFTER_SEAL) or row.status == HELD]
         if late:
             ledger_store.late_results_record(season_id=season.pk, rows=late, now=now)
         if state == SeasonState.FINAL and plan.changes:
-            _final_corrections_record(season=season, plan=plan, actor=actor or _client_actor(client), now=now)
+            _final_corrections_record(season=season, plan=plan, actor=actor or _client_actor(client), now=now,
+                                      public_reason=public_reason)
         outcomes = [(o.status, o.reason) for o in plan.outcomes]
         transaction.on_commit(lambda: _outcomes_count(season.slug, outcomes))
     return ApplyResult(outcomes=plan.outcomes, leaderboard_version=published)
@@ -107,7 +117,8 @@ def _client_actor(client: ApiClient | None) -> Actor:
     return Actor(kind="api_client", id=str(client.pk), label=client.name)
 
 
-def _final_corrections_record(*, season: Season, plan: BatchPlan, actor: Actor, now: datetime) -> None:
+def _final_corrections_record(*, season: Season, plan: BatchPlan, actor: Actor, now: datetime,
+                              public_reason: str) -> None:
     """A change to a FINAL season is listed beside the FINAL and audited; the FINAL itself never changes."""
     reasons = {row.event.event_id: row.event.reason for row in plan.ledger_rows}
     pending = {row.event.event_id: row.pending_version for row in plan.ledger_rows}
@@ -116,6 +127,7 @@ def _final_corrections_record(*, season: Season, plan: BatchPlan, actor: Actor, 
             season=season, player_id=c.player_id, score_before=c.old_score, score_after=c.new_score,
             event_id=c.event_id, pending_version=pending.get(c.event_id),
             actor_label=actor.label, reason=reasons.get(c.event_id, ""), created_at=now,
+            actor_ref=actor.public_ref, public_reason=public_reason,
         )
         for c in plan.changes
     )

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from audit.services import staff_public_ref
 from leaderboard.api import schema as api_schema
 from leaderboard.api.errors import ApiError
 from leaderboard.api.params import int_param, player_id_param, season_id_param, season_not_found
@@ -25,6 +26,8 @@ from seasons.selectors import (
 )
 
 FINAL_PAGE_MAX = 1000
+# What the public list says of a correction whose approver gave no public reason.
+DEFAULT_PUBLIC_REASON = "score corrected after staff review"
 
 
 def _final_season(season_id: str) -> Season:
@@ -62,8 +65,9 @@ class FinalView(APIView):
             "content_hash": manifest.content_hash,
             "hash_algorithm": "sha256 over 'position\\trank\\tplayer_id\\tscore\\n' lines in position order",
             "total_players": manifest.total_players,
-            "proposed_by": candidate.proposed_by_label if candidate else None,
-            "approved_by": candidate.decided_by_label if candidate else None,
+            # Opaque staff ids: who proposed and approved is public, their names are not.
+            "proposed_by": staff_public_ref(candidate.proposed_by) if candidate and candidate.proposed_by else None,
+            "approved_by": staff_public_ref(candidate.decided_by) if candidate and candidate.decided_by else None,
             "manifest": {
                 "version": manifest.version,
                 "as_of": manifest.as_of,
@@ -128,7 +132,8 @@ class FinalCorrectionsView(APIView):
             "final_version": season.final_version,
             "corrections": [
                 {"player_id": c.player_id, "before": c.score_before, "after": c.score_after,
-                 "event_id": c.event_id, "version": c.pending_version, "who": c.actor_label, "why": c.reason,
+                 "event_id": c.event_id, "version": c.pending_version,
+                 "who": c.actor_ref or "staff", "why": c.public_reason or DEFAULT_PUBLIC_REASON,
                  "at": c.created_at}
                 for c in final_corrections_list(season=season)
             ],

@@ -112,6 +112,10 @@ class FinalCorrection(models.Model):
     pending_version = models.BigIntegerField(null=True)
     actor_label = models.CharField(max_length=200)
     reason = models.TextField()
+    # What the public list shows: an opaque actor id (Actor.public_ref) and the public
+    # reason; the user name and the internal reason above stay in the console.
+    actor_ref = models.CharField(max_length=64, blank=True)
+    public_reason = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField()
 
     class Meta:
@@ -167,6 +171,8 @@ class ScoreRevocation(models.Model):
     new_score = models.IntegerField()
     reason = models.CharField(max_length=500)
     evidence = models.TextField(blank=True)
+    # What the public FINAL corrections list says about it; reason and evidence stay in the console.
+    public_reason = models.CharField(max_length=200, blank=True)
     dispute = models.ForeignKey("Dispute", null=True, blank=True, on_delete=models.PROTECT,
                                 related_name="revocations")
     late_result = models.ForeignKey("leaderboard.LateResult", null=True, blank=True, on_delete=models.PROTECT,

@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from audit.selectors import staff_role_granters
 from audit.services import SYSTEM, Actor, audit_log
 from leaderboard import ledger_store, rankview
 from leaderboard.core.buckets import BucketLayout
@@ -285,6 +286,7 @@ def season_final_approve(*, candidate: FinalCandidate, actor: Actor, reason: str
             proposer_id=int(locked.proposed_by) if locked.proposed_by else None, approver_id=int(staff_id),
             reconciliation_ok=locked.reconciliation_ok, candidate_version=locked.version,
             published_version=season.published_version,
+            approver_granted_by=staff_role_granters(user_id=int(staff_id)),
         )
         if not check.ok:
             raise SeasonError(check.reason)

@@ -90,6 +90,11 @@ class RevocationProposeForm(forms.Form):
     reason = forms.CharField(max_length=MAX_REASON_LENGTH, widget=forms.Textarea(attrs={"rows": 2}))
     evidence = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False, max_length=10_000,
                                help_text="links, match ids, log excerpts")
+    public_reason = forms.CharField(
+        max_length=200, required=False, label="Public reason",
+        help_text="shown to everyone if this corrects a FINAL season (no names, no evidence); "
+                  "default: “score corrected after staff review”",
+    )
 
     def clean_player_id(self) -> str:
         return _player_id(self.cleaned_data["player_id"].strip())

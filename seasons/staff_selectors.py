@@ -34,6 +34,7 @@ from leaderboard.models import (
 )
 from leaderboard.redis_client import redis_get
 from seasons.models import Dispute, DisputeNote, FinalCandidate, FinalStanding, ScoreRevocation, Season
+from seasons.staff_services import ROLES
 
 log = logging.getLogger(__name__)
 
@@ -462,9 +463,9 @@ def player_score_get(*, season: Season, player_id: str) -> PlayerScore | None:
 
 
 def staff_users() -> QuerySet[Any]:
-    """Accounts that can use the console: members of a role group, or superusers."""
+    """Accounts that can use the console: members of a role group."""
     return (get_user_model().objects.filter(is_active=True)
-            .filter(Q(groups__name__in=["viewer", "reviewer", "approver"]) | Q(is_superuser=True))
+            .filter(groups__name__in=ROLES)
             .distinct().order_by("username"))
 
 

@@ -23,6 +23,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit.selectors import staff_role_granters
 from audit.services import Actor, audit_log
 from leaderboard.core.errors import DomainError
 from leaderboard.core.events import (
@@ -35,6 +36,7 @@ from leaderboard.core.events import (
     check_player_id,
 )
 from leaderboard.core.ledger import APPLIED
+from leaderboard.core.lifecycle import two_person_refusal
 from leaderboard.models import LateResult, PlayerScore, ReconciliationRun
 from leaderboard.ratelimit import rate_take, request_address
 from leaderboard.reconcile import reconciliation_run
@@ -123,11 +125,10 @@ def staff_roles_ensure() -> dict[str, Group]:
 
 
 def staff_role_of(user: Any) -> str | None:
-    """The highest role the user's groups give (superusers count as approvers)."""
+    """The highest role the user's groups give. Being a Django superuser gives none: a
+    superuser could make a second account, and the two-person rule would count two people."""
     if not getattr(user, "is_authenticated", False):
         return None
-    if user.is_superuser:
-        return "approver"
     names = set(user.groups.values_list("name", flat=True))
     return next((role for role in reversed(ROLES) if role in names), None)
 
@@ -338,7 +339,7 @@ def _player_state(season: Season, player_id: str) -> tuple[int | None, int]:
 
 def score_revocation_propose(
     *, season: Season, player_id: str, new_score: int, reason: str, actor: Actor, evidence: str = "",
-    dispute: Dispute | None = None, late_result: LateResult | None = None,
+    public_reason: str = "", dispute: Dispute | None = None, late_result: LateResult | None = None,
 ) -> ScoreRevocation:
     """Propose a corrected absolute score, based on the player's current score and version."""
     proposer_id = _user_id(actor)
@@ -347,6 +348,7 @@ def score_revocation_propose(
     # The reason travels into the ledger event, which holds at most 500 characters.
     reason = _text(reason, field="a reason", limit=MAX_REASON_LENGTH)
     evidence = _text(evidence, field="evidence", required=False, limit=10_000)
+    public_reason = _text(public_reason, field="public reason", required=False, limit=200)
     with transaction.atomic():
         if dispute is not None:
             dispute = _dispute_locked(dispute)
@@ -367,7 +369,8 @@ def score_revocation_propose(
         score_before, base_version = _player_state(season, player_id)
         revocation = ScoreRevocation.objects.create(
             season=season, player_id=player_id, score_before=score_before, base_version=base_version,
-            new_score=new_score, reason=reason, evidence=evidence, dispute=dispute, late_result=late_result,
+            new_score=new_score, reason=reason, evidence=evidence, public_reason=public_reason,
+            dispute=dispute, late_result=late_result,
             proposed_by_id=proposer_id, proposed_by_label=actor.label, proposed_at=timezone.now(),
         )
         if dispute is not None:
@@ -402,15 +405,42 @@ def _correction_time(season: Season, late_result: LateResult | None, now: dateti
     return max(min(now, season.cutoff), season.starts_at)
 
 
-def score_revocation_approve(
-    *, revocation: ScoreRevocation, actor: Actor, reason: str = "", rebase: bool = False
-) -> ApprovalResult:
+def score_revocation_rebase(*, revocation: ScoreRevocation, actor: Actor, reason: str = "") -> ScoreRevocation:
+    """Base a proposal on the player's state now, after the match service moved them.
+
+    Whoever rebases saw the new state and proposes the correction on it: they become its
+    proposer, so another staff member, who sees the same state, must approve it. (An
+    approver who rebased and approved alone would apply a correction on a state no second
+    person had looked at.)
+    """
+    rebaser_id = _user_id(actor)
+    reason = _text(reason, field="reason", required=False, limit=10_000)
+    with transaction.atomic():
+        locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(pk=revocation.pk)
+        if locked.status != ScoreRevocation.Status.PROPOSED:
+            raise StaffError(f"revocation {locked.pk} is {locked.status}")
+        before = {"score": locked.score_before, "score_version": locked.base_version,
+                  "proposed_by": locked.proposed_by_label}
+        locked.score_before, locked.base_version = _player_state(locked.season, locked.player_id)
+        locked.proposed_by_id, locked.proposed_by_label, locked.proposed_at = rebaser_id, actor.label, timezone.now()
+        locked.last_outcome, locked.last_outcome_detail = "", ""
+        locked.save(update_fields=["score_before", "base_version", "proposed_by", "proposed_by_label", "proposed_at",
+                                   "last_outcome", "last_outcome_detail"])
+        audit_log(actor=actor, action="revocation.rebased", target_type="revocation", target_id=str(locked.pk),
+                  season_slug=locked.season.slug, before=before,
+                  after={"score": locked.score_before, "score_version": locked.base_version,
+                         "proposed_by": locked.proposed_by_label},
+                  reason=reason)
+    return locked
+
+
+def score_revocation_approve(*, revocation: ScoreRevocation, actor: Actor, reason: str = "") -> ApprovalResult:
     """A second staff member approves: the correction goes through the ledger like any match result.
 
     The event's version is the proposal's base version + 1. When the match service moved
     the player meanwhile the ledger answers `stale`: nothing changes, the proposal stays
-    open with the new state shown, and the approver may retry with `rebase=True`, which
-    bases the correction on the player's version now (after looking at the new score).
+    open with the new state shown, and a staff member may re-propose it on the player's
+    state now (score_revocation_rebase), for another to approve.
     The ledger row, the revocation's state and the audit row commit together.
     """
     approver_id = _user_id(actor)
@@ -421,10 +451,12 @@ def score_revocation_approve(
             raise StaffError(f"revocation {locked.pk} is {locked.status}")
         if locked.proposed_by_id == approver_id:
             raise StaffError("nobody approves their own proposal: another approver must do it")
+        refusal = two_person_refusal(proposer_id=locked.proposed_by_id, approver_id=approver_id,
+                                     approver_granted_by=staff_role_granters(user_id=approver_id))
+        if refusal is not None:
+            raise StaffError(refusal)
         season = locked.season
         based_on = {"score": locked.score_before, "score_version": locked.base_version}
-        if rebase:
-            locked.score_before, locked.base_version = _player_state(season, locked.player_id)
         # The dispute before the late result, the season lock and the audit head (_dispute_locked).
         dispute = _dispute_locked(locked.dispute) if locked.dispute_id else None  # type: ignore[arg-type]
         late_result = (LateResult.objects.select_for_update().get(pk=locked.late_result_id)
@@ -439,7 +471,8 @@ def score_revocation_approve(
             best_score=locked.new_score, score_version=locked.base_version + 1,
             completed_at=_correction_time(season, late_result, now), kind=KIND_CORRECTION, reason=locked.reason,
         )
-        outcome = score_events_apply(season=season, events=[event], client=None, actor=actor).outcomes[0]
+        outcome = score_events_apply(season=season, events=[event], client=None, actor=actor,
+                                     public_reason=locked.public_reason).outcomes[0]
         locked.last_outcome = outcome.status
         if outcome.status == APPLIED:
             locked.status = ScoreRevocation.Status.APPLIED
@@ -464,7 +497,6 @@ def score_revocation_approve(
                   before=based_on,
                   after={"outcome": outcome.status, "event_id": event_id, "score": outcome.score,
                          "score_version": outcome.score_version, "pending_version": outcome.pending_version,
-                         "rebased_on": locked.base_version if rebase else None,
                          "proposed_by": locked.proposed_by_label},
                   reason=reason or locked.reason)
         if outcome.status == APPLIED:
@@ -524,7 +556,10 @@ def score_revocation_reject(*, revocation: ScoreRevocation, actor: Actor, reason
 
 
 def late_result_proposal_score(*, late_result: LateResult) -> int:
-    """What applying a late result means: the player's best as if it had arrived in time."""
+    """What applying a queued event means: for a late result, the player's best as if it
+    had arrived in time; for a held correction, the score it sets (even when lower)."""
+    if late_result.ledger_event.kind == KIND_CORRECTION:
+        return late_result.best_score
     current, _ = _player_state(late_result.season, late_result.player_id)
     return max(current or 0, late_result.best_score)
 

@@ -44,6 +44,7 @@ urlpatterns = [
     path("revocations/<int:revocation_id>/", disputes.revocation_page, name="revocation"),
     path("revocations/<int:revocation_id>/approve", disputes.revocation_approve_action, name="revocation-approve"),
     path("revocations/<int:revocation_id>/reject", disputes.revocation_reject_action, name="revocation-reject"),
+    path("revocations/<int:revocation_id>/rebase", disputes.revocation_rebase_action, name="revocation-rebase"),
     path("audit/", audit.audit, name="audit"),
     path("audit/export.csv", audit.audit_export, name="audit-export"),
     path("audit/verify", audit.audit_verify, name="audit-verify"),

@@ -28,7 +28,6 @@ from tests.support import (
     post_ok,
     publish,
     reader_of,
-    settle,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -46,7 +45,6 @@ class EpochInBackground:
         post_ok(post_scores, season, [ev.result("p0", 50)])
         publish(season)
         post_ok(post_scores, season, [ev.result("p0", 60)])
-        settle(season)
         self.r = materializer.redis_get()
         self.keys = keys_of(season)
         before = rankview.pointer_get(self.r, self.keys)
@@ -218,7 +216,6 @@ def test_an_epoch_due_while_the_lease_is_held_runs_when_the_holder_is_done(
     r, keys, before = running.r, running.keys, running.before
     running.published()
     post_ok(post_scores, season, [ev.result("p1", 5)])
-    settle(season)
     # The next tick finds the season held: it leaves a note instead of waiting a period.
     assert materializer.season_epoch_run(season=season).status == "skipped"
     result = running.result()

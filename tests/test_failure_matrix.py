@@ -47,13 +47,13 @@ from tests.support import (
     epoch,
     epoch_child_killed_inside_apply,
     full_check,
+    held_correction_approve,
     keys_of,
     post_ok,
     publish,
     reader_of,
     recovery_jobs,
     scores_at_watermark,
-    settle,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -198,7 +198,6 @@ class KillableSeason:
         self.scores = {p: (s + self.rnd.randint(100, 800)) % 1000 for p, s in self.scores.items()}
         apply_events(self.season, [event(p, s, next(self.versions), kind="correction")
                                    for p, s in self.scores.items()])
-        settle(self.season)
 
 
 def lease_expired_wait(season: Season) -> None:
@@ -370,7 +369,6 @@ def test_a_rebuild_coordinator_dying_around_the_pointer_swap(season_factory: Cal
     job = season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False)
 
     monkeypatch.setattr(rankview, "pointer_publish", dying_publish(when))
-    settle(season)
     with pytest.raises(CoordinatorDied):
         rebuild_run(job_id=job.pk)
     monkeypatch.undo()
@@ -410,7 +408,6 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
     post_ok(post_scores, season, [ev.result("p01", 999)])
     previous = publish(season)
     post_ok(post_scores, season, [ev.result("p02", 998), ev.correction("p03", 0), ev.result("new", 450)])
-    settle(season)
 
     # Coordinator A takes the lease; as it starts applying, its lease "expires" (deleted)
     # and coordinator B runs a whole epoch with a newer token and publishes.
@@ -453,7 +450,6 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
         lambda: season_epoch_run_locked(season=season, r=r, keys=keys, token=token_a),
     ]
     post_ok(post_scores, season, [ev.result("p06", 996)])
-    settle(season)
     for attempt in attempts:
         with pytest.raises(rankview.FenceLost):
             attempt()
@@ -604,7 +600,6 @@ def test_redis_flushed_under_read_load_answers_503_then_recovers_exactly(
         jobs = recovery_jobs(season)
         assert [(j.kind, j.status) for j in jobs] == [("recovery", "queued")]
         unavailable_before_recovery = load.unavailable
-        settle(season)
         job = rebuild_run(job_id=jobs[0].pk)
         assert job.status == RebuildJob.Status.PUBLISHED, (job.error, job.report)
         assert job.published_version == before + 1
@@ -699,17 +694,19 @@ def test_late_results_around_the_cutoff_and_the_seal(season_factory: Callable[..
     assert_matches_ledger(season, absent=["too-late", "early"])
 
     # After the seal: pre-cutoff results go to the late queue, never into the board; a
-    # post-cutoff one is rejected outright; a correction still applies.
+    # post-cutoff one is rejected outright; a correction waits in the queue for staff.
+    correction = event("straggler", 100, 2, kind="correction", completed_at=before)
     results = post_ok(post_scores, season, [
         event("late-new", 800, 1, completed_at=before), event("at-cutoff", 999, 2, completed_at=at),
-        event("late-post", 300, 1, completed_at=after),
-        event("straggler", 100, 2, kind="correction", completed_at=before),
+        event("late-post", 300, 1, completed_at=after), correction,
     ])
     assert [(r["status"], r.get("reason")) for r in results] == [
         ("rejected", "late_after_seal"), ("rejected", "late_after_seal"), ("rejected", "after_cutoff"),
-        ("applied", None)]
+        ("held", "correction_after_seal")]
     assert sorted(LateResult.objects.filter(season=season).values_list("player_id", "best_score", "status")) == [
-        ("at-cutoff", 999, "pending"), ("late-new", 800, "pending")]
+        ("at-cutoff", 999, "pending"), ("late-new", 800, "pending"), ("straggler", 100, "pending")]
+    assert epoch(season).status == "idle"  # held: nothing to publish
+    assert held_correction_approve(season, correction["event_id"]).applied
     assert publish(season) == version + 1
     assert_matches_ledger(season, absent=["too-late", "early", "late-new", "late-post"])
     assert reader_of(season).rank("at-cutoff").entry.score == 500  # type: ignore[union-attr]
@@ -754,7 +751,6 @@ def test_a_rebuild_whose_shadow_is_corrupted_is_refused(season_factory: Callable
         return shadow
 
     monkeypatch.setattr(rebuild, "_catch_up", corrupting)
-    settle(season)
     job = rebuild_run(job_id=job.pk)
     assert job.status == RebuildJob.Status.FAILED
     failed = {f["check"] for f in job.report["findings"] if not f["ok"]}  # type: ignore[index]

@@ -288,7 +288,8 @@ def test_a_revoked_champion_after_final_gets_a_corrected_version_and_final_never
     assert (audit.actor_type, audit.actor_label, audit.target_type, audit.target_id, audit.season_slug) == (
         "user", "rev-approver", "player", "champ", "revoked")
     assert audit.before == {"score": 1_000_000}
-    assert audit.after == {"score": 12, "score_version": revoke["score_version"], "event_id": approved_event}
+    assert audit.after == {"score": 12, "score_version": approval.revocation.base_version + 1,
+                           "event_id": approved_event}
     assert audit.reason == "revoked: account shared with a pro"
 
     # The FINAL itself: same rows, same hash, same bytes on every endpoint.

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from leaderboard.core.ledger import HELD_AFTER_SEAL
 from leaderboard.core.lifecycle import (
     ACCEPTING_STATES,
     LATE_AFTER_SEAL,
@@ -204,18 +205,18 @@ MATRIX = {
     ("CLOSING", "correction", BEFORE_START): REJECT_BEFORE_START,
     ("CLOSING", "correction", IN_SEASON): None,
     ("CLOSING", "correction", AFTER): REJECT_AFTER_CUTOFF,
-    # sealed: in-season results go to the late queue, corrections still apply
+    # sealed: in-season results go to the late queue, corrections are held for staff
     ("FINALIZING", "result", BEFORE_START): REJECT_BEFORE_START,
     ("FINALIZING", "result", IN_SEASON): LATE_AFTER_SEAL,
     ("FINALIZING", "result", AFTER): REJECT_AFTER_CUTOFF,
     ("FINALIZING", "correction", BEFORE_START): REJECT_BEFORE_START,
-    ("FINALIZING", "correction", IN_SEASON): None,
+    ("FINALIZING", "correction", IN_SEASON): HELD_AFTER_SEAL,
     ("FINALIZING", "correction", AFTER): REJECT_AFTER_CUTOFF,
     ("FINAL", "result", BEFORE_START): REJECT_BEFORE_START,
     ("FINAL", "result", IN_SEASON): LATE_AFTER_SEAL,
     ("FINAL", "result", AFTER): REJECT_AFTER_CUTOFF,
     ("FINAL", "correction", BEFORE_START): REJECT_BEFORE_START,
-    ("FINAL", "correction", IN_SEASON): None,
+    ("FINAL", "correction", IN_SEASON): HELD_AFTER_SEAL,
     ("FINAL", "correction", AFTER): REJECT_AFTER_CUTOFF,
 }
 
@@ -228,6 +229,18 @@ def test_the_matrix_covers_every_state_kind_and_time() -> None:
 def test_admission_matrix(state: str, kind: str, completed_at: datetime) -> None:
     assert admission_rejection(state=state, starts_at=START, cutoff=CUTOFF, completed_at=completed_at,
                                kind=kind) == MATRIX[(state, kind, completed_at)]
+
+
+@pytest.mark.parametrize("state", ["FINALIZING", "FINAL"])
+def test_after_the_seal_only_a_staff_approved_correction_is_admitted(state: str) -> None:
+    def admit(kind: str, staff_approved: bool) -> str | None:
+        return admission_rejection(state=state, starts_at=START, cutoff=CUTOFF, completed_at=IN_SEASON, kind=kind,
+                                   staff_approved=staff_approved)
+
+    assert admit("correction", False) == HELD_AFTER_SEAL
+    assert admit("correction", True) is None
+    # Staff approval is for corrections: a late result still waits in the queue.
+    assert admit("result", True) == LATE_AFTER_SEAL
 
 
 @pytest.mark.parametrize("state", ["OPEN", "CLOSING", "FINALIZING", "FINAL"])

@@ -45,7 +45,6 @@ from tests.support import (
     publish,
     reader_of,
     scores_at_watermark,
-    settle,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -89,7 +88,6 @@ def test_progress_is_persisted_with_rate_and_eta(season_factory: Callable[..., S
         row = RebuildJob.objects.get(pk=job.pk)
         rows.append((row.status, row.done, row.total))
 
-    settle(season)
     job = rebuild_run(job_id=job.pk, on_progress=on_progress)
     assert job.status == RebuildJob.Status.PUBLISHED, (job.error, job.report)
 
@@ -136,7 +134,6 @@ def test_one_active_job_per_season(season_factory: Callable[..., Season], post_s
     # Another season is independent.
     assert season_rebuild_start(season=other, actor=TEST_ACTOR, enqueue=False).status == "queued"
     # Once the first has finished, the slot is free again.
-    settle(season)
     assert rebuild_run(job_id=first.pk).status == "published"
     second = season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False)
     assert rebuild_run(job_id=second.pk).status == "published"
@@ -159,7 +156,6 @@ def test_the_task_is_idempotent_and_queued_on_commit(season_factory: Callable[..
     assert season_data_keys(season, f"r{job.pk}") == []
     RebuildJob.objects.filter(pk=job.pk).update(status=RebuildJob.Status.QUEUED)
 
-    settle(season)
     assert rebuild_run_task(job.pk) == "published"
     # A redelivery of the finished task does nothing either: no new version, same job.
     finished = RebuildJob.objects.get(pk=job.pk)
@@ -191,7 +187,6 @@ def test_a_rebuild_catches_up_with_writes_before_and_after_its_snapshot(
     # comparison, is caught up into the shadow too.
     post_ok(post_scores, season, [ev.result("p002", 998), ev.correction("p003", 0), ev.result("fresh", 500)])
     job = season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False)
-    settle(season)
     job = rebuild_run(job_id=job.pk, on_progress=writes_while_comparing([ev.result("p004", 997),
                                                                        ev.result("after", 1)]))
     assert job.status == "published", (job.error, job.report)
@@ -205,14 +200,12 @@ def test_a_rebuild_catches_up_with_writes_before_and_after_its_snapshot(
         # visible only once older transactions of the server have ended.)
         assert assert_matches_ledger(season) == 4
         assert epoch(season).status == "idle"
-    settle(season)
     assert epoch(season).status in ("idle", "published")
     assert_matches_ledger(season)
 
     # Writes made during the build or just before the comparison: the live version is
     # brought up to everything committed and the shadow caught up to the same point.
     job = season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False)
-    settle(season)
     job = rebuild_run(job_id=job.pk, on_progress=writes_while_comparing([ev.result("p005", 996),
                                                                        ev.correction("p004", 3)]))
     assert job.status == "published", (job.error, job.report)
@@ -223,7 +216,6 @@ def test_a_rebuild_catches_up_with_writes_before_and_after_its_snapshot(
     if not is_postgres():
         assert job.compared_version == version - 1  # type: ignore[operator]  # an epoch published them first
         assert reader_of(season).rank("p004").entry.score == 3  # type: ignore[union-attr]
-    settle(season)
     assert epoch(season).status in ("idle", "published")
     assert_matches_ledger(season)
 
@@ -250,7 +242,6 @@ def test_a_rebuild_compared_with_a_drifted_live_version_is_refused(season_factor
     r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket), {"p001": -950})
     r.hset(keys.lookup_of(live.copy, "p001"), "p001", 950)
     served = board_snapshot(season)
-    settle(season)
     job = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk)
     assert job.status == "failed"
     failed = {f["check"] for f in job.report["findings"] if not f["ok"]}  # type: ignore[index]
@@ -282,7 +273,6 @@ def test_a_failed_recovery_does_not_poison_the_next_one(season_factory: Callable
         return shadow
 
     monkeypatch.setattr("leaderboard.rebuild._catch_up", corrupting)
-    settle(season)
     failed = rebuild_run(job_id=job.pk)
     assert failed.status == "failed" and "bucket_counts" in failed.error, failed.error
     assert rankview.pointer_get(r, keys) is None
@@ -306,7 +296,6 @@ def test_the_command_rebuilds_in_the_foreground_with_a_progress_bar(season_facto
                                                                      post_scores: Post,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     season, _ = seeded(season_factory, post_scores, "cmd")
-    settle(season)
     call_command("rebuild_views", season.slug, "--reason", "drill")
     out = capsys.readouterr().out
     assert re.search(r"\[#{40}\] 100\.0%\s+120/120 ", out), out
@@ -390,7 +379,6 @@ def test_a_published_split_changes_the_layout_readers_use(season_factory: Callab
     assert job.kind == "split" and job.reason == "hot"
     with pytest.raises(RebuildError, match="only a ready shadow can be published"):
         rebuild_publish(job=job, actor=TEST_ACTOR)
-    settle(season)
     job = rebuild_run(job_id=job.pk)
     assert job.status == "ready" and job.published_version is None, (job.error, job.report)
     assert rankview.pointer_get(r, keys) == 2
@@ -398,7 +386,6 @@ def test_a_published_split_changes_the_layout_readers_use(season_factory: Callab
     # Epochs go on with the old layout; the shadow is caught up again at publication.
     post_ok(post_scores, season, [ev.correction("p010", 260), ev.correction("p011", 140), ev.result("new", 976)])
     assert publish(season) == 3
-    settle(season)
     job = rebuild_publish(job=job, actor=TEST_ACTOR, reason="approved")
     assert job.status == "published" and job.published_version == 4, (job.error, job.report)
     new_layout = BucketLayout.from_dict(job.layout)
@@ -422,7 +409,6 @@ def test_a_published_split_changes_the_layout_readers_use(season_factory: Callab
     assert publish(season) == 6 and current_manifest(season).copy == job.copy
     assert_matches_ledger(season)
     # A later rebuild keeps the split layout.
-    settle(season)
     again = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk)
     assert again.status == "published" and current_manifest(season).layout == new_layout
     assert_matches_ledger(season)
@@ -431,7 +417,6 @@ def test_a_published_split_changes_the_layout_readers_use(season_factory: Callab
 def test_discarding_a_split_drops_its_shadow(season_factory: Callable[..., Season], post_scores: Post) -> None:
     season, _ = seeded(season_factory, post_scores, "discard")
     served = board_snapshot(season)
-    settle(season)
     job = rebuild_run(job_id=season_split_propose(season=season, actor=TEST_ACTOR, split_points=[50]).pk)
     assert job.status == "ready"
     assert season_data_keys(season, job.copy) and season_data_keys(season, f"{job.copy}b")
@@ -480,7 +465,6 @@ def test_a_comparison_longer_than_the_lease_ttl_still_publishes(season_factory: 
         job = RebuildJob.objects.get(season=season, kind="recovery")
     else:
         job = season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False)
-    settle(season)
     job = rebuild_run(job_id=job.pk)
     assert job.status == "published", (job.error, job.report)
     assert r.get(keys.lease) is None  # released at the end
@@ -502,11 +486,9 @@ def test_a_score_the_build_saw_change_after_its_watermark_does_not_fail_the_comp
             write_once_the_scan_started.done = 1  # type: ignore[attr-defined]
             post_ok(post_scores, season, [ev.result("p002", 998), ev.correction("p003", 4), ev.result("joined", 7)])
 
-    settle(season)
     job = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk,
                       on_progress=write_once_the_scan_started)
     assert job.status == "published", (job.error, job.report)
-    settle(season)
     assert epoch(season).status in ("idle", "published")
     assert_matches_ledger(season)
 
@@ -526,6 +508,5 @@ def test_a_recovery_under_writes_publishes(season_factory: Callable[..., Season]
         return real(**kwargs)
 
     monkeypatch.setattr(rebuild_module, "version_reconcile", writes_meanwhile)
-    settle(season)
     job = rebuild_run(job_id=job.pk)
     assert job.status == "published", job.error

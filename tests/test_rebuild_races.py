@@ -40,7 +40,6 @@ from tests.support import (
     post_ok,
     publish,
     recovery_jobs,
-    settle,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -55,7 +54,6 @@ def ready_split(season_factory: Callable[..., Season], post_scores: Post, slug: 
     publish(season)
     post_ok(post_scores, season, [ev.result("p001", 999)])
     publish(season)
-    settle(season)
     job = rebuild_run(job_id=season_split_propose(season=season, actor=TEST_ACTOR, split_points=[150, 550]).pk)
     assert job.status == RebuildJob.Status.READY, (job.error, job.report)
     return season, job

@@ -10,20 +10,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import (
-    DatabaseError,
-    connection,  # noqa: F401 (requires_postgres evaluates "connection.vendor" here)
-    transaction,
-)
+from django.db import DatabaseError, transaction
 from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from rest_framework.test import APIClient
 
 from leaderboard.core.events import events_parse
-from leaderboard.models import ApiClient, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
+from leaderboard.models import ApiClient, LateResult, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
 from leaderboard.services import api_token_hash, score_events_apply
 from seasons.models import Season
-from tests.conftest import SEASON_CUTOFF, SEASON_START, requires_postgres
+from tests.conftest import SEASON_CUTOFF, SEASON_START
 from tests.reference import Script, as_json, event_scripts, reference_run, season_rejection
 
 URL = "/internal/v1/seasons/{}/scores:apply"
@@ -282,7 +278,7 @@ def test_completed_at_offset_and_microseconds_are_stored_as_the_same_instant(
     assert ScoreEvent.objects.get().completed_at == datetime(2026, 11, 15, 17, 30, 0, 123456, tzinfo=UTC)
 
 
-@requires_postgres
+@pytest.mark.postgres
 def test_completed_at_with_an_offset_postgresql_cannot_parse_is_applied_at_its_instant(
     season: Season, post_scores: Post, event_factory: EventFactory
 ) -> None:
@@ -393,18 +389,22 @@ def test_result_after_ingest_seal_is_held_out_of_the_board(
     assert ScoreChange.objects.count() == 1
 
 
-def test_correction_is_admitted_after_final(
+def test_a_correction_after_the_seal_is_held_for_staff_and_changes_nothing(
     season: Season, post_scores: Post, event_factory: EventFactory
 ) -> None:
     post_scores(season.slug, event_factory(player_id="champ", best_score=900, score_version=1))
     Season.objects.filter(pk=season.pk).update(state="FINAL")
-    result = post_scores(
-        season.slug,
-        event_factory(event_id="revoke", player_id="champ", best_score=0, score_version=2,
-                      kind="correction", reason="revoked champion"),
-    ).json()["results"][0]
-    assert (result["status"], result["score"]) == ("applied", 0)
-    assert score_of(season, "champ") == (0, 2)
+    revoke = event_factory(event_id="revoke", player_id="champ", best_score=0, score_version=2,
+                           kind="correction", reason="revoked champion")
+    result = post_scores(season.slug, revoke).json()["results"][0]
+    assert (result["status"], result["reason"], result["pending_version"]) == ("held", "correction_after_seal", None)
+    assert score_of(season, "champ") == (900, 1)
+    queued = LateResult.objects.get(season=season)
+    assert (queued.player_id, queued.best_score, queued.ledger_event.kind) == ("champ", 0, "correction")
+    # A retry is answered from the ledger: held once, never queued twice.
+    again = post_scores(season.slug, revoke).json()["results"][0]
+    assert (again["status"], again["first_status"]) == ("duplicate", "held")
+    assert LateResult.objects.filter(season=season).count() == 1
 
 
 def test_closing_season_still_accepts_pre_cutoff_results(
@@ -436,7 +436,7 @@ def test_updating_a_ledger_row_is_refused_by_the_database(
     assert ScoreEvent.objects.get(event_id="e").status == "applied"
 
 
-@requires_postgres
+@pytest.mark.postgres
 def test_deleting_a_ledger_row_is_refused_on_postgres(
     season: Season, post_scores: Post, event_factory: EventFactory
 ) -> None:

@@ -14,6 +14,7 @@ from django.core.management import CommandError, call_command
 from audit.models import AuditEntry
 from leaderboard.core.lifecycle import SeasonState
 from seasons.models import FinalCandidate, FinalStanding, Season
+from seasons.staff_services import staff_roles_ensure
 from tests.support import Events, closing_season, current_manifest, final_rows, in_season, materialize, post_ok
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -35,9 +36,29 @@ def state(slug: str) -> str:
 @pytest.fixture
 def users(db: Any) -> None:
     model = get_user_model()
-    for name in ("alice", "bob"):
-        model.objects.create_user(username=name)
+    groups = staff_roles_ensure()
+    for name, role in (("alice", "approver"), ("bob", "approver"), ("vic", "viewer")):
+        model.objects.create_user(username=name).groups.add(groups[role])
+    model.objects.create_user(username="nobody")
     model.objects.create_user(username="gone", is_active=False)
+
+
+def test_as_names_a_staff_member_whose_role_allows_the_action(
+    season_factory: SeasonFactory, users: None, post_scores: Post
+) -> None:
+    season = closing_season(season_factory, "perm")
+    post_ok(post_scores, season, [Events("perm", in_season(season)).result("x", 1)])
+    with pytest.raises(CommandError, match=r"vic \(viewer\) may not seal"):
+        run("perm", "seal", "--as", "vic")
+    run("perm", "seal")
+    materialize(season)
+    run("perm", "candidate")
+    with pytest.raises(CommandError, match=r"nobody \(no staff role\) may not propose"):
+        run("perm", "propose", "--as", "nobody")
+    run("perm", "propose", "--as", "alice")
+    with pytest.raises(CommandError, match=r"vic \(viewer\) may not approve"):
+        run("perm", "approve", "--as", "vic")
+    assert state("perm") == SeasonState.FINALIZING
 
 
 def test_open_and_close_by_hand_with_audit_rows(season_factory: SeasonFactory, users: None) -> None:

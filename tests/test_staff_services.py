@@ -30,6 +30,7 @@ from seasons.staff_services import (
     late_result_proposal_score,
     score_revocation_approve,
     score_revocation_propose,
+    score_revocation_rebase,
     score_revocation_reject,
     staff_role_of,
     staff_user_create,
@@ -220,14 +221,34 @@ def test_a_stale_approval_changes_nothing_reports_why_and_can_be_retried(
     assert (revocation.status, revocation.last_outcome, revocation.attempts) == ("proposed", "stale", 1)
     assert audit_actions(season, since=start) == ["revocation.approval_failed"]
 
-    retried = score_revocation_approve(revocation=revocation, actor=approver, rebase=True)
+    # Whoever re-proposes it on the new state becomes its proposer: a second person approves.
+    rebased = score_revocation_rebase(revocation=revocation, actor=approver, reason="still a bug")
+    assert (rebased.base_version, rebased.score_before, rebased.proposed_by_label) == (
+        newer, 1200, people["approver"].username)
+    with pytest.raises(StaffError, match="nobody approves their own proposal"):
+        score_revocation_approve(revocation=revocation, actor=approver)
+    retried = score_revocation_approve(revocation=revocation, actor=actor_of(people["approver2"]))
     assert retried.applied
     assert PlayerScore.objects.get(season=season, player_id="alice").score == 10
     revocation.refresh_from_db()
-    assert (revocation.base_version, revocation.score_before, revocation.event_id) == (
-        newer, 1200, f"staff-revocation-{revocation.pk}-2")
-    last = audit_rows(season)[-1]
-    assert last.action == "revocation.approved" and (last.after or {})["rebased_on"] == newer
+    assert revocation.event_id == f"staff-revocation-{revocation.pk}-2"
+    assert audit_actions(season)[-2:] == ["revocation.rebased", "revocation.approved"]
+    rebase_row = audit_rows(season)[-2]
+    assert (rebase_row.before or {})["score_version"] == based_on
+    assert (rebase_row.after or {})["score_version"] == newer
+
+
+def test_an_approver_whose_role_the_proposer_granted_is_no_second_person(
+    open_season: Any, people: dict[str, Any], fast_passwords: None
+) -> None:
+    season, _ = open_season
+    proposer = actor_of(people["approver"])
+    # The proposer makes a second account and gives it the approver role.
+    sock, _ = staff_user_create(username="sock-puppet", role="approver", password="x" * 12, actor=proposer)
+    revocation = score_revocation_propose(season=season, player_id="alice", new_score=1, reason="r", actor=proposer)
+    with pytest.raises(StaffError, match="the proposer granted the approver's role"):
+        score_revocation_approve(revocation=revocation, actor=actor_of(sock))
+    assert score_revocation_approve(revocation=revocation, actor=actor_of(people["approver2"])).applied
 
 
 def test_a_rejected_revocation_sends_its_dispute_back_to_the_queue(open_season: Any, people: dict[str, Any]) -> None:

@@ -257,7 +257,7 @@ def test_a_dispute_is_resolved_by_a_revocation_another_approver_approves(world: 
 
 
 @pytest.mark.django_db
-def test_nobody_approves_their_own_proposal_and_a_stale_approval_offers_a_retry(
+def test_nobody_approves_their_own_proposal_and_a_stale_approval_offers_a_re_proposal(
     world: dict[str, Any], client_as: Any, post_scores: Post
 ) -> None:
     season = world["season"]
@@ -280,11 +280,17 @@ def test_nobody_approves_their_own_proposal_and_a_stale_approval_offers_a_retry(
     assert message.startswith("Not applied. stale: the match service moved alice")
     assert PlayerScore.objects.get(season=season, player_id="alice").score == 990
     page = second.get(f"/staff/revocations/{revocation.pk}/").content.decode()
-    assert 'id="retry-form"' in page and f"Retry on the current version ({world['events'].versions['alice']})" in page
-    retried = second.post(f"/staff/revocations/{revocation.pk}/approve", {"rebase": "1", "reason": "still wrong"})
-    assert follow_messages(second, retried)[0].startswith("Approved")
+    assert 'id="retry-form"' in page
+    assert f"Re-propose on the current version ({world['events'].versions['alice']})" in page
+    rebased = second.post(f"/staff/revocations/{revocation.pk}/rebase", {"reason": "still wrong"})
+    assert "another approver must approve it" in follow_messages(second, rebased)[-1]
+    # The re-proposal is ben's now: ann, who sees the same new state, approves it.
+    assert b'id="own-proposal"' in second.get(f"/staff/revocations/{revocation.pk}/").content
+    approved = first.post(f"/staff/revocations/{revocation.pk}/approve")
+    assert follow_messages(first, approved)[-1].startswith("Approved")
     assert PlayerScore.objects.get(season=season, player_id="alice").score == 5
-    assert audit_actions(season)[-3:] == ["revocation.proposed", "revocation.approval_failed", "revocation.approved"]
+    assert audit_actions(season)[-4:] == ["revocation.proposed", "revocation.approval_failed", "revocation.rebased",
+                                          "revocation.approved"]
 
 
 @pytest.mark.django_db
@@ -529,3 +535,14 @@ def test_final_is_proposed_and_approved_by_two_people_and_the_player_page_explai
     assert "not ranked in version" in nobody and "not in the FINAL standings" in nobody
     assert reviewer.get(f"/staff/seasons/{season.slug}/players/?player_id=ann")["Location"] == \
         f"/staff/seasons/{season.slug}/players/ann/"
+
+
+@pytest.mark.django_db
+def test_a_season_id_outside_the_id_rule_in_a_console_query_is_no_season(client_as: Any) -> None:
+    approver = client_as("approver")
+    page = approver.get("/staff/revocations/new", {"season": "bad\x00id"})
+    assert page.status_code == 200
+    refused = approver.post("/staff/revocations/new", {"season": "bad\x00id", "player_id": "alice",
+                                                       "new_score": "5", "reason": "r"})
+    assert refused.status_code in (200, 302)
+    assert not ScoreRevocation.objects.exists()

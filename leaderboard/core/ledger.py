@@ -17,9 +17,15 @@ APPLIED = "applied"
 UNCHANGED = "unchanged"
 STALE = "stale"
 REJECTED = "rejected"
+# Recorded but not applied: it waits for staff approval (a correction after the seal).
+HELD = "held"
 DUPLICATE = "duplicate"
 CONFLICT = "conflict"
-RECORDED_STATUSES = (APPLIED, UNCHANGED, STALE, REJECTED)
+RECORDED_STATUSES = (APPLIED, UNCHANGED, STALE, REJECTED, HELD)
+# The admission reason under which an event is held instead of refused: a correction
+# that arrives once ingest is sealed never changes the board by itself; staff review it
+# (who, when, evidence) and approve it through the two-person revocation flow.
+HELD_AFTER_SEAL = "correction_after_seal"
 ALL_STATUSES = RECORDED_STATUSES + (DUPLICATE, CONFLICT)
 
 
@@ -218,6 +224,8 @@ def _decide(
     pending_version: int,
 ) -> tuple[str, str, int | None]:
     why = rejection(event)
+    if why == HELD_AFTER_SEAL:
+        return HELD, why, None
     if why is not None:
         return REJECTED, why, None
     if before is not None and event.score_version <= before.score_version:

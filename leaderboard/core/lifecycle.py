@@ -8,11 +8,13 @@ write lock and write the audit rows; this module only says what is allowed and w
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
 from leaderboard.core.errors import DomainError
+from leaderboard.core.ledger import HELD_AFTER_SEAL
 
 
 class SeasonState(StrEnum):
@@ -92,15 +94,18 @@ def due_transition(*, state: str, now: datetime, starts_at: datetime, cutoff: da
 
 
 def admission_rejection(
-    *, state: str, starts_at: datetime, cutoff: datetime, completed_at: datetime, kind: str = "result"
+    *, state: str, starts_at: datetime, cutoff: datetime, completed_at: datetime, kind: str = "result",
+    staff_approved: bool = False,
 ) -> str | None:
     """Why a season does not admit an event into the board now, or None when it does.
 
     Decided on the trusted completed_at, never on arrival time: a result that ended
     before the cutoff and arrives late is still eligible while ingest is open, and goes
     to the late-results queue (LATE_AFTER_SEAL) once ingest is sealed. Corrections
-    (revocations, won disputes) are admitted until and after FINAL: they produce a
-    corrected version and never rewrite the FINAL standings.
+    (revocations, won disputes) are admitted until the seal; from the seal on, one from
+    the write API is held for staff (HELD_AFTER_SEAL), and one that staff approved is
+    admitted, also after FINAL: it produces a corrected version and never rewrites the
+    FINAL standings.
     """
     if state == SeasonState.SCHEDULED:
         return REJECT_NOT_OPEN
@@ -109,7 +114,7 @@ def admission_rejection(
     if completed_at < starts_at:
         return REJECT_BEFORE_START
     if kind == "correction":
-        return None
+        return HELD_AFTER_SEAL if state in SEALED_STATES and not staff_approved else None
     if state in SEALED_STATES:
         return LATE_AFTER_SEAL
     if state not in ACCEPTING_STATES:
@@ -123,13 +128,29 @@ class ApprovalCheck:
     reason: str = ""
 
 
+def two_person_refusal(*, proposer_id: int, approver_id: int, approver_granted_by: Collection[int] = ()) -> str | None:
+    """Why the approver is not a second person for this proposal, or None.
+
+    Whoever created the approver's account or gave it its role could otherwise make a
+    second account and approve their own proposals with it.
+    """
+    if proposer_id == approver_id:
+        return "the proposer cannot approve their own proposal"
+    if proposer_id in approver_granted_by:
+        return "the proposer granted the approver's role: a third staff member must approve"
+    return None
+
+
 def approval_check(*, proposer_id: int | None, approver_id: int, reconciliation_ok: bool,
-                   candidate_version: int, published_version: int) -> ApprovalCheck:
+                   candidate_version: int, published_version: int,
+                   approver_granted_by: Collection[int] = ()) -> ApprovalCheck:
     """The two-person rule and what else must hold before a candidate becomes FINAL."""
     if proposer_id is None:
         return ApprovalCheck(False, "the candidate has not been proposed")
-    if proposer_id == approver_id:
-        return ApprovalCheck(False, "the proposer cannot approve their own proposal")
+    refusal = two_person_refusal(proposer_id=proposer_id, approver_id=approver_id,
+                                 approver_granted_by=approver_granted_by)
+    if refusal is not None:
+        return ApprovalCheck(False, refusal)
     if not reconciliation_ok:
         return ApprovalCheck(False, "the candidate's reconciliation failed")
     if candidate_version != published_version:

@@ -19,6 +19,7 @@ from leaderboard.models import LateResult
 from seasons import staff_forms as f
 from seasons import staff_selectors as sel
 from seasons.models import Dispute, ScoreRevocation, Season
+from seasons.selectors import season_get
 from seasons.staff_services import (
     StaffError,
     dispute_assign,
@@ -29,6 +30,7 @@ from seasons.staff_services import (
     late_result_proposal_score,
     score_revocation_approve,
     score_revocation_propose,
+    score_revocation_rebase,
     score_revocation_reject,
     staff_actor,
 )
@@ -149,7 +151,7 @@ def _revocation_form(request: HttpRequest, *, season: Season | None, initial: di
         form.fields["player_id"].disabled = True
     chosen = season
     if season is None:
-        chosen = Season.objects.filter(slug=request.POST.get("season") or request.GET.get("season")).first()
+        chosen = season_get(slug=request.POST.get("season") or request.GET.get("season") or "")
 
     def page() -> HttpResponse:
         current = None
@@ -169,7 +171,8 @@ def _revocation_form(request: HttpRequest, *, season: Season | None, initial: di
             raise StaffError("choose a season")
         revocation = score_revocation_propose(
             season=chosen, player_id=data["player_id"], new_score=data["new_score"], reason=data["reason"],
-            evidence=data["evidence"], actor=staff_actor(request.user), dispute=dispute, late_result=late_result,
+            evidence=data["evidence"], public_reason=data["public_reason"], actor=staff_actor(request.user),
+            dispute=dispute, late_result=late_result,
         )
         return Done(f"Revocation {revocation.pk} proposed; another approver must approve it",
                     then=reverse("staff:revocation", args=[revocation.pk]))
@@ -218,13 +221,27 @@ def revocation_approve_action(request: HttpRequest, revocation_id: int) -> HttpR
 
     def approve(data: dict[str, Any]) -> Done:
         result = score_revocation_approve(revocation=revocation, actor=staff_actor(request.user),
-                                          reason=data["reason"], rebase=request.POST.get("rebase") == "1")
+                                          reason=data["reason"])
         if result.applied:
             return Done(f"Approved and written to the ledger: {result.detail}")
-        # Not an error of the console: the ledger refused (usually stale); the page offers a retry.
+        # Not an error of the console: the ledger refused (usually stale); the page offers a re-proposal.
         return Done(f"Not applied. {result.detail}", level=messages.WARNING)
 
     return act(request, f.OptionalReasonForm(request.POST), approve,
+               back=reverse("staff:revocation", args=[revocation_id]))
+
+
+@require_POST
+@staff_required("revocation_propose")
+def revocation_rebase_action(request: HttpRequest, revocation_id: int) -> HttpResponse:
+    revocation = _revocation(revocation_id)
+
+    def rebase(data: dict[str, Any]) -> str:
+        rebased = score_revocation_rebase(revocation=revocation, actor=staff_actor(request.user), reason=data["reason"])
+        return (f"Revocation {rebased.pk} re-proposed on version {rebased.base_version} "
+                f"(score {rebased.score_before}); another approver must approve it")
+
+    return act(request, f.OptionalReasonForm(request.POST), rebase,
                back=reverse("staff:revocation", args=[revocation_id]))
 
 
@@ -264,11 +281,15 @@ def _late(slug: str, late_id: int) -> LateResult:
 @GET_OR_POST
 @staff_required("revocation_propose")
 def late_result_apply(request: HttpRequest, slug: str, late_id: int) -> HttpResponse:
-    """Apply a late result through the two-person correction flow, prefilled with max(current, late)."""
+    """Apply a queued event through the two-person correction flow: a late result prefilled
+    with max(current, late), a held correction with the score it sets and its reason."""
     late = _late(slug, late_id)
+    event = late.ledger_event
+    what = (f"held correction {event.event_id} ({event.reason})" if event.kind == "correction"
+            else f"late result {event.event_id} (completed {late.completed_at:%Y-%m-%d %H:%M:%S} UTC, "
+                 f"best {late.best_score})")
     initial = {"player_id": late.player_id, "new_score": late_result_proposal_score(late_result=late),
-               "reason": f"late result {late.ledger_event.event_id} (completed {late.completed_at:%Y-%m-%d %H:%M:%S}"
-                         f" UTC, best {late.best_score}) applied after the seal"[:500]}
+               "reason": f"{what} applied after the seal"[:500]}
     return _revocation_form(request, season=late.season, initial=initial, late_result=late,
                             back=reverse("staff:late-results", args=[slug]))
 

@@ -54,7 +54,6 @@ from tests.support.writes import (
     players,
     post_ok,
     scores_at_watermark,
-    settle,
     statuses,
 )
 
@@ -67,6 +66,6 @@ __all__ = [
     "child_database_url", "child_env", "closing_season", "copy_contents", "current_manifest", "db_scores",
     "db_standings", "epoch", "epoch_child", "epoch_child_killed_inside_apply", "fast_get", "final_rows", "finalize",
     "full_check", "in_season", "is_postgres", "iso", "keys_of", "materialize", "players", "post_ok",
-    "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build", "settle", "staff",
+    "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build", "staff",
     "statuses",
 ]

@@ -20,7 +20,7 @@ from leaderboard.materializer import EpochResult, season_epoch_run, season_keys
 from leaderboard.redis_client import redis_get
 from leaderboard.selectors import leaderboard_reader
 from seasons.models import Season
-from tests.support.writes import change_head, db_standings, settle
+from tests.support.writes import change_head, db_standings
 
 # Eleven buckets: ten of 100 points for the scores these tests use, then the rest.
 NARROW = BucketLayout(layout_id=1, lower_bounds=tuple(range(0, 1001, 100)))
@@ -53,8 +53,7 @@ def current_manifest(season: Season) -> Manifest:
 
 
 def epoch(season: Season) -> EpochResult:
-    """One epoch, once every change committed so far can be seen; whatever its outcome."""
-    settle(season)
+    """One epoch over every change committed so far, whatever its outcome."""
     return season_epoch_run(season=season)
 
 

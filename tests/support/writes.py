@@ -4,7 +4,6 @@ for bulk set-up), and reading back what the ledger holds."""
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -118,25 +117,3 @@ def scores_at_watermark(season: Season, watermark: tuple[int, int]) -> dict[str,
         if seen is None or version > seen[1]:
             newest[player_id] = (score, version)
     return {p: s for p, (s, _) in newest.items()}
-
-
-def settle(season: Season, *, timeout: float = 120.0) -> None:
-    """Wait until every committed change of the season is visible to the change stream.
-
-    On PostgreSQL the stream returns a change only once every older transaction of the
-    whole server has ended (selectors.score_changes_after), so unrelated sessions on the
-    same server (another test run, a benchmark) delay it by their transactions' length.
-    Waiting here keeps the tests exact about which version holds what. SQLite: no wait.
-    """
-    if not is_postgres():
-        return
-    head = change_head(season)
-    deadline = time.monotonic() + timeout
-    while True:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-            xmin = int(cursor.fetchone()[0])
-        if xmin > head[0]:
-            return
-        assert time.monotonic() < deadline, f"transaction {head[0]} still not visible after {timeout} s"
-        time.sleep(0.01)

@@ -19,8 +19,15 @@ from seasons.services import (
     season_seal_ingest,
     season_transition,
 )
+from seasons.staff_services import ROLE_PERMISSIONS, staff_role_of
 
 ACTIONS = ("open", "close", "seal", "candidate", "propose", "approve", "reject")
+# The console permission each action needs of the staff member named by --as: the command
+# acts as that person, so it checks what the console would.
+ACTION_PERMISSIONS = {
+    "open": "season_transition", "close": "season_transition", "seal": "season_transition",
+    "candidate": "final_propose", "propose": "final_propose", "approve": "final_approve", "reject": "final_approve",
+}
 
 
 class Command(BaseCommand):
@@ -36,8 +43,8 @@ class Command(BaseCommand):
         season = season_get(slug=options["slug"])
         if season is None:
             raise CommandError(f"no season {options['slug']!r}")
-        actor = self._actor(options["username"])
         action = options["action"]
+        actor = self._actor(options["username"], action)
         try:
             if action == "open":
                 season = season_transition(season=season, target=SeasonState.OPEN, actor=actor,
@@ -66,12 +73,16 @@ class Command(BaseCommand):
         season.refresh_from_db()
         self.stdout.write(f"{season.slug}: {season.state}")
 
-    def _actor(self, username: str | None) -> Actor:
+    def _actor(self, username: str | None, action: str) -> Actor:
         if not username:
             return Actor(kind="system", id="", label="manage.py season_lifecycle")
         user = get_user_model().objects.filter(username=username, is_active=True).first()
         if user is None:
             raise CommandError(f"no active user {username!r}")
+        role = staff_role_of(user)
+        if ACTION_PERMISSIONS[action] not in ROLE_PERMISSIONS.get(role or "", ()):
+            raise CommandError(f"{username} ({role or 'no staff role'}) may not {action}: "
+                               f"that needs a role with {ACTION_PERMISSIONS[action]}")
         return Actor(kind="user", id=str(user.pk), label=user.get_username())
 
     def _candidate(self, season_id: int, action: str) -> FinalCandidate:
