@@ -321,3 +321,42 @@ class SeasonSample(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["season", "slot"], name="season_sample_one_per_tick")]
         indexes = [models.Index(fields=["sampled_at"], name="season_sample_by_time")]
+
+
+class PlayerProfile(models.Model):
+    """A player's server-side profile, written by the trusted profile service with a
+    per-player version (like score events): the region every regional board reads."""
+
+    player_id = models.CharField(max_length=64, primary_key=True)
+    # 1..16 of [a-z0-9-], or None: no region.
+    region = models.CharField(max_length=16, null=True, blank=True)
+    profile_version = models.BigIntegerField()
+    updated_at = models.DateTimeField()
+
+
+class PlayerProfileChange(models.Model):
+    """Every accepted profile write (applied or unchanged), append-only: a player's region history."""
+
+    player_id = models.CharField(max_length=64)
+    old_region = models.CharField(max_length=16, null=True, blank=True)
+    region = models.CharField(max_length=16, null=True, blank=True)
+    profile_version = models.BigIntegerField()
+    client = models.ForeignKey(ApiClient, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["player_id", "id"], name="profile_change_by_player")]
+
+
+class FriendList(models.Model):
+    """A player's friends as the social service last wrote them (graph_version only moves forward).
+
+    The friends board is computed per request from one published version: nothing is
+    kept per player in Redis, so a score change costs nothing per friend.
+    """
+
+    player_id = models.CharField(max_length=64, primary_key=True)
+    friends = models.JSONField(default=list)
+    graph_version = models.BigIntegerField()
+    updated_at = models.DateTimeField()
+

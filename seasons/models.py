@@ -37,6 +37,13 @@ class Season(models.Model):
     ingest_watermark_id = models.BigIntegerField(null=True, blank=True)
     final_version = models.BigIntegerField(null=True, blank=True)
     finalized_at = models.DateTimeField(null=True, blank=True)
+    # The season's fixed set of regions (docs/rules.md, Regional and friends boards): each
+    # has its own board; set at creation, changeable only while the season is SCHEDULED.
+    regions = models.JSONField(default=list, blank=True)
+    # How equal scores are ordered: "shared" (ties share a rank, display by player id) or
+    # "first_reached" (who reached the score first ranks ahead; fixed at creation).
+    tie_break = models.CharField(max_length=16, choices=[("shared", "shared"), ("first_reached", "first_reached")],
+                                 default="shared")
 
     class Meta:
         ordering = ["-starts_at", "slug"]
