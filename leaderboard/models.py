@@ -328,8 +328,8 @@ class PlayerProfile(models.Model):
     per-player version (like score events): the region every regional board reads."""
 
     player_id = models.CharField(max_length=64, primary_key=True)
-    # 1..16 of [a-z0-9-], or None: no region.
-    region = models.CharField(max_length=16, null=True, blank=True)
+    # 1..16 of [a-z0-9-]; "" for no region (null in the API).
+    region = models.CharField(max_length=16, blank=True, default="")
     profile_version = models.BigIntegerField()
     updated_at = models.DateTimeField()
 
@@ -338,8 +338,8 @@ class PlayerProfileChange(models.Model):
     """Every accepted profile write (applied or unchanged), append-only: a player's region history."""
 
     player_id = models.CharField(max_length=64)
-    old_region = models.CharField(max_length=16, null=True, blank=True)
-    region = models.CharField(max_length=16, null=True, blank=True)
+    old_region = models.CharField(max_length=16, blank=True, default="")
+    region = models.CharField(max_length=16, blank=True, default="")
     profile_version = models.BigIntegerField()
     client = models.ForeignKey(ApiClient, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     recorded_at = models.DateTimeField()

@@ -26,7 +26,7 @@ class Migration(migrations.Migration):
             name='PlayerProfile',
             fields=[
                 ('player_id', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('region', models.CharField(blank=True, max_length=16, null=True)),
+                ('region', models.CharField(blank=True, default="", max_length=16)),
                 ('profile_version', models.BigIntegerField()),
                 ('updated_at', models.DateTimeField()),
             ],
@@ -36,8 +36,8 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('player_id', models.CharField(max_length=64)),
-                ('old_region', models.CharField(blank=True, max_length=16, null=True)),
-                ('region', models.CharField(blank=True, max_length=16, null=True)),
+                ('old_region', models.CharField(blank=True, default="", max_length=16)),
+                ('region', models.CharField(blank=True, default="", max_length=16)),
                 ('profile_version', models.BigIntegerField()),
                 ('recorded_at', models.DateTimeField()),
                 ('client', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='leaderboard.apiclient')),
