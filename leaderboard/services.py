@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from audit.services import Actor, audit_log
 from leaderboard import ledger_store
+from leaderboard.core.errors import DomainError
 from leaderboard.core.events import ScoreEvent
 from leaderboard.core.ledger import HELD, REJECTED, BatchPlan, Outcome, batch_plan
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
@@ -24,8 +25,13 @@ from seasons.models import FinalCorrection, Season
 log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "lbk_"
-# scores:write: the match-results service; disputes:write: a support tool filing disputes.
-KNOWN_SCOPES = frozenset({"scores:write", "disputes:write"})
+# scores:write: the match-results service; disputes:write: a support tool filing disputes;
+# profiles:write: the profile service (players' regions); social:write: the social service (friend lists).
+KNOWN_SCOPES = frozenset({"scores:write", "disputes:write", "profiles:write", "social:write"})
+
+
+class ApiClientError(DomainError):
+    code = "invalid_api_client"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +154,9 @@ def api_client_create(*, name: str, scopes: list[str], actor: Actor) -> tuple[Ap
     """Create a client and return it with its token; the token is never stored or shown again."""
     unknown = set(scopes) - KNOWN_SCOPES
     if unknown:
-        raise ValueError(f"unknown scope(s): {', '.join(sorted(unknown))}")
+        raise ApiClientError(f"unknown scope(s): {', '.join(sorted(unknown))}")
     if not scopes:
-        raise ValueError("at least one scope is required")
+        raise ApiClientError("at least one scope is required")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         client = ApiClient.objects.create(
@@ -167,3 +173,24 @@ def api_client_create(*, name: str, scopes: list[str], actor: Actor) -> tuple[Ap
             after={"name": name, "scopes": client.scopes, "token_prefix": client.token_prefix},
         )
     return client, token
+
+
+def api_client_deactivate(*, name: str, actor: Actor, reason: str = "") -> ApiClient:
+    """Stop a client's token from authenticating (a rotation's last step, or a leak's first).
+
+    Tokens are never stored, so a deactivated client cannot be brought back: a new client
+    with a new token replaces it.
+    """
+    with transaction.atomic():
+        client = ApiClient.objects.select_for_update().filter(name=name).first()
+        if client is None:
+            raise ApiClientError(f"no API client named {name!r}")
+        if not client.active:
+            raise ApiClientError(f"API client {name!r} is already deactivated")
+        client.active = False
+        client.save(update_fields=["active"])
+        audit_log(actor=actor, action="api_client.deactivated", target_type="api_client", target_id=str(client.pk),
+                  before={"name": client.name, "active": True}, after={"name": client.name, "active": False},
+                  reason=reason)
+    return client
+

@@ -177,3 +177,26 @@ def test_create_api_client_requires_a_scope() -> None:
     with pytest.raises(CommandError):
         run("create_api_client", "svc")
     assert ApiClient.objects.count() == 0
+
+
+# --- deactivate_api_client ---------------------------------------------------------------
+
+
+def test_a_deactivated_client_token_no_longer_authenticates_and_the_change_is_audited(
+    event_factory: Any,
+) -> None:
+    token = run("create_api_client", "old-svc", "--scope", "scores:write").strip().splitlines()[-1]
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    create_season("rot", "2026-11-01T00:00:00Z", iso(NOW + timedelta(days=3)))
+    url = "/internal/v1/seasons/rot/scores:apply"
+    assert api.post(url, event_factory(), format="json").status_code == 200
+    assert run("deactivate_api_client", "old-svc", "--reason", "rotated").strip() == "api client old-svc deactivated"
+    assert api.post(url, event_factory(), format="json").status_code == 401
+    entry = AuditEntry.objects.get(action="api_client.deactivated")
+    assert (entry.actor_label, entry.reason, entry.after) == (
+        "manage.py deactivate_api_client", "rotated", {"name": "old-svc", "active": False})
+    with pytest.raises(CommandError, match="already deactivated"):
+        run("deactivate_api_client", "old-svc")
+    with pytest.raises(CommandError, match="no API client named 'nobody'"):
+        run("deactivate_api_client", "nobody")

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import Actor
+from leaderboard.core.errors import DomainError
 from leaderboard.models import ApiClient
 from leaderboard.services import api_client_create
 
@@ -24,7 +25,7 @@ class Command(BaseCommand):
                 name=options["name"], scopes=options["scopes"],
                 actor=Actor(kind="system", id="", label="manage.py create_api_client"),
             )
-        except ValueError as exc:
+        except DomainError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"api client {client.name} created with scopes {', '.join(client.scopes)}")
         self.stdout.write(token)
