@@ -1,0 +1,54 @@
+"""A season's options fixed around its creation (docs/rules.md, Regional and friends boards):
+its set of regions and how equal scores are ordered.
+
+The region rule is also the rule of a player profile's region, so a profile can only
+name a region some season could have.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+# Region names go into Redis keys and URLs: a short, closed alphabet keeps both safe and
+# readable (na, eu-west, apac).
+MAX_REGION_LENGTH = 16
+REGION_RE = re.compile(rf"[a-z0-9-]{{1,{MAX_REGION_LENGTH}}}")
+REGION_RULE = f"1..{MAX_REGION_LENGTH} characters from [a-z0-9-]"
+# Each region is its own board built by every epoch: a small bound keeps a season's epoch
+# cost and manifest size bounded.
+MAX_REGIONS = 16
+
+TIE_BREAK_SHARED = "shared"
+TIE_BREAK_FIRST_REACHED = "first_reached"
+TIE_BREAKS = (TIE_BREAK_SHARED, TIE_BREAK_FIRST_REACHED)
+
+
+def check_region(value: object) -> str | None:
+    """None for a valid region name, else what is wrong with it."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if not REGION_RE.fullmatch(value):
+        return f"must be {REGION_RULE}"
+    return None
+
+
+def regions_problem(regions: Sequence[object]) -> str | None:
+    """None for a valid set of season regions (0..MAX_REGIONS distinct names, in display
+    order), else a sentence naming what is wrong."""
+    if len(regions) > MAX_REGIONS:
+        return f"a season has at most {MAX_REGIONS} regions, got {len(regions)}"
+    seen: set[object] = set()
+    for region in regions:
+        if problem := check_region(region):
+            return f"region {region!r} {problem}"
+        if region in seen:
+            return f"region {region!r} is listed twice: regions must be distinct"
+        seen.add(region)
+    return None
+
+
+def tie_break_problem(tie_break: object) -> str | None:
+    if tie_break not in TIE_BREAKS:
+        return f"tie_break must be one of {', '.join(TIE_BREAKS)}, got {tie_break!r}"
+    return None
