@@ -679,6 +679,16 @@ class PlayerView:
     total: int
 
 
+@dataclass(frozen=True, slots=True)
+class PlayersView:
+    """Some players' scores in one version and each one's season rank: only those the
+    version holds are in `scores` and `ranks`."""
+
+    manifest: Manifest
+    scores: dict[str, int]
+    ranks: dict[str, int]
+
+
 _reader = threading.local()
 
 
@@ -855,6 +865,53 @@ class RankReader:
         entry = Entry(position=before + int(index) + 1, rank=before + int(higher_in_bucket) + 1,
                       player_id=player_id, score=score)
         return PlayerView(manifest=manifest, entry=entry, total=manifest.total)
+
+    def players(self, player_ids: Iterable[str], version: int | None = None) -> PlayersView:
+        """Scores and season ranks of a set of players (a friends board) in one version.
+
+        Two round trips after the pointer, whatever the number of players: (1) one HMGET
+        per lookup shard holding some of them; (2) one ZCOUNT per distinct score in its
+        bucket (the season rank is the manifest's count above that bucket + 1 + the higher
+        scores in it), then the copy's (generation, version), checked as `_rank_of` does,
+        so every score and rank comes from the one version. Nothing is kept per player:
+        the cost is this request's, never a score change's.
+        """
+        shards: dict[int, list[str]] = {}
+        for player_id in dict.fromkeys(player_ids):
+            shards.setdefault(lookup_shard(player_id), []).append(player_id)
+        groups = list(shards.items())
+        for _ in range(self.attempts):
+            manifest = self._manifest(version)
+            started = time.monotonic()
+            try:
+                return self._players_of(manifest, groups, started)
+            except _Torn:
+                current = pointer_get(self.r, self.keys)
+                if version is not None:
+                    raise VersionExpired(current) from None
+        raise Unavailable()
+
+    def _players_of(self, manifest: Manifest, groups: list[tuple[int, list[str]]], started: float) -> PlayersView:
+        scores: dict[str, int] = {}
+        if groups:
+            replies = round_trip(self.r, [("HMGET", self.keys.lookup(manifest.copy, shard), *ids)
+                                          for shard, ids in groups])
+            for (_, ids), reply in zip(groups, replies, strict=True):
+                for player_id, raw in zip(ids, reply, strict=True):
+                    if raw is not None:
+                        scores[player_id] = int(raw)
+        # A season rank depends on the score alone: one ZCOUNT per distinct score.
+        distinct = [(score, manifest.layout.bucket_of(score)) for score in set(scores.values())]
+        *higher, (gen, held) = round_trip(self.r, [
+            *(("ZCOUNT", self._bucket_key(manifest, bucket), "-inf", f"({-score}") for score, bucket in distinct),
+            ("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"),
+        ])
+        if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
+            raise _Torn()
+        rank_of = {score: manifest.higher[bucket] + int(count) + 1
+                   for (score, bucket), count in zip(distinct, higher, strict=True)}
+        return PlayersView(manifest=manifest, scores=scores,
+                           ranks={player_id: rank_of[score] for player_id, score in scores.items()})
 
     def entries_at(self, manifest: Manifest, first: int, limit: int,
                 known: tuple[int, int, int] | None = None) -> list[Entry]:

@@ -11,7 +11,7 @@ from django.db.models import Q
 
 from leaderboard.core.errors import ReadUnavailable, retry_after_seconds
 from leaderboard.core.ranking import Entry
-from leaderboard.models import ApiClient, PlayerScore, ScoreChange, StreamHead
+from leaderboard.models import ApiClient, FriendList, PlayerScore, ScoreChange, StreamHead
 from leaderboard.rankview import Keys, RankReader
 from leaderboard.redis_client import redis_get
 from leaderboard.services import api_token_hash
@@ -152,3 +152,21 @@ def player_pending_score(*, season_slug: str, player_id: str, published: Entry |
         return None
     return PendingScore(score=score, score_version=score_version,
                         pending_version=max(version, published_version) + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Friends:
+    player_ids: list[str]
+    # 0: the social service never wrote a list for this player (its versions start at 1).
+    graph_version: int
+
+
+def player_friends_get(*, player_id: str) -> Friends:
+    """A player's friend list as the social service last wrote it: one primary-key row."""
+    row = FriendList.objects.filter(player_id=player_id).values_list("friends", "graph_version").first()
+    if row is None:
+        return Friends(player_ids=[], graph_version=0)
+    friends, graph_version = row
+    # The social service's writes keep it distinct and without the player; a read relies on neither.
+    return Friends(player_ids=[f for f in dict.fromkeys(map(str, friends)) if f != player_id],
+                   graph_version=graph_version)

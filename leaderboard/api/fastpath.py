@@ -49,6 +49,8 @@ ROUTES: list[tuple[re.Pattern[str], Handler]] = [
      lambda m, q: reads.rank_answer(season_id=m["season"], player_id=m["player"], query=q)),
     (re.compile(rf"^{_SEASON}{_PLAYER}/neighbors$"),
      lambda m, q: reads.neighbors_answer(season_id=m["season"], player_id=m["player"], query=q)),
+    (re.compile(rf"^{_SEASON}{_PLAYER}/friends$"),
+     lambda m, q: reads.friends_answer(season_id=m["season"], player_id=m["player"], query=q)),
 ]
 
 

@@ -61,3 +61,11 @@ class NeighborsView(LeaderboardReadView):
     def get(self, request: Request, season_id: str, player_id: str) -> Response:
         return _respond(reads.neighbors_answer(season_id=season_id, player_id=player_id,
                                                query=request.query_params))
+
+
+class FriendsView(LeaderboardReadView):
+    @extend_schema(operation_id="player_friends", summary="A player and their friends ranked among themselves",
+                   parameters=[api_schema.SEASON_ID, api_schema.PLAYER_ID, api_schema.VERSION],
+                   responses={200: api_schema.FriendsSerializer, **api_schema.friends_errors()})
+    def get(self, request: Request, season_id: str, player_id: str) -> Response:
+        return _respond(reads.friends_answer(season_id=season_id, player_id=player_id, query=request.query_params))

@@ -18,9 +18,9 @@ from leaderboard.api.errors import ApiError
 from leaderboard.api.params import bool_param, int_param, player_id_param, season_id_param, season_not_found
 from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.ranking import Entry
+from leaderboard.core.ranking import Entry, ranked_among
 from leaderboard.rankview import RankReader, Unavailable, VersionExpired
-from leaderboard.selectors import leaderboard_reader, player_pending_score, read_unavailable
+from leaderboard.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
 
 Query = Mapping[str, str]
@@ -123,6 +123,27 @@ def neighbors_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
         return Answer(200, _envelope(manifest, {
             "player": me.as_dict(), "radius": radius, "entries": _entries(entries),
             "total_players": manifest.total,
+        }))
+
+    return _read(season_id, call)
+
+
+def friends_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
+    """The player and their friends ranked among themselves in one version (docs/api.md,
+    Friends board). A player the version does not hold is simply not in `entries`; its
+    friends without an entry are only counted."""
+    player_id_param(player_id)
+    version = int_param(query, "version", default=None, low=1, high=None)
+    friends = player_friends_get(player_id=player_id)
+
+    def call(reader: RankReader) -> Answer:
+        view = reader.players([player_id, *friends.player_ids], version)
+        entries = [{**entry.as_dict(), "global_rank": view.ranks[entry.player_id]}
+                   for entry in ranked_among(view.scores)]
+        unranked = sum(1 for friend in friends.player_ids if friend not in view.scores)
+        return Answer(200, _envelope(view.manifest, {
+            "player_id": player_id, "graph_version": friends.graph_version, "entries": entries,
+            "unranked_friends": unranked,
         }))
 
     return _read(season_id, call)

@@ -97,6 +97,17 @@ def read_errors() -> dict[int, OpenApiResponse]:
     return {400: BAD_REQUEST, 404: READ_NOT_FOUND, 410: VERSION_EXPIRED, 429: RATE_LIMITED, 503: UNAVAILABLE}
 
 
+FRIENDS_NOT_FOUND = _error("`season_not_found`, or `player_not_found` (an id outside the id rule names no one); "
+                           "a player the version does not hold is no 404 but absent from `entries`")
+FRIENDS_UNAVAILABLE = _error("`unavailable`: no complete version is published yet, the view is being rebuilt, or "
+                             "the database (which holds the friend list) cannot be reached; retry after "
+                             "`retry_after` seconds", UnavailableSerializer)
+
+
+def friends_errors() -> dict[int, OpenApiResponse]:
+    return {**read_errors(), 404: FRIENDS_NOT_FOUND, 503: FRIENDS_UNAVAILABLE}
+
+
 # --- parameters -----------------------------------------------------------------------------
 
 
@@ -181,6 +192,24 @@ class NeighborsSerializer(VersionedSerializer):
     radius = serializers.IntegerField(min_value=0, max_value=10)
     entries = EntrySerializer(many=True, help_text="up to `radius` entries on each side, the player included")
     total_players = serializers.IntegerField(min_value=0)
+
+
+class FriendEntrySerializer(serializers.Serializer[Any]):
+    position = serializers.IntegerField(min_value=1, help_text="1-based index among the player and their ranked "
+                                                               "friends, in display order")
+    rank = serializers.IntegerField(min_value=1, help_text="among them: 1 + those with a strictly higher score")
+    player_id = serializers.CharField()
+    score = serializers.IntegerField(min_value=MIN_SCORE, max_value=MAX_SCORE)
+    global_rank = serializers.IntegerField(min_value=1, help_text="the season rank in the same version")
+
+
+class FriendsSerializer(VersionedSerializer):
+    player_id = serializers.CharField()
+    graph_version = serializers.IntegerField(min_value=0, help_text="the friend list's version; 0 when the social "
+                                                                    "service never wrote one for the player")
+    entries = FriendEntrySerializer(many=True, help_text="the player (when the version holds them) and their "
+                                                         "friends the version holds, in display order")
+    unranked_friends = serializers.IntegerField(min_value=0, help_text="friends the version holds no entry for")
 
 
 # --- the write API --------------------------------------------------------------------------
@@ -402,6 +431,9 @@ _LINKS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("player_rank", "200"): {
         "PlayerNeighborsSameVersion": {"operationId": "player_neighbors", "parameters": {
+            "season_id": "$request.path.season_id", "player_id": "$request.path.player_id",
+            "version": "$response.body#/leaderboard_version"}},
+        "PlayerFriendsSameVersion": {"operationId": "player_friends", "parameters": {
             "season_id": "$request.path.season_id", "player_id": "$request.path.player_id",
             "version": "$response.body#/leaderboard_version"}},
     },

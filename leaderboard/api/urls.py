@@ -14,6 +14,8 @@ urlpatterns = [
     path("v1/seasons/<str:season_id>/players/<str:player_id>/rank", read_views.RankView.as_view(), name="player-rank"),
     path("v1/seasons/<str:season_id>/players/<str:player_id>/neighbors", read_views.NeighborsView.as_view(),
          name="player-neighbors"),
+    path("v1/seasons/<str:season_id>/players/<str:player_id>/friends", read_views.FriendsView.as_view(),
+         name="player-friends"),
     path("v1/seasons/<str:season_id>/final", final_api.FinalView.as_view(), name="final"),
     path("v1/seasons/<str:season_id>/final/standings", final_api.FinalStandingsView.as_view(), name="final-standings"),
     path("v1/seasons/<str:season_id>/final/players/<str:player_id>", final_api.FinalPlayerView.as_view(),

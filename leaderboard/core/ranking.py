@@ -10,8 +10,9 @@ FINAL standings are built with.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 def display_key(player_id: str, score: int) -> tuple[int, bytes]:
@@ -85,3 +86,27 @@ class Standings:
             return []
         first = max(1, me.position - radius)
         return self.window(from_position=first, limit=me.position + radius - first + 1)
+
+
+# What orders players before their player_id and decides who shares a rank: two players
+# with equal keys share it. A "shared" season's key is the score alone; a tie-break that
+# orders equal scores (who reached the score first) plugs in here as another key function.
+TieKey = Callable[[str, int], Any]
+
+
+def shared_tie_key(player_id: str, score: int) -> int:
+    return -score
+
+
+def ranked_among(scores: Mapping[str, int], *, tie_key: TieKey = shared_tie_key) -> list[Entry]:
+    """A small set of players (a friends board) ranked among themselves: position in display
+    order, and rank = 1 + the number of them ahead that do not share their tie key."""
+    keyed = sorted(((tie_key(p, s), p.encode(), p, s) for p, s in scores.items()), key=lambda k: (k[0], k[1]))
+    out: list[Entry] = []
+    rank = 0
+    previous: Any = None
+    for position, (key, _, player_id, score) in enumerate(keyed, start=1):
+        if position == 1 or key != previous:
+            rank, previous = position, key
+        out.append(Entry(position=position, rank=rank, player_id=player_id, score=score))
+    return out
