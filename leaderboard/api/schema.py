@@ -22,6 +22,8 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
 from leaderboard.core.events import MAX_BATCH, MAX_ID_LENGTH, MAX_REASON_LENGTH, MAX_SCORE, MAX_SCORE_VERSION, MIN_SCORE
+from leaderboard.core.profiles import MAX_FRIENDS, MAX_GRAPH_VERSION, MAX_PROFILE_BATCH, MAX_PROFILE_VERSION
+from leaderboard.core.season_options import MAX_REGION_LENGTH
 
 BEARER = "bearerToken"
 ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,64}$"
@@ -119,6 +121,7 @@ def _path_id(name: str, description: str) -> OpenApiParameter:
 SEASON_ID = _path_id("season_id", "the season's id: 1..64 characters from [A-Za-z0-9_.:-]; any other is "
                                   "404 on reads and 400 on writes")
 PLAYER_ID = _path_id("player_id", "1..64 characters from [A-Za-z0-9_.:-]; any other is 404")
+PLAYER_WRITE_ID = _path_id("player_id", "1..64 characters from [A-Za-z0-9_.:-]; any other is 400")
 
 
 def int_query(name: str, description: str, *, low: int, high: int = MAX_INT, default: int | None = None
@@ -309,6 +312,84 @@ class DisputeSerializer(serializers.Serializer[Any]):
     match_id = serializers.CharField(allow_blank=True)
     external_ref = serializers.CharField(allow_blank=True)
     created_at = serializers.DateTimeField()
+
+
+# --- player profiles and friend lists (no season in the URL: a player's, across seasons) ---
+
+
+def player_write_errors() -> dict[int, OpenApiResponse]:
+    """A player write's errors: those of a write but the season's 404."""
+    return {status: response for status, response in write_errors().items() if status != 404}
+
+
+_REGION = {"type": "string", "pattern": f"^[a-z0-9-]{{1,{MAX_REGION_LENGTH}}}$", "nullable": True,
+           "description": f"1..{MAX_REGION_LENGTH} characters from [a-z0-9-]; null: no region (clears it)"}
+
+PROFILES_APPLY_BODY: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["profiles"],
+    "properties": {"profiles": {
+        "type": "array", "minItems": 1, "maxItems": MAX_PROFILE_BATCH,
+        "description": f"1..{MAX_PROFILE_BATCH} profiles, applied in order (a player twice: in order)",
+        "items": {
+            "type": "object", "additionalProperties": False,
+            "required": ["player_id", "region", "profile_version"],
+            "properties": {
+                "player_id": _PLAYER_ID,
+                "region": _REGION,
+                "profile_version": {"type": "integer", "minimum": 1, "maximum": MAX_PROFILE_VERSION,
+                                    "description": "per-player version from the profile service"},
+            },
+        },
+    }},
+    "description": "all or nothing: an invalid item makes the whole request a 400",
+}
+
+
+class ProfileOutcomeSerializer(serializers.Serializer[Any]):
+    player_id = serializers.CharField()
+    status = serializers.ChoiceField(choices=["applied", "unchanged", "stale"],
+                                     help_text="applied: newer version, region changed; unchanged: newer version, "
+                                               "same region; stale: version not newer than the stored one")
+    region = serializers.CharField(allow_null=True, help_text="the stored region once this item is decided")
+    profile_version = serializers.IntegerField(help_text="the stored version once this item is decided")
+
+
+class ProfilesApplyResultSerializer(serializers.Serializer[Any]):
+    results = ProfileOutcomeSerializer(many=True, help_text="one per profile, in order")
+
+
+PROFILES_TOO_LARGE = _error("`payload_too_large`: the body is over the size limit, or a batch over "
+                            f"{MAX_PROFILE_BATCH} profiles")
+
+FRIENDS_PUT_BODY: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["friends", "graph_version"],
+    "properties": {
+        "friends": {"type": "array", "maxItems": MAX_FRIENDS, "uniqueItems": True, "items": _PLAYER_ID,
+                    "description": f"the player's whole friend list: at most {MAX_FRIENDS} distinct ids, never "
+                                   "the player itself (400)"},
+        "graph_version": {"type": "integer", "minimum": 1, "maximum": MAX_GRAPH_VERSION,
+                          "description": "per-player version from the social service; not newer than the "
+                                         "stored one is a 409"},
+    },
+}
+
+
+class FriendsPutResultSerializer(serializers.Serializer[Any]):
+    player_id = serializers.CharField()
+    graph_version = serializers.IntegerField(help_text="the version now stored")
+    friends = serializers.IntegerField(min_value=0, help_text="how many friends the stored list holds")
+
+
+class StaleGraphVersionSerializer(ErrorSerializer):
+    graph_version = serializers.IntegerField(help_text="the stored version: send a newer one")
+
+
+STALE_GRAPH_VERSION = _error("`stale_graph_version`: graph_version is not newer than the stored one; nothing "
+                             "changed", StaleGraphVersionSerializer)
 
 
 # --- FINAL ----------------------------------------------------------------------------------
