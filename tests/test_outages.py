@@ -98,8 +98,10 @@ def test_with_postgres_unreachable_reads_go_on_from_redis_and_writes_answer_503(
         write = client.post("/internal/v1/seasons/outage/scores:apply", json={"events": [Events().result("p01", 5)]},
                             headers={"Authorization": f"Bearer {writer[1]}"})
         assert_unavailable(write.status_code, write.json(), write.headers.get("retry-after"))
-        # What needs the ledger answers 503 too: a pending score, a season Redis does not know.
-        for url in ("/v1/seasons/outage/players/p03/rank?include_pending=true", "/v1/seasons/unknown/leaderboard/top"):
+        # What needs the database answers 503 too: a pending score, a season Redis does not know,
+        # a friends board (its friend list).
+        for url in ("/v1/seasons/outage/players/p03/rank?include_pending=true", "/v1/seasons/unknown/leaderboard/top",
+                    "/v1/seasons/outage/players/p03/friends"):
             response = client.get(url)
             assert_unavailable(response.status_code, response.json(), response.headers.get("retry-after"))
         ready = client.get("/readyz")
