@@ -19,6 +19,7 @@ from leaderboard.models import ScoreChange, StreamHead
 from leaderboard.selectors import ChangeCursor, ChangeRow, score_changes_after
 from leaderboard.services import score_events_apply
 from seasons.models import Season
+from tests.support import materialize
 
 
 def ev(event_id: str, player_id: str, best_score: int, score_version: int = 1, **extra: Any) -> dict[str, Any]:
@@ -325,3 +326,23 @@ def test_many_interleaved_writers_never_lose_or_repeat_a_change(season_factory: 
     consumer.poll()
     expected = list(ScoreChange.objects.filter(season=season).order_by("txid", "id").values_list("id", flat=True))
     assert consumer.seen == expected and len(expected) == writers * per_writer
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rank_views")
+def test_a_season_publishes_while_another_seasons_writing_transaction_stays_open(
+    season_factory: Callable[..., Season], pg_connections: Callable[[], psycopg.Connection[Any]]
+) -> None:
+    """Freshness, not just the stream: with another season's writer (a FINAL approval's
+    INSERT ... SELECT, say) open across it, this season's epoch publishes every change."""
+    season, other = season_factory(slug="fresh"), season_factory(slug="stalled")
+    apply(other, ev("o1", "x", 1))
+    held = pg_connections()
+    insert_change(held, other, "y", 2)  # open for the whole test, as a long approval would be
+    apply(season, ev("f1", "alice", 300), ev("f2", "bob", 200))
+    manifest = materialize(season)
+    assert manifest.total == 2
+    apply(season, ev("f3", "carol", 100))
+    assert materialize(season).total == 3
+    held.rollback()
