@@ -405,6 +405,14 @@ def _correction_time(season: Season, late_result: LateResult | None, now: dateti
     return max(min(now, season.cutoff), season.starts_at)
 
 
+def _revocation_proposed_locked(revocation: ScoreRevocation) -> ScoreRevocation:
+    """The revocation, locked (first in the lock order), while it still awaits a decision."""
+    locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(pk=revocation.pk)
+    if locked.status != ScoreRevocation.Status.PROPOSED:
+        raise StaffError(f"revocation {locked.pk} is {locked.status}")
+    return locked
+
+
 def score_revocation_rebase(*, revocation: ScoreRevocation, actor: Actor, reason: str = "") -> ScoreRevocation:
     """Base a proposal on the player's state now, after the match service moved them.
 
@@ -416,9 +424,7 @@ def score_revocation_rebase(*, revocation: ScoreRevocation, actor: Actor, reason
     rebaser_id = _user_id(actor)
     reason = _text(reason, field="reason", required=False, limit=10_000)
     with transaction.atomic():
-        locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(pk=revocation.pk)
-        if locked.status != ScoreRevocation.Status.PROPOSED:
-            raise StaffError(f"revocation {locked.pk} is {locked.status}")
+        locked = _revocation_proposed_locked(revocation)
         before = {"score": locked.score_before, "score_version": locked.base_version,
                   "proposed_by": locked.proposed_by_label}
         locked.score_before, locked.base_version = _player_state(locked.season, locked.player_id)
@@ -446,9 +452,7 @@ def score_revocation_approve(*, revocation: ScoreRevocation, actor: Actor, reaso
     approver_id = _user_id(actor)
     reason = _text(reason, field="reason", required=False, limit=10_000)
     with transaction.atomic():
-        locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(pk=revocation.pk)
-        if locked.status != ScoreRevocation.Status.PROPOSED:
-            raise StaffError(f"revocation {locked.pk} is {locked.status}")
+        locked = _revocation_proposed_locked(revocation)
         if locked.proposed_by_id == approver_id:
             raise StaffError("nobody approves their own proposal: another approver must do it")
         refusal = two_person_refusal(proposer_id=locked.proposed_by_id, approver_id=approver_id,
@@ -532,9 +536,7 @@ def score_revocation_reject(*, revocation: ScoreRevocation, actor: Actor, reason
     decider_id = _user_id(actor)
     reason = _text(reason, field="a reason")
     with transaction.atomic():
-        locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(pk=revocation.pk)
-        if locked.status != ScoreRevocation.Status.PROPOSED:
-            raise StaffError(f"revocation {locked.pk} is {locked.status}")
+        locked = _revocation_proposed_locked(revocation)
         now = timezone.now()
         locked.status = ScoreRevocation.Status.REJECTED
         locked.decided_by_id, locked.decided_by_label, locked.decided_at = decider_id, actor.label, now
