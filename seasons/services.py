@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.conf import settings
@@ -25,6 +26,7 @@ from leaderboard.core.lifecycle import (
     transition_check,
 )
 from leaderboard.core.manifest import Manifest
+from leaderboard.core.season_options import TIE_BREAK_SHARED, regions_problem, tie_break_problem
 from leaderboard.materializer import season_keys
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import ScoreChange
@@ -47,16 +49,23 @@ def season_create(
     cutoff: datetime,
     actor: Actor,
     layout: BucketLayout | None = None,
+    regions: Sequence[str] = (),
+    tie_break: str = TIE_BREAK_SHARED,
 ) -> Season:
+    """A new season in the state its dates call for. `regions`: its fixed set of regions
+    (0..16 distinct names by the region rule; each gets its own board), changeable only
+    while it is SCHEDULED; `tie_break`: how equal scores are ordered, fixed for good."""
     if cutoff <= starts_at:
         raise SeasonError("the cutoff must be after the start")
+    if problem := regions_problem(regions) or tie_break_problem(tie_break):
+        raise SeasonError(problem)
     if Season.objects.filter(slug=slug).exists():
         raise SeasonError(f"a season {slug!r} already exists")
     state = initial_state(starts_at=starts_at, cutoff=cutoff, now=timezone.now())
     with transaction.atomic():
         season = Season.objects.create(
             slug=slug, name=name, starts_at=starts_at, cutoff=cutoff, state=state.value,
-            layout=(layout or BucketLayout.uniform()).as_dict(),
+            layout=(layout or BucketLayout.uniform()).as_dict(), regions=list(regions), tie_break=tie_break,
         )
         audit_log(
             actor=actor,
@@ -68,9 +77,29 @@ def season_create(
                 "name": name, "state": season.state,
                 "starts_at": starts_at.isoformat(), "cutoff": cutoff.isoformat(),
                 "buckets": len(season.layout["lower_bounds"]),
+                "regions": season.regions, "tie_break": season.tie_break,
             },
         )
     return season
+
+
+def season_regions_set(*, season: Season, regions: Sequence[str], actor: Actor, reason: str = "") -> Season:
+    """Replace a SCHEDULED season's regions (audited `season.regions.changed`). Once the season
+    opens its regions are fixed: players' regional positions depend on them."""
+    if problem := regions_problem(regions):
+        raise SeasonError(problem)
+    with transaction.atomic():
+        locked = _locked_season(season)
+        if locked.state != SeasonState.SCHEDULED:
+            raise SeasonError(f"regions are fixed once the season opens; it is {locked.state}")
+        if locked.regions == list(regions):
+            return locked
+        before = {"regions": locked.regions}
+        locked.regions = list(regions)
+        locked.save(update_fields=["regions"])
+        audit_log(actor=actor, action="season.regions.changed", target_type="season", target_id=locked.slug,
+                  season_slug=locked.slug, before=before, after={"regions": locked.regions}, reason=reason)
+    return locked
 
 
 # ------------------------------------------------------------------------ lifecycle
@@ -83,8 +112,11 @@ def _locked_season(season: Season) -> Season:
 
 
 def _season_snapshot(season: Season) -> dict[str, object]:
+    # Regions and tie-break too: the opening row records the regions the season is fixed to.
     return {
         "state": season.state,
+        "regions": season.regions,
+        "tie_break": season.tie_break,
         "published_version": season.published_version,
         "final_version": season.final_version,
         "ingest_watermark": (

@@ -39,6 +39,16 @@ class LifecycleForm(forms.Form):
     reason = forms.CharField(max_length=10_000, required=False)
 
 
+class RegionsForm(forms.Form):
+    regions = forms.CharField(max_length=2000, required=False,
+                              help_text="comma-separated, e.g. na, eu, apac; empty: no regions")
+    reason = forms.CharField(max_length=10_000, required=False)
+
+    def clean_regions(self) -> list[str]:
+        # The names themselves are the service's rule (season_regions_set): its refusal is shown.
+        return [r.strip() for r in self.cleaned_data["regions"].split(",") if r.strip()]
+
+
 class SplitProposeForm(forms.Form):
     split_points = forms.CharField(max_length=2000, help_text="comma-separated scores where new buckets start")
     reason = forms.CharField(max_length=10_000, required=False)

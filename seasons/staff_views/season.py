@@ -23,7 +23,7 @@ from leaderboard.rebuild import (
 from seasons import staff_forms as f
 from seasons import staff_selectors as sel
 from seasons.models import Season
-from seasons.services import season_seal_ingest, season_transition
+from seasons.services import season_regions_set, season_seal_ingest, season_transition
 from seasons.staff_services import reconciliation_trigger, staff_actor
 from seasons.staff_views.common import GET_OR_POST, Done, act, context, staff_required
 
@@ -36,6 +36,7 @@ def season_page(request: HttpRequest, slug: str) -> HttpResponse:
         request, season=season, detail=sel.season_detail(season=season),
         manifests=sel.manifests_recent(season=season), jobs=sel.rebuild_jobs_recent(season=season),
         conflicts=sel.season_conflicts(season=season), lifecycle_form=f.LifecycleForm(),
+        regions_form=f.RegionsForm(initial={"regions": ", ".join(season.regions)}),
         split_form=f.SplitProposeForm(), lookup_form=f.PlayerLookupForm(),
     ))
 
@@ -64,6 +65,20 @@ def season_lifecycle(request: HttpRequest, slug: str) -> HttpResponse:
         return f"Season is now {moved.state}"
 
     return act(request, f.LifecycleForm(request.POST), move, back=reverse("staff:season", args=[slug]))
+
+
+@require_POST
+@staff_required("season_transition")
+def season_regions(request: HttpRequest, slug: str) -> HttpResponse:
+    """Set a SCHEDULED season's regions (fixed once it opens)."""
+    season = get_object_or_404(Season, slug=slug)
+
+    def set_regions(data: dict[str, Any]) -> str:
+        changed = season_regions_set(season=season, regions=data["regions"], actor=staff_actor(request.user),
+                                     reason=data["reason"])
+        return f"Regions: {', '.join(changed.regions) or 'none'}"
+
+    return act(request, f.RegionsForm(request.POST), set_regions, back=reverse("staff:season", args=[slug]))
 
 
 @require_POST

@@ -8,6 +8,7 @@ from django.utils.text import slugify
 from audit.services import Actor
 from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, BucketLayout, LayoutError
 from leaderboard.core.events import parse_rfc3339
+from leaderboard.core.season_options import MAX_REGIONS, REGION_RULE, TIE_BREAK_SHARED, TIE_BREAKS
 from seasons.services import SeasonError, season_create
 
 
@@ -22,6 +23,12 @@ class Command(BaseCommand):
         parser.add_argument("--bucket-width", type=int, default=DEFAULT_BUCKET_WIDTH,
                             help="points per score bucket (default 10,000: 101 buckets)")
         parser.add_argument("--single-bucket", action="store_true", help="one bucket for the whole range")
+        parser.add_argument("--regions", default="",
+                            help=f"comma-separated region names, e.g. na,eu,apac (each {REGION_RULE}; at most "
+                                 f"{MAX_REGIONS}; default none); changeable until the season opens")
+        parser.add_argument("--tie-break", choices=TIE_BREAKS, default=TIE_BREAK_SHARED,
+                            help="equal scores: shared (share a rank; default) or first_reached (who reached the "
+                                 "score first ranks ahead)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         slug = options["slug"]
@@ -38,10 +45,13 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         try:
             season = season_create(
-                layout=layout,
+                layout=layout, regions=[r.strip() for r in options["regions"].split(",") if r.strip()],
+                tie_break=options["tie_break"],
                 slug=slug, name=options["name"], starts_at=starts_at, cutoff=cutoff,
                 actor=Actor(kind="system", id="", label="manage.py create_season"),
             )
         except SeasonError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"season {season.slug} created, state {season.state}")
+        if season.regions or season.tie_break != TIE_BREAK_SHARED:
+            self.stdout.write(f"regions: {', '.join(season.regions) or 'none'}; tie-break: {season.tie_break}")
