@@ -86,7 +86,11 @@ def test_every_operation_documents_its_error_bodies(schema: dict[str, Any]) -> N
             continue
         for method, operation in item.items():
             responses = operation["responses"]
-            assert "400" in responses and "404" in responses, (method, path)
+            assert "400" in responses, (method, path)
+            # A URL naming a season may name none; the player writes (profiles, friend lists)
+            # name no season and create what they name, so they have no 404.
+            if "{season_id}" in path:
+                assert "404" in responses, (method, path)
             if path.startswith("/internal/"):
                 assert {"401", "403", "413", "503"} <= responses.keys(), (method, path)
                 assert operation["security"] == [{"bearerToken": []}], (method, path)
