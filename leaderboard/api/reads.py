@@ -138,8 +138,10 @@ def friends_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
 
     def call(reader: RankReader) -> Answer:
         view = reader.players([player_id, *friends.player_ids], version)
-        entries = [{**entry.as_dict(), "global_rank": view.ranks[entry.player_id]}
-                   for entry in ranked_among(view.scores)]
+        ranks = view.ranks
+        entries = [{"position": position, "rank": rank, "player_id": member, "score": score,
+                    "global_rank": ranks[member]}
+                   for position, (member, score, rank) in enumerate(ranked_among(view.scores), start=1)]
         unranked = sum(1 for friend in friends.player_ids if friend not in view.scores)
         return Answer(200, _envelope(view.manifest, {
             "player_id": player_id, "graph_version": friends.graph_version, "entries": entries,
