@@ -214,8 +214,9 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Seasonal leaderboard API",
     "DESCRIPTION": (
-        "Score writes from the trusted match service, versioned public reads, the FINAL standings and "
-        "dispute filing. Every error body is {\"error\": code, \"detail\": text, ...}; see docs/api.md."
+        "Score writes from the trusted match service, player profiles (regions) and friend lists from the "
+        "profile and social services, versioned public reads, the FINAL standings and dispute filing. "
+        "Every error body is {\"error\": code, \"detail\": text, ...}; see docs/api.md."
     ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
