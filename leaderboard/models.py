@@ -42,6 +42,9 @@ class ScoreEvent(models.Model):
     best_score = models.IntegerField()
     score_version = models.BigIntegerField()
     completed_at = models.DateTimeField()
+    # When the player reached best_score, to the millisecond: as sent, else completed_at.
+    # Null on rows from before it was recorded.
+    reached_at = models.DateTimeField(null=True)
     kind = models.CharField(max_length=16)
     reason = models.TextField(blank=True)
     payload_hash = models.CharField(max_length=64)
@@ -89,6 +92,9 @@ class PlayerScore(models.Model):
     player_id = models.CharField(max_length=64)
     score = models.IntegerField()
     score_version = models.BigIntegerField()
+    # When the player reached `score` (docs/rules.md, Ties decided by who got there first);
+    # kept in every season, orders ties only in a first_reached one.
+    reached_at = models.DateTimeField(null=True)
     updated_at = models.DateTimeField()
 
     class Meta:
@@ -115,6 +121,10 @@ class ScoreChange(models.Model):
     old_score = models.IntegerField(null=True)
     new_score = models.IntegerField()
     score_version = models.BigIntegerField()
+    # reached_at after and before the change, like the scores: a first_reached copy moves
+    # the player by both, and the ledger as of any watermark is rebuilt from them.
+    reached_at = models.DateTimeField(null=True)
+    old_reached_at = models.DateTimeField(null=True)
     event_id = models.CharField(max_length=64)
     committed_at = models.DateTimeField()
     txid = models.BigIntegerField(default=0)
