@@ -185,7 +185,8 @@ def test_a_body_over_the_size_limit_is_413(profile_service: tuple[ApiClient, API
 
 
 def test_a_body_that_is_not_json_is_415(profile_service: tuple[ApiClient, APIClient]) -> None:
-    response = profile_service[1].post(URL, data="player_id=a&region=eu", content_type="application/x-www-form-urlencoded")
+    response = profile_service[1].post(URL, data="player_id=a&region=eu",
+                                       content_type="application/x-www-form-urlencoded")
     assert response.status_code == 415 and response.json()["error"] == "unsupported_media_type"
     assert nothing_written()
 
@@ -284,11 +285,14 @@ def test_many_concurrent_batches_keep_the_highest_version_and_an_ordered_history
         plans.append(batches)
 
     def write_all(batches: list[list[ProfileWrite]]) -> None:
-        for batch in batches:
-            player_profiles_apply(profiles=batch, client=None)
+        try:
+            for batch in batches:
+                player_profiles_apply(profiles=batch, client=None)
+        finally:
+            connection.close()
 
     with ThreadPoolExecutor(writers) as pool:
-        for future in [pool.submit(_in_thread(lambda b=batches: write_all(b))) for batches in plans]:
+        for future in [pool.submit(write_all, batches) for batches in plans]:
             future.result(timeout=60)
     sent = [w for batches in plans for batch in batches for w in batch]
     for player in players:
