@@ -41,6 +41,12 @@ def _int_array(values: Iterable[int | None]) -> str:
     return "{" + ",".join(["NULL" if v is None else str(int(v)) for v in values]) + "}"
 
 
+def _utc(instant: datetime | None) -> str | None:
+    # Instants go to the database in UTC: RFC 3339 allows offsets up to +-23:59 and
+    # PostgreSQL refuses +-16:00 and beyond.
+    return None if instant is None else instant.astimezone(UTC).isoformat()
+
+
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
@@ -108,8 +114,8 @@ def player_states_fetch(*, season_id: int, player_ids: Iterable[str]) -> dict[st
             # Unique-index probes, as for the ledger above (ANY(...) may turn into a scan of
             # the season's current scores).
             cursor.execute(
-                "SELECT p.player_id, p.score, p.score_version FROM unnest(%s::text[]) AS u(player_id) "
-                "CROSS JOIN LATERAL (SELECT player_id, score, score_version FROM leaderboard_playerscore s "
+                "SELECT p.player_id, p.score, p.score_version, p.reached_at FROM unnest(%s::text[]) AS u(player_id) "
+                "CROSS JOIN LATERAL (SELECT player_id, score, score_version, reached_at FROM leaderboard_playerscore s "
                 "WHERE s.season_id = %s AND s.player_id = u.player_id LIMIT 1) AS p",
                 [_text_array(ids), season_id],
             )
@@ -117,10 +123,10 @@ def player_states_fetch(*, season_id: int, player_ids: Iterable[str]) -> dict[st
     else:
         rows = list(
             PlayerScore.objects.filter(season_id=season_id, player_id__in=ids).values_list(
-                "player_id", "score", "score_version"
+                "player_id", "score", "score_version", "reached_at"
             )
         )
-    return {row[0]: PlayerState(score=row[1], score_version=row[2]) for row in rows}
+    return {row[0]: PlayerState(score=row[1], score_version=row[2], reached_at=row[3]) for row in rows}
 
 
 _PG_WRITE = """
@@ -128,30 +134,34 @@ WITH ledger AS (
     INSERT INTO leaderboard_scoreevent (
         season_id, client_id, received_at, event_id, match_id, player_id, best_score,
         score_version, completed_at, kind, reason, payload_hash, status, status_reason,
-        score_after, version_after, pending_version)
+        score_after, version_after, pending_version, reached_at)
     SELECT %(season)s, %(client)s, %(now)s, e.*
     FROM unnest(%(e_id)s::text[], %(e_match)s::text[], %(e_player)s::text[], %(e_best)s::int[],
                 %(e_version)s::bigint[], %(e_completed)s::timestamptz[], %(e_kind)s::text[],
                 %(e_reason)s::text[], %(e_hash)s::text[], %(e_status)s::text[],
                 %(e_status_reason)s::text[], %(e_score_after)s::int[],
-                %(e_version_after)s::bigint[], %(e_pending)s::bigint[]) AS e
+                %(e_version_after)s::bigint[], %(e_pending)s::bigint[],
+                %(e_reached)s::timestamptz[]) AS e
 ), scores AS (
-    INSERT INTO leaderboard_playerscore (season_id, updated_at, player_id, score, score_version)
+    INSERT INTO leaderboard_playerscore (season_id, updated_at, player_id, score, score_version, reached_at)
     SELECT %(season)s, %(now)s, s.*
-    FROM unnest(%(s_player)s::text[], %(s_score)s::int[], %(s_version)s::bigint[]) AS s
+    FROM unnest(%(s_player)s::text[], %(s_score)s::int[], %(s_version)s::bigint[],
+                %(s_reached)s::timestamptz[]) AS s
     ON CONFLICT (season_id, player_id) DO UPDATE
         SET score = EXCLUDED.score, score_version = EXCLUDED.score_version,
-            updated_at = EXCLUDED.updated_at
+            reached_at = EXCLUDED.reached_at, updated_at = EXCLUDED.updated_at
 ), head AS (
     INSERT INTO leaderboard_streamhead (season_id, head) VALUES (%(season)s, 1)
     ON CONFLICT (season_id) DO UPDATE SET head = leaderboard_streamhead.head + 1
     RETURNING head
 ), changes AS (
     INSERT INTO leaderboard_scorechange (
-        season_id, committed_at, txid, player_id, old_score, new_score, score_version, event_id)
+        season_id, committed_at, txid, player_id, old_score, new_score, score_version, event_id,
+        reached_at, old_reached_at)
     SELECT %(season)s, %(now)s, (SELECT head FROM head), c.*
     FROM unnest(%(c_player)s::text[], %(c_old)s::int[], %(c_new)s::int[],
-                %(c_version)s::bigint[], %(c_event)s::text[]) AS c
+                %(c_version)s::bigint[], %(c_event)s::text[], %(c_reached)s::timestamptz[],
+                %(c_old_reached)s::timestamptz[]) AS c
 )
 SELECT 1
 """
@@ -170,6 +180,7 @@ def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, 
                     "score_version": event.score_version,
                     "completed_at": event.completed_at.isoformat(), "kind": event.kind,
                     "reason": event.reason,
+                    **({} if event.reached_at is None else {"reached_at": event.reached_at.isoformat()}),
                 },
                 client_id=client_id,
                 received_at=now,
@@ -208,14 +219,18 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "e_score_after": _int_array([r.score for r in rows]),
         "e_version_after": _int_array([r.score_version for r in rows]),
         "e_pending": _int_array([r.pending_version for r in rows]),
+        "e_reached": _text_array([_utc(r.event.reached) for r in rows]),
         "s_player": _text_array(list(states)),
         "s_score": _int_array([s.score for s in states.values()]),
         "s_version": _int_array([s.score_version for s in states.values()]),
+        "s_reached": _text_array([_utc(s.reached_at) for s in states.values()]),
         "c_player": _text_array([c.player_id for c in changes]),
         "c_old": _int_array([c.old_score for c in changes]),
         "c_new": _int_array([c.new_score for c in changes]),
         "c_version": _int_array([c.score_version for c in changes]),
         "c_event": _text_array([c.event_id for c in changes]),
+        "c_reached": _text_array([_utc(c.reached_at) for c in changes]),
+        "c_old_reached": _text_array([_utc(c.old_reached_at) for c in changes]),
     }
     with connection.cursor() as cursor:
         cursor.execute(_PG_WRITE, params)
@@ -231,6 +246,7 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
             best_score=r.event.best_score,
             score_version=r.event.score_version,
             completed_at=r.event.completed_at.astimezone(UTC),
+            reached_at=r.event.reached.astimezone(UTC),
             kind=r.event.kind,
             reason=r.event.reason,
             payload_hash=r.payload_hash,
@@ -249,20 +265,20 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
             [
                 PlayerScore(
                     season_id=season_id, player_id=player_id, score=state.score,
-                    score_version=state.score_version, updated_at=now,
+                    score_version=state.score_version, reached_at=state.reached_at, updated_at=now,
                 )
                 for player_id, state in plan.player_states.items()
             ],
             update_conflicts=True,
             unique_fields=["season", "player_id"],
-            update_fields=["score", "score_version", "updated_at"],
+            update_fields=["score", "score_version", "reached_at", "updated_at"],
         )
     if plan.changes:
         ScoreChange.objects.bulk_create(
             ScoreChange(
                 season_id=season_id, player_id=c.player_id, old_score=c.old_score,
                 new_score=c.new_score, score_version=c.score_version, event_id=c.event_id,
-                committed_at=now, txid=0,
+                reached_at=c.reached_at, old_reached_at=c.old_reached_at, committed_at=now, txid=0,
             )
             for c in plan.changes
         )

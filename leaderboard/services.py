@@ -18,6 +18,8 @@ from leaderboard.core.errors import DomainError
 from leaderboard.core.events import ScoreEvent
 from leaderboard.core.ledger import HELD, REJECTED, BatchPlan, Outcome, batch_plan
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
+from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
+from leaderboard.core.tiebreak import reached_rejection
 from leaderboard.metrics import metrics_outcomes_count
 from leaderboard.models import ApiClient
 from seasons.models import FinalCorrection, Season
@@ -68,9 +70,10 @@ def score_events_apply(
         ledger_store.season_write_lock(season_id=season.pk)
         # Re-read under the lock: a lifecycle transition takes the same lock, so the
         # state that admits these events is the one they commit against.
-        state, starts_at, cutoff, published = Season.objects.filter(pk=season.pk).values_list(
-            "state", "starts_at", "cutoff", "published_version"
+        state, starts_at, cutoff, published, tie_break = Season.objects.filter(pk=season.pk).values_list(
+            "state", "starts_at", "cutoff", "published_version", "tie_break"
         ).get()
+        first_reached = tie_break == TIE_BREAK_FIRST_REACHED
         recorded = ledger_store.recorded_events_fetch(
             season_id=season.pk, event_ids=(e.event_id for e in events)
         )
@@ -79,10 +82,14 @@ def score_events_apply(
         )
 
         def rejection(event: ScoreEvent) -> str | None:
-            return admission_rejection(
+            why = admission_rejection(
                 state=state, starts_at=starts_at, cutoff=cutoff, completed_at=event.completed_at,
                 kind=event.kind, staff_approved=actor is not None,
             )
+            if why is None and first_reached:
+                # A reached_at outside the season has no sort key (core.tiebreak).
+                why = reached_rejection(reached_at=event.reached, starts_at=starts_at, cutoff=cutoff)
+            return why
 
         plan = batch_plan(
             events=events,
@@ -91,6 +98,7 @@ def score_events_apply(
             rejection=rejection,
             pending_version=published + 1,
             digests=digests,
+            reached_orders=first_reached,
         )
         ledger_store.batch_plan_write(
             season_id=season.pk, plan=plan, client_id=client.pk if client else None, now=now

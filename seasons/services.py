@@ -26,7 +26,13 @@ from leaderboard.core.lifecycle import (
     transition_check,
 )
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.season_options import TIE_BREAK_SHARED, regions_problem, tie_break_problem
+from leaderboard.core.season_options import (
+    TIE_BREAK_FIRST_REACHED,
+    TIE_BREAK_SHARED,
+    regions_problem,
+    tie_break_problem,
+)
+from leaderboard.core.tiebreak import first_reached_problem
 from leaderboard.materializer import season_keys
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import ScoreChange
@@ -58,6 +64,9 @@ def season_create(
     if cutoff <= starts_at:
         raise SeasonError("the cutoff must be after the start")
     if problem := regions_problem(regions) or tie_break_problem(tie_break):
+        raise SeasonError(problem)
+    if tie_break == TIE_BREAK_FIRST_REACHED and (problem := first_reached_problem(
+            layout=layout or BucketLayout.uniform(), starts_at=starts_at, cutoff=cutoff)):
         raise SeasonError(problem)
     if Season.objects.filter(slug=slug).exists():
         raise SeasonError(f"a season {slug!r} already exists")

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
 from leaderboard.core.errors import DomainError
+from leaderboard.core.tiebreak import truncate_ms
 
 MIN_SCORE = 0
 MAX_SCORE = 1_000_000
@@ -46,7 +47,7 @@ EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 
 REQUIRED_FIELDS = ("event_id", "match_id", "player_id", "best_score", "score_version", "completed_at")
-OPTIONAL_FIELDS = ("kind", "reason")
+OPTIONAL_FIELDS = ("kind", "reason", "reached_at")
 ALLOWED_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
 
 
@@ -60,26 +61,36 @@ class ScoreEvent:
     completed_at: datetime
     kind: str = KIND_RESULT
     reason: str = ""
+    # When the player reached best_score, to the millisecond (truncated); None: not sent,
+    # which means completed_at (docs/rules.md, Ties decided by who got there first).
+    reached_at: datetime | None = None
+
+    @property
+    def reached(self) -> datetime:
+        """The effective reached_at: as sent, else completed_at, both to the millisecond."""
+        return self.reached_at if self.reached_at is not None else truncate_ms(self.completed_at)
 
     def payload_hash(self) -> str:
         """SHA-256 of the canonical payload: what decides duplicate vs conflict.
 
         completed_at is normalised to UTC, so the same instant written with another
-        offset is the same payload.
+        offset is the same payload. reached_at counts only when it differs from its
+        default: an event without it keeps the hash it always had, and a retry that
+        spells the default out (or differs below the millisecond) is a duplicate.
         """
-        canonical = "\x1f".join(
-            (
-                self.event_id,
-                self.match_id,
-                self.player_id,
-                str(self.best_score),
-                str(self.score_version),
-                self.completed_at.astimezone(UTC).isoformat(timespec="microseconds"),
-                self.kind,
-                self.reason,
-            )
-        )
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        fields = [
+            self.event_id,
+            self.match_id,
+            self.player_id,
+            str(self.best_score),
+            str(self.score_version),
+            self.completed_at.astimezone(UTC).isoformat(timespec="microseconds"),
+            self.kind,
+            self.reason,
+        ]
+        if self.reached_at is not None and self.reached_at != truncate_ms(self.completed_at):
+            fields.append(self.reached_at.astimezone(UTC).isoformat(timespec="milliseconds"))
+        return hashlib.sha256("\x1f".join(fields).encode()).hexdigest()
 
 
 class EventValidationError(DomainError):
@@ -162,6 +173,10 @@ def parse_rfc3339(value: Any) -> datetime | None:
     return parsed if EARLIEST_INSTANT <= instant <= LATEST_INSTANT else None
 
 
+_INSTANT_RULE = ("must be an RFC 3339 date-time with an offset between 1970-01-01T00:00:00Z and "
+                 "9999-12-31T23:59:59Z, e.g. 2026-01-31T18:00:00Z")
+
+
 def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent | None:
     if not isinstance(raw, dict):
         errors[path or "body"] = ["must be a JSON object"]
@@ -195,8 +210,14 @@ def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent 
     if "completed_at" in raw:
         completed_at = parse_rfc3339(raw["completed_at"])
         if completed_at is None:
-            fail("completed_at", "must be an RFC 3339 date-time with an offset between 1970-01-01T00:00:00Z and "
-                                 "9999-12-31T23:59:59Z, e.g. 2026-01-31T18:00:00Z")
+            fail("completed_at", _INSTANT_RULE)
+    reached_at = None
+    if raw.get("reached_at") is not None:
+        reached_at = parse_rfc3339(raw["reached_at"])
+        if reached_at is None:
+            fail("reached_at", _INSTANT_RULE)
+        else:
+            reached_at = truncate_ms(reached_at)
 
     kind = raw.get("kind", KIND_RESULT)
     if kind not in KINDS:
@@ -225,6 +246,7 @@ def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent 
         completed_at=completed_at,
         kind=kind,
         reason=reason,
+        reached_at=reached_at,
     )
 
 

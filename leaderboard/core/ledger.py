@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from leaderboard.core.events import KIND_CORRECTION, ScoreEvent
 
@@ -33,6 +34,11 @@ ALL_STATUSES = RECORDED_STATUSES + (DUPLICATE, CONFLICT)
 class PlayerState:
     score: int
     score_version: int
+    # When the player reached `score` (ms precision): moved by a result that raises the
+    # score and by a correction, never by an equal score later. None: a row from before
+    # reached_at was recorded. Left out of ==: a state is equal by score and version,
+    # and whoever orders by reached_at compares it explicitly.
+    reached_at: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,9 @@ class Change:
     new_score: int
     score_version: int
     event_id: str
+    # Left out of == like PlayerState.reached_at.
+    reached_at: datetime | None = field(default=None, compare=False)
+    old_reached_at: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -112,8 +121,12 @@ def batch_plan(
     rejection: Callable[[ScoreEvent], str | None],
     pending_version: int,
     digests: Sequence[str] | None = None,
+    reached_orders: bool = False,
 ) -> BatchPlan:
     """Decide every event of a batch in order.
+
+    `reached_orders`: the season orders ties by reached_at (first_reached), so a
+    correction that moves only reached_at changes the board too.
 
     `recorded` holds earlier ledger rows for the batch's event ids, `current` the current
     state of the batch's players; neither is mutated. `digests`, when given, are the
@@ -163,13 +176,15 @@ def batch_plan(
         status, reason, pending = _decide(event, before, rejection, pending_version)
         after = before
         if status in (APPLIED, UNCHANGED):
-            new_score = event.best_score
-            if event.kind != KIND_CORRECTION and before is not None:
-                new_score = max(before.score, event.best_score)
-            after = PlayerState(score=new_score, score_version=event.score_version)
+            new_score, new_reached = event.best_score, event.reached
+            if event.kind != KIND_CORRECTION and before is not None and before.score >= event.best_score:
+                # An equal or lower result keeps the score and when it was reached.
+                new_score, new_reached = before.score, before.reached_at
+            after = PlayerState(score=new_score, score_version=event.score_version, reached_at=new_reached)
             state[event.player_id] = after
             plan.player_states[event.player_id] = after
-            if before is None or before.score != new_score:
+            if (before is None or before.score != new_score
+                    or (reached_orders and before.reached_at != new_reached)):
                 plan.changes.append(
                     Change(
                         player_id=event.player_id,
@@ -177,6 +192,8 @@ def batch_plan(
                         new_score=new_score,
                         score_version=event.score_version,
                         event_id=event.event_id,
+                        reached_at=new_reached,
+                        old_reached_at=before.reached_at if before is not None else None,
                     )
                 )
             else:
