@@ -64,6 +64,27 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def env_urls(name: str, default: list[str], *, schemes: tuple[str, ...]) -> list[str]:
+    """One URL or several, comma-separated, each with one of `schemes` (a server's address,
+    e.g. redis://host:6379/0): a typo fails at start, not at the first message."""
+    urls = env_list(name, default)
+    if not urls:
+        raise ConfigError(f"{name} must name at least one server")
+    for url in urls:
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme not in schemes:
+            raise ConfigError(f"{name} must be a {'/'.join(schemes)} URL, got {url!r}")
+    return urls
+
+
+def env_url(name: str, default: str, *, schemes: tuple[str, ...]) -> str:
+    """One server's URL with one of `schemes`."""
+    urls = env_urls(name, [default], schemes=schemes)
+    if len(urls) != 1:
+        raise ConfigError(f"{name} must name one server, got {len(urls)}")
+    return urls[0]
+
+
 def dev_secret_key(var_dir: Path) -> str:
     """A development key, generated on first use and kept (mode 0600) under var_dir."""
     path = var_dir / "secret_key"

@@ -7,7 +7,18 @@ from pathlib import Path
 import dj_database_url
 
 from config import embedded_redis
-from config.env import ConfigError, dev_secret_key, env_bool, env_float, env_int, env_list, env_rate, env_str
+from config.env import (
+    ConfigError,
+    dev_secret_key,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_rate,
+    env_str,
+    env_url,
+    env_urls,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var")
@@ -104,25 +115,47 @@ elif _db["ENGINE"] == "django.db.backends.postgresql" and env_int("DB_POOL_SIZE"
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# --- Redis: the materialized views, the Celery broker and the channel layer.
+# --- Redis: the materialized views; the Celery broker and the channel layer, by default
+# on the same server (docs/operations.md: Deploying).
+# REDIS_CLUSTER: REDIS_URL names any node of a Redis Cluster holding the rank views.
+REDIS_CLUSTER = env_bool("REDIS_CLUSTER", False)
 _redis_url = env_str("REDIS_URL")
+if REDIS_CLUSTER and _redis_url is None:
+    raise ConfigError("REDIS_CLUSTER is true but REDIS_URL is unset: set REDIS_URL to a node of the cluster")
 REDIS_EMBEDDED = _redis_url is None
 REDIS_URL: str = _redis_url if _redis_url is not None else embedded_redis.ensure(VAR_DIR)
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "lb") or "lb"
 
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+# Neither Celery's Redis transport nor channels-redis can use a Redis Cluster (their
+# commands span keys of many slots), so with a cluster both must be named; without one
+# they default to REDIS_URL.
+_roles_unset = [name for name in ("CELERY_BROKER_URL", "CHANNEL_LAYER_URL") if env_str(name) is None]
+if REDIS_CLUSTER and _roles_unset:
+    raise ConfigError(
+        f"REDIS_CLUSTER is true and {' and '.join(_roles_unset)} {'is' if len(_roles_unset) == 1 else 'are'} "
+        "unset: a Redis Cluster cannot be the Celery broker or the channel layer; set CELERY_BROKER_URL "
+        "(a plain Redis or RabbitMQ amqp://) and CHANNEL_LAYER_URL (one or more plain Redis servers)"
+    )
+# A plain Redis or RabbitMQ (amqp://user:password@host:5672/vhost, through kombu's py-amqp).
+CELERY_BROKER_URL: str = env_url("CELERY_BROKER_URL", REDIS_URL, schemes=("redis", "rediss", "unix", "amqp", "amqps"))
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
 
+# One plain Redis, or several comma-separated: channels-redis then shards channels and
+# groups over them by a hash of the name (every web process must list them in the same order).
+CHANNEL_LAYER_URLS: list[str] = env_urls("CHANNEL_LAYER_URL", [REDIS_URL], schemes=("redis", "rediss", "unix"))
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         # channels-redis polls with a 5 s BZPOPMIN; redis-py 8 times reads out after 5 s
         # by default, which would fail every idle wait.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "prefix": f"{REDIS_KEY_PREFIX}:asgi"},
+        "CONFIG": {
+            "hosts": [{"address": url, "socket_timeout": 15} for url in CHANNEL_LAYER_URLS],
+            "prefix": f"{REDIS_KEY_PREFIX}:asgi",
+        },
     }
 }
 # A live socket whose client stops reading is closed (4408) after this long.

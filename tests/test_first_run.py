@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def fresh_env(var_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in {"SECRET_KEY", "DEBUG", "DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
+           if k not in {"SECRET_KEY", "DEBUG", "DATABASE_URL", "REDIS_URL", "REDIS_CLUSTER", "CELERY_BROKER_URL",
+                        "CHANNEL_LAYER_URL", "DJANGO_SETTINGS_MODULE"}}
     return {**env, "VAR_DIR": str(var_dir), **extra}
 
 

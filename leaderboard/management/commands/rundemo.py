@@ -14,6 +14,7 @@ import urllib.request
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.core.management import call_command
@@ -67,7 +68,11 @@ class Command(BaseCommand):
         staff = [(username, role, _demo_staff(username, role)) for username, role in DEMO_STAFF]
         base = f"http://{options['host']}:{options['port']}"
         python = sys.executable
-        env = {**os.environ, "REDIS_URL": settings.REDIS_URL}
+        # The children resolve the same servers as this process, the embedded Redis included.
+        env = {
+            **os.environ, "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "CHANNEL_LAYER_URL": ",".join(settings.CHANNEL_LAYER_URLS),
+        }
         # Celery warns at length when run as root, which a container often is; it is not
         # something the demo's user can act on, and it buries the lines printed below.
         celery_env = {**env, "PYTHONWARNINGS": "ignore::celery.exceptions.SecurityWarning"}
@@ -115,6 +120,8 @@ class Command(BaseCommand):
                 f"                  token (scores:write) in {token_file}",
                 f"  health          {base}/healthz   {base}/readyz",
                 f"  redis           {settings.REDIS_URL}{' (embedded)' if settings.REDIS_EMBEDDED else ''}",
+                f"  celery broker   {_without_password(settings.CELERY_BROKER_URL)}",
+                f"  channel layer   {', '.join(_without_password(url) for url in settings.CHANNEL_LAYER_URLS)}",
                 f"  database        {settings.DATABASES['default']['NAME']}",
                 "",
                 "  Ctrl-C stops everything.",
@@ -156,6 +163,13 @@ def _demo_staff(username: str, role: str) -> str:
     password = secrets.token_urlsafe(9)
     staff_user_create(username=username, role=role, password=password, actor=DEMO_ACTOR)
     return password
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 def _private_write(path: Path, text: str) -> Path:
