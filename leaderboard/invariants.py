@@ -17,6 +17,7 @@ from leaderboard import rankview
 from leaderboard.core.checksum import checksum_of
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, stratified_positions
+from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score, value_token
 
 
 def version_check(
@@ -75,17 +76,20 @@ def _check_counts(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, repor
 
 def _check_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report: Report) -> None:
     seen: Counter[str] = Counter()
-    index_scores: dict[str, int] = {}
+    index_scores: dict[str, int | str] = {}
     bad_checksums = []
     misplaced = []
     for bucket in range(manifest.layout.size):
-        pairs = list(rankview.bucket_scan(r, _bucket_key(keys, manifest, bucket)))
+        # (player, value token): the score, or "score:reached_ms" on a first_reached board.
+        pairs = [(p, value_token(v)) for p, v in rankview.bucket_values_scan(
+            r, keys, manifest.copy, manifest.layout, manifest.ties, bucket)]
         low, high = manifest.layout.range_of(bucket)
-        for player_id, score in pairs:
+        for player_id, token in pairs:
             seen[player_id] += 1
-            index_scores[player_id] = score
-            if not low <= score <= high:
-                misplaced.append(f"{player_id}={score} in bucket {bucket}")
+            index_scores[player_id] = token
+            score = lookup_value(manifest.ties, str(token))
+            if not low <= value_score(score) <= high:
+                misplaced.append(f"{player_id}={token} in bucket {bucket}")
         if checksum_of(pairs) != manifest.checksums[bucket]:
             bad_checksums.append(bucket)
     duplicates = [p for p, n in seen.items() if n > 1]
@@ -98,10 +102,21 @@ def _check_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report:
         for raw_player, raw_score in r.hscan_iter(keys.lookup(manifest.copy, shard), count=5000):
             lookup_players += 1
             player_id = raw_player.decode()
-            if index_scores.get(player_id) != int(raw_score):
-                mismatched.append(f"{player_id}: lookup {int(raw_score)}, index {index_scores.get(player_id)}")
+            token = value_token(lookup_value(manifest.ties, raw_score))
+            if index_scores.get(player_id) != token:
+                mismatched.append(f"{player_id}: lookup {token}, index {index_scores.get(player_id)}")
     report.add("lookup_equals_index", not mismatched and lookup_players == len(index_scores),
                f"{len(mismatched)} mismatches {mismatched[:10]}; lookup {lookup_players}, index {len(index_scores)}")
+
+
+def _key_in(manifest: Manifest, bucket: int, value: IndexValue) -> int | str:
+    """The sort key in `bucket` below which every member ranks ahead of `value`: in the
+    value's own bucket its key; buckets above hold only higher scores (all ahead), buckets
+    below only lower ones (none ahead)."""
+    own, key = index_key(manifest.layout, manifest.ties, value)
+    if manifest.ties is None or bucket == own:
+        return key
+    return "+inf" if bucket > own else "-inf"
 
 
 def _check_sampled_ranks(
@@ -124,15 +139,18 @@ def _check_sampled_ranks(
             wrong.append(f"position {position}: no entry")
             continue
         entry = entries[0]
-        with r.pipeline(transaction=False) as pipe:
-            pipe.hget(keys.lookup_of(manifest.copy, entry.player_id), entry.player_id)
-            for bucket in range(manifest.layout.size):
-                pipe.zcount(_bucket_key(keys, manifest, bucket), "-inf", f"({-entry.score}")
-            replies = pipe.execute()
-        lookup = replies[0]
-        if lookup is None or int(lookup) != entry.score:
+        lookup = r.hget(keys.lookup_of(manifest.copy, entry.player_id), entry.player_id)
+        value = lookup_value(manifest.ties, lookup) if lookup is not None else None
+        if value is None or value_score(value) != entry.score:
             wrong.append(f"{entry.player_id}: lookup {lookup!r}, index {entry.score}")
-        brute_rank = 1 + sum(int(n) for n in replies[1:])
+            continue
+        # Players ahead in every bucket, bucket by bucket: those with a higher score, or (on
+        # a first_reached board) the same score reached earlier; never the manifest's counts.
+        with r.pipeline(transaction=False) as pipe:
+            for bucket in range(manifest.layout.size):
+                pipe.zcount(_bucket_key(keys, manifest, bucket), "-inf", f"({_key_in(manifest, bucket, value)}")
+            replies = pipe.execute()
+        brute_rank = 1 + sum(int(n) for n in replies)
         if brute_rank != entry.rank:
             wrong.append(f"{entry.player_id} at {position}: rank {entry.rank}, 1+count(higher) = {brute_rank}")
         try:

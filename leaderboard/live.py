@@ -47,7 +47,8 @@ from leaderboard import rankview
 from leaderboard.core.epoch import locate_position
 from leaderboard.core.live import TOP_LIMIT, Subscription, player_payload, top_diff
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.ranking import Entry, ranked
+from leaderboard.core.ranking import Entry, ranked_values
+from leaderboard.core.tiebreak import IndexValue, index_key, index_value, lookup_value, value_score
 from leaderboard.selectors import leaderboard_reader, read_unavailable
 from seasons.models import Season
 
@@ -195,25 +196,29 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         by_shard.setdefault(rankview.lookup_shard(player_id), []).append(player_id)
     shards = list(by_shard.items())
     replies = yield [("hmget", (keys.lookup(copy, shard), players), {}) for shard, players in shards]
-    found = [(player_id, int(value)) for (_, players), values in zip(shards, replies, strict=True)
+    # Values: scores, or (score, reached_ms) on a first_reached board (core.tiebreak).
+    ties = manifest.ties
+    found = [(player_id, lookup_value(ties, value)) for (_, players), values in zip(shards, replies, strict=True)
              for player_id, value in zip(players, values, strict=True) if value is not None]
 
-    # 2. Strictly higher players and the index of each found player in its bucket.
+    # 2. Players ranked ahead and the index of each found player in its bucket.
     located: dict[str, Entry] = {}
+    value_of: dict[str, IndexValue] = {}
     if found:
         calls: list[Call] = []
-        for player_id, score in found:
-            key = bucket_key(layout.bucket_of(score))
-            calls.append(("zcount", (key, "-inf", f"({-score}"), {}))
-            calls.append(("zrank", (key, player_id), {}))
+        for player_id, value in found:
+            bucket, sort_key = index_key(layout, ties, value)
+            calls.append(("zcount", (bucket_key(bucket), "-inf", f"({sort_key}"), {}))
+            calls.append(("zrank", (bucket_key(bucket), player_id), {}))
         replies = yield calls
-        for i, (player_id, score) in enumerate(found):
+        for i, (player_id, value) in enumerate(found):
             higher, index = replies[2 * i], replies[2 * i + 1]
             if index is None:
                 raise rankview.Torn()  # the lookup and the index disagree: mid-mutation
-            before = manifest.higher[layout.bucket_of(score)]
+            before = manifest.higher[layout.bucket_of(value_score(value))]
+            value_of[player_id] = value
             located[player_id] = Entry(position=before + int(index) + 1, rank=before + int(higher) + 1,
-                                       player_id=player_id, score=score)
+                                       player_id=player_id, score=value_score(value))
 
     # 3. Each player's window of positions, as ranges of buckets; identical ranges (players
     #    near each other) are read once.
@@ -227,33 +232,35 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         windows[player_id] = (first, last, spans)
         for span in spans:
             ranges.setdefault(span, len(ranges))
-    pairs_of: list[list[tuple[str, int]]] = []
+    pairs_of: list[list[tuple[str, IndexValue]]] = []
     if ranges:
         replies = yield [("zrange", (bucket_key(bucket), start, stop), {"withscores": True})
                          for bucket, start, stop in ranges]
-        pairs_of = [[(m.decode(), -int(s)) for m, s in reply] for reply in replies]
+        pairs_of = [[(m.decode(), index_value(layout, ties, bucket, s)) for m, s in reply]
+                    for (bucket, _, _), reply in zip(ranges, replies, strict=True)]
 
     # 4. The rank of each window's first entry when it is not known already (it is for
     #    position 1 and when it shares the player's score), then the seqlock check.
-    pending: dict[str, tuple[int, list[tuple[str, int]]]] = {}
-    rank_queries: dict[int, int] = {}
+    pending: dict[str, tuple[int, list[tuple[str, IndexValue]]]] = {}
+    rank_queries: dict[IndexValue, int] = {}
     for player_id, (first, last, spans) in windows.items():
         pairs = [pair for span in spans for pair in pairs_of[ranges[span]]]
         me = located[player_id]
-        if len(pairs) != last - first + 1 or pairs[me.position - first] != (player_id, me.score):
+        if len(pairs) != last - first + 1 or pairs[me.position - first] != (player_id, value_of[player_id]):
             raise rankview.Torn()  # a bucket holds other members than the manifest counted
         pending[player_id] = (first, pairs)
         first_score = pairs[0][1]
-        if first != 1 and first_score != me.score:
+        if first != 1 and first_score != value_of[player_id]:
             rank_queries.setdefault(first_score, len(rank_queries))
-    replies = yield [("zcount", (bucket_key(layout.bucket_of(score)), "-inf", f"({-score}"), {})
-                     for score in rank_queries] + [("hmget", (keys.copy_meta(copy), ["gen", "version"]), {})]
+    keyed = {value: index_key(layout, ties, value) for value in rank_queries}
+    replies = yield [("zcount", (bucket_key(keyed[value][0]), "-inf", f"({keyed[value][1]}"), {})
+                     for value in rank_queries] + [("hmget", (keys.copy_meta(copy), ["gen", "version"]), {})]
     gen, version = replies[-1]
     if gen is None or version is None or int(gen) != manifest.gen or int(version) != manifest.version:
         raise rankview.Torn()
     rank_of_score = {
-        score: manifest.higher[layout.bucket_of(score)] + int(replies[index]) + 1
-        for score, index in rank_queries.items()
+        value: manifest.higher[keyed[value][0]] + int(replies[index]) + 1
+        for value, index in rank_queries.items()
     }
 
     for player_id, (first, pairs) in pending.items():
@@ -261,11 +268,11 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         first_score = pairs[0][1]
         if first == 1:
             rank_first = 1
-        elif first_score == me.score:
+        elif first_score == value_of[player_id]:
             rank_first = me.rank
         else:
             rank_first = rank_of_score[first_score]
-        window = ranked(pairs, first_position=first, rank_of_first=rank_first)
+        window = ranked_values(pairs, first_position=first, rank_of_first=rank_first)
         out[player_id] = PlayerRead(entry=me, window=tuple(window), radius=wanted[player_id])
     return out
 

@@ -27,12 +27,19 @@ from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add
 from leaderboard.core.epoch import newest_scores, scores_before
 from leaderboard.core.manifest import Manifest
+from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
+from leaderboard.core.tiebreak import FirstReached, IndexValue, first_reached_of, index_key, value_token
 from leaderboard.live import live_version_published
 from leaderboard.metrics import metrics_epoch_observe
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import PlayerScore, ScoreChange
 from leaderboard.redis_client import redis_get
-from leaderboard.selectors import ChangeCursor, score_change_heads_after, stream_head_committed
+from leaderboard.selectors import (
+    ChangeCursor,
+    score_change_heads_after,
+    score_change_reached_after,
+    stream_head_committed,
+)
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -47,7 +54,9 @@ EPOCH_HOLD_SECONDS = 15.0
 # Its lease is renewed while it works (rankview.LeaseKeeper); a hung one gives it back after this.
 LEASE_KEEP_MAX_SECONDS = 3600.0
 
-Change = tuple[int, int, str, int, int, int | None]  # txid, id, player, new score, version, old score
+# txid, id, player, new score, version, old score; in a first_reached season also the new
+# and old reached_at in ms since 1970 (selectors.score_change_reached_after).
+Change = tuple[Any, ...]
 
 
 class EpochError(RuntimeError):
@@ -73,6 +82,26 @@ class EpochResult:
 
 def season_keys(season: Season) -> rankview.Keys:
     return rankview.Keys(settings.REDIS_KEY_PREFIX, season.slug)
+
+
+def season_ties(season: Season) -> FirstReached | None:
+    """The key encoding of a first_reached season's boards (core.tiebreak), None for a shared one."""
+    if season.tie_break != TIE_BREAK_FIRST_REACHED:
+        return None
+    return first_reached_of(starts_at=season.starts_at, cutoff=season.cutoff)
+
+
+def change_values(changes: list[Change], ties: FirstReached | None
+                  ) -> tuple[dict[str, IndexValue], list[tuple[str, IndexValue | None]]]:
+    """The newest index value per player, and (player, old value) per row in stream order
+    (for scores_before): scores, or (score, reached_ms) on a first_reached board."""
+    if ties is None:
+        return newest_scores((c[2], c[3], c[4]) for c in changes), [(c[2], c[5]) for c in changes]
+    origin = ties.origin_ms
+    # reached_at None: a row from before it was recorded, reached at the start (FirstReached.reached_ms).
+    newest = newest_scores((c[2], (c[3], 0 if c[6] is None else c[6] - origin), c[4]) for c in changes)
+    old = [(c[2], None if c[5] is None else (c[5], 0 if c[7] is None else c[7] - origin)) for c in changes]
+    return newest, old  # type: ignore[return-value]
 
 
 def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int | None:
@@ -194,7 +223,8 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
     exact = idle.exact
     changes = read.between(idle.watermark, current.watermark) if read is not None else None
     if changes is None:
-        changes = list(_changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark))
+        changes = list(_changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark,
+                                     ties=idle.ties))
     idle = rankview.copy_begin_mutation(r, keys, token, idle)
     _copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes, exact=exact)
     rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version, exact=exact)
@@ -207,11 +237,12 @@ def _copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, targ
 
     `exact`: the copy held exactly the ledger at the watermark the rows start after, so
     each player's old score is the first row's old_score (no read of the copy)."""
-    newest = newest_scores((c[2], c[3], c[4]) for c in changes)
+    newest, olds = change_values(changes, target.ties)
+    old_scores: dict[str, IndexValue | None]
     if exact:
-        old_scores = scores_before((c[2], c[5]) for c in changes)
+        old_scores = scores_before(olds)
     else:
-        old_scores = rankview.copy_scores_get(r, keys, target.copy, list(newest))
+        old_scores = rankview.copy_scores_get(r, keys, target.copy, list(newest), target.ties)
     touched = rankview.copy_apply(r, keys, token, target, old_scores, newest)
     problems = rankview.copy_verify_counts(r, keys, target, touched)
     if problems:
@@ -248,7 +279,9 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     target_name = next(c for c in copies if current is None or c != current.copy)
     target = rankview.copy_meta_load(r, keys, target_name)
     layout = current.layout if current is not None else season.bucket_layout
-    rebuild = target is None or target.state == rankview.STATE_BROKEN or target.layout != layout
+    ties = season_ties(season)
+    rebuild = (target is None or target.state == rankview.STATE_BROKEN or target.layout != layout
+               or target.ties != ties)
 
     # (txid, id, player_id, new_score, score_version) in cursor order, read before the
     # target is touched: with nothing new since the current version the epoch is idle
@@ -257,13 +290,14 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     # without applying them would lose them from every later version built on it.
     changes = []
     if target is not None and not rebuild:
-        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark)))
+        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark), ties=ties))
     fresh: set[str] = set()  # players changed since the current version
     if current is not None:
         if target is not None and not rebuild and target.watermark <= current.watermark:
             fresh = {c[2] for c in changes if (c[0], c[1]) > current.watermark}
         else:
-            fresh = {c[2] for c in _changes_after(season_id=season.pk, cursor=ChangeCursor(*current.watermark))}
+            fresh = {c[2] for c in _changes_after(season_id=season.pk, cursor=ChangeCursor(*current.watermark),
+                                                  ties=ties)}
         if not fresh and current.version >= season.published_version:
             return EpochResult(status="idle", version=current.version), None
         # Nothing new, but the pointer is older than a version the database recorded
@@ -274,7 +308,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     exact = target is not None and not rebuild and target.exact and target.state == rankview.STATE_READY
     if target is None or rebuild:
         target = season_copy_build(season=season, copy=target_name, layout=layout, r=r, token=token)
-        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark)))
+        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark), ties=ties))
         if current is not None:
             fresh.update(c[2] for c in changes if (c[0], c[1]) > current.watermark)
     else:
@@ -295,7 +329,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
         season=season.slug, version=version, as_of=as_of.isoformat(timespec="milliseconds"),
         watermark=(head.txid, head.id), copy=target.copy, gen=target.gen, layout=target.layout,
         counts=list(target.counts), checksums=list(target.checksums),
-        top=rankview.copy_top(r, keys, target, limit=100),
+        top=rankview.copy_top(r, keys, target, limit=100), ties=target.ties,
     )
     rankview.manifest_store(r, keys, manifest, token=token)
     # The FINAL version keeps its manifest when a correction replaces it (the catch-up
@@ -351,18 +385,20 @@ def _recovery_start(season: Season) -> EpochResult:
 
 
 def _changes_upto(
-    *, season_id: int, after: tuple[int, int], upto: tuple[int, int] | None
+    *, season_id: int, after: tuple[int, int], upto: tuple[int, int] | None, ties: FirstReached | None = None,
 ) -> Iterator[Change]:
     """Changes with cursor in (after, upto]; upto None: everything committed."""
-    for change in _changes_after(season_id=season_id, cursor=ChangeCursor(*after)):
+    for change in _changes_after(season_id=season_id, cursor=ChangeCursor(*after), ties=ties):
         if upto is not None and (change[0], change[1]) > upto:
             return
         yield change
 
 
-def _changes_after(*, season_id: int, cursor: ChangeCursor) -> Iterator[Change]:
+def _changes_after(*, season_id: int, cursor: ChangeCursor, ties: FirstReached | None = None) -> Iterator[Change]:
+    # Only a first_reached board reads the reached_at columns.
+    read = score_change_heads_after if ties is None else score_change_reached_after
     while True:
-        page = score_change_heads_after(season_id=season_id, cursor=cursor, limit=STREAM_PAGE)
+        page: list[Change] = read(season_id=season_id, cursor=cursor, limit=STREAM_PAGE)  # type: ignore[assignment]
         yield from page
         if len(page) < STREAM_PAGE:
             return
@@ -413,7 +449,8 @@ def season_copy_build(
     old = rankview.copy_meta_load(r, keys, copy)
     if old is not None:
         rankview.copy_drop(r, keys, old, token=token)
-    meta = rankview.copy_meta_init(r, keys, copy, layout)
+    ties = season_ties(season)
+    meta = rankview.copy_meta_init(r, keys, copy, layout, ties)
     meta = rankview.copy_begin_mutation(r, keys, token, meta)
     counts = [0] * layout.size
     checksums = [0] * layout.size
@@ -429,12 +466,13 @@ def season_copy_build(
     if progress is not None:
         progress.start(total)
     after = ""
+    columns = ("player_id", "score") if ties is None else ("player_id", "score", "reached_at")
     while True:
-        batch = list(scores.filter(player_id__gt=after).order_by("player_id").values_list("player_id", "score")[
-            :BUILD_BATCH
-        ])
+        batch = list(scores.filter(player_id__gt=after).order_by("player_id").values_list(*columns)[:BUILD_BATCH])
         if not batch:
             break
+        if ties is not None:
+            batch = [(p, (score, ties.reached_ms(reached))) for p, score, reached in batch]
         _build_batch(r, keys, token, meta, batch, counts, checksums)
         done += len(batch)
         after = batch[-1][0]
@@ -453,14 +491,24 @@ def season_copy_build(
 
 
 def _build_batch(
-    r: redis.Redis, keys: rankview.Keys, token: int | None, meta: rankview.CopyMeta, batch: list[tuple[str, int]],
-    counts: list[int], checksums: list[int],
+    r: redis.Redis, keys: rankview.Keys, token: int | None, meta: rankview.CopyMeta,
+    batch: list[tuple[str, Any]], counts: list[int], checksums: list[int],
 ) -> None:
     """One batch of a build as one transaction, fenced by `token` (an epoch's build stops
-    writing the moment its lease is lost; a shadow build, token None, owns its copy)."""
+    writing the moment its lease is lost; a shadow build, token None, owns its copy).
+    `batch`: (player_id, score), or (player_id, (score, reached_ms)) on a first_reached board."""
     layout = meta.layout
     zadds: dict[int, dict[str, int]] = {}
     hsets: dict[int, dict[Any, Any]] = {}
+    if meta.ties is not None:
+        for player_id, value in batch:
+            bucket, key = index_key(layout, meta.ties, value)
+            token_ = value_token(value)
+            zadds.setdefault(bucket, {})[player_id] = key
+            hsets.setdefault(rankview.lookup_shard(player_id), {})[player_id] = token_
+            counts[bucket] += 1
+            checksums[bucket] = checksum_add(checksums[bucket], player_id, token_)
+        batch = []
     for player_id, score in batch:
         bucket = layout.bucket_of(score)
         zadds.setdefault(bucket, {})[player_id] = -score

@@ -14,6 +14,12 @@ per-season control keys together in one):
 Scores are stored negated, so ascending ZRANGE order is score descending, then member
 ascending by bytes: the display order (docs/rules.md, Ranking) in one range call, and
 ZCOUNT(-inf, (-s) counts the strictly higher scores in a bucket.
+
+A first_reached season (docs/rules.md, Ties decided by who got there first) stores instead
+the 53-bit key of core.tiebreak, (bucket high - score) << bits | reached_ms, and its
+lookup holds "score:reached_ms": the same single range call and single ZCOUNT, with
+equal scores ordered by who reached them first. The encoding rides in the copy meta and
+the manifest ("ties"/"tie_break"), so a reader needs nothing else.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +44,18 @@ from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_of
 from leaderboard.core.epoch import EpochPlan, epoch_plan, locate_position
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.ranking import Entry, ranked
+from leaderboard.core.ranking import Entry, ranked, ranked_values
+from leaderboard.core.tiebreak import (
+    FirstReached,
+    IndexValue,
+    index_key,
+    index_value,
+    lookup_parse,
+    lookup_text,
+    lookup_value,
+    value_score,
+    value_token,
+)
 
 LOOKUP_SHARDS = 16
 # The copies of the index (R = 2): the materializer alternates between them, and a rank
@@ -107,9 +124,12 @@ class CopyMeta:
     # committed change): the next epoch may then take the old scores from the change
     # stream instead of reading them from the copy's lookup.
     exact: bool = False
+    # A first_reached copy's key encoding (core.tiebreak); None: a shared board.
+    ties: FirstReached | None = None
 
     def fields(self) -> dict[Any, Any]:
         return {
+            **({} if self.ties is None else {"ties": orjson.dumps(self.ties.as_dict())}),
             "gen": self.gen,
             "state": self.state,
             "watermark": f"{self.watermark[0]}:{self.watermark[1]}",
@@ -135,6 +155,7 @@ class CopyMeta:
             version=int(raw[b"version"]),
             released_at=float(raw[b"released_at"]),
             exact=raw.get(b"exact") == b"1",
+            ties=FirstReached.from_dict(orjson.loads(raw[b"ties"])) if b"ties" in raw else None,
         )
 
 
@@ -145,10 +166,11 @@ def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
     return CopyMeta.parse(copy, raw)
 
 
-def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout) -> CopyMeta:
+def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
+                   ties: FirstReached | None = None) -> CopyMeta:
     meta = CopyMeta(
         copy=copy, gen=0, state=STATE_READY, watermark=(0, 0), layout=layout,
-        counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0,
+        counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
     )
     r.hset(keys.copy_meta(copy), mapping=meta.fields())
     return meta
@@ -371,7 +393,9 @@ def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: Cop
     return meta
 
 
-def copy_scores_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str]) -> dict[str, int | None]:
+def copy_scores_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str],
+                    ties: FirstReached | None = None) -> dict[str, IndexValue | None]:
+    """Each player's value in the copy's lookup (None: absent); `ties`: the copy's encoding."""
     by_shard: dict[int, list[str]] = {}
     for player_id in player_ids:
         by_shard.setdefault(lookup_shard(player_id), []).append(player_id)
@@ -380,10 +404,10 @@ def copy_scores_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str]
         for shard, players in order:
             pipe.hmget(keys.lookup(copy, shard), players)
         replies = pipe.execute()
-    out: dict[str, int | None] = {}
+    out: dict[str, IndexValue | None] = {}
     for (_, players), values in zip(order, replies, strict=True):
         for player_id, value in zip(players, values, strict=True):
-            out[player_id] = int(value) if value is not None else None
+            out[player_id] = lookup_value(ties, value) if value is not None else None
     return out
 
 
@@ -392,7 +416,7 @@ class CopyMismatch(RuntimeError):
 
 
 def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
-               old_scores: dict[str, int | None], new_scores: dict[str, int]) -> set[int]:
+               old_scores: Mapping[str, IndexValue | None], new_scores: Mapping[str, IndexValue]) -> set[int]:
     """Move each changed player to its new score, in fenced MULTI/EXEC chunks.
 
     Each chunk is planned from the counts and checksums the previous one left and
@@ -487,11 +511,14 @@ def _chunk_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan) -> list[tuple[A
     for bucket, player_id in plan.removals:
         zrems.setdefault(bucket, []).append(player_id)
     zadds: dict[int, list[Any]] = {}
+    ties, layout = meta.ties, meta.layout
     for bucket, player_id, score in plan.additions:
-        zadds.setdefault(bucket, []).extend((-score, player_id))
+        key = -score if isinstance(score, int) else index_key(layout, ties, score)[1]
+        zadds.setdefault(bucket, []).extend((key, player_id))
     hsets: dict[int, list[Any]] = {}
     for player_id, score in plan.lookups.items():
-        hsets.setdefault(lookup_shard(player_id), []).extend((player_id, score))
+        hsets.setdefault(lookup_shard(player_id), []).extend(
+            (player_id, score if isinstance(score, int) else lookup_text(*score)))
     commands: list[tuple[Any, ...]] = []
     commands += [("ZREM", keys.bucket(meta.copy, layout_id, b), *members) for b, members in zrems.items()]
     commands += [("ZADD", keys.bucket(meta.copy, layout_id, b), *pairs) for b, pairs in zadds.items()]
@@ -552,24 +579,40 @@ def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100) -> li
         for bucket, take in plan:
             pipe.zrange(keys.bucket(meta.copy, meta.layout.layout_id, bucket), 0, take - 1, withscores=True)
         replies = pipe.execute()
-    pairs = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
-    return [entry.as_dict() for entry in ranked(pairs)]
+    if meta.ties is None:
+        pairs = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
+        return [entry.as_dict() for entry in ranked(pairs)]
+    values = [(m.decode(), index_value(meta.layout, meta.ties, bucket, s))
+              for (bucket, _), reply in zip(plan, replies, strict=True) for m, s in reply]
+    return [entry.as_dict() for entry in ranked_values(values)]
 
 
 def bucket_scan(r: redis.Redis, key: str, batch: int = 5000) -> Iterator[tuple[str, int]]:
+    """A shared board's bucket, member by member: (player_id, score) in display order."""
+    for member, score in _bucket_members(r, key, batch):
+        yield member.decode(), -int(score)
+
+
+def bucket_values_scan(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout, ties: FirstReached | None,
+                       bucket: int, batch: int = 5000) -> Iterator[tuple[str, IndexValue]]:
+    """Any board's bucket as (player_id, value): scores, or first_reached (score, reached_ms)."""
+    for member, score in _bucket_members(r, keys.bucket(copy, layout.layout_id, bucket), batch):
+        yield member.decode(), index_value(layout, ties, bucket, score)
+
+
+def _bucket_members(r: redis.Redis, key: str, batch: int) -> Iterator[tuple[bytes, float]]:
     start = 0
     while True:
         chunk: list[tuple[bytes, float]] = r.zrange(key, start, start + batch - 1, withscores=True)  # type: ignore[assignment]
-        for member, score in chunk:
-            yield member.decode(), -int(score)
+        yield from chunk
         if len(chunk) < batch:
             return
         start += batch
 
 
-def bucket_checksum_scan(r: redis.Redis, keys: Keys, copy: str, layout_id: int, bucket: int) -> tuple[int, int]:
-    """(count, checksum) of a bucket by a full scan."""
-    pairs = list(bucket_scan(r, keys.bucket(copy, layout_id, bucket)))
+def bucket_checksum_scan(r: redis.Redis, keys: Keys, meta: CopyMeta, bucket: int) -> tuple[int, int]:
+    """(count, checksum) of a bucket of a copy by a full scan."""
+    pairs = [(p, value_token(v)) for p, v in bucket_values_scan(r, keys, meta.copy, meta.layout, meta.ties, bucket)]
     return len(pairs), checksum_of(pairs)
 
 
@@ -687,6 +730,8 @@ class PlayersView:
     manifest: Manifest
     scores: dict[str, int]
     ranks: dict[str, int]
+    # On a first_reached board: each player's reached_ms, which orders equal scores.
+    reached: dict[str, int] | None = None
 
 
 _reader = threading.local()
@@ -796,16 +841,17 @@ class RankReader:
         manifest = self._manifest(version)
         return manifest, body(manifest)
 
-    def locate(self, manifest: Manifest, player_id: str) -> tuple[int, int, int] | None:
-        """(score, position, rank) of a player in this version, or None."""
+    def locate(self, manifest: Manifest, player_id: str) -> tuple[IndexValue, int, int] | None:
+        """(value, position, rank) of a player in this version, or None; the value is the
+        score, or (score, reached_ms) on a first_reached board."""
         score_raw = self.r.hget(self.keys.lookup_of(manifest.copy, player_id), player_id)
         if score_raw is None:
             return None
-        score = int(score_raw)
-        bucket = manifest.layout.bucket_of(score)
+        score = lookup_value(manifest.ties, score_raw)
+        bucket, sort_key = index_key(manifest.layout, manifest.ties, score)
         key = self._bucket_key(manifest, bucket)
         with self.r.pipeline(transaction=False) as pipe:
-            pipe.zcount(key, "-inf", f"({-score}")
+            pipe.zcount(key, "-inf", f"({sort_key}")
             pipe.zrank(key, player_id)
             higher_in_bucket, index = pipe.execute()
         if index is None:
@@ -849,11 +895,17 @@ class RankReader:
         if score_raw is None:
             self._validate(manifest, started)
             return PlayerView(manifest=manifest, entry=None, total=manifest.total)
-        score = int(score_raw)
-        bucket = manifest.layout.bucket_of(score)
+        if manifest.ties is None:
+            score = int(score_raw)
+            bucket = manifest.layout.bucket_of(score)
+            sort_key = -score
+        else:
+            value = lookup_parse(score_raw)
+            score = value[0]
+            bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
         key = self._bucket_key(manifest, bucket)
         higher_in_bucket, index, (gen, held) = round_trip(self.r, [
-            ("ZCOUNT", key, "-inf", f"({-score}"), ("ZRANK", key, player_id),
+            ("ZCOUNT", key, "-inf", f"({sort_key}"), ("ZRANK", key, player_id),
             ("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"),
         ])
         if index is None:
@@ -893,30 +945,35 @@ class RankReader:
         raise Unavailable()
 
     def _players_of(self, manifest: Manifest, groups: list[tuple[int, list[str]]], started: float) -> PlayersView:
-        scores: dict[str, int] = {}
+        ties = manifest.ties
+        values: dict[str, IndexValue] = {}
         if groups:
             replies = round_trip(self.r, [("HMGET", self.keys.lookup(manifest.copy, shard), *ids)
                                           for shard, ids in groups])
             for (_, ids), reply in zip(groups, replies, strict=True):
                 for player_id, raw in zip(ids, reply, strict=True):
                     if raw is not None:
-                        scores[player_id] = int(raw)
-        # A season rank depends on the score alone: one ZCOUNT per distinct score.
-        distinct = [(score, manifest.layout.bucket_of(score)) for score in set(scores.values())]
+                        values[player_id] = int(raw) if ties is None else lookup_parse(raw)
+        # A season rank depends on the value alone (the score, or the score and when it
+        # was reached): one ZCOUNT per distinct value.
+        distinct = [(value, *index_key(manifest.layout, ties, value)) for value in set(values.values())]
         *higher, (gen, held) = round_trip(self.r, [
-            *(("ZCOUNT", self._bucket_key(manifest, bucket), "-inf", f"({-score}") for score, bucket in distinct),
+            *(("ZCOUNT", self._bucket_key(manifest, bucket), "-inf", f"({key}") for _, bucket, key in distinct),
             ("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"),
         ])
         if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
             raise _Torn()
-        rank_of = {score: manifest.higher[bucket] + int(count) + 1
-                   for (score, bucket), count in zip(distinct, higher, strict=True)}
-        return PlayersView(manifest=manifest, scores=scores,
-                           ranks={player_id: rank_of[score] for player_id, score in scores.items()})
+        rank_of = {value: manifest.higher[bucket] + int(count) + 1
+                   for (value, bucket, _), count in zip(distinct, higher, strict=True)}
+        ranks = {player_id: rank_of[value] for player_id, value in values.items()}
+        if ties is None:
+            return PlayersView(manifest=manifest, scores=values, ranks=ranks)  # type: ignore[arg-type]
+        return PlayersView(manifest=manifest, scores={p: value_score(v) for p, v in values.items()}, ranks=ranks,
+                           reached={p: v[1] for p, v in values.items() if not isinstance(v, int)})
 
     def entries_at(self, manifest: Manifest, first: int, limit: int,
-                known: tuple[int, int, int] | None = None) -> list[Entry]:
-        """Entries at positions first..first+limit-1; `known` = (position, score, rank) of one of them."""
+                known: tuple[int, IndexValue, int] | None = None) -> list[Entry]:
+        """Entries at positions first..first+limit-1; `known` = (position, value, rank) of one of them."""
         if limit <= 0 or first > manifest.total:
             return []
         located = locate_position(manifest.counts, first)
@@ -936,19 +993,27 @@ class RankReader:
             for b, start, stop in reads:
                 pipe.zrange(self._bucket_key(manifest, b), start, stop, withscores=True)
             replies = pipe.execute()
-        pairs = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
-        if len(pairs) != min(limit, manifest.total - first + 1):
+        ties = manifest.ties
+        values: list[tuple[str, IndexValue]]
+        if ties is None:
+            values = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
+        else:
+            values = [(m.decode(), index_value(manifest.layout, ties, b, s))
+                      for (b, _, _), reply in zip(reads, replies, strict=True) for m, s in reply]
+        if len(values) != min(limit, manifest.total - first + 1):
             raise _Torn()
-        first_score = pairs[0][1]
+        first_value = values[0][1]
         if first == 1:
             rank_of_first = 1
-        elif known is not None and known[1] == first_score:
+        elif known is not None and known[1] == first_value:
             rank_of_first = known[2]
         else:
-            b = manifest.layout.bucket_of(first_score)
-            higher = self.r.zcount(self._bucket_key(manifest, b), "-inf", f"({-first_score}")
+            b, sort_key = index_key(manifest.layout, ties, first_value)
+            higher = self.r.zcount(self._bucket_key(manifest, b), "-inf", f"({sort_key}")
             rank_of_first = manifest.higher[b] + int(higher) + 1
-        return ranked(pairs, first_position=first, rank_of_first=rank_of_first)
+        if ties is None:
+            return ranked(values, first_position=first, rank_of_first=rank_of_first)  # type: ignore[arg-type]
+        return ranked_values(values, first_position=first, rank_of_first=rank_of_first)
 
     def window(self, from_position: int, limit: int, version: int | None = None) -> tuple[Manifest, list[Entry]]:
         def body(manifest: Manifest) -> tuple[Manifest, list[Entry]]:
@@ -963,11 +1028,11 @@ class RankReader:
             found = self.locate(manifest, player_id)
             if found is None:
                 return manifest, None, []
-            score, position, rank = found
+            value, position, rank = found
             first = max(1, position - radius)
             entries = self.entries_at(manifest, first, position + radius - first + 1,
-                                   known=(position, score, rank))
-            me = Entry(position=position, rank=rank, player_id=player_id, score=score)
+                                   known=(position, value, rank))
+            me = Entry(position=position, rank=rank, player_id=player_id, score=value_score(value))
             return manifest, me, entries
 
         return self._run(version, body)  # type: ignore[no-any-return]

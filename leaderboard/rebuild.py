@@ -27,16 +27,18 @@ from audit.services import Actor, audit_log
 from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout, LayoutError
 from leaderboard.core.checksum import MODULUS
-from leaderboard.core.epoch import newest_scores
 from leaderboard.core.errors import DomainError
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
+from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
+from leaderboard.core.tiebreak import first_reached_problem, index_value, value_score
 from leaderboard.live import live_version_published
 from leaderboard.materializer import (
     EpochError,
     _changes_upto,
     _manifest_record,
+    change_values,
     season_copy_build,
     season_epoch_run_locked,
     season_keys,
@@ -70,6 +72,9 @@ def season_rebuild_start(
     failed first, so a killed builder never blocks the next recovery.
     """
     layout = layout or _live_layout(season)
+    if season.tie_break == TIE_BREAK_FIRST_REACHED and (problem := first_reached_problem(
+            layout=layout, starts_at=season.starts_at, cutoff=season.cutoff)):
+        raise RebuildError(problem)  # its sort keys would not fit 53 bits (core.tiebreak)
     rebuild_jobs_fail_stale(season=season, actor=actor)
     try:
         with transaction.atomic():
@@ -367,7 +372,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             season=season.slug, version=version, as_of=datetime.now(UTC).isoformat(timespec="milliseconds"),
             watermark=shadow.watermark, copy=shadow.copy, gen=shadow.gen, layout=shadow.layout,
             counts=list(shadow.counts), checksums=list(shadow.checksums),
-            top=rankview.copy_top(r, keys, shadow, limit=100),
+            top=rankview.copy_top(r, keys, shadow, limit=100), ties=shadow.ties,
         )
         if live is not None:
             report = shadow_compare(r=r, keys=keys, live=live, shadow=candidate, sample=settings.REBUILD_SAMPLE_SIZE,
@@ -425,10 +430,10 @@ def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season
               upto: tuple[int, int] | None, version: int) -> rankview.CopyMeta:
     """Apply the changes after the shadow's watermark, up to `upto` (None: everything committed)."""
     shadow = rankview.copy_begin_mutation(r, keys, token, shadow)
-    changes = list(_changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto))
-    newest = newest_scores((c[2], c[3], c[4]) for c in changes)
+    changes = list(_changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto, ties=shadow.ties))
+    newest, _ = change_values(changes, shadow.ties)
     if newest:
-        old = rankview.copy_scores_get(r, keys, shadow.copy, list(newest))
+        old = rankview.copy_scores_get(r, keys, shadow.copy, list(newest), shadow.ties)
         rankview.copy_apply(r, keys, token, shadow, old, newest)
     head = (changes[-1][0], changes[-1][1]) if changes else shadow.watermark
     watermark = upto if upto is not None and upto > head else head
@@ -561,7 +566,8 @@ def season_split_recommendations(*, season: Season, window_seconds: float = 600.
     for bucket, reply in zip(order, replies, strict=True):
         if reply:
             # Boundaries go just above a quantile score, so its ties stay on one side.
-            quantiles.setdefault(bucket, []).append(-int(reply[0][1]) + 1)
+            score = value_score(index_value(live.layout, live.ties, bucket, reply[0][1]))
+            quantiles.setdefault(bucket, []).append(score + 1)
     return split_recommendations(layout=live.layout, counts=live.counts, changes=changes,
                                  quantile_scores=quantiles, parts=parts)
 

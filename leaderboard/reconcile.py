@@ -11,17 +11,20 @@ from __future__ import annotations
 import time
 from bisect import bisect_right
 from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
 
 import redis
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from leaderboard import rankview
 from leaderboard.core.checksum import checksum_add
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
+from leaderboard.core.tiebreak import FirstReached, IndexValue, value_score, value_token
 from leaderboard.invariants import version_check
 from leaderboard.models import PlayerScore, ReconciliationRun, ScoreChange
 from leaderboard.redis_client import redis_get
@@ -30,27 +33,44 @@ from seasons.models import Season
 _ORDER_PG = 'ORDER BY score DESC, player_id COLLATE "C"'
 # SQLite compares text with BINARY collation by default: byte order, as docs/rules.md (Ranking) says.
 _ORDER_SQLITE = "ORDER BY score DESC, player_id"
+# First_reached seasons (docs/rules.md, Ties decided by who got there first); rows from
+# before reached_at was recorded count as reached at the start (core.tiebreak).
+_ORDER_REACHED_PG = 'ORDER BY score DESC, reached_at ASC NULLS FIRST, player_id COLLATE "C"'
+# (SQLite sorts nulls first in ascending order.)
+_ORDER_REACHED_SQLITE = "ORDER BY score DESC, reached_at ASC, player_id"
+
+# What the reconciliation compares per player: the score, or (score, reached_ms).
+Moved = dict[str, tuple[IndexValue | None, IndexValue | None]]
 
 
-def display_order_sql() -> str:
-    return _ORDER_PG if connection.vendor == "postgresql" else _ORDER_SQLITE
+def display_order_sql(*, first_reached: bool = False) -> str:
+    if connection.vendor == "postgresql":
+        return _ORDER_REACHED_PG if first_reached else _ORDER_PG
+    return _ORDER_REACHED_SQLITE if first_reached else _ORDER_SQLITE
+
+
+def _rank_key(value: IndexValue) -> Any:
+    """Larger is ahead: the score, or (score, -reached_ms) (earlier is ahead)."""
+    return value if isinstance(value, int) else (value[0], -value[1])
 
 
 class ScoreHistogram:
-    """count(score > s) for any s, from one GROUP BY over the ledger's current scores.
+    """count(ahead of v) for any value v, from one GROUP BY over the ledger's current scores:
+    players with a higher score, or on a first_reached board (`ties`) the same score
+    reached earlier.
 
     `moved` maps players whose score changed after the version's watermark to their
-    current score and their score at the watermark (None: not in the season then), so the
+    current value and their value at the watermark (None: not in the season then), so the
     histogram is the ledger's as of that watermark.
     """
 
-    def __init__(self, season_id: int, moved: dict[str, tuple[int | None, int | None]] | None = None):
-        counts = dict(_histogram(season_id))
+    def __init__(self, season_id: int, moved: Moved | None = None, ties: FirstReached | None = None):
+        counts: dict[Any, int] = {_rank_key(v): n for v, n in _histogram(season_id, ties)}
         for now, then in (moved or {}).values():
             if now is not None:
-                counts[now] -= 1
+                counts[_rank_key(now)] -= 1
             if then is not None:
-                counts[then] = counts.get(then, 0) + 1
+                counts[_rank_key(then)] = counts.get(_rank_key(then), 0) + 1
         rows = sorted((score, n) for score, n in counts.items() if n)
         self.scores = [score for score, _ in rows]
         self.at_or_below: list[int] = []
@@ -60,34 +80,42 @@ class ScoreHistogram:
             self.at_or_below.append(running)
         self.total = running
 
-    def higher_than(self, score: int) -> int:
-        index = bisect_right(self.scores, score)
+    def higher_than(self, score: IndexValue) -> int:
+        index = bisect_right(self.scores, _rank_key(score))
         below = self.at_or_below[index - 1] if index else 0
         return self.total - below
 
 
-def ledger_moved_since(*, season_id: int, watermark: tuple[int, int]) -> dict[str, tuple[int | None, int | None]]:
-    """Players changed after `watermark`: (current score, score at the watermark).
+def ledger_moved_since(*, season_id: int, watermark: tuple[int, int], ties: FirstReached | None = None) -> Moved:
+    """Players changed after `watermark`: (current value, value at the watermark).
 
-    The first change after the watermark carries the score before it (old_score), so
-    the ledger as of any retained watermark is the current table plus these few rows.
+    The first change after the watermark carries the score before it (old_score, and
+    old_reached_at), so the ledger as of any retained watermark is the current table plus
+    these few rows.
     """
-    moved: dict[str, int | None] = {}
+    moved: dict[str, IndexValue | None] = {}
     after = (
         ScoreChange.objects.filter(season_id=season_id)
         .filter(Q(txid__gt=watermark[0]) | Q(txid=watermark[0], id__gt=watermark[1]))
         .order_by("txid", "id")
-        .values_list("player_id", "old_score")
+        .values_list("player_id", "old_score", "old_reached_at")
     )
-    for player_id, old_score in after.iterator(chunk_size=20_000):
-        moved.setdefault(player_id, old_score)
-    current = dict(
-        PlayerScore.objects.filter(season_id=season_id, player_id__in=list(moved)).values_list("player_id", "score")
-    )
+    for player_id, old_score, old_reached in after.iterator(chunk_size=20_000):
+        if player_id not in moved:
+            moved[player_id] = _value(ties, old_score, old_reached) if old_score is not None else None
+    current = dict(_scores(season_id, ties, players=list(moved)))
     return {p: (current.get(p), then) for p, then in moved.items()}
 
 
-def _histogram(season_id: int) -> list[tuple[int, int]]:
+def _value(ties: FirstReached | None, score: int, reached_at: datetime | None) -> IndexValue:
+    return score if ties is None else (score, ties.reached_ms(reached_at))
+
+
+def _histogram(season_id: int, ties: FirstReached | None = None) -> list[tuple[IndexValue, int]]:
+    if ties is not None:
+        rows = (PlayerScore.objects.filter(season_id=season_id).values("score", "reached_at")
+                .annotate(n=Count("id")).order_by().values_list("score", "reached_at", "n"))
+        return [(_value(ties, score, reached), int(n)) for score, reached, n in rows]
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT score, count(*) FROM leaderboard_playerscore WHERE season_id = %s GROUP BY score ORDER BY score",
@@ -96,45 +124,63 @@ def _histogram(season_id: int) -> list[tuple[int, int]]:
         return [(int(s), int(c)) for s, c in cursor.fetchall()]
 
 
-def ledger_top(*, season_id: int, limit: int = 100,
-               moved: dict[str, tuple[int | None, int | None]] | None = None) -> list[tuple[str, int]]:
+def ledger_top(*, season_id: int, limit: int = 100, moved: Moved | None = None,
+               ties: FirstReached | None = None) -> list[tuple[str, IndexValue]]:
     moved = moved or {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT player_id, score FROM leaderboard_playerscore WHERE season_id = %s {display_order_sql()} LIMIT %s",
-            [season_id, limit + len(moved)],
-        )
-        rows = [(p, int(score)) for p, score in cursor.fetchall() if p not in moved]
+    if ties is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT player_id, score FROM leaderboard_playerscore WHERE season_id = %s {display_order_sql()} "
+                "LIMIT %s",
+                [season_id, limit + len(moved)],
+            )
+            rows: list[tuple[str, IndexValue]] = [(p, int(score)) for p, score in cursor.fetchall() if p not in moved]
+    else:
+        top = PlayerScore.objects.raw(
+            f"SELECT id, player_id, score, reached_at FROM leaderboard_playerscore WHERE season_id = %s "
+            f"{display_order_sql(first_reached=True)} LIMIT %s", [season_id, limit + len(moved)])
+        rows = [(row.player_id, _value(ties, row.score, row.reached_at)) for row in top if row.player_id not in moved]
     rows += [(p, then) for p, (_, then) in moved.items() if then is not None]
-    rows.sort(key=lambda row: (-row[1], row[0].encode()))
+    rows.sort(key=lambda row: (tuple(-x for x in _as_tuple(_rank_key(row[1]))), row[0].encode()))
     return rows[:limit]
 
 
+def _as_tuple(key: Any) -> tuple[int, ...]:
+    return key if isinstance(key, tuple) else (key,)
+
+
 def ledger_bucket_checksums(
-    *, season_id: int, manifest: Manifest, moved: dict[str, tuple[int | None, int | None]] | None = None
+    *, season_id: int, manifest: Manifest, moved: Moved | None = None
 ) -> tuple[list[int], list[int]]:
     moved = moved or {}
     counts = [0] * manifest.layout.size
     checksums = [0] * manifest.layout.size
 
-    def add(player_id: str, score: int) -> None:
-        bucket = manifest.layout.bucket_of(score)
+    def add(player_id: str, value: IndexValue) -> None:
+        bucket = manifest.layout.bucket_of(value_score(value))
         counts[bucket] += 1
-        checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
+        checksums[bucket] = checksum_add(checksums[bucket], player_id, value_token(value))
 
-    for player_id, score in _scores(season_id):
+    for player_id, value in _scores(season_id, manifest.ties):
         if player_id not in moved:
-            add(player_id, score)
+            add(player_id, value)
     for player_id, (_, then) in moved.items():
         if then is not None:
             add(player_id, then)
     return counts, checksums
 
 
-def _scores(season_id: int) -> Iterator[tuple[str, int]]:
-    yield from PlayerScore.objects.filter(season_id=season_id).values_list("player_id", "score").iterator(
-        chunk_size=20_000
-    )
+def _scores(season_id: int, ties: FirstReached | None = None,
+            players: list[str] | None = None) -> Iterator[tuple[str, IndexValue]]:
+    """(player_id, value) of the season's current scores (of `players` only, when given)."""
+    rows = PlayerScore.objects.filter(season_id=season_id)
+    if players is not None:
+        rows = rows.filter(player_id__in=players)
+    if ties is None:
+        yield from rows.values_list("player_id", "score").iterator(chunk_size=20_000)
+        return
+    for player_id, score, reached in rows.values_list("player_id", "score", "reached_at").iterator(chunk_size=20_000):
+        yield player_id, _value(ties, score, reached)
 
 
 def version_reconcile(
@@ -164,8 +210,9 @@ def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manif
                    seed: int | None, report: Report) -> None:
     # The ledger keeps moving while a version stands still: compare with the ledger as of
     # the version's watermark (a recovery under sustained writes must still publish).
-    moved = ledger_moved_since(season_id=season_id, watermark=manifest.watermark)
-    histogram = ScoreHistogram(season_id, moved)
+    ties = manifest.ties
+    moved = ledger_moved_since(season_id=season_id, watermark=manifest.watermark, ties=ties)
+    histogram = ScoreHistogram(season_id, moved, ties)
     report.add(
         "player_count",
         histogram.total == manifest.total,
@@ -175,8 +222,8 @@ def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manif
                f"sum of bucket counts {sum(manifest.counts)}, total {manifest.total}")
 
     expected_top = [
-        {"position": i + 1, "rank": histogram.higher_than(score) + 1, "player_id": p, "score": score}
-        for i, (p, score) in enumerate(ledger_top(season_id=season_id, limit=100, moved=moved))
+        {"position": i + 1, "rank": histogram.higher_than(value) + 1, "player_id": p, "score": value_score(value)}
+        for i, (p, value) in enumerate(ledger_top(season_id=season_id, limit=100, moved=moved, ties=ties))
     ]
     report.add("top_100", manifest.top == expected_top, first_mismatch(expected_top, manifest.top))
 
@@ -191,18 +238,16 @@ def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manif
             wrong.append(f"position {position}: unreadable")
             continue
         sampled.extend(entries)
-    ledger_scores: dict[str, int | None] = dict(
-        PlayerScore.objects.filter(season_id=season_id, player_id__in=[e.player_id for e in sampled]).values_list(
-            "player_id", "score"
-        )
-    )
+    ledger_scores: dict[str, IndexValue | None] = dict(
+        _scores(season_id, ties, players=[e.player_id for e in sampled]))
     ledger_scores.update({p: then for p, (_, then) in moved.items()})
     for entry in sampled:
         ledger_score = ledger_scores.get(entry.player_id)
-        if ledger_score != entry.score:
+        if ledger_score is None or value_score(ledger_score) != entry.score:
             wrong.append(f"{entry.player_id}: version score {entry.score}, ledger {ledger_score}")
             continue
-        ledger_rank = histogram.higher_than(entry.score) + 1
+        # With the tie rule: 1 + the players with a higher score or the same one reached earlier.
+        ledger_rank = histogram.higher_than(ledger_score) + 1
         if ledger_rank != entry.rank:
             wrong.append(f"{entry.player_id}: version rank {entry.rank}, ledger 1 + count(higher) = {ledger_rank}")
     report.add("ledger_sampled_ranks", not wrong, f"{len(sampled)} sampled; " + "; ".join(wrong[:10]))
@@ -262,6 +307,8 @@ def _ledger_spot_check(*, r: redis.Redis, keys: rankview.Keys, season: Season, m
     )
     ledger = dict(PlayerScore.objects.filter(season_id=season.pk, player_id__in=players).values_list("player_id",
                                                                                                      "score"))
+    # On a first_reached board the reached_at of these players is checked by the rank and
+    # checksum comparisons of version_reconcile; the spot check compares scores.
     wrong = [
         f"{e.player_id}: version {e.score}, ledger {ledger.get(e.player_id)}"
         for e in entries

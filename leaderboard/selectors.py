@@ -11,6 +11,7 @@ from django.db.models import Q
 
 from leaderboard.core.errors import ReadUnavailable, retry_after_seconds
 from leaderboard.core.ranking import Entry
+from leaderboard.core.tiebreak import instant_ms
 from leaderboard.models import ApiClient, FriendList, PlayerScore, ScoreChange, StreamHead
 from leaderboard.rankview import Keys, RankReader
 from leaderboard.redis_client import redis_get
@@ -84,6 +85,27 @@ def score_change_heads_after(*, season_id: int, cursor: ChangeCursor,
         season_id=season_id, cursor=cursor, limit=limit,
         columns=("txid", "id", "player_id", "new_score", "score_version", "old_score"),
     )
+
+
+def score_change_reached_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10_000
+                               ) -> list[tuple[int, int, str, int, int, int | None, int | None, int | None]]:
+    """`score_change_heads_after` for a first_reached season: each row also carries its
+    reached_at and old_reached_at as milliseconds since 1970 (None: not recorded), read as
+    integers so the epoch parses no timestamp. Shared seasons never pay for the columns."""
+    if connection.vendor == "postgresql":
+        return _change_rows(  # type: ignore[return-value]
+            season_id=season_id, cursor=cursor, limit=limit,
+            columns=("txid", "id", "player_id", "new_score", "score_version", "old_score",
+                     _EPOCH_MS.format("reached_at"), _EPOCH_MS.format("old_reached_at")),
+        )
+    rows = _change_rows(season_id=season_id, cursor=cursor, limit=limit,
+                        columns=("txid", "id", "player_id", "new_score", "score_version", "old_score",
+                                 "reached_at", "old_reached_at"))
+    return [(*row[:6], *(None if t is None else instant_ms(t) for t in row[6:])) for row in rows]
+
+
+# reached_at is stored to the millisecond, so the product is a whole number.
+_EPOCH_MS = "(extract(epoch FROM {0}) * 1000)::bigint"
 
 
 def stream_head_committed(*, season_id: int) -> int:

@@ -14,6 +14,7 @@ from audit.services import staff_public_ref
 from leaderboard.api import schema as api_schema
 from leaderboard.api.errors import ApiError
 from leaderboard.api.params import int_param, player_id_param, season_id_param, season_not_found
+from leaderboard.core.tiebreak import reached_text
 from leaderboard.ratelimit import ReadRateThrottle
 from seasons.models import FinalStanding, Season
 from seasons.selectors import (
@@ -41,7 +42,11 @@ def _final_season(season_id: str) -> Season:
 
 
 def _standing(row: FinalStanding) -> dict[str, Any]:
-    return {"position": row.position, "rank": row.rank, "player_id": row.player_id, "score": row.score}
+    out: dict[str, Any] = {"position": row.position, "rank": row.rank, "player_id": row.player_id,
+                           "score": row.score}
+    if row.reached_at is not None:  # a first_reached season: the hash covers it, so it is shown
+        out["reached_at"] = reached_text(row.reached_at)
+    return out
 
 
 class FinalView(APIView):

@@ -100,6 +100,9 @@ class FinalStanding(models.Model):
     rank = models.BigIntegerField()
     player_id = models.CharField(max_length=64)
     score = models.IntegerField()
+    # A first_reached season's order among equal scores (docs/rules.md, Ties decided by
+    # who got there first), covered by the content hash there; null in a shared season.
+    reached_at = models.DateTimeField(null=True)
 
     class Meta:
         constraints = [

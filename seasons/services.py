@@ -32,7 +32,7 @@ from leaderboard.core.season_options import (
     regions_problem,
     tie_break_problem,
 )
-from leaderboard.core.tiebreak import first_reached_problem
+from leaderboard.core.tiebreak import first_reached_problem, reached_text
 from leaderboard.materializer import season_keys
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import ScoreChange
@@ -366,12 +366,17 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
 
     One INSERT ... SELECT with window functions: rank() is competition ranking and
     row_number() the display order of docs/rules.md, Ranking (byte order of player ids).
+    In a first_reached season both order equal scores by reached_at, and rank() shares a
+    rank only between equal (score, reached_at).
     """
-    order = display_order_sql()
+    first_reached = season.tie_break == TIE_BREAK_FIRST_REACHED
+    order = display_order_sql(first_reached=first_reached)
+    ties = order.split(", player_id")[0]  # the display order without its player_id
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO seasons_finalstanding (season_id, position, rank, player_id, score) "
-            f"SELECT %s, row_number() OVER w, rank() OVER (ORDER BY score DESC), player_id, score "
+            "INSERT INTO seasons_finalstanding (season_id, position, rank, player_id, score, reached_at) "
+            f"SELECT %s, row_number() OVER w, rank() OVER ({ties}), player_id, score, "
+            f"{'reached_at' if first_reached else 'NULL'} "
             f"FROM leaderboard_playerscore WHERE season_id = %s WINDOW w AS ({order})",
             [season.pk, season.pk],
         )
@@ -379,15 +384,21 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
 
 
 def final_standings_hash(*, season_id: int) -> tuple[str, int]:
-    """SHA-256 over the canonical standings: one "position\\trank\\tplayer_id\\tscore\\n" line per row,
-    in position order, UTF-8. Anyone holding the rows can recompute it."""
+    """SHA-256 over the canonical standings: one "position\trank\tplayer_id\tscore\n" line per row,
+    in position order, UTF-8. Anyone holding the rows can recompute it. In a first_reached
+    season each line also holds reached_at before its newline, "\t2026-03-01T18:00:00.123Z"
+    (UTC, milliseconds), so the hash covers the order of equal scores too."""
+    first_reached = Season.objects.filter(pk=season_id, tie_break=TIE_BREAK_FIRST_REACHED).exists()
     digest = hashlib.sha256()
     rows = 0
     query = (
         FinalStanding.objects.filter(season_id=season_id).order_by("position")
-        .values_list("position", "rank", "player_id", "score")
+        .values_list("position", "rank", "player_id", "score", "reached_at")
     )
-    for position, rank, player_id, score in query.iterator(chunk_size=20_000):
-        digest.update(f"{position}\t{rank}\t{player_id}\t{score}\n".encode())
+    for position, rank, player_id, score, reached_at in query.iterator(chunk_size=20_000):
+        if first_reached:
+            digest.update(f"{position}\t{rank}\t{player_id}\t{score}\t{reached_text(reached_at)}\n".encode())
+        else:
+            digest.update(f"{position}\t{rank}\t{player_id}\t{score}\n".encode())
         rows += 1
     return digest.hexdigest(), rows

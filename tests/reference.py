@@ -31,9 +31,19 @@ STALE_REASON = "score_version_not_newer"
 Event = dict[str, Any]  # the contract's event fields; completed_at is an aware datetime
 
 
+def effective_reached(event: Event) -> datetime:
+    """reached_at as the ledger keeps it: as sent, else completed_at, to the millisecond."""
+    reached = event.get("reached_at") or event["completed_at"]
+    return reached.astimezone(UTC).replace(microsecond=reached.microsecond // 1000 * 1000)
+
+
 def payload_key(event: Event) -> tuple[Any, ...]:
-    """What "same payload" means: every field, completed_at compared as an instant."""
+    """What "same payload" means: every field, completed_at compared as an instant, and
+    reached_at only when it differs from its default (completed_at, to the millisecond)."""
+    reached = effective_reached(event)
+    default = effective_reached({"completed_at": event["completed_at"]})
     return (
+        reached if reached != default else None,
         event["event_id"],
         event["match_id"],
         event["player_id"],
@@ -72,6 +82,10 @@ def outcome_dict(
 class ReferenceLedger:
     rejection: Callable[[Event], str | None]
     players: dict[str, tuple[int, int]] = field(default_factory=dict)  # player -> (score, version)
+    # player -> when they reached their score: set by a higher result or a correction.
+    reached: dict[str, datetime] = field(default_factory=dict)
+    # A first_reached season: a correction moving only reached_at is a change too.
+    reached_orders: bool = False
     ledger: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=dict)
     # ScoreChanged: (player_id, old_score, new_score, score_version, event_id)
     changes: list[tuple[str, int | None, int, int, str]] = field(default_factory=list)
@@ -122,8 +136,14 @@ class ReferenceLedger:
             else:
                 new_score = event["best_score"] if current is None else max(current[0], event["best_score"])
                 status = "applied" if current is None or new_score != current[0] else "unchanged"
-            changed = current is None or new_score != current[0]
+            reached = self.reached.get(player_id)
+            if event.get("kind", "result") == "correction" or current is None or new_score > current[0]:
+                reached = effective_reached(event)
+            changed = (current is None or new_score != current[0]
+                       or (self.reached_orders and reached != self.reached.get(player_id)))
             self.players[player_id] = (new_score, event["score_version"])
+            assert reached is not None
+            self.reached[player_id] = reached
             if changed:
                 self.changes.append(
                     (player_id, current_score, new_score, event["score_version"], event_id)

@@ -138,10 +138,14 @@ def friends_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
 
     def call(reader: RankReader) -> Answer:
         view = reader.players([player_id, *friends.player_ids], version)
-        ranks = view.ranks
+        ranks, reached = view.ranks, view.reached
+        if reached is None:
+            among = ranked_among(view.scores)
+        else:  # a first_reached season: an equal score reached earlier is ahead
+            among = ranked_among(view.scores, tie_key=lambda member, score: (-score, reached[member]))
         entries = [{"position": position, "rank": rank, "player_id": member, "score": score,
                     "global_rank": ranks[member]}
-                   for position, (member, score, rank) in enumerate(ranked_among(view.scores), start=1)]
+                   for position, (member, score, rank) in enumerate(among, start=1)]
         unranked = sum(1 for friend in friends.player_ids if friend not in view.scores)
         return Answer(200, _envelope(view.manifest, {
             "player_id": player_id, "graph_version": friends.graph_version, "entries": entries,

@@ -245,6 +245,10 @@ SCORE_EVENT: dict[str, Any] = {
         "score_version": {"type": "integer", "minimum": 1, "maximum": MAX_SCORE_VERSION,
                           "description": "per-player version from the trusted service"},
         "completed_at": _COMPLETED_AT,
+        "reached_at": {**_COMPLETED_AT, "nullable": True,
+                       "description": "when the player reached best_score (default completed_at), RFC 3339, year "
+                                      "1970..9999, kept to the millisecond; orders equal scores in a first_reached "
+                                      "season, where it must lie between the season's start and cutoff"},
         "kind": {"type": "string", "enum": ["result", "correction"], "default": "result"},
         "reason": {**_text(MAX_REASON_LENGTH), "nullable": True,
                    "description": "required (not blank) for a correction"},
@@ -416,14 +420,20 @@ class FinalSerializer(serializers.Serializer[Any]):
     manifest = FinalManifestSerializer()
 
 
+class FinalEntrySerializer(EntrySerializer):
+    reached_at = serializers.CharField(
+        required=False, help_text="first_reached seasons only: when the score was reached (UTC, milliseconds); "
+                                  "in the content hash")
+
+
 class FinalStandingsSerializer(serializers.Serializer[Any]):
     season_id = serializers.CharField()
     final_version = serializers.IntegerField()
     from_position = serializers.IntegerField()
-    entries = EntrySerializer(many=True)
+    entries = FinalEntrySerializer(many=True)
 
 
-class FinalPlayerSerializer(EntrySerializer):
+class FinalPlayerSerializer(FinalEntrySerializer):
     season_id = serializers.CharField()
     final_version = serializers.IntegerField()
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add, checksum_remove
+from leaderboard.core.tiebreak import IndexValue, lookup_text
+
+V = TypeVar("V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +30,14 @@ def changes_newest(changes: Iterable[StreamChange]) -> dict[str, int]:
     return newest_scores((c.player_id, c.new_score, c.score_version) for c in changes)
 
 
-def newest_scores(changes: Iterable[tuple[str, int, int]]) -> dict[str, int]:
-    """`changes_newest` on plain (player_id, new_score, score_version) tuples.
+def newest_scores(changes: Iterable[tuple[str, V, int]]) -> dict[str, V]:
+    """`changes_newest` on plain (player_id, new_score, score_version) tuples (the "score"
+    may be a first_reached (score, reached_ms) value).
 
     The epoch reads tens of thousands of changes per run; tuples spare an object each.
     """
     versions: dict[str, int] = {}
-    scores: dict[str, int] = {}
+    scores: dict[str, V] = {}
     for player_id, score, version in changes:
         seen = versions.get(player_id)
         if seen is None or version >= seen:
@@ -41,7 +46,7 @@ def newest_scores(changes: Iterable[tuple[str, int, int]]) -> dict[str, int]:
     return scores
 
 
-def scores_before(changes: Iterable[tuple[str, int | None]]) -> dict[str, int | None]:
+def scores_before(changes: Iterable[tuple[str, V]]) -> dict[str, V]:
     """Each player's score before the first of `changes` (player_id, old_score), in stream order.
 
     A copy that holds exactly the ledger at a watermark holds, for each player changed
@@ -49,7 +54,7 @@ def scores_before(changes: Iterable[tuple[str, int | None]]) -> dict[str, int | 
     are serialized, so a player's changes form a chain in stream order. None: the player
     had no score yet.
     """
-    before: dict[str, int | None] = {}
+    before: dict[str, V] = {}
     for player_id, old in changes:
         if player_id not in before:
             before[player_id] = old
@@ -58,11 +63,11 @@ def scores_before(changes: Iterable[tuple[str, int | None]]) -> dict[str, int | 
 
 @dataclass(slots=True)
 class EpochPlan:
-    # (bucket, player_id) members to remove; (bucket, player_id, score) members to add.
+    # (bucket, player_id) members to remove; (bucket, player_id, value) members to add.
     removals: list[tuple[int, str]] = field(default_factory=list)
-    additions: list[tuple[int, str, int]] = field(default_factory=list)
-    # The lookup player -> score after the epoch, for every player that moved.
-    lookups: dict[str, int] = field(default_factory=dict)
+    additions: list[tuple[int, str, IndexValue]] = field(default_factory=list)
+    # The lookup player -> value after the epoch, for every player that moved.
+    lookups: dict[str, IndexValue] = field(default_factory=dict)
     counts: list[int] = field(default_factory=list)
     checksums: list[int] = field(default_factory=list)
     touched: set[int] = field(default_factory=set)
@@ -77,11 +82,13 @@ def epoch_plan(
     layout: BucketLayout,
     counts: list[int],
     checksums: list[int],
-    old_scores: Mapping[str, int | None],
-    new_scores: Mapping[str, int],
+    old_scores: Mapping[str, IndexValue | None],
+    new_scores: Mapping[str, IndexValue],
 ) -> EpochPlan:
     """Operations that move each changed player from its old score to its new one.
 
+    Values are scores, or (score, reached_ms) in a first_reached season: a player moves
+    when either changes, and the checksums hash both (core.tiebreak.value_token).
     Absolute and idempotent: re-planning from the copy's actual state after a partial
     apply yields only what is still missing.
     """
@@ -90,18 +97,20 @@ def epoch_plan(
         old = old_scores.get(player_id)
         if old == new:
             continue
-        new_bucket = layout.bucket_of(new)
+        new_bucket = layout.bucket_of(new if isinstance(new, int) else new[0])
         if old is None:
             plan.arrivals += 1
         else:
-            old_bucket = layout.bucket_of(old)
+            old_bucket = layout.bucket_of(old if isinstance(old, int) else old[0])
             plan.counts[old_bucket] -= 1
-            plan.checksums[old_bucket] = checksum_remove(plan.checksums[old_bucket], player_id, old)
+            plan.checksums[old_bucket] = checksum_remove(plan.checksums[old_bucket], player_id,
+                                                         old if isinstance(old, int) else lookup_text(*old))
             plan.touched.add(old_bucket)
             if old_bucket != new_bucket:
                 plan.removals.append((old_bucket, player_id))
         plan.counts[new_bucket] += 1
-        plan.checksums[new_bucket] = checksum_add(plan.checksums[new_bucket], player_id, new)
+        plan.checksums[new_bucket] = checksum_add(plan.checksums[new_bucket], player_id,
+                                                  new if isinstance(new, int) else lookup_text(*new))
         plan.touched.add(new_bucket)
         # ZADD to the same bucket just rescores the member.
         plan.additions.append((new_bucket, player_id, new))

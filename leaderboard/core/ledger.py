@@ -176,7 +176,8 @@ def batch_plan(
         status, reason, pending = _decide(event, before, rejection, pending_version)
         after = before
         if status in (APPLIED, UNCHANGED):
-            new_score, new_reached = event.best_score, event.reached
+            new_reached: datetime | None = event.reached
+            new_score = event.best_score
             if event.kind != KIND_CORRECTION and before is not None and before.score >= event.best_score:
                 # An equal or lower result keeps the score and when it was reached.
                 new_score, new_reached = before.score, before.reached_at

@@ -10,6 +10,7 @@ import orjson
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.epoch import higher_counts
+from leaderboard.core.tiebreak import FirstReached
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class Manifest:
     counts: list[int]
     checksums: list[int]
     top: list[dict[str, Any]] = field(default_factory=list)
+    # A first_reached board's key encoding (core.tiebreak); None: ties share a rank.
+    ties: FirstReached | None = None
 
     @property
     def total(self) -> int:
@@ -52,6 +55,8 @@ class Manifest:
             ],
             "total_players": self.total,
             "top": self.top,
+            # Only on first_reached boards: a shared season's manifest is as it always was.
+            **({} if self.ties is None else {"tie_break": self.ties.as_dict()}),
         }
 
     def to_json(self) -> bytes:
@@ -71,6 +76,7 @@ class Manifest:
             counts=[int(b["count"]) for b in buckets],
             checksums=[int(b["checksum"], 16) for b in buckets],
             top=list(data.get("top", [])),
+            ties=FirstReached.from_dict(data["tie_break"]) if "tie_break" in data else None,
         )
 
     @classmethod

@@ -10,9 +10,11 @@ FINAL standings are built with.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from leaderboard.core.tiebreak import IndexValue
 
 
 def display_key(player_id: str, score: int) -> tuple[int, bytes]:
@@ -31,50 +33,78 @@ class Entry:
 
 
 def ranked(pairs: Iterable[tuple[str, int]], *, first_position: int = 1, higher_before: int = 0,
-           rank_of_first: int | None = None) -> list[Entry]:
+           rank_of_first: int | None = None, reached: Sequence[int] | None = None) -> list[Entry]:
     """Entries for consecutive pairs already in display order.
 
     `higher_before` is how many players precede the first pair; `rank_of_first` is the
-    first pair's rank when players above the window share its score.
+    first pair's rank when players above the window share it. `reached`: a first_reached
+    board's reached_ms of each pair (core.tiebreak), so players share a rank only when
+    both score and reached_at are equal.
     """
     out: list[Entry] = []
-    prev_score: int | None = None
+    prev_score: object = None
     rank = 0
     for offset, (player_id, score) in enumerate(pairs):
         position = first_position + offset
-        if score != prev_score:
+        tie = score if reached is None else (score, reached[offset])
+        if tie != prev_score:
             rank = rank_of_first if (offset == 0 and rank_of_first is not None) else position
-            prev_score = score
+            prev_score = tie
         out.append(Entry(position=position, rank=rank, player_id=player_id, score=score))
     return out
 
 
-class Standings:
-    """A whole board in memory: exact by construction, O(N log N) to build."""
+def ranked_values(values: Sequence[tuple[str, IndexValue]], *, first_position: int = 1,
+                  rank_of_first: int | None = None) -> list[Entry]:
+    """`ranked` over a board's index values in display order: scores, or on a first_reached
+    board (score, reached_ms) (core.tiebreak)."""
+    if not values or isinstance(values[0][1], int):
+        return ranked(values, first_position=first_position, rank_of_first=rank_of_first)  # type: ignore[arg-type]
+    pairs = [(p, v if isinstance(v, int) else v[0]) for p, v in values]
+    reached = [0 if isinstance(v, int) else v[1] for _, v in values]
+    return ranked(pairs, first_position=first_position, rank_of_first=rank_of_first, reached=reached)
 
-    def __init__(self, scores: Mapping[str, int]):
-        self._order = sorted(scores.items(), key=lambda item: display_key(item[0], item[1]))
+
+class Standings:
+    """A whole board in memory: exact by construction, O(N log N) to build.
+
+    With `reached` (player -> when they reached their score, any comparable value) it is
+    a first_reached board: order (score desc, reached asc, player_id bytes), and rank =
+    1 + the players with a higher score or the same score reached earlier.
+    """
+
+    def __init__(self, scores: Mapping[str, int], reached: Mapping[str, Any] | None = None):
+        self._reached = dict(reached) if reached is not None else None
         self._scores = dict(scores)
+        self._order = sorted(scores.items(), key=lambda item: (self._tie(*item), item[0].encode()))
         self._position = {player_id: i + 1 for i, (player_id, _) in enumerate(self._order)}
+        self._ties = [self._tie(p, score) for p, score in self._order]
         self._neg_scores = [-score for _, score in self._order]
+
+    def _tie(self, player_id: str, score: int) -> Any:
+        return -score if self._reached is None else (-score, self._reached[player_id])
 
     def __len__(self) -> int:
         return len(self._order)
 
     def rank_of_score(self, score: int) -> int:
+        """1 + the players with a higher score (a shared board's rank of that score)."""
         return 1 + bisect_left(self._neg_scores, -score)
+
+    def rank_of(self, player_id: str) -> int:
+        return 1 + bisect_left(self._ties, self._tie(player_id, self._scores[player_id]))
 
     def entry(self, player_id: str) -> Entry | None:
         if player_id not in self._scores:
             return None
         score = self._scores[player_id]
-        return Entry(position=self._position[player_id], rank=self.rank_of_score(score),
+        return Entry(position=self._position[player_id], rank=self.rank_of(player_id),
                      player_id=player_id, score=score)
 
     def window(self, *, from_position: int, limit: int) -> list[Entry]:
         start = max(from_position, 1) - 1
         pairs = self._order[start : start + limit]
-        return [Entry(position=start + 1 + i, rank=self.rank_of_score(score), player_id=p, score=score)
+        return [Entry(position=start + 1 + i, rank=self.rank_of(p), player_id=p, score=score)
                 for i, (p, score) in enumerate(pairs)]
 
     def top(self, limit: int) -> list[Entry]:

@@ -51,6 +51,14 @@ def truncate_ms(instant: datetime) -> datetime:
     return instant.replace(microsecond=instant.microsecond - instant.microsecond % 1000)
 
 
+def reached_text(reached_at: datetime | None) -> str:
+    """reached_at as the API and the FINAL hash write it: RFC 3339 in UTC, to the
+    millisecond ("" for a row from before it was recorded)."""
+    if reached_at is None:
+        return ""
+    return reached_at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def sort_key_encode(score: int, reached_ms: int, *, high: int, bits: int) -> int:
     """The sorted-set score of (score, reached_ms) in a bucket whose highest score is `high`."""
     return ((high - score) << bits) | reached_ms
@@ -88,6 +96,21 @@ class FirstReached:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FirstReached:
         return cls(origin_ms=int(data["origin_ms"]), bits=int(data["bits"]))
+
+
+# A player's value in a board's index: the score (a shared season), or (score, reached_ms)
+# (a first_reached one). The epoch planner, the copy builds and the readers carry either.
+IndexValue = int | tuple[int, int]
+
+
+def value_score(value: IndexValue) -> int:
+    return value if isinstance(value, int) else value[0]
+
+
+def value_token(value: IndexValue) -> int | str:
+    """What the lookup hash holds and the bucket checksum hashes for this value: the score
+    itself in a shared season (as always), "score:reached_ms" in a first_reached one."""
+    return value if isinstance(value, int) else lookup_text(*value)
 
 
 def lookup_text(score: int, reached_ms: int) -> str:
@@ -133,3 +156,26 @@ def first_reached_problem(*, layout: BucketLayout, starts_at: datetime, cutoff: 
     return (f"a first_reached season's sort keys must fit in 53 bits: with {ties.bits} bits of milliseconds "
             f"for a season of {cutoff - starts_at}, buckets may be at most {allowed} points wide, and the "
             f"widest is {widest}; use narrower buckets or a season of at most {longest}")
+
+
+def index_key(layout: BucketLayout, ties: FirstReached | None, value: IndexValue) -> tuple[int, int]:
+    """(bucket, sorted-set score) of a player's index value: -score on a shared board (its
+    key since the start), the encoded key on a first_reached one. ZCOUNT(-inf, (key) in
+    that bucket counts the players of the bucket who rank ahead."""
+    if isinstance(value, int):
+        return layout.bucket_of(value), -value
+    assert ties is not None, "a (score, reached_ms) value on a board without a first_reached encoding"
+    bucket = layout.bucket_of(value[0])
+    return bucket, ties.key(value[0], value[1], layout.range_of(bucket)[1])
+
+
+def index_value(layout: BucketLayout, ties: FirstReached | None, bucket: int, key: float) -> IndexValue:
+    """The value back from a member's sorted-set score in `bucket` (index_key's inverse)."""
+    if ties is None:
+        return -int(key)
+    return ties.decode(int(key), layout.range_of(bucket)[1])
+
+
+def lookup_value(ties: FirstReached | None, raw: bytes | str) -> IndexValue:
+    """A lookup hash entry read back (value_token's inverse)."""
+    return int(raw) if ties is None else lookup_parse(raw)
