@@ -8,13 +8,13 @@ tests run the same suite on both.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 from django.db import connection
 
 from leaderboard.core.ledger import BatchPlan, LedgerRow, PlayerState, RecordedEvent
-from leaderboard.models import LateResult, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
+from leaderboard.models import LateResult, PlayerProfile, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
 
 # Namespace of the per-season advisory lock (pg_advisory_xact_lock(int, int)).
 _SEASON_WRITE_LOCK = 0x5C0E
@@ -129,6 +129,71 @@ def player_states_fetch(*, season_id: int, player_ids: Iterable[str]) -> dict[st
     return {row[0]: PlayerState(score=row[1], score_version=row[2], reached_at=row[3]) for row in rows}
 
 
+def player_regions_fetch(*, season_id: int, season_regions: list[str], player_ids: Iterable[str]) -> dict[str, str]:
+    """The batch's players' regions in a season with regions: a player with a score keeps
+    the season's record of it; a new one takes the profile's region when the season has
+    it. One query, under the season's write lock (profile moves take the same lock)."""
+    ids = list(set(player_ids))
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT u.player_id, COALESCE(s.region, CASE WHEN p.region = ANY(%s::text[]) THEN p.region END, '') "
+                "FROM unnest(%s::text[]) AS u(player_id) "
+                "LEFT JOIN LATERAL (SELECT region FROM leaderboard_playerscore s "
+                "WHERE s.season_id = %s AND s.player_id = u.player_id LIMIT 1) AS s ON true "
+                "LEFT JOIN leaderboard_playerprofile p ON p.player_id = u.player_id",
+                [_text_array(season_regions), _text_array(ids), season_id],
+            )
+            return dict(cursor.fetchall())
+    held = dict(PlayerScore.objects.filter(season_id=season_id, player_id__in=ids).values_list("player_id", "region"))
+    profiles = dict(PlayerProfile.objects.filter(player_id__in=[i for i in ids if i not in held]).values_list(
+        "player_id", "region"))
+    return {i: held[i] if i in held else (profiles.get(i, "") if profiles.get(i) in season_regions else "")
+            for i in ids}
+
+
+def season_players_region_move(*, season_id: int, season_regions: list[str], moves: Mapping[str, tuple[str, int]],
+                               now: datetime) -> int:
+    """Move players of one season to their new profile region (`moves`: player ->
+    (region, profile_version), region "" for none); returns how many moved. Only players
+    with a score in the season move, to the region if the season has it, else to none;
+    each move is a change-stream row with the score unchanged and both regions, numbered
+    like a score batch. Call under the season's write lock (season_write_lock)."""
+    wanted = {player_id: region if region in season_regions else "" for player_id, (region, _) in moves.items()}
+    held = list(PlayerScore.objects.select_for_update().filter(season_id=season_id, player_id__in=list(wanted)))
+    moved = [(score, score.region) for score in held if score.region != wanted[score.player_id]]
+    if not moved:
+        return 0
+    for score, _ in moved:
+        score.region, score.updated_at = wanted[score.player_id], now
+    PlayerScore.objects.bulk_update([score for score, _ in moved], ["region", "updated_at"])
+    txid = _stream_number_take(season_id=season_id)
+    ScoreChange.objects.bulk_create(
+        ScoreChange(
+            season_id=season_id, player_id=score.player_id, old_score=score.score, new_score=score.score,
+            score_version=score.score_version, reached_at=score.reached_at, old_reached_at=score.reached_at,
+            region=score.region, old_region=old_region, event_id=f"region:{moves[score.player_id][1]}",
+            committed_at=now, txid=txid,
+        )
+        for score, old_region in moved
+    )
+    return len(moved)
+
+
+def _stream_number_take(*, season_id: int) -> int:
+    """The season's next commit number (models.StreamHead), as the score write statement
+    takes it; 0 on SQLite, where writers are serialized and ids are in commit order."""
+    if not is_postgres():
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO leaderboard_streamhead (season_id, head) VALUES (%s, 1) "
+            "ON CONFLICT (season_id) DO UPDATE SET head = leaderboard_streamhead.head + 1 RETURNING head",
+            [season_id],
+        )
+        return int(cursor.fetchone()[0])
+
+
 _PG_WRITE = """
 WITH ledger AS (
     INSERT INTO leaderboard_scoreevent (
@@ -143,10 +208,10 @@ WITH ledger AS (
                 %(e_version_after)s::bigint[], %(e_pending)s::bigint[],
                 %(e_reached)s::timestamptz[]) AS e
 ), scores AS (
-    INSERT INTO leaderboard_playerscore (season_id, updated_at, player_id, score, score_version, reached_at)
+    INSERT INTO leaderboard_playerscore (season_id, updated_at, player_id, score, score_version, reached_at, region)
     SELECT %(season)s, %(now)s, s.*
     FROM unnest(%(s_player)s::text[], %(s_score)s::int[], %(s_version)s::bigint[],
-                %(s_reached)s::timestamptz[]) AS s
+                %(s_reached)s::timestamptz[], %(s_region)s::text[]) AS s
     ON CONFLICT (season_id, player_id) DO UPDATE
         SET score = EXCLUDED.score, score_version = EXCLUDED.score_version,
             reached_at = EXCLUDED.reached_at, updated_at = EXCLUDED.updated_at
@@ -157,17 +222,22 @@ WITH ledger AS (
 ), changes AS (
     INSERT INTO leaderboard_scorechange (
         season_id, committed_at, txid, player_id, old_score, new_score, score_version, event_id,
-        reached_at, old_reached_at)
-    SELECT %(season)s, %(now)s, (SELECT head FROM head), c.*
+        reached_at, old_reached_at, region, old_region)
+    SELECT %(season)s, %(now)s, (SELECT head FROM head), c.*, c.region
     FROM unnest(%(c_player)s::text[], %(c_old)s::int[], %(c_new)s::int[],
                 %(c_version)s::bigint[], %(c_event)s::text[], %(c_reached)s::timestamptz[],
-                %(c_old_reached)s::timestamptz[]) AS c
+                %(c_old_reached)s::timestamptz[], %(c_region)s::text[]) AS c(player_id, o, n, v, e, r, orr, region)
 )
 SELECT 1
 """
 
 
-def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime) -> None:
+def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
+                     regions: Mapping[str, str] | None = None) -> None:
+    """Write the plan; `regions` are the batch's players' regions in the season
+    (player_regions_fetch; none for a season without regions). A score write never moves
+    a player's region: a new player takes it, an existing one keeps its own."""
+    regions = regions or {}
     if plan.conflicts:
         ScoreEventConflict.objects.bulk_create(
             ScoreEventConflict(
@@ -190,12 +260,13 @@ def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, 
     if not plan.ledger_rows:
         return
     if is_postgres():
-        _pg_write(season_id=season_id, plan=plan, client_id=client_id, now=now)
+        _pg_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions)
     else:
-        _orm_write(season_id=season_id, plan=plan, client_id=client_id, now=now)
+        _orm_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions)
 
 
-def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime) -> None:
+def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
+              regions: Mapping[str, str]) -> None:
     rows = plan.ledger_rows
     states = plan.player_states
     changes = plan.changes
@@ -224,6 +295,7 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "s_score": _int_array([s.score for s in states.values()]),
         "s_version": _int_array([s.score_version for s in states.values()]),
         "s_reached": _text_array([_utc(s.reached_at) for s in states.values()]),
+        "s_region": _text_array([regions.get(player_id, "") for player_id in states]),
         "c_player": _text_array([c.player_id for c in changes]),
         "c_old": _int_array([c.old_score for c in changes]),
         "c_new": _int_array([c.new_score for c in changes]),
@@ -231,12 +303,14 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "c_event": _text_array([c.event_id for c in changes]),
         "c_reached": _text_array([_utc(c.reached_at) for c in changes]),
         "c_old_reached": _text_array([_utc(c.old_reached_at) for c in changes]),
+        "c_region": _text_array([regions.get(c.player_id, "") for c in changes]),
     }
     with connection.cursor() as cursor:
         cursor.execute(_PG_WRITE, params)
 
 
-def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime) -> None:
+def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
+               regions: Mapping[str, str]) -> None:
     ScoreEvent.objects.bulk_create(
         ScoreEvent(
             season_id=season_id,
@@ -265,7 +339,8 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
             [
                 PlayerScore(
                     season_id=season_id, player_id=player_id, score=state.score,
-                    score_version=state.score_version, reached_at=state.reached_at, updated_at=now,
+                    score_version=state.score_version, reached_at=state.reached_at,
+                    region=regions.get(player_id, ""), updated_at=now,
                 )
                 for player_id, state in plan.player_states.items()
             ],
@@ -279,6 +354,7 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
                 season_id=season_id, player_id=c.player_id, old_score=c.old_score,
                 new_score=c.new_score, score_version=c.score_version, event_id=c.event_id,
                 reached_at=c.reached_at, old_reached_at=c.old_reached_at, committed_at=now, txid=0,
+                region=regions.get(c.player_id, ""), old_region=regions.get(c.player_id, ""),
             )
             for c in plan.changes
         )

@@ -95,6 +95,11 @@ class PlayerScore(models.Model):
     # When the player reached `score` (docs/rules.md, Ties decided by who got there first);
     # kept in every season, orders ties only in a first_reached one.
     reached_at = models.DateTimeField(null=True)
+    # The player's region in this season ("" none): the profile's region when it is one of
+    # the season's regions, taken with the first score and moved by profile changes until
+    # the season is sealed (docs/rules.md, Regional and friends boards).
+    # A database default too: the bulk loader's COPY and older writers name no region.
+    region = models.CharField(max_length=16, blank=True, default="", db_default="")
     updated_at = models.DateTimeField()
 
     class Meta:
@@ -125,6 +130,11 @@ class ScoreChange(models.Model):
     # the player by both, and the ledger as of any watermark is rebuilt from them.
     reached_at = models.DateTimeField(null=True)
     old_reached_at = models.DateTimeField(null=True)
+    # The player's region in the season after and before the change: equal for a score
+    # change; a region move (event_id "region:<profile_version>", from a profile write)
+    # keeps the score.
+    region = models.CharField(max_length=16, blank=True, default="", db_default="")
+    old_region = models.CharField(max_length=16, blank=True, default="", db_default="")
     event_id = models.CharField(max_length=64)
     committed_at = models.DateTimeField()
     txid = models.BigIntegerField(default=0)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from datetime import datetime
 
 from django.db import connection, transaction
 from django.utils import timezone
 
+from leaderboard import ledger_store
+from leaderboard.core.lifecycle import ACCEPTING_STATES
 from leaderboard.core.profiles import (
     ProfileOutcome,
     ProfileWrite,
@@ -24,6 +27,11 @@ from leaderboard.core.profiles import (
     profiles_plan,
 )
 from leaderboard.models import ApiClient, FriendList, PlayerProfile, PlayerProfileChange
+from seasons.models import Season
+
+# The seasons whose players follow their profile's region: open ones (a sealed season keeps
+# the regions it was sealed with).
+REGION_MOVE_STATES = [str(s) for s in ACCEPTING_STATES]
 
 # Namespaces of the per-player advisory locks (pg_advisory_xact_lock(int, int)); the
 # season writers' lock is 0x5C0E (leaderboard/ledger_store.py).
@@ -79,7 +87,28 @@ def player_profiles_apply(*, profiles: list[ProfileWrite], client: ApiClient | N
                                     profile_version=c.profile_version, client=client, recorded_at=now)
                 for c in plan.changes
             )
+            _seasons_follow(moves={
+                player_id: (state.region or "", state.profile_version)
+                for player_id, state in plan.writes.items()
+                if (stored[player_id].region if player_id in stored else None) != state.region
+            }, now=now)
     return plan.outcomes
+
+
+def _seasons_follow(*, moves: dict[str, tuple[str, int]], now: datetime) -> None:
+    """Players whose region changed move to it in every unsealed season with regions where
+    they have a score, in this transaction: the next version shows them on their new
+    regional board and never on two. A sealed season keeps the regions it was sealed
+    with, like its scores. Seasons are locked in id order, after the players' locks."""
+    if not moves:
+        return
+    seasons = Season.objects.filter(state__in=REGION_MOVE_STATES).order_by("pk").values_list("pk", "regions")
+    for season_id, season_regions in seasons:
+        if not season_regions:
+            continue
+        ledger_store.season_write_lock(season_id=season_id)
+        ledger_store.season_players_region_move(season_id=season_id, season_regions=season_regions, moves=moves,
+                                                now=now)
 
 
 def player_friends_put(*, player_id: str, friends: list[str], graph_version: int) -> FriendList:

@@ -70,9 +70,8 @@ def score_events_apply(
         ledger_store.season_write_lock(season_id=season.pk)
         # Re-read under the lock: a lifecycle transition takes the same lock, so the
         # state that admits these events is the one they commit against.
-        state, starts_at, cutoff, published, tie_break = Season.objects.filter(pk=season.pk).values_list(
-            "state", "starts_at", "cutoff", "published_version", "tie_break"
-        ).get()
+        state, starts_at, cutoff, published, tie_break, season_regions = Season.objects.filter(
+            pk=season.pk).values_list("state", "starts_at", "cutoff", "published_version", "tie_break", "regions").get()
         first_reached = tie_break == TIE_BREAK_FIRST_REACHED
         recorded = ledger_store.recorded_events_fetch(
             season_id=season.pk, event_ids=(e.event_id for e in events)
@@ -100,8 +99,11 @@ def score_events_apply(
             digests=digests,
             reached_orders=first_reached,
         )
+        regions = ledger_store.player_regions_fetch(
+            season_id=season.pk, season_regions=season_regions, player_ids=plan.player_states,
+        ) if season_regions and plan.player_states else None
         ledger_store.batch_plan_write(
-            season_id=season.pk, plan=plan, client_id=client.pk if client else None, now=now
+            season_id=season.pk, plan=plan, client_id=client.pk if client else None, now=now, regions=regions
         )
         # Both wait in one queue for staff: pre-cutoff results that arrived after the seal,
         # and corrections held since the seal.
