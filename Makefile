@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install run test lint stop bench-ingest
+.PHONY: install run test lint stop bench-ingest figures
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,3 +38,18 @@ lint: install
 
 bench-ingest: install
 	SECRET_KEY=$${SECRET_KEY:-bench-only} $(BIN)/python bench/ingest.py $(BENCH_ARGS)
+
+# bench/figures.json: the per-operation costs `manage.py capacity_plan` reads, each benchmark
+# run once at a small size (about 10 minutes on 2 cores; docs/benchmarks.md: Figures). They
+# need PostgreSQL and Redis (DATABASE_URL / REDIS_URL; FIGURES_REDIS_DB is the Redis logical
+# database they fill and clean, rebuild.py flushes it) and wrk.
+FIGURES_REDIS_DB ?= 1
+FIGURES_RUN := SECRET_KEY=$${SECRET_KEY:-bench-only} $(BIN)/python
+figures: install
+	$(FIGURES_RUN) bench/memory.py --players 100k --redis-db $(FIGURES_REDIS_DB)
+	$(FIGURES_RUN) bench/epoch.py --players 100k --changes 10k --modes catch-up --repeats 3 \
+	  --redis-db $(FIGURES_REDIS_DB)
+	$(FIGURES_RUN) bench/rebuild.py --players 100k --runs 1 --recovery-runs 0 --redis-db $(FIGURES_REDIS_DB)
+	$(FIGURES_RUN) bench/reads.py --players 100k --endpoints rank,neighbors,top --concurrency 16 --runs 2 \
+	  --duration 4 --warmup 1 --paced-fraction 0 --redis-db $(FIGURES_REDIS_DB)
+	$(FIGURES_RUN) bench/ingest.py --phases http --runs 1 --batches 50 --players 50000

@@ -30,6 +30,8 @@ if str(ROOT) not in sys.path:
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_REDIS_DB = 1
+# Per-operation costs the benchmarks measured (`make figures`), read by `manage.py capacity_plan`.
+FIGURES_PATH = ROOT / "bench" / "figures.json"
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +50,15 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--keep", action="store_true",
                        help="keep the season's Redis keys and PostgreSQL rows afterwards (default: delete them)")
     group.add_argument("--no-migrate", action="store_true", help="skip `manage.py migrate`")
+    add_figures_arg(parser)
+
+
+def add_figures_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--figures", default=str(FIGURES_PATH), metavar="PATH",
+        help="merge the headline medians into this JSON file (default bench/figures.json, read by "
+             "`manage.py capacity_plan`); 'none' records nothing",
+    )
 
 
 def _with_db(url: str, db: int) -> str:
@@ -255,6 +266,41 @@ def season_cleanup(season: Any, *, keep: bool, extra_keys: Iterable[str] = (), q
 
 
 # ------------------------------------------------------------------------------ figures
+
+
+def figures_record(name: str, value: float, unit: str, *, note: str, path: str | Path | None,
+                   command: str | None = None) -> None:
+    """Merge one measured median into the figures file (bench/figures.json): its value and
+    unit, when, on what machine, by which command, and `note` (the size it was measured
+    at). Other figures in the file are kept. `path` None or 'none' records nothing."""
+    import json
+    from datetime import UTC, datetime
+
+    if path is None or str(path).lower() == "none":
+        return
+    if value != value or value in (float("inf"), float("-inf")):
+        print(f"# figure {name} not recorded: no finite value")
+        return
+    target = Path(path)
+    data: dict[str, Any] = json.loads(target.read_text()) if target.exists() else {}
+    figures = data.setdefault("figures", {})
+    script = Path(sys.argv[0])
+    figures[name] = {
+        "value": round(float(value), 3),
+        "unit": unit,
+        "note": note,
+        "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": command or " ".join([f"bench/{script.name}", *sys.argv[1:]]),
+        "machine": machine_line().removeprefix("# machine: "),
+    }
+    data["figures"] = dict(sorted(figures.items()))
+    data.setdefault("about", "Per-operation costs measured by the benchmarks (medians); regenerate with "
+                             "`make figures` (docs/benchmarks.md). Read by `manage.py capacity_plan`.")
+    # Written aside and renamed: a reader never sees half a file.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(target)
+    print(f"# figure {name} = {value:,.3f} {unit} recorded in {target}")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

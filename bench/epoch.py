@@ -309,7 +309,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"target (10M players, 10k changes, {target[0].mode}, < {TARGET_MS:.0f} ms): median "
               f"{target[0].median_ms:.0f} ms, p90 {benchenv.percentile(target[0].epoch_ms, 90):.0f} ms -> "
               f"{'met' if ok else 'MISSED'}")
+    figures_record(args, cells)
     return 0
+
+
+def figures_record(args: argparse.Namespace, cells: list[Cell]) -> None:
+    """Per 1,000 changed players, from the biggest cell in the default mode: the
+    coordinator's time to publish, its time including the catch-up of the other copy (its
+    whole work per change with R = 2), and the Redis server's CPU for both copies."""
+    mode = "catch-up" if "catch-up" in args.modes else args.modes[0]
+    cell = max((c for c in cells if c.mode == mode), key=lambda c: (c.players, c.changes))
+    per_1k = 1000 / cell.changes
+    note = (f"{cell.players:,} players x {cell.changes:,} changes per epoch, {mode}, median of "
+            f"{len(cell.epoch_ms)} epochs")
+    publish = cell.median_ms * per_1k
+    work = (cell.median_ms + (benchenv.median(cell.catch_up_ms) if MODES[mode] else 0.0)) * per_1k
+    benchenv.figures_record("epoch_publish_ms_per_1k_changes", publish, "ms", note=note, path=args.figures)
+    benchenv.figures_record("epoch_work_ms_per_1k_changes", work, "ms",
+                            note=f"{note}; publish + catch-up: the coordinator's busy time", path=args.figures)
+    benchenv.figures_record("epoch_redis_cpu_ms_per_1k_changes", benchenv.median(cell.redis_ms) * per_1k, "ms",
+                            note=f"{note}; Redis server CPU (INFO cpu), both copies", path=args.figures)
 
 
 if __name__ == "__main__":

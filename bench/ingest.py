@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from leaderboard.simulation import MatchSimulator, SimConfig, player_ids  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchenv import UvicornServer  # noqa: E402
+from benchenv import UvicornServer, add_figures_arg, figures_record  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -88,6 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--server-env", action="append", default=[], metavar="KEY=VALUE",
         help="extra environment for the server only (e.g. DB_CONN_MAX_AGE=0); repeatable",
     )
+    add_figures_arg(parser)
     args = parser.parse_args(argv)
     if not 1 <= args.batch_size <= 1000:
         parser.error("--batch-size must be 1..1000")
@@ -694,7 +695,34 @@ def main(argv: list[str] | None = None) -> int:
         backends.close()
     calibration.append(cpu_calibration())
     report(args, results, calibration)
+    figures_write(args, results)
     return 0
+
+
+def figures_write(args: argparse.Namespace, results: list[PhaseResult]) -> None:
+    """A web worker's events/s from its CPU per event (on this shared machine the clients
+    and PostgreSQL compete for the same cores: the rate / workers understates a worker
+    that owns a core), PostgreSQL's CPU per 1,000 events, and the ledger's bytes per event
+    on disk (heap, indexes and TOAST of every row in the benchmark's own database)."""
+    from django.db import connection
+
+    http = [r for r in results if r.phase == "http"]
+    size = (f"{args.runs} run(s) x {args.batches} batches of {args.batch_size} events, {args.players:,} players, "
+            f"uvicorn --workers {args.workers}, {args.clients} clients")
+    if http:
+        rate = statistics.median(r.rate for r in http)
+        figures_record("ingest_events_per_s_per_web_worker", 1e6 / statistics.median(r.python_ms_per_k for r in http),
+                       "events/s", path=args.figures,
+                       note=f"{size}; 1e6 / server CPU ms per 1,000 events (measured {rate:,.0f} events/s in all)")
+        figures_record("ingest_postgres_cpu_ms_per_1k_events", statistics.median(r.pg_ms_per_k for r in http), "ms",
+                       note=f"{size}; CPU of the benchmark database's backends", path=args.figures)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_total_relation_size('leaderboard_scoreevent'), count(*) "
+                       "FROM leaderboard_scoreevent")
+        total_bytes, rows = cursor.fetchone()
+    if rows:
+        figures_record("ledger_bytes_per_event", total_bytes / rows, "bytes", path=args.figures,
+                       note=f"{rows:,} ledger rows in database {args.database}: table, indexes and TOAST / rows")
 
 
 if __name__ == "__main__":

@@ -384,7 +384,27 @@ def main(argv: list[str] | None = None) -> int:
         p99 = benchenv.median(ours_paced)
         print(f"rank p99 at {args.paced_fraction:.0%} of peak: {p99:.1f} ms "
               f"(target < {TARGET_P99_MS:.0f} ms: {'met' if p99 < TARGET_P99_MS else 'MISSED'})")
+    figures_record(args, samples, players=players, connections=max(concurrency))
     return 0
+
+
+def figures_record(args: argparse.Namespace, samples: list[tuple[int, Sample]], *, players: int,
+                   connections: int) -> None:
+    """Requests/s of one web process and of one Redis core, from CPU per request: on this
+    shared 2-core machine wrk and the server compete for the cores, so req/s / workers
+    would understate what a process owning a core serves."""
+    for name in ("rank", "top", "neighbors"):
+        cell = [s for _, s in samples if s.endpoint == name and s.connections == connections]
+        if not cell:
+            continue
+        note = (f"{players:,} players, {connections} connections, median of {len(cell)} runs x "
+                f"{args.duration:.0f} s; 1e6 / CPU us per request")
+        server_us = benchenv.median([s.server_cpu_us for s in cell])
+        redis_us = benchenv.median([s.redis_cpu_us for s in cell])
+        benchenv.figures_record(f"read_{name}_rps_per_process", 1e6 / server_us, "requests/s",
+                                note=f"{note} of the uvicorn workers (one process on one core)", path=args.figures)
+        benchenv.figures_record(f"read_{name}_rps_per_redis_core", 1e6 / redis_us, "requests/s",
+                                note=f"{note} of the Redis server", path=args.figures)
 
 
 if __name__ == "__main__":

@@ -246,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
             [(benchenv.human(s.players), len(s.recovery), benchenv.median(s.recovery),
               benchenv.median(s.lost) * 1000, benchenv.median(s.recovery_build),
               benchenv.median(s.recovery_reconcile), min(s.recovery), max(s.recovery)) for s in recovered]))
+    biggest = max(results, key=lambda s: s.players)
+    benchenv.figures_record(
+        "rebuild_players_per_s", biggest.players / benchenv.median(biggest.total), "players/s",
+        note=(f"{biggest.players:,} players, median of {len(biggest.total)} rebuilds from the ledger "
+              "(both shadow copies built, compared and published)"),
+        path=args.figures,
+    )
     return 0
 
 
