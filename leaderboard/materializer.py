@@ -500,21 +500,21 @@ def _build_batch(
     layout = meta.layout
     zadds: dict[int, dict[str, int]] = {}
     hsets: dict[int, dict[Any, Any]] = {}
-    if meta.ties is not None:
+    if meta.ties is None:
+        for player_id, score in batch:
+            bucket = layout.bucket_of(score)
+            zadds.setdefault(bucket, {})[player_id] = -score
+            hsets.setdefault(rankview.lookup_shard(player_id), {})[player_id] = score
+            counts[bucket] += 1
+            checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
+    else:
         for player_id, value in batch:
             bucket, key = index_key(layout, meta.ties, value)
-            token_ = value_token(value)
+            lookup = value_token(value)
             zadds.setdefault(bucket, {})[player_id] = key
-            hsets.setdefault(rankview.lookup_shard(player_id), {})[player_id] = token_
+            hsets.setdefault(rankview.lookup_shard(player_id), {})[player_id] = lookup
             counts[bucket] += 1
-            checksums[bucket] = checksum_add(checksums[bucket], player_id, token_)
-        batch = []
-    for player_id, score in batch:
-        bucket = layout.bucket_of(score)
-        zadds.setdefault(bucket, {})[player_id] = -score
-        hsets.setdefault(rankview.lookup_shard(player_id), {})[player_id] = score
-        counts[bucket] += 1
-        checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
+            checksums[bucket] = checksum_add(checksums[bucket], player_id, lookup)
     commands: list[tuple[Any, ...]] = [
         ("ZADD", keys.bucket(meta.copy, layout.layout_id, bucket), *itertools.chain.from_iterable(
             (score, player_id) for player_id, score in mapping.items()))

@@ -24,6 +24,7 @@ from leaderboard.core.ranking import Standings
 from leaderboard.core.tiebreak import instant_ms
 from leaderboard.invariants import version_check
 from leaderboard.models import PlayerScore
+from leaderboard.rebuild import rebuild_publish, rebuild_run, season_rebuild_start, season_split_propose
 from leaderboard.reconcile import version_reconcile
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
@@ -32,6 +33,7 @@ from tests.reference import ReferenceLedger, season_rejection
 from tests.support import (
     COMPLETED_AT,
     NARROW,
+    TEST_ACTOR,
     Events,
     assert_board_equals,
     current_manifest,
@@ -236,3 +238,46 @@ def test_a_first_reached_season_whose_keys_would_not_fit_is_refused(season_facto
     season_factory(slug="fr-ok", tie_break="first_reached", starts_at=start, cutoff=start + timedelta(days=365))
     season_factory(slug="shared-long", starts_at=start, cutoff=start + timedelta(days=365),
                    layout=BucketLayout.single())
+
+
+def test_a_rebuild_and_a_split_of_a_first_reached_season_compare_and_publish_the_same_order(
+        season_factory: Callable[..., Season], post_scores: Post) -> None:
+    season = season_factory(slug="fr-rebuild", tie_break="first_reached", layout=NARROW)
+    ev = Events(tag="rb")
+    post_ok(post_scores, season, [ev.result(f"p{i}", 150 + i % 2, reached_at=f"2026-11-15T10:00:0{i % 4}.00{i}Z")
+                                  for i in range(8)])
+    publish(season)
+    expected = expected_board(season)
+    job = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk)
+    assert job.status == "published", job.report
+    job = rebuild_run(job_id=season_split_propose(season=season, actor=TEST_ACTOR, split_points=[151]).pk)
+    assert job.status == "ready", job.report
+    rebuild_publish(job=job, actor=TEST_ACTOR)
+    assert current_manifest(season).layout.size == NARROW.size + 1
+    assert_board_equals(reader_of(season), expected, radius=3)
+
+
+def test_a_wrong_reached_at_in_the_live_copy_fails_the_checks(season_factory: Callable[..., Season],
+                                                              post_scores: Post) -> None:
+    season = season_factory(slug="fr-drift", tie_break="first_reached")
+    ev = Events(tag="dr")
+    post_ok(post_scores, season, [ev.result("x", 500, reached_at="2026-11-15T10:00:00Z"),
+                                  ev.result("y", 500, reached_at="2026-11-15T10:00:01Z")])
+    publish(season)
+    r, keys, live = redis_get(), keys_of(season), current_manifest(season)
+    assert live.ties is not None
+    # y's reached_at moved ahead of x's behind the materializer's back, in index and lookup.
+    bucket = live.layout.bucket_of(500)
+    high = live.layout.range_of(bucket)[1]
+    r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket), {"y": live.ties.key(500, 0, high)})
+    r.hset(keys.lookup_of(live.copy, "y"), "y", "500:0")
+    report = version_check(r=r, keys=keys, full=True, sample=10)
+    assert {f.check for f in report.failures()} == {"bucket_checksums"}
+    report = version_reconcile(r=r, keys=keys, season_id=season.pk, version=live.version, sample=10)
+    # The manifest's checksums still match the ledger; the index no longer matches them.
+    assert {f.check for f in report.failures()} == {"bucket_checksums", "ledger_sampled_ranks"}
+
+
+def expected_board(season: Season) -> Standings:
+    rows = PlayerScore.objects.filter(season=season).values_list("player_id", "score", "reached_at")
+    return Standings({p: s for p, s, _ in rows}, {p: at for p, _, at in rows})
