@@ -92,15 +92,17 @@ def season_ties(season: Season) -> FirstReached | None:
 
 
 def change_values(changes: list[Change], ties: FirstReached | None
-                  ) -> tuple[dict[str, IndexValue], list[tuple[str, IndexValue | None]]]:
+                  ) -> tuple[dict[str, IndexValue], Iterator[tuple[str, IndexValue | None]]]:
     """The newest index value per player, and (player, old value) per row in stream order
-    (for scores_before): scores, or (score, reached_ms) on a first_reached board."""
+    (for scores_before): scores, or (score, reached_ms) on a first_reached board. The old
+    values are a generator, consumed only by an exact copy: an epoch of a shared season
+    allocates nothing more than it always did."""
     if ties is None:
-        return newest_scores((c[2], c[3], c[4]) for c in changes), [(c[2], c[5]) for c in changes]
+        return newest_scores((c[2], c[3], c[4]) for c in changes), ((c[2], c[5]) for c in changes)
     origin = ties.origin_ms
     # reached_at None: a row from before it was recorded, reached at the start (FirstReached.reached_ms).
     newest = newest_scores((c[2], (c[3], 0 if c[6] is None else c[6] - origin), c[4]) for c in changes)
-    old = [(c[2], None if c[5] is None else (c[5], 0 if c[7] is None else c[7] - origin)) for c in changes]
+    old = ((c[2], None if c[5] is None else (c[5], 0 if c[7] is None else c[7] - origin)) for c in changes)
     return newest, old  # type: ignore[return-value]
 
 

@@ -51,7 +51,6 @@ from leaderboard.core.tiebreak import (
     index_key,
     index_value,
     lookup_parse,
-    lookup_text,
     lookup_value,
     value_score,
     value_token,
@@ -511,14 +510,17 @@ def _chunk_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan) -> list[tuple[A
     for bucket, player_id in plan.removals:
         zrems.setdefault(bucket, []).append(player_id)
     zadds: dict[int, list[Any]] = {}
-    ties, layout = meta.ties, meta.layout
-    for bucket, player_id, score in plan.additions:
-        key = -score if isinstance(score, int) else index_key(layout, ties, score)[1]
-        zadds.setdefault(bucket, []).extend((key, player_id))
     hsets: dict[int, list[Any]] = {}
-    for player_id, score in plan.lookups.items():
-        hsets.setdefault(lookup_shard(player_id), []).extend(
-            (player_id, score if isinstance(score, int) else lookup_text(*score)))
+    if meta.ties is None:
+        for bucket, player_id, score in plan.additions:
+            zadds.setdefault(bucket, []).extend((-score, player_id))  # type: ignore[operator]
+        for player_id, score in plan.lookups.items():
+            hsets.setdefault(lookup_shard(player_id), []).extend((player_id, score))
+    else:  # a first_reached board: its encoded keys, and "score:reached_ms" in the lookup
+        for bucket, player_id, value in plan.additions:
+            zadds.setdefault(bucket, []).extend((index_key(meta.layout, meta.ties, value)[1], player_id))
+        for player_id, value in plan.lookups.items():
+            hsets.setdefault(lookup_shard(player_id), []).extend((player_id, value_token(value)))
     commands: list[tuple[Any, ...]] = []
     commands += [("ZREM", keys.bucket(meta.copy, layout_id, b), *members) for b, members in zrems.items()]
     commands += [("ZADD", keys.bucket(meta.copy, layout_id, b), *pairs) for b, pairs in zadds.items()]

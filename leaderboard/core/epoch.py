@@ -7,6 +7,7 @@ operations and the new counts and checksums. Work is proportional to the changes
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -93,29 +94,56 @@ def epoch_plan(
     apply yields only what is still missing.
     """
     plan = EpochPlan(counts=list(counts), checksums=list(checksums))
+    if any(not isinstance(v, int) for v in itertools.islice(new_scores.values(), 1)):
+        _first_reached_moves(plan, layout, old_scores, new_scores)  # type: ignore[arg-type]
+        return plan
+    # A shared board: the loop it always ran, with nothing per player added.
     for player_id, new in new_scores.items():
         old = old_scores.get(player_id)
         if old == new:
             continue
-        new_bucket = layout.bucket_of(new if isinstance(new, int) else new[0])
+        new_bucket = layout.bucket_of(new)  # type: ignore[arg-type]
         if old is None:
             plan.arrivals += 1
         else:
-            old_bucket = layout.bucket_of(old if isinstance(old, int) else old[0])
+            old_bucket = layout.bucket_of(old)  # type: ignore[arg-type]
             plan.counts[old_bucket] -= 1
-            plan.checksums[old_bucket] = checksum_remove(plan.checksums[old_bucket], player_id,
-                                                         old if isinstance(old, int) else lookup_text(*old))
+            plan.checksums[old_bucket] = checksum_remove(plan.checksums[old_bucket], player_id, old)  # type: ignore[arg-type]
             plan.touched.add(old_bucket)
             if old_bucket != new_bucket:
                 plan.removals.append((old_bucket, player_id))
         plan.counts[new_bucket] += 1
-        plan.checksums[new_bucket] = checksum_add(plan.checksums[new_bucket], player_id,
-                                                  new if isinstance(new, int) else lookup_text(*new))
+        plan.checksums[new_bucket] = checksum_add(plan.checksums[new_bucket], player_id, new)  # type: ignore[arg-type]
         plan.touched.add(new_bucket)
         # ZADD to the same bucket just rescores the member.
         plan.additions.append((new_bucket, player_id, new))
         plan.lookups[player_id] = new
     return plan
+
+
+def _first_reached_moves(plan: EpochPlan, layout: BucketLayout, old_scores: Mapping[str, tuple[int, int] | None],
+                         new_scores: Mapping[str, tuple[int, int]]) -> None:
+    """`epoch_plan`'s moves on a first_reached board: values (score, reached_ms), bucketed by
+    the score, hashed as "score:reached_ms" (core.tiebreak.value_token)."""
+    for player_id, new in new_scores.items():
+        old = old_scores.get(player_id)
+        if old == new:
+            continue
+        new_bucket = layout.bucket_of(new[0])
+        if old is None:
+            plan.arrivals += 1
+        else:
+            old_bucket = layout.bucket_of(old[0])
+            plan.counts[old_bucket] -= 1
+            plan.checksums[old_bucket] = checksum_remove(plan.checksums[old_bucket], player_id, lookup_text(*old))
+            plan.touched.add(old_bucket)
+            if old_bucket != new_bucket:
+                plan.removals.append((old_bucket, player_id))
+        plan.counts[new_bucket] += 1
+        plan.checksums[new_bucket] = checksum_add(plan.checksums[new_bucket], player_id, lookup_text(*new))
+        plan.touched.add(new_bucket)
+        plan.additions.append((new_bucket, player_id, new))
+        plan.lookups[player_id] = new
 
 
 def higher_counts(counts: list[int]) -> list[int]:
