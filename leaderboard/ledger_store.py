@@ -270,6 +270,17 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
     rows = plan.ledger_rows
     states = plan.player_states
     changes = plan.changes
+    # One text per distinct instant: a batch's events mostly share one reached_at (their
+    # completed_at), and each appears up to four times (event, score, change old and new);
+    # formatting each anew cost ~3.5 ms per 1,000 events inside the season lock.
+    texts: dict[datetime | None, str | None] = {None: None}
+
+    def utc(instant: datetime | None) -> str | None:
+        text = texts.get(instant)
+        if text is None and instant is not None:
+            text = texts[instant] = _utc(instant)
+        return text
+
     params = {
         "season": season_id,
         "client": client_id,
@@ -290,19 +301,19 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "e_score_after": _int_array([r.score for r in rows]),
         "e_version_after": _int_array([r.score_version for r in rows]),
         "e_pending": _int_array([r.pending_version for r in rows]),
-        "e_reached": _text_array([_utc(r.event.reached) for r in rows]),
+        "e_reached": _text_array([utc(r.event.reached) for r in rows]),
         "s_player": _text_array(list(states)),
         "s_score": _int_array([s.score for s in states.values()]),
         "s_version": _int_array([s.score_version for s in states.values()]),
-        "s_reached": _text_array([_utc(s.reached_at) for s in states.values()]),
+        "s_reached": _text_array([utc(s.reached_at) for s in states.values()]),
         "s_region": _text_array([regions.get(player_id, "") for player_id in states]),
         "c_player": _text_array([c.player_id for c in changes]),
         "c_old": _int_array([c.old_score for c in changes]),
         "c_new": _int_array([c.new_score for c in changes]),
         "c_version": _int_array([c.score_version for c in changes]),
         "c_event": _text_array([c.event_id for c in changes]),
-        "c_reached": _text_array([_utc(c.reached_at) for c in changes]),
-        "c_old_reached": _text_array([_utc(c.old_reached_at) for c in changes]),
+        "c_reached": _text_array([utc(c.reached_at) for c in changes]),
+        "c_old_reached": _text_array([utc(c.old_reached_at) for c in changes]),
         "c_region": _text_array([regions.get(c.player_id, "") for c in changes]),
     }
     with connection.cursor() as cursor:
