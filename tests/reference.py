@@ -42,8 +42,7 @@ def payload_key(event: Event) -> tuple[Any, ...]:
     reached_at only when it differs from its default (completed_at, to the millisecond)."""
     reached = effective_reached(event)
     default = effective_reached({"completed_at": event["completed_at"]})
-    return (
-        reached if reached != default else None,
+    key = (
         event["event_id"],
         event["match_id"],
         event["player_id"],
@@ -53,6 +52,7 @@ def payload_key(event: Event) -> tuple[Any, ...]:
         event.get("kind", "result"),
         event.get("reason") or "",
     )
+    return key if reached == default else (*key, reached)
 
 
 def outcome_dict(
