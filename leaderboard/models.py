@@ -140,7 +140,13 @@ class ScoreChange(models.Model):
     txid = models.BigIntegerField(default=0)
 
     class Meta:
-        indexes = [models.Index(fields=["season", "txid", "id"], name="score_change_cursor")]
+        indexes = [
+            models.Index(fields=["season", "txid", "id"], name="score_change_cursor"),
+            # A player's region moves across seasons (the staff player page): partial, so the
+            # score changes that make up nearly all of the stream add nothing to it.
+            models.Index(fields=["player_id", "season"], condition=models.Q(event_id__startswith="region:"),
+                         name="score_change_region_moves"),
+        ]
 
 
 class StreamHead(models.Model):

@@ -22,11 +22,13 @@ def quantity(value: float) -> str:
 def bar_chart(
     values: Sequence[float], *, labels: Sequence[str] | None = None, width: int = 320, height: int = 64,
     highlight: Container[int] = (), title: str = "", css_id: str = "", axis: tuple[str, str] | None = None,
+    ticks: bool = False,
 ) -> SafeString:
     """Vertical bars scaled to the largest value; indexes in `highlight` get class "hot".
 
     `axis` = (left, right) labels the ends of the x axis and adds the scale's maximum at
-    the top left, in a strip below the bars.
+    the top left, in a strip below the bars. `ticks` instead writes each bar's label under
+    it (for a few named bars), cut to the bar's width.
     """
     count = max(len(values), 1)
     top = max(values, default=0) or 1
@@ -42,7 +44,15 @@ def bar_chart(
                             rows)
     total_height = height
     extra: SafeString | str = ""
-    if axis is not None:
+    if ticks:
+        total_height = height + 14
+        # About 6 px a character at the axis's font size.
+        fits = max(int(step // 6), 1)
+        extra = format_html_join("", '<text x="{}" y="{}" class="axis" text-anchor="middle">{}</text>', (
+            (f"{i * step + bar / 2:.1f}", height + 12, label if len(label) <= fits else label[:max(fits - 1, 1)] + "…")
+            for i, label in enumerate(labels or [str(i) for i in range(len(values))])
+        ))
+    elif axis is not None:
         total_height = height + 14
         extra = format_html(
             '<text x="2" y="{}" class="axis">{}</text><text x="{}" y="{}" class="axis" text-anchor="end">{}</text>'

@@ -13,18 +13,22 @@ import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from audit.models import AuditEntry
 from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.lifecycle import ACCEPTING_STATES
 from leaderboard.core.splits import SplitProposal
 from leaderboard.metrics import LAG_BOUNDS, season_backlog_seconds
 from leaderboard.models import (
     ACTIVE_REBUILD_STATUSES,
+    FriendList,
     LateResult,
     Manifest,
+    PlayerProfile,
+    PlayerProfileChange,
     PlayerScore,
     RebuildJob,
     ScoreChange,
@@ -457,6 +461,143 @@ def dispute_revocations(*, dispute: Dispute) -> list[ScoreRevocation]:
 
 def player_score_get(*, season: Season, player_id: str) -> PlayerScore | None:
     return PlayerScore.objects.filter(season=season, player_id=player_id).first()
+
+
+# ---------------------------------------------------------------- regions and friends
+
+# A season's region sizes are one GROUP BY over its current scores (no index holds the
+# region): counted at most this often per process and season, however many pages poll.
+REGION_SIZES_CACHE_SECONDS = 15.0
+# A player page lists the newest profile changes and the first friends; the counts are whole.
+PROFILE_CHANGES_SHOWN = 100
+FRIENDS_SHOWN = 50
+# The event_id prefix of a region move in the change stream (leaderboard/ledger_store.py).
+REGION_MOVE_PREFIX = "region:"
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSize:
+    # "" for the players with no region in the season.
+    region: str
+    players: int
+    share: float
+    # False for a region held by players but no longer one of the season's (regions set
+    # again while SCHEDULED): shown, so no player is left out of the sizes.
+    listed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SeasonRegionSizes:
+    # The season's regions in display order, then "" (no region); empty without regions.
+    sizes: list[RegionSize]
+    players: int
+    counted_at: datetime
+    # Whether the sizes can still change (the season takes scores and region moves): the
+    # page polls them only then.
+    changing: bool = False
+
+
+def season_region_sizes(*, season: Season) -> SeasonRegionSizes:
+    """Players with a score in each of the season's regions and in none, from the ledger's
+    current scores (not a published version: it holds no regions yet). A season without
+    regions counts nothing: all its players are in none."""
+    if not season.regions:
+        return SeasonRegionSizes(sizes=[], players=0, counted_at=timezone.now())
+    changing = season.state in ACCEPTING_STATES
+    key = f"staff:regions:{season.pk}:{','.join(season.regions)}"
+    cached: SeasonRegionSizes | None = cache.get(key)
+    if cached is None:
+        counts = dict(PlayerScore.objects.filter(season=season).values("region").order_by()
+                      .annotate(players=Count("id")).values_list("region", "players"))
+        total = sum(counts.values())
+        unlisted = sorted(set(counts) - set(season.regions) - {""})
+        cached = SeasonRegionSizes(
+            sizes=[RegionSize(region=r, players=counts.get(r, 0), share=counts.get(r, 0) / (total or 1),
+                              listed=r == "" or r in season.regions)
+                   for r in [*season.regions, *unlisted, ""]],
+            players=total, counted_at=timezone.now(),
+        )
+        cache.set(key, cached, REGION_SIZES_CACHE_SECONDS)
+    return replace(cached, changing=changing)
+
+
+@dataclass(frozen=True, slots=True)
+class RegionMove:
+    """One change-stream row that moved the player between regions of a season."""
+
+    old_region: str
+    region: str
+    # The profile write that moved them (event_id "region:<profile_version>").
+    profile_version: int
+    committed_at: datetime
+    # Its place in the season's stream: the first version whose watermark passes it shows the move.
+    txid: int
+    change_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SeasonRegion:
+    """A player's region in one season where they have a score, and its moves there, oldest first."""
+
+    season: Season
+    region: str
+    moves: list[RegionMove]
+
+
+@dataclass(frozen=True, slots=True)
+class PlayerRegions:
+    # The profile as it is now (None: the player has no profile, so no region anywhere).
+    profile: PlayerProfile | None
+    # The newest PROFILE_CHANGES_SHOWN profile writes, newest first, of changes_total.
+    changes: list[PlayerProfileChange]
+    changes_total: int
+    # Every season where the player has a score, newest first.
+    seasons: list[SeasonRegion]
+
+
+def player_regions(*, player_id: str) -> PlayerRegions:
+    """A player's region history: their profile writes, and their region in each season they
+    play with its in-season moves (index score_change_region_moves: a few rows, whatever the
+    size of the stream)."""
+    changes = PlayerProfileChange.objects.filter(player_id=player_id)
+    seasons = {s.pk: s for s in Season.objects.all()}
+    # By (season, player): the unique constraint's index answers it; by player alone, nothing would.
+    held = dict(PlayerScore.objects.filter(season_id__in=list(seasons), player_id=player_id)
+                .values_list("season_id", "region"))
+    moves: dict[int, list[RegionMove]] = {}
+    for season_id, old_region, region, event_id, committed_at, txid, change_id in (
+        ScoreChange.objects.filter(player_id=player_id, event_id__startswith=REGION_MOVE_PREFIX)
+        .order_by("season_id", "txid", "id")
+        .values_list("season_id", "old_region", "region", "event_id", "committed_at", "txid", "id")
+    ):
+        moves.setdefault(season_id, []).append(RegionMove(
+            old_region=old_region, region=region, profile_version=int(event_id.removeprefix(REGION_MOVE_PREFIX)),
+            committed_at=committed_at, txid=txid, change_id=change_id))
+    in_seasons = sorted((seasons[pk] for pk in held), key=lambda s: (s.starts_at, s.slug), reverse=True)
+    return PlayerRegions(
+        profile=PlayerProfile.objects.filter(player_id=player_id).first(),
+        changes=list(changes.select_related("client").order_by("-id")[:PROFILE_CHANGES_SHOWN]),
+        changes_total=changes.count(),
+        seasons=[SeasonRegion(season=s, region=held[s.pk], moves=moves.get(s.pk, [])) for s in in_seasons],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlayerFriends:
+    # None: the social service never wrote a list for the player (graph_version 0 in the API).
+    graph_version: int | None
+    count: int
+    # The first FRIENDS_SHOWN ids, in the order the list was written.
+    shown: list[str]
+    updated_at: datetime | None
+
+
+def player_friends(*, player_id: str) -> PlayerFriends:
+    row = FriendList.objects.filter(player_id=player_id).first()
+    if row is None:
+        return PlayerFriends(graph_version=None, count=0, shown=[], updated_at=None)
+    return PlayerFriends(graph_version=row.graph_version, count=len(row.friends), shown=row.friends[:FRIENDS_SHOWN],
+                         updated_at=row.updated_at)
 
 
 # ------------------------------------------------------------------ queues and lists

@@ -35,7 +35,8 @@ def season_page(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "staff/season.html", context(
         request, season=season, detail=sel.season_detail(season=season),
         manifests=sel.manifests_recent(season=season), jobs=sel.rebuild_jobs_recent(season=season),
-        conflicts=sel.season_conflicts(season=season), lifecycle_form=f.LifecycleForm(),
+        conflicts=sel.season_conflicts(season=season), regions=sel.season_region_sizes(season=season),
+        lifecycle_form=f.LifecycleForm(),
         regions_form=f.RegionsForm(initial={"regions": ", ".join(season.regions)}),
         split_form=f.SplitProposeForm(), lookup_form=f.PlayerLookupForm(),
     ))
@@ -48,6 +49,15 @@ def season_stats(request: HttpRequest, slug: str) -> HttpResponse:
     season = get_object_or_404(Season, slug=slug)
     return render(request, "staff/partials/season_stats.html",
                   context(request, season=season, detail=sel.season_detail(season=season)))
+
+
+@require_GET
+@staff_required("console_view")
+def season_region_sizes(request: HttpRequest, slug: str) -> HttpResponse:
+    """The polled partial of the season page (while the season takes scores): players per region."""
+    season = get_object_or_404(Season, slug=slug)
+    return render(request, "staff/partials/season_regions.html",
+                  context(request, season=season, regions=sel.season_region_sizes(season=season)))
 
 
 @require_POST
@@ -208,4 +218,5 @@ def player_page(request: HttpRequest, slug: str, player_id: str) -> HttpResponse
     season = get_object_or_404(Season, slug=slug)
     return render(request, "staff/player.html", context(
         request, season=season, player=sel.player_detail(season=season, player_id=player_id),
+        regions=sel.player_regions(player_id=player_id), friends=sel.player_friends(player_id=player_id),
     ))

@@ -11,7 +11,8 @@ import json
 from typing import Any
 
 from django import template
-from django.utils.safestring import SafeString
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from seasons import staff_charts
 
@@ -110,3 +111,20 @@ def bucket_chart(detail: Any, width: int = 720, height: int = 120) -> SafeString
         title="players per score bucket (low scores left)", css_id="bucket-chart",
         axis=(f"score {rows[0].low:,}", f"{rows[-1].high:,}") if rows else None,
     )
+
+
+@register.simple_tag
+def region_chart(sizes: Any, width: int = 480, height: int = 96) -> SafeString:
+    """Players per region of a season (seasons/staff_selectors.SeasonRegionSizes), "no region" last."""
+    rows = sizes.sizes
+    return staff_charts.bar_chart(
+        [r.players for r in rows], labels=[r.region or "no region" for r in rows],
+        highlight={i for i, r in enumerate(rows) if not r.listed}, width=width, height=height,
+        title="players per region", css_id="region-chart", ticks=True,
+    )
+
+
+@register.filter
+def region(value: str | None) -> SafeString:
+    """A player's region as the console shows it: <code>eu</code>, or "none" for no region ("")."""
+    return format_html("<code>{}</code>", value) if value else mark_safe('<span class="none">none</span>')
