@@ -26,7 +26,7 @@ from leaderboard import ledger_store, rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add
 from leaderboard.core.epoch import newest_scores, scores_before
-from leaderboard.core.manifest import Manifest
+from leaderboard.core.manifest import Manifest, RegionBoard
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import FirstReached, IndexValue, first_reached_of, index_key, value_token
 from leaderboard.live import live_version_published
@@ -55,7 +55,8 @@ EPOCH_HOLD_SECONDS = 15.0
 LEASE_KEEP_MAX_SECONDS = 3600.0
 
 # txid, id, player, new score, version, old score; in a first_reached season also the new
-# and old reached_at in ms since 1970 (selectors.score_change_reached_after).
+# and old reached_at in ms since 1970 (selectors.score_change_reached_after); in a season
+# with regions, last, the new and old region.
 Change = tuple[Any, ...]
 
 
@@ -104,6 +105,14 @@ def change_values(changes: list[Change], ties: FirstReached | None
     newest = newest_scores((c[2], (c[3], 0 if c[6] is None else c[6] - origin), c[4]) for c in changes)
     old = ((c[2], None if c[5] is None else (c[5], 0 if c[7] is None else c[7] - origin)) for c in changes)
     return newest, old  # type: ignore[return-value]
+
+
+def change_regions(changes: list[Change], *, exact: bool) -> tuple[dict[str, str], dict[str, str] | None]:
+    """Each changed player's newest region, and (for an exact copy) their region before the
+    first of `changes`, from the rows' trailing (region, old_region); the same rules as
+    `change_values` (a region move is a row with the score unchanged)."""
+    newest = newest_scores((c[2], c[-2], c[4]) for c in changes)
+    return newest, (scores_before((c[2], c[-1]) for c in changes) if exact else None)
 
 
 def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int | None:
@@ -226,7 +235,7 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
     changes = read.between(idle.watermark, current.watermark) if read is not None else None
     if changes is None:
         changes = list(_changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark,
-                                     ties=idle.ties))
+                                     ties=idle.ties, regions=bool(idle.boards)))
     idle = rankview.copy_begin_mutation(r, keys, token, idle)
     _copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes, exact=exact)
     rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version, exact=exact)
@@ -245,7 +254,13 @@ def _copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, targ
         old_scores = scores_before(olds)
     else:
         old_scores = rankview.copy_scores_get(r, keys, target.copy, list(newest), target.ties)
-    touched = rankview.copy_apply(r, keys, token, target, old_scores, newest)
+    regions = None
+    if target.boards:
+        new_regions, old_regions = change_regions(changes, exact=exact)
+        if old_regions is None:
+            old_regions = rankview.copy_regions_get(r, keys, target.copy, list(newest))
+        regions = rankview.RegionMoves(old=old_regions, new=new_regions)
+    touched = rankview.copy_apply(r, keys, token, target, old_scores, newest, regions)
     problems = rankview.copy_verify_counts(r, keys, target, touched)
     if problems:
         r.hset(keys.copy_meta(target.copy), "state", rankview.STATE_BROKEN)
@@ -282,8 +297,9 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     target = rankview.copy_meta_load(r, keys, target_name)
     layout = current.layout if current is not None else season.bucket_layout
     ties = season_ties(season)
+    regional = bool(season.regions)
     rebuild = (target is None or target.state == rankview.STATE_BROKEN or target.layout != layout
-               or target.ties != ties)
+               or target.ties != ties or set(target.boards) != set(season.regions))
 
     # (txid, id, player_id, new_score, score_version) in cursor order, read before the
     # target is touched: with nothing new since the current version the epoch is idle
@@ -292,7 +308,8 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     # without applying them would lose them from every later version built on it.
     changes = []
     if target is not None and not rebuild:
-        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark), ties=ties))
+        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark), ties=ties,
+                                      regions=regional))
     fresh: set[str] = set()  # players changed since the current version
     if current is not None:
         if target is not None and not rebuild and target.watermark <= current.watermark:
@@ -310,7 +327,8 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     exact = target is not None and not rebuild and target.exact and target.state == rankview.STATE_READY
     if target is None or rebuild:
         target = season_copy_build(season=season, copy=target_name, layout=layout, r=r, token=token)
-        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark), ties=ties))
+        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark), ties=ties,
+                                      regions=regional))
         if current is not None:
             fresh.update(c[2] for c in changes if (c[0], c[1]) > current.watermark)
     else:
@@ -332,6 +350,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
         watermark=(head.txid, head.id), copy=target.copy, gen=target.gen, layout=target.layout,
         counts=list(target.counts), checksums=list(target.checksums),
         top=rankview.copy_top(r, keys, target, limit=100), ties=target.ties,
+        regions=copy_regions_boards(r=r, keys=keys, meta=target),
     )
     rankview.manifest_store(r, keys, manifest, token=token)
     # The FINAL version keeps its manifest when a correction replaces it (the catch-up
@@ -351,6 +370,13 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
                      upto=manifest.watermark, published_at=published_at, epoch_ms=epoch_ms)
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms,
                        applied=applied), read
+
+
+def copy_regions_boards(*, r: redis.Redis, keys: rankview.Keys, meta: rankview.CopyMeta) -> dict[str, RegionBoard]:
+    """The regional boards a manifest of this copy publishes: counts, checksums, top 100."""
+    return {region: RegionBoard(counts=list(counts), checksums=list(checksums),
+                                top=rankview.copy_top(r, keys, meta, limit=100, board=region))
+            for region, (counts, checksums) in meta.boards.items()}
 
 
 def _metrics_observe(*, season: Season, r: redis.Redis, after: tuple[int, int] | None, upto: tuple[int, int],
@@ -388,19 +414,22 @@ def _recovery_start(season: Season) -> EpochResult:
 
 def _changes_upto(
     *, season_id: int, after: tuple[int, int], upto: tuple[int, int] | None, ties: FirstReached | None = None,
+    regions: bool = False,
 ) -> Iterator[Change]:
     """Changes with cursor in (after, upto]; upto None: everything committed."""
-    for change in _changes_after(season_id=season_id, cursor=ChangeCursor(*after), ties=ties):
+    for change in _changes_after(season_id=season_id, cursor=ChangeCursor(*after), ties=ties, regions=regions):
         if upto is not None and (change[0], change[1]) > upto:
             return
         yield change
 
 
-def _changes_after(*, season_id: int, cursor: ChangeCursor, ties: FirstReached | None = None) -> Iterator[Change]:
-    # Only a first_reached board reads the reached_at columns.
+def _changes_after(*, season_id: int, cursor: ChangeCursor, ties: FirstReached | None = None,
+                   regions: bool = False) -> Iterator[Change]:
+    # Only a first_reached board reads the reached_at columns, only regional boards the regions.
     read = score_change_heads_after if ties is None else score_change_reached_after
     while True:
-        page: list[Change] = read(season_id=season_id, cursor=cursor, limit=STREAM_PAGE)  # type: ignore[assignment]
+        page: list[Change] = read(season_id=season_id, cursor=cursor, limit=STREAM_PAGE,  # type: ignore[assignment]
+                                  regions=regions)
         yield from page
         if len(page) < STREAM_PAGE:
             return
@@ -452,7 +481,7 @@ def season_copy_build(
     if old is not None:
         rankview.copy_drop(r, keys, old, token=token)
     ties = season_ties(season)
-    meta = rankview.copy_meta_init(r, keys, copy, layout, ties)
+    meta = rankview.copy_meta_init(r, keys, copy, layout, ties, regions=season.regions)
     meta = rankview.copy_begin_mutation(r, keys, token, meta)
     counts = [0] * layout.size
     checksums = [0] * layout.size
@@ -469,13 +498,19 @@ def season_copy_build(
         progress.start(total)
     after = ""
     columns = ("player_id", "score") if ties is None else ("player_id", "score", "reached_at")
+    regional = bool(meta.boards)
+    if regional:
+        columns = (*columns, "region")
     while True:
         batch = list(scores.filter(player_id__gt=after).order_by("player_id").values_list(*columns)[:BUILD_BATCH])
         if not batch:
             break
+        regions = [row[-1] for row in batch] if regional else None
         if ties is not None:
-            batch = [(p, (score, ties.reached_ms(reached))) for p, score, reached in batch]
-        _build_batch(r, keys, token, meta, batch, counts, checksums)
+            batch = [(row[0], (row[1], ties.reached_ms(row[2]))) for row in batch]
+        elif regional:
+            batch = [row[:2] for row in batch]
+        _build_batch(r, keys, token, meta, batch, counts, checksums, regions)
         done += len(batch)
         after = batch[-1][0]
         if progress is not None:
@@ -494,14 +529,18 @@ def season_copy_build(
 
 def _build_batch(
     r: redis.Redis, keys: rankview.Keys, token: int | None, meta: rankview.CopyMeta,
-    batch: list[tuple[str, Any]], counts: list[int], checksums: list[int],
+    batch: list[tuple[str, Any]], counts: list[int], checksums: list[int], regions: list[str] | None = None,
 ) -> None:
     """One batch of a build as one transaction, fenced by `token` (an epoch's build stops
     writing the moment its lease is lost; a shadow build, token None, owns its copy).
-    `batch`: (player_id, score), or (player_id, (score, reached_ms)) on a first_reached board."""
+    `batch`: (player_id, score), or (player_id, (score, reached_ms)) on a first_reached board;
+    `regions`: each player's region, in a season with regional boards (their counts and
+    checksums accumulate in meta.boards)."""
     layout = meta.layout
     zadds: dict[int, dict[str, int]] = {}
     hsets: dict[int, dict[Any, Any]] = {}
+    # (bucket, key, token) per player, for the regional boards.
+    placed: list[tuple[int, int, int | str]] = []
     if meta.ties is None:
         for player_id, score in batch:
             bucket = layout.bucket_of(score)
@@ -509,6 +548,8 @@ def _build_batch(
             hsets.setdefault(rankview.lookup_shard(player_id), {})[player_id] = score
             counts[bucket] += 1
             checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
+            if regions is not None:
+                placed.append((bucket, -score, score))
     else:
         for player_id, value in batch:
             bucket, key = index_key(layout, meta.ties, value)
@@ -517,6 +558,8 @@ def _build_batch(
             hsets.setdefault(rankview.lookup_shard(player_id), {})[player_id] = lookup
             counts[bucket] += 1
             checksums[bucket] = checksum_add(checksums[bucket], player_id, lookup)
+            if regions is not None:
+                placed.append((bucket, key, lookup))
     commands: list[tuple[Any, ...]] = [
         ("ZADD", keys.bucket(meta.copy, layout.layout_id, bucket), *itertools.chain.from_iterable(
             (score, player_id) for player_id, score in mapping.items()))
@@ -524,4 +567,26 @@ def _build_batch(
     ]
     commands += [("HSET", keys.lookup(meta.copy, shard), *itertools.chain.from_iterable(lookups.items()))
                  for shard, lookups in hsets.items()]
+    if regions is not None:
+        commands += _regional_build_commands(keys, meta, batch, regions, placed)
     rankview.fenced_write(r, keys, token, commands)
+
+
+def _regional_build_commands(keys: rankview.Keys, meta: rankview.CopyMeta, batch: list[tuple[str, Any]],
+                             regions: list[str], placed: list[tuple[int, int, int | str]]) -> list[tuple[Any, ...]]:
+    """A build batch's regional boards: each player with one of the season's regions on
+    that board, with the global board's key, and in the region shards."""
+    zadds: dict[tuple[str, int], list[Any]] = {}
+    shards: dict[int, list[str]] = {}
+    for (player_id, _), region, (bucket, key, token) in zip(batch, regions, placed, strict=True):
+        board = meta.boards.get(region)
+        if board is None:
+            continue
+        zadds.setdefault((region, bucket), []).extend((key, player_id))
+        shards.setdefault(rankview.lookup_shard(player_id), []).extend((player_id, region))
+        board_counts, board_checksums = board
+        board_counts[bucket] += 1
+        board_checksums[bucket] = checksum_add(board_checksums[bucket], player_id, token)
+    return [*(("ZADD", keys.bucket(meta.copy, meta.layout.layout_id, bucket, region), *pairs)
+              for (region, bucket), pairs in zadds.items()),
+            *(("HSET", keys.region(meta.copy, shard), *pairs) for shard, pairs in shards.items())]

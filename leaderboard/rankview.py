@@ -10,6 +10,8 @@ per-season control keys together in one):
     {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums
     {P}:{season:c:L:b}:z             bucket b (layout L) of copy c: member player_id, score -score
     {P}:{season:c:h:k}:h             lookup shard k of copy c: player_id -> score
+    {P}:{season:c:r:g:L:b}:z         bucket b of region g's board in copy c (a season with regions)
+    {P}:{season:c:g:k}:h             region shard k of copy c: player_id -> region (players with one)
 
 Scores are stored negated, so ascending ZRANGE order is score descending, then member
 ascending by bytes: the display order (docs/rules.md, Ranking) in one range call, and
@@ -20,6 +22,14 @@ the 53-bit key of core.tiebreak, (bucket high - score) << bits | reached_ms, and
 lookup holds "score:reached_ms": the same single range call and single ZCOUNT, with
 equal scores ordered by who reached them first. The encoding rides in the copy meta and
 the manifest ("ties"/"tie_break"), so a reader needs nothing else.
+
+A season with regions keeps, in each copy, one more bucketed board per region beside the
+global one: the same layout and member encoding, holding only that region's players. A
+player's value is read from the global lookup and their region from the region shards,
+so a regional board costs its sorted-set members and one small hash field per player.
+The epoch moves a player between regional boards in the same chunk transactions that
+move them on the global board, and the copy meta and manifest carry every board's counts
+and checksums: one version, one copy generation, all boards.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import hiredis
@@ -42,7 +52,7 @@ import redis
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_of
-from leaderboard.core.epoch import EpochPlan, epoch_plan, locate_position
+from leaderboard.core.epoch import EpochPlan, board_plan, epoch_plan, locate_position, regional_values
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked, ranked_values
 from leaderboard.core.tiebreak import (
@@ -95,8 +105,13 @@ class Keys:
     def copy_meta(self, copy: str) -> str:
         return f"{self._base}:copy:{copy}"
 
-    def bucket(self, copy: str, layout_id: int, bucket: int) -> str:
+    def bucket(self, copy: str, layout_id: int, bucket: int, board: str = "") -> str:
+        if board:
+            return f"{self.prefix}:{{{self.season}:{copy}:r:{board}:{layout_id}:{bucket}}}:z"
         return f"{self.prefix}:{{{self.season}:{copy}:{layout_id}:{bucket}}}:z"
+
+    def region(self, copy: str, shard: int) -> str:
+        return f"{self.prefix}:{{{self.season}:{copy}:g:{shard}}}:h"
 
     def lookup(self, copy: str, shard: int) -> str:
         return f"{self.prefix}:{{{self.season}:{copy}:h:{shard}}}:h"
@@ -125,10 +140,13 @@ class CopyMeta:
     exact: bool = False
     # A first_reached copy's key encoding (core.tiebreak); None: a shared board.
     ties: FirstReached | None = None
+    # A season with regions: each region's board, (counts, checksums) per bucket.
+    boards: dict[str, Board] = field(default_factory=dict)
 
     def fields(self) -> dict[Any, Any]:
         return {
             **({} if self.ties is None else {"ties": orjson.dumps(self.ties.as_dict())}),
+            **({} if not self.boards else {"boards": boards_dumps(self.boards)}),
             "gen": self.gen,
             "state": self.state,
             "watermark": f"{self.watermark[0]}:{self.watermark[1]}",
@@ -155,7 +173,18 @@ class CopyMeta:
             released_at=float(raw[b"released_at"]),
             exact=raw.get(b"exact") == b"1",
             ties=FirstReached.from_dict(orjson.loads(raw[b"ties"])) if b"ties" in raw else None,
+            boards={name: ([int(c) for c in b["counts"]], [int(c, 16) for c in b["checksums"]])
+                    for name, b in orjson.loads(raw[b"boards"]).items()} if b"boards" in raw else {},
         )
+
+
+# A regional board's (counts, checksums), bucket by bucket.
+Board = tuple[list[int], list[int]]
+
+
+def boards_dumps(boards: Mapping[str, Board]) -> bytes:
+    return orjson.dumps({name: {"counts": counts, "checksums": [f"{c:016x}" for c in checksums]}
+                         for name, (counts, checksums) in boards.items()})
 
 
 def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
@@ -166,10 +195,11 @@ def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
 
 
 def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
-                   ties: FirstReached | None = None) -> CopyMeta:
+                   ties: FirstReached | None = None, regions: Iterable[str] = ()) -> CopyMeta:
     meta = CopyMeta(
         copy=copy, gen=0, state=STATE_READY, watermark=(0, 0), layout=layout,
         counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
+        boards={region: ([0] * layout.size, [0] * layout.size) for region in regions},
     )
     r.hset(keys.copy_meta(copy), mapping=meta.fields())
     return meta
@@ -183,8 +213,11 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
     in the server's only thread (a 9M-member sorted set: seconds, every client stalls
     and ours times out); UNLINK frees it in the background.
     """
-    doomed = [keys.bucket(meta.copy, meta.layout.layout_id, b) for b in range(meta.layout.size)]
+    doomed = [keys.bucket(meta.copy, meta.layout.layout_id, b, board)
+              for board in ("", *meta.boards) for b in range(meta.layout.size)]
     doomed += [keys.lookup(meta.copy, k) for k in range(LOOKUP_SHARDS)]
+    if meta.boards:
+        doomed += [keys.region(meta.copy, k) for k in range(LOOKUP_SHARDS)]
     doomed.append(keys.copy_meta(meta.copy))
     if token is None:
         r.unlink(*doomed)
@@ -410,17 +443,45 @@ def copy_scores_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str]
     return out
 
 
+def copy_regions_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str]) -> dict[str, str]:
+    """Each player's region in the copy ("" for none: no regional board holds them)."""
+    by_shard: dict[int, list[str]] = {}
+    for player_id in player_ids:
+        by_shard.setdefault(lookup_shard(player_id), []).append(player_id)
+    order = list(by_shard.items())
+    if not order:
+        return {}
+    replies = round_trip(r, [("HMGET", keys.region(copy, shard), *players) for shard, players in order])
+    return {player_id: value.decode() if value is not None else ""
+            for (_, players), values in zip(order, replies, strict=True)
+            for player_id, value in zip(players, values, strict=True)}
+
+
+@dataclass(frozen=True, slots=True)
+class RegionMoves:
+    """The changed players' regions before and after, for a copy with regional boards."""
+
+    old: Mapping[str, str]
+    new: Mapping[str, str]
+
+
 class CopyMismatch(RuntimeError):
     """A chunk's replies show the copy did not hold the scores its plan assumed."""
 
 
 def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
-               old_scores: Mapping[str, IndexValue | None], new_scores: Mapping[str, IndexValue]) -> set[int]:
+               old_scores: Mapping[str, IndexValue | None], new_scores: Mapping[str, IndexValue],
+               regions: RegionMoves | None = None) -> dict[str, set[int]]:
     """Move each changed player to its new score, in fenced MULTI/EXEC chunks.
 
     Each chunk is planned from the counts and checksums the previous one left and
     writes them with its moves, so after a crash the copy is consistent at a chunk
-    boundary and re-planning from its lookup finishes the job. Returns touched buckets.
+    boundary and re-planning from its lookup finishes the job. Returns the touched
+    buckets of each board ("" the global one).
+
+    `regions`: a copy with regional boards moves each player on their old and new
+    region's boards in the same chunk, with the region shards, so a player is never on
+    two boards, nor on none, at a chunk boundary.
 
     With several chunks, a helper thread sends chunk i and waits for Redis while this
     one plans and encodes chunk i+1, so the epoch's Python work hides behind Redis's (at
@@ -432,35 +493,42 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
     is marked broken, so the next epoch rebuilds it, and CopyMismatch is raised.
     """
     players = list(new_scores)
-    touched: set[int] = set()
+    touched: dict[str, set[int]] = {"": set(), **{board: set() for board in meta.boards}}
     counts, checksums = meta.counts, meta.checksums
+    boards = dict(meta.boards)
     sender: ThreadPoolExecutor | None = None
-    in_flight: tuple[Future[list[Any]], EpochPlan, list[tuple[Any, ...]]] | None = None
+    in_flight: tuple[Future[list[Any]], _Chunk] | None = None
 
-    def landed(plan: EpochPlan, commands: list[tuple[Any, ...]], replies: list[Any]) -> None:
-        problem = _chunk_mismatch(plan, commands, replies)
+    def landed(chunk: _Chunk, replies: list[Any]) -> None:
+        problem = _chunk_mismatch(chunk, replies)
         if problem:
             r.hset(keys.copy_meta(meta.copy), "state", STATE_BROKEN)
             raise CopyMismatch(f"copy {meta.copy}: {problem}")
-        meta.counts = plan.counts
-        meta.checksums = plan.checksums
-        touched.update(plan.touched)
+        meta.counts = chunk.plan.counts
+        meta.checksums = chunk.plan.checksums
+        touched[""].update(chunk.plan.touched)
+        for board, plan in chunk.boards.items():
+            meta.boards[board] = (plan.counts, plan.checksums)
+            touched[board].update(plan.touched)
 
     try:
         for start in range(0, len(players), APPLY_CHUNK):
-            chunk = players[start : start + APPLY_CHUNK]
-            plan = epoch_plan(
-                layout=meta.layout, counts=counts, checksums=checksums,
-                old_scores={p: old_scores.get(p) for p in chunk},
-                new_scores={p: new_scores[p] for p in chunk},
-            )
-            if not plan.lookups:
+            ids = players[start : start + APPLY_CHUNK]
+            olds = {p: old_scores.get(p) for p in ids}
+            news = {p: new_scores[p] for p in ids}
+            plan = epoch_plan(layout=meta.layout, counts=counts, checksums=checksums, old_scores=olds,
+                              new_scores=news)
+            chunk = _Chunk(plan=plan)
+            if regions is not None and meta.boards:
+                _regional_plans(chunk, meta, boards, olds, news, regions)
+            if not plan.lookups and not chunk.region_sets and not chunk.region_drops:
                 continue
             counts, checksums = plan.counts, plan.checksums
-            commands = _chunk_commands(keys, meta, plan)
-            packed = _transaction(commands)
+            boards.update({board: (p.counts, p.checksums) for board, p in chunk.boards.items()})
+            _chunk_commands(keys, meta, chunk, boards)
+            packed = _transaction(chunk.commands)
             if in_flight is not None:
-                landed(in_flight[1], in_flight[2], in_flight[0].result())
+                landed(in_flight[1], in_flight[0].result())
                 in_flight = None
             if sender is None and start + APPLY_CHUNK < len(players):
                 sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"apply-{keys.season}")
@@ -470,14 +538,14 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
                 switch_interval = sys.getswitchinterval()
                 sys.setswitchinterval(min(switch_interval, 0.0005))
             if sender is None:
-                landed(plan, commands, _fenced_packed(r, keys, token, packed, len(commands)))
+                landed(chunk, _fenced_packed(r, keys, token, packed, len(chunk.commands)))
             else:
-                in_flight = (sender.submit(_fenced_packed, r, keys, token, packed, len(commands)), plan, commands)
+                in_flight = (sender.submit(_fenced_packed, r, keys, token, packed, len(chunk.commands)), chunk)
                 # Hand the GIL over now: otherwise the sender waits for it until this
                 # thread blocks, after planning the next chunk, and nothing overlaps.
                 time.sleep(0)
         if in_flight is not None:
-            landed(in_flight[1], in_flight[2], in_flight[0].result())
+            landed(in_flight[1], in_flight[0].result())
     finally:
         if sender is not None:
             sender.shutdown(wait=True)
@@ -485,49 +553,119 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
     return touched
 
 
-def _chunk_mismatch(plan: EpochPlan, commands: list[tuple[Any, ...]], replies: list[Any]) -> str:
-    """What a chunk's replies say that its plan did not expect: ZREM counts the members
-    removed, ZADD and the lookup HSETs the ones inserted (the copy-meta HSET last only
-    rewrites fields)."""
-    counted = {"ZREM": 0, "ZADD": 0, "HSET": 0}
-    for command, reply in zip(commands[:-1], replies[:-1], strict=True):
-        counted[command[0]] += int(reply)
-    removed, added, arrived = counted["ZREM"], counted["ZADD"], counted["HSET"]
-    if removed != len(plan.removals):
-        return f"removed {removed} members, the plan moved {len(plan.removals)} out of their buckets"
-    if added != len(plan.removals) + plan.arrivals or arrived != plan.arrivals:
-        return (f"inserted {added} members and {arrived} lookup entries, the plan expected "
-                f"{len(plan.removals) + plan.arrivals} and {plan.arrivals}")
+@dataclass(slots=True)
+class _Chunk:
+    """One chunk of `copy_apply`: the global plan, each regional board's, the region-shard
+    writes, and the commands they became (in that order; the copy-meta HSET last)."""
+
+    plan: EpochPlan
+    boards: dict[str, EpochPlan] = field(default_factory=dict)
+    region_sets: dict[str, str] = field(default_factory=dict)
+    # Players who left every regional board (their region is none now, or not the season's).
+    region_drops: list[str] = field(default_factory=list)
+    # Those of region_sets who had no region field before (HSET reports them as new).
+    region_new: int = 0
+    commands: list[tuple[Any, ...]] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)  # one per command but the last
+
+
+def _regional_plans(chunk: _Chunk, meta: CopyMeta, boards: Mapping[str, Board],
+                    olds: Mapping[str, IndexValue | None], news: Mapping[str, IndexValue],
+                    regions: RegionMoves) -> None:
+    for board, (old_values, new_values) in regional_values(
+            regions=meta.boards, old_values=olds, new_values=news, old_regions=regions.old,
+            new_regions=regions.new).items():
+        if new_values:
+            counts, checksums = boards[board]
+            chunk.boards[board] = board_plan(layout=meta.layout, counts=counts, checksums=checksums,
+                                             old_values=old_values, new_values=new_values)
+    # A region-shard entry exists exactly for the players the copy holds on a regional board.
+    for player_id in news:
+        was = regions.old.get(player_id, "")
+        now = regions.new.get(player_id, was)
+        had = olds.get(player_id) is not None and was in meta.boards
+        if now in meta.boards:
+            if not had or was != now:
+                chunk.region_sets[player_id] = now
+                chunk.region_new += not had
+        elif had:
+            chunk.region_drops.append(player_id)
+
+
+def _chunk_mismatch(chunk: _Chunk, replies: list[Any]) -> str:
+    """What a chunk's replies say that its plans did not expect. On each board ZREM counts
+    the members removed and ZADD the ones inserted; the lookup HSETs count the players new
+    to the copy, the region-shard HSETs and HDELs those new to or gone from every regional
+    board (the copy-meta HSET, last, only rewrites fields)."""
+    counted: dict[tuple[str, str], int] = {}
+    for command, label, reply in zip(chunk.commands[:-1], chunk.labels, replies[:-1], strict=True):
+        counted[command[0], label] = counted.get((command[0], label), 0) + int(reply)
+    for board, plan in (("", chunk.plan), *chunk.boards.items()):
+        name = f"region {board}" if board else "the global board"
+        removed = counted.get(("ZREM", f"board:{board}"), 0)
+        added = counted.get(("ZADD", f"board:{board}"), 0)
+        moved = len(plan.removals) - len(plan.departures)
+        if removed != len(plan.removals):
+            return f"{name}: removed {removed} members, the plan moved {len(plan.removals)} out of their buckets"
+        if added != moved + plan.arrivals:
+            return f"{name}: inserted {added} members, the plan expected {moved + plan.arrivals}"
+    arrived = counted.get(("HSET", "lookup"), 0)
+    if arrived != chunk.plan.arrivals:
+        return f"inserted {arrived} lookup entries, the plan expected {chunk.plan.arrivals}"
+    placed, dropped = counted.get(("HSET", "regions"), 0), counted.get(("HDEL", "regions"), 0)
+    if placed != chunk.region_new or dropped != len(chunk.region_drops):
+        return (f"inserted {placed} and removed {dropped} region entries, the plan expected "
+                f"{chunk.region_new} and {len(chunk.region_drops)}")
     return ""
 
 
-def _chunk_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan) -> list[tuple[Any, ...]]:
-    """The commands of one chunk: one per touched bucket and lookup shard, not one per
-    player (the MULTI/EXEC then costs ~100 commands to queue and parse, not ~3,000).
-    The copy-meta HSET comes last (_chunk_mismatch)."""
+def _chunk_commands(keys: Keys, meta: CopyMeta, chunk: _Chunk, boards: Mapping[str, Board]) -> None:
+    """The commands of one chunk, each labelled with what it writes (for _chunk_mismatch):
+    one per touched bucket and lookup shard, not one per player (the MULTI/EXEC then costs
+    ~100 commands to queue and parse, not ~3,000). The copy-meta HSET comes last."""
+    plan = chunk.plan
+    commands = _board_commands(keys, meta, plan, "")
+    labels = ["board:"] * len(commands)
+    hsets: dict[int, list[Any]] = {}
+    if meta.ties is None:
+        for player_id, score in plan.lookups.items():
+            hsets.setdefault(lookup_shard(player_id), []).extend((player_id, score))
+    else:  # a first_reached board: "score:reached_ms" in the lookup
+        for player_id, value in plan.lookups.items():
+            hsets.setdefault(lookup_shard(player_id), []).extend((player_id, value_token(value)))
+    commands += [("HSET", keys.lookup(meta.copy, shard), *pairs) for shard, pairs in hsets.items()]
+    for board, board_plan_ in chunk.boards.items():
+        labels += ["lookup"] * (len(commands) - len(labels))
+        commands += _board_commands(keys, meta, board_plan_, board)
+        labels += [f"board:{board}"] * (len(commands) - len(labels))
+    labels += ["lookup"] * (len(commands) - len(labels))
+    regions: dict[int, list[Any]] = {}
+    for player_id, region in chunk.region_sets.items():
+        regions.setdefault(lookup_shard(player_id), []).extend((player_id, region))
+    commands += [("HSET", keys.region(meta.copy, shard), *pairs) for shard, pairs in regions.items()]
+    commands += [("HDEL", keys.region(meta.copy, lookup_shard(p)), p) for p in chunk.region_drops]
+    labels += ["regions"] * (len(commands) - len(labels))
+    commands.append(("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(plan.counts),
+                     "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums]),
+                     *(("boards", boards_dumps(boards)) if meta.boards else ())))
+    chunk.commands, chunk.labels = commands, labels
+
+
+def _board_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan, board: str) -> list[tuple[Any, ...]]:
+    """One board's ZREMs and ZADDs of a chunk, a command per touched bucket."""
     layout_id = meta.layout.layout_id
     zrems: dict[int, list[str]] = {}
     for bucket, player_id in plan.removals:
         zrems.setdefault(bucket, []).append(player_id)
     zadds: dict[int, list[Any]] = {}
-    hsets: dict[int, list[Any]] = {}
     if meta.ties is None:
         for bucket, player_id, score in plan.additions:
             zadds.setdefault(bucket, []).extend((-score, player_id))  # type: ignore[operator]
-        for player_id, score in plan.lookups.items():
-            hsets.setdefault(lookup_shard(player_id), []).extend((player_id, score))
-    else:  # a first_reached board: its encoded keys, and "score:reached_ms" in the lookup
+    else:
         for bucket, player_id, value in plan.additions:
             zadds.setdefault(bucket, []).extend((index_key(meta.layout, meta.ties, value)[1], player_id))
-        for player_id, value in plan.lookups.items():
-            hsets.setdefault(lookup_shard(player_id), []).extend((player_id, value_token(value)))
-    commands: list[tuple[Any, ...]] = []
-    commands += [("ZREM", keys.bucket(meta.copy, layout_id, b), *members) for b, members in zrems.items()]
-    commands += [("ZADD", keys.bucket(meta.copy, layout_id, b), *pairs) for b, pairs in zadds.items()]
-    commands += [("HSET", keys.lookup(meta.copy, shard), *pairs) for shard, pairs in hsets.items()]
-    commands.append(("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(plan.counts),
-                     "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums])))
-    return commands
+    return [*(("ZREM", keys.bucket(meta.copy, layout_id, b, board), *members) for b, members in zrems.items()),
+            *(("ZADD", keys.bucket(meta.copy, layout_id, b, board), *pairs) for b, pairs in zadds.items())]
 
 
 def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: tuple[int, int],
@@ -546,40 +684,55 @@ def copy_release(r: redis.Redis, keys: Keys, copy: str, *, at: float) -> None:
     r.hset(keys.copy_meta(copy), "released_at", repr(at))
 
 
-def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta, buckets: Iterable[int]) -> list[str]:
-    """ZCARD of the given buckets and the lookup size against the copy's counts."""
-    wanted = sorted(set(buckets))
-    with r.pipeline(transaction=False) as pipe:
-        for bucket in wanted:
-            pipe.zcard(keys.bucket(meta.copy, meta.layout.layout_id, bucket))
-        for shard in range(LOOKUP_SHARDS):
-            pipe.hlen(keys.lookup(meta.copy, shard))
-        replies = pipe.execute()
-    problems = [
-        f"bucket {bucket}: {actual} members, counted {meta.counts[bucket]}"
-        for bucket, actual in zip(wanted, replies[: len(wanted)], strict=True)
-        if actual != meta.counts[bucket]
-    ]
-    lookup_total = sum(replies[len(wanted):])
+def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
+                       buckets: Iterable[int] | Mapping[str, Iterable[int]]) -> list[str]:
+    """ZCARD of the given buckets and the lookup size against the copy's counts; the
+    region shards' size against the regional boards' total. `buckets`: the global board's,
+    or each board's ("" global) as copy_apply returns them; a plain iterable checks every
+    bucket of every regional board too."""
+    wanted = {"": sorted(set(buckets))} if not isinstance(buckets, Mapping) else {
+        board: sorted(set(bs)) for board, bs in buckets.items()}
+    if not isinstance(buckets, Mapping):
+        wanted.update({board: list(range(meta.layout.size)) for board in meta.boards})
+    checks = [(board, bucket) for board, bs in wanted.items() for bucket in bs]
+    commands: list[tuple[Any, ...]] = [("ZCARD", keys.bucket(meta.copy, meta.layout.layout_id, bucket, board))
+                                       for board, bucket in checks]
+    commands += [("HLEN", keys.lookup(meta.copy, shard)) for shard in range(LOOKUP_SHARDS)]
+    if meta.boards:
+        commands += [("HLEN", keys.region(meta.copy, shard)) for shard in range(LOOKUP_SHARDS)]
+    replies = round_trip(r, commands)
+    problems = []
+    for (board, bucket), actual in zip(checks, replies, strict=False):
+        counted = meta.boards[board][0][bucket] if board else meta.counts[bucket]
+        if actual != counted:
+            where = f"region {board} bucket {bucket}" if board else f"bucket {bucket}"
+            problems.append(f"{where}: {actual} members, counted {counted}")
+    lookup_total = sum(replies[len(checks):len(checks) + LOOKUP_SHARDS])
     if lookup_total != sum(meta.counts):
         problems.append(f"lookup holds {lookup_total} players, buckets {sum(meta.counts)}")
+    if meta.boards:
+        placed = sum(replies[len(checks) + LOOKUP_SHARDS:])
+        regional = sum(sum(counts) for counts, _ in meta.boards.values())
+        if placed != regional:
+            problems.append(f"region shards hold {placed} players, regional boards {regional}")
     return problems
 
 
-def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100) -> list[dict[str, Any]]:
-    """The first `limit` entries in display order, from the few highest non-empty buckets."""
+def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board: str = "") -> list[dict[str, Any]]:
+    """The first `limit` entries of a board in display order, from its few highest non-empty buckets."""
+    counts = meta.boards[board][0] if board else meta.counts
     plan: list[tuple[int, int]] = []
     needed = limit
     for bucket in range(meta.layout.size - 1, -1, -1):
         if needed <= 0:
             break
-        if meta.counts[bucket]:
-            take = min(needed, meta.counts[bucket])
+        if counts[bucket]:
+            take = min(needed, counts[bucket])
             plan.append((bucket, take))
             needed -= take
     with r.pipeline(transaction=False) as pipe:
         for bucket, take in plan:
-            pipe.zrange(keys.bucket(meta.copy, meta.layout.layout_id, bucket), 0, take - 1, withscores=True)
+            pipe.zrange(keys.bucket(meta.copy, meta.layout.layout_id, bucket, board), 0, take - 1, withscores=True)
         replies = pipe.execute()
     if meta.ties is None:
         pairs = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
@@ -596,9 +749,9 @@ def bucket_scan(r: redis.Redis, key: str, batch: int = 5000) -> Iterator[tuple[s
 
 
 def bucket_values_scan(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout, ties: FirstReached | None,
-                       bucket: int, batch: int = 5000) -> Iterator[tuple[str, IndexValue]]:
+                       bucket: int, batch: int = 5000, board: str = "") -> Iterator[tuple[str, IndexValue]]:
     """Any board's bucket as (player_id, value): scores, or first_reached (score, reached_ms)."""
-    for member, score in _bucket_members(r, keys.bucket(copy, layout.layout_id, bucket), batch):
+    for member, score in _bucket_members(r, keys.bucket(copy, layout.layout_id, bucket, board), batch):
         yield member.decode(), index_value(layout, ties, bucket, score)
 
 
@@ -612,9 +765,10 @@ def _bucket_members(r: redis.Redis, key: str, batch: int) -> Iterator[tuple[byte
         start += batch
 
 
-def bucket_checksum_scan(r: redis.Redis, keys: Keys, meta: CopyMeta, bucket: int) -> tuple[int, int]:
-    """(count, checksum) of a bucket of a copy by a full scan."""
-    pairs = [(p, value_token(v)) for p, v in bucket_values_scan(r, keys, meta.copy, meta.layout, meta.ties, bucket)]
+def bucket_checksum_scan(r: redis.Redis, keys: Keys, meta: CopyMeta, bucket: int, board: str = "") -> tuple[int, int]:
+    """(count, checksum) of a bucket of a board of a copy by a full scan."""
+    pairs = [(p, value_token(v))
+             for p, v in bucket_values_scan(r, keys, meta.copy, meta.layout, meta.ties, bucket, board=board)]
     return len(pairs), checksum_of(pairs)
 
 
@@ -710,6 +864,15 @@ class VersionExpired(Exception):
         self.current = current
 
 
+class UnknownRegion(Exception):
+    """The version has no board for the region asked for (not one of the season's regions)."""
+
+    def __init__(self, region: str, manifest: Manifest):
+        super().__init__(f"unknown region {region!r}")
+        self.region = region
+        self.manifest = manifest
+
+
 class _Torn(Exception):
     """The copy under a read was mutated (or the read outlived its deadline): retry."""
 
@@ -722,6 +885,9 @@ class PlayerView:
     manifest: Manifest
     entry: Entry | None
     total: int
+    # The player's region in this version (a season with regions; None: no regional board
+    # holds them, or the season has none).
+    region: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -769,6 +935,9 @@ def round_trip(r: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
 # The copy names each process has seen current, per season: readers pipeline the lookup
 # of every one of them with the pointer read.
 _learned_copies: dict[tuple[str, str], tuple[str, ...]] = {}
+# Seasons seen with regional boards: their rank reads pipeline the player's region-shard
+# entry with the lookup (a season without regions never pays for it).
+_learned_regional: set[tuple[str, str]] = set()
 
 
 class RankReader:
@@ -781,19 +950,32 @@ class RankReader:
     """
 
     def __init__(self, r: redis.Redis, keys: Keys, *, deadline: float, attempts: int = 3,
-                 copies: tuple[str, ...] | None = None):
+                 copies: tuple[str, ...] | None = None, region: str | None = None):
         self.r = r
         self.keys = keys
         self.deadline = deadline
         self.attempts = attempts
         self.copies = copies or _learned_copies.get((keys.prefix, keys.season), COPY_NAMES)
+        # A regional reader: every read is on that region's board of the version
+        # (Manifest.board_of), and a player of another region is not ranked on it.
+        self.region = region
 
     # -- manifest selection
     def _manifest(self, version: int | None) -> Manifest:
         return self._select(pointer_get(self.r, self.keys), version)
 
     def _select(self, current: int | None, version: int | None) -> Manifest:
-        """The manifest a read uses, given the current pointer and the version asked for."""
+        """The manifest a read uses, given the current pointer and the version asked for:
+        on a regional reader, that version's board of the region."""
+        manifest = self._select_version(current, version)
+        if self.region is None:
+            return manifest
+        board = manifest.board_of(self.region)
+        if board is None:
+            raise UnknownRegion(self.region, manifest)
+        return board
+
+    def _select_version(self, current: int | None, version: int | None) -> Manifest:
         if version is None:
             if current is None:
                 raise Unavailable()
@@ -832,7 +1014,7 @@ class RankReader:
             raise _Torn()
 
     def _bucket_key(self, manifest: Manifest, bucket: int) -> str:
-        return self.keys.bucket(manifest.copy, manifest.layout.layout_id, bucket)
+        return self.keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board)
 
     # -- the reads
     def top(self, limit: int, version: int | None = None) -> tuple[Manifest, list[dict[str, Any]]]:
@@ -846,7 +1028,14 @@ class RankReader:
     def locate(self, manifest: Manifest, player_id: str) -> tuple[IndexValue, int, int] | None:
         """(value, position, rank) of a player in this version, or None; the value is the
         score, or (score, reached_ms) on a first_reached board."""
-        score_raw = self.r.hget(self.keys.lookup_of(manifest.copy, player_id), player_id)
+        shard = lookup_shard(player_id)
+        if manifest.board:
+            score_raw, region = round_trip(self.r, [("HGET", self.keys.lookup(manifest.copy, shard), player_id),
+                                                    ("HGET", self.keys.region(manifest.copy, shard), player_id)])
+            if region is None or region.decode() != manifest.board:
+                return None
+        else:
+            score_raw = self.r.hget(self.keys.lookup(manifest.copy, shard), player_id)
         if score_raw is None:
             return None
         score = lookup_value(manifest.ties, score_raw)
@@ -872,31 +1061,48 @@ class RankReader:
         after them, so an unchanged pair proves no mutation began before the reads.
         """
         shard = lookup_shard(player_id)
+        season = (self.keys.prefix, self.keys.season)
         for _ in range(self.attempts):
             started = time.monotonic()
-            raw_ptr, *lookups = round_trip(
-                self.r, [("GET", self.keys.ptr), *(("HGET", self.keys.lookup(copy, shard), player_id)
-                                                   for copy in self.copies)])
+            regional = self.region is not None or season in _learned_regional
+            copies = self.copies
+            commands: list[tuple[Any, ...]] = [("GET", self.keys.ptr)]
+            commands += [("HGET", self.keys.lookup(copy, shard), player_id) for copy in copies]
+            if regional:
+                commands += [("HGET", self.keys.region(copy, shard), player_id) for copy in copies]
+            raw_ptr, *replies = round_trip(self.r, commands)
             manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
             try:
-                if manifest.copy in self.copies:
-                    score_raw = lookups[self.copies.index(manifest.copy)]
+                if manifest.copy in copies:
+                    at = copies.index(manifest.copy)
+                    score_raw = replies[at]
+                    region_raw = replies[len(copies) + at] if regional else None
                 else:
-                    score_raw = self.r.hget(self.keys.lookup(manifest.copy, shard), player_id)
+                    score_raw, region_raw = round_trip(self.r, [
+                        ("HGET", self.keys.lookup(manifest.copy, shard), player_id),
+                        ("HGET", self.keys.region(manifest.copy, shard), player_id)])
+                    regional = True
                     # A rebuild published a copy under a new name: pipeline it from now on.
-                    self.copies = (manifest.copy, *self.copies[:1])
-                    _learned_copies[(self.keys.prefix, self.keys.season)] = self.copies
-                return self._rank_of(manifest, player_id, score_raw, started)
+                    self.copies = (manifest.copy, *copies[:1])
+                    _learned_copies[season] = self.copies
+                if not regional and manifest.regions:
+                    # The first read of a season with regions in this process: from now on
+                    # the region comes with the lookup.
+                    region_raw = self.r.hget(self.keys.region(manifest.copy, shard), player_id)
+                    _learned_regional.add(season)
+                return self._rank_of(manifest, player_id, score_raw, region_raw, started)
             except _Torn:
                 current = pointer_get(self.r, self.keys)
                 if version is not None:
                     raise VersionExpired(current) from None
         raise Unavailable()
 
-    def _rank_of(self, manifest: Manifest, player_id: str, score_raw: bytes | None, started: float) -> PlayerView:
-        if score_raw is None:
+    def _rank_of(self, manifest: Manifest, player_id: str, score_raw: bytes | None, region_raw: bytes | None,
+                 started: float) -> PlayerView:
+        region = region_raw.decode() if region_raw is not None else None
+        if score_raw is None or (manifest.board and region != manifest.board):
             self._validate(manifest, started)
-            return PlayerView(manifest=manifest, entry=None, total=manifest.total)
+            return PlayerView(manifest=manifest, entry=None, total=manifest.total, region=region)
         if manifest.ties is None:
             score = int(score_raw)
             bucket = manifest.layout.bucket_of(score)
@@ -918,7 +1124,7 @@ class RankReader:
         before = manifest.higher[bucket]
         entry = Entry(position=before + int(index) + 1, rank=before + int(higher_in_bucket) + 1,
                       player_id=player_id, score=score)
-        return PlayerView(manifest=manifest, entry=entry, total=manifest.total)
+        return PlayerView(manifest=manifest, entry=entry, total=manifest.total, region=region)
 
     def players(self, player_ids: Iterable[str], version: int | None = None) -> PlayersView:
         """Scores and season ranks of a set of players (a friends board) in one version.

@@ -73,35 +73,41 @@ def score_changes_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10
     ]
 
 
-def score_change_heads_after(*, season_id: int, cursor: ChangeCursor,
-                             limit: int = 10_000) -> list[tuple[int, int, str, int, int, int | None]]:
+def score_change_heads_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10_000,
+                             regions: bool = False) -> list[tuple[int, int, str, int, int, int | None]]:
     """The page `score_changes_after` returns, as (txid, id, player_id, new_score, score_version, old_score).
 
     Same rows, same order, same visibility rule; only what a materializer needs, as plain
     tuples: an epoch reads tens of thousands of changes and neither parses timestamps nor
-    builds an object per change.
+    builds an object per change. `regions`: each row ends with its region and old_region
+    (a season with regional boards; the others never read the columns).
     """
     return _change_rows(  # type: ignore[return-value]
         season_id=season_id, cursor=cursor, limit=limit,
-        columns=("txid", "id", "player_id", "new_score", "score_version", "old_score"),
+        columns=("txid", "id", "player_id", "new_score", "score_version", "old_score", *_regions(regions)),
     )
 
 
-def score_change_reached_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10_000
+def _regions(regions: bool) -> tuple[str, ...]:
+    return ("region", "old_region") if regions else ()
+
+
+def score_change_reached_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10_000, regions: bool = False,
                                ) -> list[tuple[int, int, str, int, int, int | None, int | None, int | None]]:
     """`score_change_heads_after` for a first_reached season: each row also carries its
     reached_at and old_reached_at as milliseconds since 1970 (None: not recorded), read as
-    integers so the epoch parses no timestamp. Shared seasons never pay for the columns."""
+    integers so the epoch parses no timestamp (then region and old_region with `regions`).
+    Shared seasons never pay for the columns."""
     if connection.vendor == "postgresql":
         return _change_rows(  # type: ignore[return-value]
             season_id=season_id, cursor=cursor, limit=limit,
             columns=("txid", "id", "player_id", "new_score", "score_version", "old_score",
-                     _EPOCH_MS.format("reached_at"), _EPOCH_MS.format("old_reached_at")),
+                     _EPOCH_MS.format("reached_at"), _EPOCH_MS.format("old_reached_at"), *_regions(regions)),
         )
     rows = _change_rows(season_id=season_id, cursor=cursor, limit=limit,
                         columns=("txid", "id", "player_id", "new_score", "score_version", "old_score",
-                                 "reached_at", "old_reached_at"))
-    return [(*row[:6], *(None if t is None else instant_ms(t) for t in row[6:])) for row in rows]
+                                 "reached_at", "old_reached_at", *_regions(regions)))
+    return [(*row[:6], *(None if t is None else instant_ms(t) for t in row[6:8]), *row[8:]) for row in rows]
 
 
 # reached_at is stored to the millisecond, so the product is a whole number.

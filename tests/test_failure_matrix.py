@@ -416,11 +416,11 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
     real_apply = rankview.copy_apply
     seen: dict[str, Any] = {}
 
-    def apply_(r_: Any, keys_: Any, token: int | None, meta: Any, old: Any, new: Any) -> set[int]:
+    def apply_(r_: Any, keys_: Any, token: int | None, meta: Any, old: Any, new: Any, *rest: Any) -> Any:
         if token == token_a and "b" not in seen:
             r_.delete(keys_.lease)
             seen["b"] = season_epoch_run(season=season)
-        return real_apply(r_, keys_, token, meta, old, new)
+        return real_apply(r_, keys_, token, meta, old, new, *rest)
 
     monkeypatch.setattr(rankview, "copy_apply", apply_)
     with pytest.raises(rankview.FenceLost):

@@ -71,9 +71,9 @@ def test_later_versions_apply_only_the_changes(season: Season, post_scores: Post
     applied: list[set[str]] = []
     real_apply = rankview.copy_apply
 
-    def spy(r: Any, keys: Any, token: int, meta: Any, old: Any, new: dict[str, int]) -> set[int]:
+    def spy(r: Any, keys: Any, token: int, meta: Any, old: Any, new: dict[str, int], *rest: Any) -> Any:
         applied.append(set(new))
-        return real_apply(r, keys, token, meta, old, new)
+        return real_apply(r, keys, token, meta, old, new, *rest)
 
     monkeypatch.setattr(rankview, "copy_apply", spy)
     ev = Events()

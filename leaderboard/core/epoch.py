@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add, checksum_remove
-from leaderboard.core.tiebreak import IndexValue, lookup_text
+from leaderboard.core.tiebreak import IndexValue, lookup_text, value_score, value_token
 
 V = TypeVar("V")
 
@@ -76,6 +76,9 @@ class EpochPlan:
     # as inserted, with the moves across buckets for ZADD; a check that the copy held
     # the old scores the plan assumed.
     arrivals: int = 0
+    # Players who leave the board (a regional board a player moved out of): their members
+    # are removed, not re-added.
+    departures: list[str] = field(default_factory=list)
 
 
 def epoch_plan(
@@ -144,6 +147,74 @@ def _first_reached_moves(plan: EpochPlan, layout: BucketLayout, old_scores: Mapp
         plan.touched.add(new_bucket)
         plan.additions.append((new_bucket, player_id, new))
         plan.lookups[player_id] = new
+
+
+def board_plan(
+    *,
+    layout: BucketLayout,
+    counts: list[int],
+    checksums: list[int],
+    old_values: Mapping[str, IndexValue | None],
+    new_values: Mapping[str, IndexValue | None],
+) -> EpochPlan:
+    """`epoch_plan` for a board players can also leave (a regional board): a new value of
+    None removes the player. Values are scores or first_reached (score, reached_ms), hashed
+    as the global board hashes them (value_token), so a regional bucket's checksum is the
+    one a scan of its members computes."""
+    plan = EpochPlan(counts=list(counts), checksums=list(checksums))
+    for player_id, new in new_values.items():
+        old = old_values.get(player_id)
+        if old == new:
+            continue
+        new_bucket = None if new is None else layout.bucket_of(value_score(new))
+        if old is None:
+            plan.arrivals += 1
+        else:
+            old_bucket = layout.bucket_of(value_score(old))
+            plan.counts[old_bucket] -= 1
+            plan.checksums[old_bucket] = checksum_remove(plan.checksums[old_bucket], player_id, value_token(old))
+            plan.touched.add(old_bucket)
+            if old_bucket != new_bucket:
+                plan.removals.append((old_bucket, player_id))
+        if new is None:
+            plan.departures.append(player_id)
+            continue
+        assert new_bucket is not None
+        plan.counts[new_bucket] += 1
+        plan.checksums[new_bucket] = checksum_add(plan.checksums[new_bucket], player_id, value_token(new))
+        plan.touched.add(new_bucket)
+        plan.additions.append((new_bucket, player_id, new))
+        plan.lookups[player_id] = new
+    return plan
+
+
+def regional_values(
+    *,
+    regions: Iterable[str],
+    old_values: Mapping[str, IndexValue | None],
+    new_values: Mapping[str, IndexValue],
+    old_regions: Mapping[str, str],
+    new_regions: Mapping[str, str],
+) -> dict[str, tuple[dict[str, IndexValue | None], dict[str, IndexValue | None]]]:
+    """Per regional board, (old values, new values) of the changed players it concerns, for
+    `board_plan`: a player who changed region leaves the old board (new value None) and
+    arrives on the new one (old value None) in the same epoch, so no version holds them on
+    two boards or on none. A region not among `regions` ("" included) has no board."""
+    boards: dict[str, tuple[dict[str, IndexValue | None], dict[str, IndexValue | None]]] = {
+        region: ({}, {}) for region in regions}
+    for player_id, new in new_values.items():
+        was = old_regions.get(player_id, "")
+        now = new_regions.get(player_id, was)
+        old = old_values.get(player_id)
+        if was in boards:
+            olds, news = boards[was]
+            olds[player_id] = old
+            news[player_id] = new if now == was else None
+        if now != was and now in boards:
+            olds, news = boards[now]
+            olds[player_id] = None
+            news[player_id] = new
+    return boards
 
 
 def higher_counts(counts: list[int]) -> list[int]:

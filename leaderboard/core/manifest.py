@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -11,6 +11,36 @@ import orjson
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.epoch import higher_counts
 from leaderboard.core.tiebreak import FirstReached
+
+
+@dataclass(frozen=True)
+class RegionBoard:
+    """A regional board of a version: bucketed like the global board (same layout), its
+    own counts, checksums and top 100."""
+
+    counts: list[int]
+    checksums: list[int]
+    top: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self, layout: BucketLayout) -> dict[str, Any]:
+        return {"buckets": _buckets(layout, self.counts, self.checksums), "total_players": sum(self.counts),
+                "top": self.top}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RegionBoard:
+        counts, checksums = _buckets_parse(data["buckets"])
+        return cls(counts=counts, checksums=checksums, top=list(data.get("top", [])))
+
+
+def _buckets(layout: BucketLayout, counts: list[int], checksums: list[int]) -> list[dict[str, Any]]:
+    return [
+        {"bucket": b, "low": layout.range_of(b)[0], "high": layout.range_of(b)[1], "count": c, "checksum": f"{s:016x}"}
+        for b, (c, s) in enumerate(zip(counts, checksums, strict=True))
+    ]
+
+
+def _buckets_parse(buckets: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    return [int(b["count"]) for b in buckets], [int(b["checksum"], 16) for b in buckets]
 
 
 @dataclass(frozen=True)
@@ -30,6 +60,24 @@ class Manifest:
     top: list[dict[str, Any]] = field(default_factory=list)
     # A first_reached board's key encoding (core.tiebreak); None: ties share a rank.
     ties: FirstReached | None = None
+    # A season with regions: each region's board, in the same copy and the same version.
+    regions: dict[str, RegionBoard] = field(default_factory=dict)
+    # "" for the global board; a region's name for the view `board_of` returns, whose
+    # counts, checksums and top are that region's (readers take its bucket keys from it).
+    board: str = ""
+
+    def board_of(self, region: str) -> Manifest | None:
+        """This version seen as one regional board (the same copy, generation and watermark),
+        or None when the season has no such region."""
+        if region not in self.regions:
+            return None
+        return self._boards[region]
+
+    @cached_property
+    def _boards(self) -> dict[str, Manifest]:
+        # Built once per version and cached with it: a regional read costs no more than a global one.
+        return {name: replace(self, counts=b.counts, checksums=b.checksums, top=b.top, regions={}, board=name)
+                for name, b in self.regions.items()}
 
     @property
     def total(self) -> int:
@@ -48,15 +96,13 @@ class Manifest:
             "copy": self.copy,
             "gen": self.gen,
             "layout": self.layout.as_dict(),
-            "buckets": [
-                {"bucket": b, "low": self.layout.range_of(b)[0], "high": self.layout.range_of(b)[1],
-                 "count": c, "checksum": f"{s:016x}"}
-                for b, (c, s) in enumerate(zip(self.counts, self.checksums, strict=True))
-            ],
+            "buckets": _buckets(self.layout, self.counts, self.checksums),
             "total_players": self.total,
             "top": self.top,
             # Only on first_reached boards: a shared season's manifest is as it always was.
             **({} if self.ties is None else {"tie_break": self.ties.as_dict()}),
+            **({} if not self.regions else
+               {"regions": {name: b.to_dict(self.layout) for name, b in self.regions.items()}}),
         }
 
     def to_json(self) -> bytes:
@@ -64,7 +110,7 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        buckets = data["buckets"]
+        counts, checksums = _buckets_parse(data["buckets"])
         return cls(
             season=data["season"],
             version=int(data["version"]),
@@ -73,10 +119,11 @@ class Manifest:
             copy=str(data["copy"]),
             gen=int(data["gen"]),
             layout=BucketLayout.from_dict(data["layout"]),
-            counts=[int(b["count"]) for b in buckets],
-            checksums=[int(b["checksum"], 16) for b in buckets],
+            counts=counts,
+            checksums=checksums,
             top=list(data.get("top", [])),
             ties=FirstReached.from_dict(data["tie_break"]) if "tie_break" in data else None,
+            regions={name: RegionBoard.from_dict(b) for name, b in data.get("regions", {}).items()},
         )
 
     @classmethod
