@@ -42,3 +42,18 @@ BEGIN SELECT RAISE(ABORT, '{message} (UPDATE refused)'); END;
                               params=None)
 
     return migrations.RunPython(forwards, backwards)
+
+
+def refuse_changes_again_on_sqlite(*, table: str, trigger: str, function: str, message: str,
+                                   when: str | None = None) -> migrations.RunPython:
+    """`refuse_changes`' triggers installed again on SQLite, for a migration that altered the
+    table: SQLite alters a column (or adds a NOT NULL one) by rebuilding the table, which
+    drops its triggers. Nothing on PostgreSQL, whose ALTER TABLE keeps them."""
+    install = refuse_changes(table=table, trigger=trigger, function=function, message=message, when=when)
+
+    def forwards(apps: Any, schema_editor: Any) -> None:
+        if schema_editor.connection.vendor == "sqlite":
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {trigger};", params=None)
+            install.code(apps, schema_editor)
+
+    return migrations.RunPython(forwards, migrations.RunPython.noop)

@@ -13,14 +13,16 @@ from rest_framework.views import APIView
 from audit.services import staff_public_ref
 from leaderboard.api import schema as api_schema
 from leaderboard.api.errors import ApiError
-from leaderboard.api.params import int_param, player_id_param, season_id_param, season_not_found
+from leaderboard.api.params import int_param, player_id_param, region_param, season_id_param, season_not_found
 from leaderboard.core.tiebreak import reached_text
 from leaderboard.ratelimit import ReadRateThrottle
 from seasons.models import FinalStanding, Season
 from seasons.selectors import (
     final_candidate_approved,
     final_corrections_list,
+    final_line_format,
     final_manifest_get,
+    final_regional_window,
     final_standing_get,
     final_standings_window,
     season_get,
@@ -41,11 +43,17 @@ def _final_season(season_id: str) -> Season:
     return season
 
 
-def _standing(row: FinalStanding) -> dict[str, Any]:
+def _standing(row: FinalStanding, *, regional: bool) -> dict[str, Any]:
+    """An entry as the hash covers it: reached_at in a first_reached season, the region and
+    regional place in a season with regions (null for a player with no region)."""
     out: dict[str, Any] = {"position": row.position, "rank": row.rank, "player_id": row.player_id,
                            "score": row.score}
-    if row.reached_at is not None:  # a first_reached season: the hash covers it, so it is shown
+    if row.reached_at is not None:
         out["reached_at"] = reached_text(row.reached_at)
+    if regional:
+        out["region"] = row.region or None
+        out["regional_position"] = row.regional_position
+        out["regional_rank"] = row.regional_rank
     return out
 
 
@@ -68,7 +76,7 @@ class FinalView(APIView):
             "final_version": season.final_version,
             "finalized_at": season.finalized_at,
             "content_hash": manifest.content_hash,
-            "hash_algorithm": "sha256 over 'position\\trank\\tplayer_id\\tscore\\n' lines in position order",
+            "hash_algorithm": final_line_format(season=season).describe(),
             "total_players": manifest.total_players,
             # Opaque staff ids: who proposed and approved is public, their names are not.
             "proposed_by": staff_public_ref(candidate.proposed_by) if candidate and candidate.proposed_by else None,
@@ -88,20 +96,30 @@ class FinalStandingsView(APIView):
     permission_classes = [AllowAny]
     throttle_classes = [ReadRateThrottle]
 
-    @extend_schema(operation_id="final_standings", summary="A page of the FINAL standings in position order",
+    @extend_schema(operation_id="final_standings",
+                   summary="A page of the FINAL standings in position order, or of one region's in regional "
+                           "position order",
                    parameters=[api_schema.SEASON_ID, api_schema.FROM_POSITION,
                                api_schema.int_query("limit", "entries to return", low=1, high=FINAL_PAGE_MAX,
-                                                    default=100)],
-                   responses={200: api_schema.FinalStandingsSerializer, **api_schema.final_errors()})
+                                                    default=100),
+                               api_schema.FINAL_REGION],
+                   responses={200: api_schema.FinalStandingsSerializer,
+                              **api_schema.final_errors(not_found=api_schema.FINAL_REGION_NOT_FOUND)})
     def get(self, request: Request, season_id: str) -> Response:
         season = _final_season(season_id)
         first = int_param(request.query_params, "from_position", default=1, low=1, high=None) or 1
         limit = int_param(request.query_params, "limit", default=100, low=1, high=FINAL_PAGE_MAX) or 100
-        rows = final_standings_window(season=season, from_position=first, limit=limit)
-        return Response({
-            "season_id": season.slug, "final_version": season.final_version, "from_position": first,
-            "entries": [_standing(row) for row in rows],
-        })
+        region = region_param(request.query_params, regions=season.regions)
+        head: dict[str, Any] = {"season_id": season.slug, "final_version": season.final_version}
+        if region is None:
+            rows = final_standings_window(season=season, from_position=first, limit=limit)
+        else:
+            # from_position counts in the region: pages go on by regional position.
+            rows = final_regional_window(season=season, region=region, from_position=first, limit=limit)
+            head["region"] = region
+        regional = bool(season.regions)
+        entries = [_standing(row, regional=regional) for row in rows]
+        return Response({**head, "from_position": first, "entries": entries})
 
 
 class FinalPlayerView(APIView):
@@ -119,7 +137,8 @@ class FinalPlayerView(APIView):
         if row is None:
             raise ApiError(status_code=404, code="not_in_final",
                            detail=f"player {player_id!r} has no entry in the FINAL standings")
-        return Response({"season_id": season.slug, "final_version": season.final_version, **_standing(row)})
+        return Response({"season_id": season.slug, "final_version": season.final_version,
+                         **_standing(row, regional=bool(season.regions))})
 
 
 class FinalCorrectionsView(APIView):

@@ -103,11 +103,26 @@ class FinalStanding(models.Model):
     # A first_reached season's order among equal scores (docs/rules.md, Ties decided by
     # who got there first), covered by the content hash there; null in a shared season.
     reached_at = models.DateTimeField(null=True)
+    # In a season with regions: the player's region ("" none) and their place among that
+    # region's players, ordered and ranked like the global standings; null without a
+    # region, and in a season without regions. Covered by the content hash there.
+    region = models.CharField(max_length=16, blank=True, default="", db_default="")
+    regional_position = models.BigIntegerField(null=True)
+    regional_rank = models.BigIntegerField(null=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["season", "position"], name="final_standing_unique_position"),
             models.UniqueConstraint(fields=["season", "player_id"], name="final_standing_unique_player"),
+            # Also the index of a region's page; partial, so a season without regions pays nothing for it.
+            models.UniqueConstraint(fields=["season", "region", "regional_position"],
+                                    condition=models.Q(regional_position__isnull=False),
+                                    name="final_standing_unique_regional_position"),
+            models.CheckConstraint(
+                condition=models.Q(region="", regional_position__isnull=True, regional_rank__isnull=True)
+                | (~models.Q(region="") & models.Q(regional_position__isnull=False, regional_rank__isnull=False)),
+                name="final_standing_regional_place_iff_region",
+            ),
         ]
 
 

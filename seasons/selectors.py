@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 from leaderboard.core.events import id_is_valid
+from leaderboard.core.final_hash import FinalLineFormat
+from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.models import Manifest as ManifestRow
 from seasons.models import FinalCandidate, FinalCorrection, FinalStanding, Season
 
@@ -26,6 +28,19 @@ def final_standings_window(*, season: Season, from_position: int, limit: int) ->
     return list(
         FinalStanding.objects.filter(season=season, position__gte=from_position).order_by("position")[:limit]
     )
+
+
+def final_regional_window(*, season: Season, region: str, from_position: int, limit: int) -> list[FinalStanding]:
+    """A page of one region's FINAL standings, from its regional position `from_position`."""
+    return list(
+        FinalStanding.objects.filter(season=season, region=region, regional_position__gte=from_position)
+        .order_by("regional_position")[:limit]
+    )
+
+
+def final_line_format(*, season: Season) -> FinalLineFormat:
+    """The content hash's line of this season's FINAL standings (core.final_hash)."""
+    return FinalLineFormat(first_reached=season.tie_break == TIE_BREAK_FIRST_REACHED, regional=bool(season.regions))
 
 
 def final_standing_get(*, season: Season, player_id: str) -> FinalStanding | None:

@@ -39,6 +39,7 @@ from leaderboard.models import ScoreChange
 from leaderboard.reconcile import display_order_sql, version_reconcile
 from leaderboard.redis_client import redis_get
 from seasons.models import FinalCandidate, FinalStanding, Season
+from seasons.selectors import final_line_format
 
 log = logging.getLogger(__name__)
 
@@ -367,16 +368,25 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
     One INSERT ... SELECT with window functions: rank() is competition ranking and
     row_number() the display order of docs/rules.md, Ranking (byte order of player ids).
     In a first_reached season both order equal scores by reached_at, and rank() shares a
-    rank only between equal (score, reached_at).
+    rank only between equal (score, reached_at). In a season with regions the same two,
+    partitioned by region, give each player with a region their regional place.
     """
     first_reached = season.tie_break == TIE_BREAK_FIRST_REACHED
     order = display_order_sql(first_reached=first_reached)
     ties = order.split(", player_id")[0]  # the display order without its player_id
+    if season.regions:
+        regional = ("region, "
+                    f"CASE WHEN region = '' THEN NULL ELSE row_number() OVER (PARTITION BY region {order}) END, "
+                    f"CASE WHEN region = '' THEN NULL ELSE rank() OVER (PARTITION BY region {ties}) END")
+    else:
+        # PlayerScore.region is "" here anyway; spelled out so such a season's rows never differ.
+        regional = "'', NULL, NULL"
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO seasons_finalstanding (season_id, position, rank, player_id, score, reached_at) "
+            "INSERT INTO seasons_finalstanding (season_id, position, rank, player_id, score, reached_at, "
+            "region, regional_position, regional_rank) "
             f"SELECT %s, row_number() OVER w, rank() OVER ({ties}), player_id, score, "
-            f"{'reached_at' if first_reached else 'NULL'} "
+            f"{'reached_at' if first_reached else 'NULL'}, {regional} "
             f"FROM leaderboard_playerscore WHERE season_id = %s WINDOW w AS ({order})",
             [season.pk, season.pk],
         )
@@ -384,21 +394,24 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
 
 
 def final_standings_hash(*, season_id: int) -> tuple[str, int]:
-    """SHA-256 over the canonical standings: one "position\trank\tplayer_id\tscore\n" line per row,
-    in position order, UTF-8. Anyone holding the rows can recompute it. In a first_reached
-    season each line also holds reached_at before its newline, "\t2026-03-01T18:00:00.123Z"
-    (UTC, milliseconds), so the hash covers the order of equal scores too."""
-    first_reached = Season.objects.filter(pk=season_id, tie_break=TIE_BREAK_FIRST_REACHED).exists()
+    """SHA-256 over the canonical standings (core.final_hash): one line per row, in position
+    order, UTF-8. Anyone holding the rows can recompute it. A first_reached season's lines
+    hold reached_at (UTC, milliseconds) so the hash covers the order of equal scores; a
+    season with regions' lines hold each player's region and regional place."""
+    line_format = final_line_format(season=Season.objects.get(pk=season_id))
     digest = hashlib.sha256()
     rows = 0
     query = (
         FinalStanding.objects.filter(season_id=season_id).order_by("position")
-        .values_list("position", "rank", "player_id", "score", "reached_at")
+        .values_list("position", "rank", "player_id", "score", "reached_at", "region", "regional_position",
+                     "regional_rank")
     )
-    for position, rank, player_id, score, reached_at in query.iterator(chunk_size=20_000):
-        if first_reached:
-            digest.update(f"{position}\t{rank}\t{player_id}\t{score}\t{reached_text(reached_at)}\n".encode())
-        else:
-            digest.update(f"{position}\t{rank}\t{player_id}\t{score}\n".encode())
+    for position, rank, player_id, score, reached_at, region, regional_position, regional_rank in query.iterator(
+        chunk_size=20_000
+    ):
+        digest.update(line_format.line(
+            position=position, rank=rank, player_id=player_id, score=score, reached_at=reached_text(reached_at),
+            region=region, regional_position=regional_position, regional_rank=regional_rank,
+        ).encode())
         rows += 1
     return digest.hexdigest(), rows

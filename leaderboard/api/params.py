@@ -5,10 +5,11 @@ They take the query as a mapping (a QueryDict, or the fast read path's dict), no
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.core.events import BIGINT_MAX, ID_RULE, check_int, id_is_valid
+from leaderboard.core.season_options import check_region
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 
@@ -41,6 +42,20 @@ def bool_param(query: Mapping[str, str], name: str) -> bool:
     if raw in ("true", "1", "yes"):
         return True
     raise validation_error({name: ["must be true or false"]})
+
+
+def region_param(query: Mapping[str, str], *, regions: Sequence[str]) -> str | None:
+    """`?region=`: None when absent or empty (the whole board); a malformed name is a 400
+    naming `region`, a well-formed one the season does not have a 404 `unknown_region`."""
+    raw = query.get("region")
+    if raw is None or raw == "":
+        return None
+    if problem := check_region(raw):
+        raise validation_error({"region": [problem]})
+    if raw not in regions:
+        have = f"its regions are {', '.join(regions)}" if regions else "it has no regions"
+        raise ApiError(status_code=404, code="unknown_region", detail=f"the season has no region {raw!r}: {have}")
+    return raw
 
 
 def player_id_param(player_id: str) -> str:

@@ -424,12 +424,25 @@ class FinalEntrySerializer(EntrySerializer):
     reached_at = serializers.CharField(
         required=False, help_text="first_reached seasons only: when the score was reached (UTC, milliseconds); "
                                   "in the content hash")
+    region = serializers.CharField(
+        required=False, allow_null=True,
+        help_text="seasons with regions only: the player's region in the season, null for none; in the content hash")
+    regional_position = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1,
+        help_text="seasons with regions only: the position among the region's players (display order), null "
+                  "without a region; in the content hash")
+    regional_rank = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1,
+        help_text="seasons with regions only: the rank among the region's players, null without a region; in the "
+                  "content hash")
 
 
 class FinalStandingsSerializer(serializers.Serializer[Any]):
     season_id = serializers.CharField()
     final_version = serializers.IntegerField()
-    from_position = serializers.IntegerField()
+    region = serializers.CharField(required=False, help_text="with ?region= only: the region the page is of")
+    from_position = serializers.IntegerField(help_text="the first position of the page; with ?region=, the first "
+                                                       "regional position")
     entries = FinalEntrySerializer(many=True)
 
 
@@ -457,10 +470,18 @@ class FinalCorrectionsSerializer(serializers.Serializer[Any]):
 
 FINAL_NOT_FOUND = _error("`season_not_found`, `not_final` (the season has no FINAL standings yet) or, for a "
                          "player, `player_not_found` / `not_in_final`")
+FINAL_REGION_NOT_FOUND = _error("`season_not_found`, `not_final` (the season has no FINAL standings yet) or "
+                                "`unknown_region` (`region` is not one of the season's regions)")
+FINAL_REGION = OpenApiParameter(
+    "region", {"type": "string", "pattern": f"^[a-z0-9-]{{1,{MAX_REGION_LENGTH}}}$"}, OpenApiParameter.QUERY,
+    description="one of the season's regions: that region's standings in regional position order (from_position "
+                "counts in the region); absent or empty: the whole standings; another well-formed name is 404 "
+                "`unknown_region`",
+)
 
 
-def final_errors() -> dict[int, OpenApiResponse]:
-    return {400: BAD_REQUEST, 404: FINAL_NOT_FOUND, 429: RATE_LIMITED, 503: DB_UNAVAILABLE}
+def final_errors(*, not_found: OpenApiResponse = FINAL_NOT_FOUND) -> dict[int, OpenApiResponse]:
+    return {400: BAD_REQUEST, 404: not_found, 429: RATE_LIMITED, 503: DB_UNAVAILABLE}
 
 
 # --- postprocessing: the probes, links between operations, required bodies -------------------
