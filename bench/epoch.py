@@ -31,11 +31,20 @@ cpu; both copies' work; every client of the server counts, so run it on a quiet
 server). `task ms` is the whole call; with the catch-up it includes the grace period
 (COPY_GRACE_SECONDS) the catch-up waits out. One warm-up round per cell is not timed;
 then --repeats timed rounds give the median and p90.
+Regional boards (--scenarios): `plain` is a season without regions (the baseline);
+`regional` a season with three regions (each player in one), the same K score changes
+per round; `moves` that season with K changes per round of which half are region moves
+(profile writes through leaderboard.profiles.player_profiles_apply, moving the player's
+season score between regional boards) and half score changes. Each scenario loads its
+own season; the ratios against `plain` are printed.
+
 The target (docs/benchmarks.md, Epoch publish time): at 10M players an epoch of 10k changes publishes in < 500 ms,
 and the time follows K, not the number of players.
 
     SECRET_KEY=x .venv/bin/python bench/epoch.py                       # 100k,1M x 1k,10k (~3 min)
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 100k,1M,10M --changes 1k,10k,100k   # full grid (~20 min)
+    SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M --changes 10k --modes catch-up \
+        --scenarios plain,regional,moves                                # regional boards' cost (~6 min)
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ TARGET_MS = 500.0
 
 
 MODES = {"catch-up": True, "no-catch-up": False}
+SCENARIOS = ("plain", "regional", "moves")
+REGIONS = ("na", "eu", "apac")
 
 
 @dataclass
@@ -68,6 +79,7 @@ class Cell:
     players: int
     changes: int
     mode: str
+    scenario: str = "plain"
     epoch_ms: list[float] = field(default_factory=list)  # to publication: the pointer swap
     task_ms: list[float] = field(default_factory=list)  # the whole call, its bookkeeping after the swap too
     cpu_ms: list[float] = field(default_factory=list)
@@ -90,6 +102,24 @@ class ChangeMaker:
         self.versions = array("q", [1]) * len(scores)
         self.rng = random.Random(seed)
         self.round = 0
+        self.profile_versions: dict[int, int] = {}
+
+    def region_moves(self, k: int) -> int:
+        """Move k random players to another region through the profile write path; seconds taken."""
+        from leaderboard.core.profiles import ProfileWrite
+        from leaderboard.profiles import player_profiles_apply
+
+        writes = []
+        for i in self.rng.sample(range(len(self.scores)), k):
+            version = self.profile_versions.get(i, 0) + 1
+            self.profile_versions[i] = version
+            here = loader.region_of(i, REGIONS) if version == 1 else REGIONS[(i + version) % len(REGIONS)]
+            region = REGIONS[(REGIONS.index(here) + 1) % len(REGIONS)]
+            writes.append(ProfileWrite(player_id=loader.player_id(i), region=region, profile_version=version))
+        started = time.perf_counter()
+        for start in range(0, len(writes), BATCH):
+            player_profiles_apply(profiles=writes[start : start + BATCH], client=None)
+        return time.perf_counter() - started
 
     def events(self, k: int) -> list[Any]:
         from leaderboard.core.events import KIND_CORRECTION, KIND_RESULT, ScoreEvent
@@ -155,23 +185,28 @@ def run_size(players: int, changes: list[int], args: argparse.Namespace, profile
     from leaderboard.redis_client import redis_get
 
     r = redis_get()
-    result = loader.load_season(players=players, seed=args.seed, kind="epoch", layout=args.layout, verbose=True)
-    season = result.season
-    print(f"# loaded {players:,} players: COPY {result.copy_seconds:.1f}s, builds "
-          f"{' + '.join(f'{s:.1f}s' for s in result.build_seconds)}", flush=True)
-    maker = ChangeMaker(result.scores, seed=args.seed + players)
-    del result
     cells: list[Cell] = []
-    try:
-        for k in changes:
-            if k > players:
-                print(f"# skip {k:,} changes at {players:,} players")
-                continue
-            for mode in args.modes:
-                cells.append(run_cell(season, maker, r, Cell(players=players, changes=k, mode=mode), args,
-                                      profile_dir))
-    finally:
-        benchenv.season_cleanup(season, keep=args.keep)
+    # `moves` runs on the season `regional` loaded (or loads one itself).
+    for loaded in dict.fromkeys("plain" if s == "plain" else "regional" for s in args.scenarios):
+        regions = REGIONS if loaded == "regional" else ()
+        result = loader.load_season(players=players, seed=args.seed, kind="epoch", layout=args.layout,
+                                    verbose=True, regions=regions)
+        season = result.season
+        print(f"# loaded {players:,} players ({loaded}): COPY {result.copy_seconds:.1f}s, builds "
+              f"{' + '.join(f'{s:.1f}s' for s in result.build_seconds)}", flush=True)
+        maker = ChangeMaker(result.scores, seed=args.seed + players)
+        del result
+        try:
+            for scenario in [s for s in args.scenarios if (s == "plain") == (loaded == "plain")]:
+                for k in changes:
+                    if k > players:
+                        print(f"# skip {k:,} changes at {players:,} players")
+                        continue
+                    for mode in args.modes:
+                        cell = Cell(players=players, changes=k, mode=mode, scenario=scenario)
+                        cells.append(run_cell(season, maker, r, cell, args, profile_dir))
+        finally:
+            benchenv.season_cleanup(season, keep=args.keep)
     return cells
 
 
@@ -185,9 +220,10 @@ def run_cell(season: Any, maker: ChangeMaker, r: Any, cell: Cell, args: argparse
     catch_up = MODES[cell.mode]
     grace = settings.COPY_GRACE_SECONDS + 0.05
     last_epoch_end = time.monotonic()
+    moves = cell.changes // 2 if cell.scenario == "moves" else 0
     for round_no in range(args.warmup + args.repeats):
-        events = maker.events(cell.changes)
-        ingest_s = ingest(season, events)
+        events = maker.events(cell.changes - moves)
+        ingest_s = ingest(season, events) + (maker.region_moves(moves) if moves else 0.0)
         wait = last_epoch_end + grace - time.monotonic()
         if wait > 0:
             time.sleep(wait)
@@ -229,7 +265,8 @@ def run_cell(season: Any, maker: ChangeMaker, r: Any, cell: Cell, args: argparse
     check = version_check(r=r, keys=season_keys(season), sample=100, seed=cell.changes)
     if not check.ok:
         raise SystemExit(f"invariants failed after the {cell.changes:,}-change epochs: {check.failures()}")
-    print(f"# {cell.players:,} players x {cell.changes:,} changes, {cell.mode}: median {cell.median_ms:.0f} ms "
+    print(f"# {cell.players:,} players x {cell.changes:,} changes, {cell.mode}, {cell.scenario}: "
+          f"median {cell.median_ms:.0f} ms "
           f"(runs: {', '.join(f'{m:.0f}' for m in cell.epoch_ms)}; applied "
           f"{', '.join(str(a) for a in cell.applied)}); invariants ok", flush=True)
     # EXEC's time includes the commands it ran: leave it out.
@@ -253,11 +290,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="catch-up (the default behaviour) and/or no-catch-up (the baseline), comma-separated")
     parser.add_argument("--layout", choices=["uniform", "split"], default="uniform",
                         help="bucket layout of the season (bench/loader.py --help)")
+    parser.add_argument("--scenarios", default="plain",
+                        help="plain (no regions), regional (3 regions), moves (3 regions, half the changes are "
+                             "region moves), comma-separated")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="write a pyinstrument profile of each cell's last epoch into DIR")
     benchenv.add_common_args(parser)
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    if not args.scenarios or any(s not in SCENARIOS for s in args.scenarios):
+        parser.error(f"--scenarios takes {', '.join(SCENARIOS)}")
     if not args.modes or any(m not in MODES for m in args.modes):
         parser.error(f"--modes takes {', '.join(MODES)}")
     sizes = benchenv.parse_counts(args.players)
@@ -279,31 +322,41 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for c in cells:
         ingest_rate = c.changes / benchenv.median(c.ingest_s)
-        rows.append((benchenv.human(c.players), benchenv.human(c.changes), c.mode, int(benchenv.median(c.applied)),
+        rows.append((benchenv.human(c.players), benchenv.human(c.changes), c.mode, c.scenario,
+                     int(benchenv.median(c.applied)),
                      c.median_ms, benchenv.percentile(c.epoch_ms, 90),
                      benchenv.median(c.catch_up_ms) if MODES[c.mode] else "-",
                      benchenv.median(c.task_ms), benchenv.median(c.cpu_ms), benchenv.median(c.redis_ms),
                      c.median_ms * 1000 / c.changes, ingest_rate))
-    print(benchenv.table(["players", "changes", "mode", "applied", "publish ms", "p90 ms", "catch-up ms",
+    print(benchenv.table(["players", "changes", "mode", "scenario", "applied", "publish ms", "p90 ms", "catch-up ms",
                           "task ms", "cpu ms", "redis cpu ms", "us/change", "ingest events/s"], rows))
     print()
     smallest = min(sizes)
-    for mode in args.modes:
-        for k in changes:
-            base = next((c for c in cells if (c.changes, c.players, c.mode) == (k, smallest, mode)), None)
-            if base is None:
-                continue
-            ratios = [f"{benchenv.human(c.players)}: {c.median_ms / base.median_ms:.2f}x"
-                      for c in cells if (c.changes, c.mode) == (k, mode)]
-            print(f"{mode}, {benchenv.human(k)} changes, median vs {benchenv.human(smallest)} players: "
-                  f"{', '.join(ratios)}")
+    for scenario in args.scenarios:
+        for mode in args.modes:
+            for k in changes:
+                base = next((c for c in cells if (c.changes, c.players, c.mode, c.scenario) ==
+                             (k, smallest, mode, scenario)), None)
+                if base is None or len(sizes) < 2:
+                    continue
+                ratios = [f"{benchenv.human(c.players)}: {c.median_ms / base.median_ms:.2f}x"
+                          for c in cells if (c.changes, c.mode, c.scenario) == (k, mode, scenario)]
+                print(f"{mode}, {scenario}, {benchenv.human(k)} changes, median vs {benchenv.human(smallest)} "
+                      f"players: {', '.join(ratios)}")
     for c in cells:
-        baseline = next((b for b in cells if (b.players, b.changes, b.mode) == (c.players, c.changes, "no-catch-up")),
-                        None)
+        plain = next((b for b in cells if (b.players, b.changes, b.mode, b.scenario) ==
+                      (c.players, c.changes, c.mode, "plain")), None)
+        if c.scenario != "plain" and plain is not None:
+            print(f"{benchenv.human(c.players)} x {benchenv.human(c.changes)}, {c.mode}: {c.scenario} publishes in "
+                  f"{c.median_ms / plain.median_ms:.2f}x the time of a season without regions (same run)")
+    for c in cells:
+        baseline = next((b for b in cells if (b.players, b.changes, b.mode, b.scenario) ==
+                         (c.players, c.changes, "no-catch-up", c.scenario)), None)
         if c.mode == "catch-up" and baseline is not None:
             print(f"{benchenv.human(c.players)} x {benchenv.human(c.changes)}: publish with catch-up "
                   f"{c.median_ms / baseline.median_ms:.2f}x the no-catch-up baseline of the same run")
-    target = [c for c in cells if (c.changes, c.players, c.mode) == (10_000, 10_000_000, args.modes[0])]
+    target = [c for c in cells if (c.changes, c.players, c.mode, c.scenario) ==
+              (10_000, 10_000_000, args.modes[0], "plain")]
     if target:
         ok = target[0].median_ms < TARGET_MS and benchenv.percentile(target[0].epoch_ms, 90) < TARGET_MS
         print(f"target (10M players, 10k changes, {target[0].mode}, < {TARGET_MS:.0f} ms): median "
@@ -318,7 +371,10 @@ def figures_record(args: argparse.Namespace, cells: list[Cell]) -> None:
     coordinator's time to publish, its time including the catch-up of the other copy (its
     whole work per change with R = 2), and the Redis server's CPU for both copies."""
     mode = "catch-up" if "catch-up" in args.modes else args.modes[0]
-    cell = max((c for c in cells if c.mode == mode), key=lambda c: (c.players, c.changes))
+    plain = [c for c in cells if c.mode == mode and c.scenario == "plain"]
+    if not plain:
+        return
+    cell = max(plain, key=lambda c: (c.players, c.changes))
     per_1k = 1000 / cell.changes
     note = (f"{cell.players:,} players x {cell.changes:,} changes per epoch, {mode}, median of "
             f"{len(cell.epoch_ms)} epochs")

@@ -34,6 +34,7 @@ import sys
 import time
 from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,14 @@ def layout_summary(scores: array, layout: Any) -> str:
 # ------------------------------------------------------------------------------ ledger
 
 
+def region_of(i: int, regions: Sequence[str]) -> str:
+    """The region the loader gives player i in a season with `regions` (round robin)."""
+    return regions[i % len(regions)] if regions else ""
+
+
 def ledger_copy(season: Any, scores: array, *, with_events: bool = False) -> float:
-    """COPY the players (and optionally their ledger events) into PostgreSQL; seconds taken."""
+    """COPY the players (and optionally their ledger events) into PostgreSQL; seconds taken.
+    In a season with regions each player gets one (region_of)."""
     from datetime import UTC, datetime
 
     from django.db import connection, transaction
@@ -132,6 +139,7 @@ def ledger_copy(season: Any, scores: array, *, with_events: bool = False) -> flo
     now = datetime.now(UTC)
     ts = now.isoformat()
     sid = season.pk
+    regions = list(season.regions)
     n = len(scores)
     # One transaction per COPY_TRANSACTION players: progress is committed as it goes, and a
     # failure part-way costs at most one transaction's rows.
@@ -140,14 +148,14 @@ def ledger_copy(season: Any, scores: array, *, with_events: bool = False) -> flo
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit = off")
             raw = cursor.cursor  # the psycopg 3 cursor under Django's wrapper
-            with raw.copy("COPY leaderboard_playerscore (season_id, player_id, score, score_version, updated_at) "
-                          "FROM STDIN") as copy:
+            with raw.copy("COPY leaderboard_playerscore (season_id, player_id, score, score_version, updated_at, "
+                          "region) FROM STDIN") as copy:
                 for start in range(first, last, COPY_CHUNK):
                     stop = min(last, start + COPY_CHUNK)
                     buf = io.StringIO()
                     write = buf.write
                     for i in range(start, stop):
-                        write(f"{sid}\tp{i:08d}\t{scores[i]}\t1\t{ts}\n")
+                        write(f"{sid}\tp{i:08d}\t{scores[i]}\t1\t{ts}\t{region_of(i, regions)}\n")
                     copy.write(buf.getvalue())
             if not with_events:
                 continue
@@ -266,15 +274,17 @@ class _Progress:
 
 
 def load_season(*, players: int, seed: int = 1, distribution: str = "pareto", with_events: bool = False,
-                kind: str = "load", layout: str = "uniform", verbose: bool = True) -> LoadResult:
-    """A fresh season with `players` players in the ledger and both copies built; version 1 published."""
+                kind: str = "load", layout: str = "uniform", verbose: bool = True,
+                regions: Sequence[str] = ()) -> LoadResult:
+    """A fresh season with `players` players in the ledger and both copies built; version 1
+    published. `regions`: the season's regions, each player in one (region_of)."""
     from seasons.models import Season
 
     started = time.perf_counter()
     scores = scores_generate(players, seed=seed, distribution=distribution)
     gen_seconds = time.perf_counter() - started
     bucket_layout = layout_for(scores, layout)
-    season = benchenv.season_new(kind, layout=bucket_layout)
+    season = benchenv.season_new(kind, layout=bucket_layout, regions=regions)
     season = Season.objects.get(pk=season.pk)
     if verbose:
         print(f"# season {season.slug}: {players:,} players generated in {gen_seconds:.1f}s "
