@@ -109,7 +109,8 @@ class FinalStandingsView(APIView):
         season = _final_season(season_id)
         first = int_param(request.query_params, "from_position", default=1, low=1, high=None) or 1
         limit = int_param(request.query_params, "limit", default=100, low=1, high=FINAL_PAGE_MAX) or 100
-        region = region_param(request.query_params, regions=season.regions)
+        # A FINAL approved before regional places existed has no region to page.
+        region = region_param(request.query_params, regions=season.regions if season.final_regional else ())
         head: dict[str, Any] = {"season_id": season.slug, "final_version": season.final_version}
         if region is None:
             rows = final_standings_window(season=season, from_position=first, limit=limit)
@@ -117,7 +118,7 @@ class FinalStandingsView(APIView):
             # from_position counts in the region: pages go on by regional position.
             rows = final_regional_window(season=season, region=region, from_position=first, limit=limit)
             head["region"] = region
-        regional = bool(season.regions)
+        regional = season.final_regional
         entries = [_standing(row, regional=regional) for row in rows]
         return Response({**head, "from_position": first, "entries": entries})
 
@@ -138,7 +139,7 @@ class FinalPlayerView(APIView):
             raise ApiError(status_code=404, code="not_in_final",
                            detail=f"player {player_id!r} has no entry in the FINAL standings")
         return Response({"season_id": season.slug, "final_version": season.final_version,
-                         **_standing(row, regional=bool(season.regions))})
+                         **_standing(row, regional=season.final_regional)})
 
 
 class FinalCorrectionsView(APIView):

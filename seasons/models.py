@@ -44,6 +44,9 @@ class Season(models.Model):
     # "first_reached" (who reached the score first ranks ahead; fixed at creation).
     tie_break = models.CharField(max_length=16, choices=[("shared", "shared"), ("first_reached", "first_reached")],
                                  default="shared")
+    # The FINAL standings hold regional places (written so in a season with regions). False
+    # for a FINAL approved before they existed: its rows and hash lines have none.
+    final_regional = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-starts_at", "slug"]

@@ -374,7 +374,9 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
     first_reached = season.tie_break == TIE_BREAK_FIRST_REACHED
     order = display_order_sql(first_reached=first_reached)
     ties = order.split(", player_id")[0]  # the display order without its player_id
-    if season.regions:
+    # Regional places make the hash's lines longer (core.final_hash): the season says its rows have them.
+    season.final_regional = bool(season.regions)
+    if season.final_regional:
         regional = ("region, "
                     f"CASE WHEN region = '' THEN NULL ELSE row_number() OVER (PARTITION BY region {order}) END, "
                     f"CASE WHEN region = '' THEN NULL ELSE rank() OVER (PARTITION BY region {ties}) END")
@@ -390,6 +392,7 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
             f"FROM leaderboard_playerscore WHERE season_id = %s WINDOW w AS ({order})",
             [season.pk, season.pk],
         )
+    season.save(update_fields=["final_regional"])
     return final_standings_hash(season_id=season.pk)
 
 

@@ -233,6 +233,29 @@ def test_a_season_without_regions_hashes_and_answers_exactly_as_before(
     assert "has no regions" in response.json()["detail"]
 
 
+def test_a_final_approved_before_regional_places_keeps_its_rows_hash_and_answers(
+    season_factory: SeasonFactory, post_scores: Post,
+) -> None:
+    # What the migration leaves of such a FINAL: rows with region "" and no regional place,
+    # and a season with regions whose final_regional is false.
+    season = ended_season(season_factory, "fin-old")
+    profiles_apply(PROFILES)
+    scores_post(post_scores, season, SCORES)
+    final_of(season)
+    old = Season.objects.create(slug="fin-old-final", name="old", starts_at=season.starts_at, cutoff=season.cutoff,
+                                regions=REGIONS, state="FINAL", final_version=season.final_version)
+    FinalStanding.objects.bulk_create(FinalStanding(season=old, position=p, rank=r, player_id=i, score=s)
+                                      for p, r, i, s, *_ in EXPECTED)
+    assert old.final_regional is False
+    assert final_standings_hash(season_id=old.pk) == (canonical_sha256(row[:4] for row in EXPECTED), len(EXPECTED))
+    assert set(get("/v1/seasons/fin-old-final/final/standings").json()["entries"][0]) == {
+        "position", "rank", "player_id", "score"}
+    assert set(get("/v1/seasons/fin-old-final/final/players/d4").json()) == {
+        "season_id", "final_version", "position", "rank", "player_id", "score"}
+    response = get("/v1/seasons/fin-old-final/final/standings?region=na")
+    assert (response.status_code, response.json()["error"]) == (404, "unknown_region")
+
+
 # --- the API ---------------------------------------------------------------------------------
 
 

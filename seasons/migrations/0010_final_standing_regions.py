@@ -1,7 +1,8 @@
 """FINAL standings keep each player's region and regional position and rank.
 
-Rows written before keep their hash: region "" and no regional place, which the check
-constraint admits, and nothing is UPDATEd (the rows are immutable)."""
+Rows written before stay valid and keep their hash: region "" and no regional place, which
+the check constraint admits, nothing is UPDATEd (the rows are immutable), and their season's
+final_regional is false, so their lines stay the ones they were hashed with."""
 
 from django.db import migrations, models
 
@@ -15,6 +16,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name='season',
+            name='final_regional',
+            field=models.BooleanField(default=False),
+        ),
         migrations.AddField(
             model_name='finalstanding',
             name='region',
