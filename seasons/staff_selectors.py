@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -466,8 +467,11 @@ def player_score_get(*, season: Season, player_id: str) -> PlayerScore | None:
 # ---------------------------------------------------------------- regions and friends
 
 # A season's region sizes are one GROUP BY over its current scores (no index holds the
-# region): counted at most this often per process and season, however many pages poll.
+# region; ~80 ms at 1M players, ~0.5 s at 5M: docs/benchmarks.md): counted at most every
+# 15 s per process and season however many pages poll, and a slow count is kept longer,
+# so that counting takes at most 1/REGION_SIZES_COST_SHARE of the time.
 REGION_SIZES_CACHE_SECONDS = 15.0
+REGION_SIZES_COST_SHARE = 20
 # A player page lists the newest profile changes and the first friends; the counts are whole.
 PROFILE_CHANGES_SHOWN = 100
 FRIENDS_SHOWN = 50
@@ -507,6 +511,7 @@ def season_region_sizes(*, season: Season) -> SeasonRegionSizes:
     key = f"staff:regions:{season.pk}:{','.join(season.regions)}"
     cached: SeasonRegionSizes | None = cache.get(key)
     if cached is None:
+        started = time.monotonic()
         counts = dict(PlayerScore.objects.filter(season=season).values("region").order_by()
                       .annotate(players=Count("id")).values_list("region", "players"))
         total = sum(counts.values())
@@ -517,7 +522,8 @@ def season_region_sizes(*, season: Season) -> SeasonRegionSizes:
                    for r in [*season.regions, *unlisted, ""]],
             players=total, counted_at=timezone.now(),
         )
-        cache.set(key, cached, REGION_SIZES_CACHE_SECONDS)
+        took = time.monotonic() - started
+        cache.set(key, cached, max(REGION_SIZES_CACHE_SECONDS, REGION_SIZES_COST_SHARE * took))
     return replace(cached, changing=changing)
 
 
