@@ -17,6 +17,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from rest_framework.test import APIClient
 
+from leaderboard.core.final_hash import FinalLineFormat
 from leaderboard.core.profiles import ProfileWrite
 from leaderboard.core.ranking import Standings
 from leaderboard.models import Manifest as ManifestRow
@@ -189,6 +190,22 @@ def test_the_hash_covers_regions_as_documented_and_the_manifest_names_the_line(r
     # One line written out in full: a player with no region keeps every tab.
     assert documented_sha256([EXPECTED[3]]) == hashlib.sha256(b"4\t1\th8\t500\t\t\t\n").hexdigest()
     assert documented_sha256([EXPECTED[0]]) == hashlib.sha256(b"1\t1\tB2\t500\tna\t1\t1\n").hexdigest()
+
+
+def test_each_kind_of_season_has_its_line() -> None:
+    args: dict[str, Any] = {"position": 8, "rank": 6, "player_id": "p-18", "score": 48200,
+                            "reached_at": "2026-12-01T18:04:05.123Z", "region": "", "regional_position": None,
+                            "regional_rank": None}
+    assert FinalLineFormat(first_reached=False, regional=False).line(**args) == "8\t6\tp-18\t48200\n"
+    assert FinalLineFormat(first_reached=True, regional=False).line(**args) == (
+        "8\t6\tp-18\t48200\t2026-12-01T18:04:05.123Z\n")
+    assert FinalLineFormat(first_reached=False, regional=True).line(**args) == "8\t6\tp-18\t48200\t\t\t\n"
+    assert FinalLineFormat(first_reached=True, regional=True).line(
+        **{**args, "region": "eu", "regional_position": 4, "regional_rank": 3}) == (
+        "8\t6\tp-18\t48200\t2026-12-01T18:04:05.123Z\teu\t4\t3\n")
+    assert FinalLineFormat(first_reached=True, regional=True).describe() == (
+        "sha256 over 'position\\trank\\tplayer_id\\tscore\\treached_at\\tregion\\tregional_position"
+        "\\tregional_rank\\n' lines in position order")
 
 
 def test_a_player_in_another_region_changes_the_hash_and_nothing_else_global(
