@@ -940,6 +940,20 @@ _learned_copies: dict[tuple[str, str], tuple[str, ...]] = {}
 _learned_regional: set[tuple[str, str]] = set()
 
 
+def _window_values(manifest: Manifest, reads: list[tuple[int, int, int]], replies: list[Any]
+                   ) -> list[tuple[str, IndexValue]]:
+    """The (player_id, value) of raw ZRANGE ... WITHSCORES replies, one per read range."""
+    ties = manifest.ties
+    out: list[tuple[str, IndexValue]] = []
+    for (bucket, _, _), reply in zip(reads, replies, strict=True):
+        pairs = reply if not reply or isinstance(reply[0], list) else list(zip(reply[::2], reply[1::2], strict=True))
+        if ties is None:
+            out += [(m.decode(), -int(float(s))) for m, s in pairs]
+        else:
+            out += [(m.decode(), index_value(manifest.layout, ties, bucket, float(s))) for m, s in pairs]
+    return out
+
+
 class RankReader:
     """Reads of one published version. Every answer comes from exactly one manifest.
 
@@ -991,21 +1005,6 @@ class RankReader:
         if manifest is None:
             raise VersionExpired(current)
         return manifest
-
-    def _run(self, version: int | None, body: Any) -> Any:
-        last_current: int | None = None
-        for _ in range(self.attempts):
-            manifest = self._manifest(version)
-            started = time.monotonic()
-            try:
-                result = body(manifest)
-                self._validate(manifest, started)
-                return result
-            except _Torn:
-                last_current = pointer_get(self.r, self.keys)
-                if version is not None:
-                    raise VersionExpired(last_current) from None
-        raise Unavailable()
 
     def _validate(self, manifest: Manifest, started: float) -> None:
         if not copy_holds(self.r, self.keys, manifest):
@@ -1061,41 +1060,49 @@ class RankReader:
         after them, so an unchanged pair proves no mutation began before the reads.
         """
         shard = lookup_shard(player_id)
-        season = (self.keys.prefix, self.keys.season)
         for _ in range(self.attempts):
-            started = time.monotonic()
-            regional = self.region is not None or season in _learned_regional
-            copies = self.copies
-            commands: list[tuple[Any, ...]] = [("GET", self.keys.ptr)]
-            commands += [("HGET", self.keys.lookup(copy, shard), player_id) for copy in copies]
-            if regional:
-                commands += [("HGET", self.keys.region(copy, shard), player_id) for copy in copies]
-            raw_ptr, *replies = round_trip(self.r, commands)
-            manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
+            manifest, score_raw, region_raw, started = self._player_lookup(player_id, shard, version)
             try:
-                if manifest.copy in copies:
-                    at = copies.index(manifest.copy)
-                    score_raw = replies[at]
-                    region_raw = replies[len(copies) + at] if regional else None
-                else:
-                    score_raw, region_raw = round_trip(self.r, [
-                        ("HGET", self.keys.lookup(manifest.copy, shard), player_id),
-                        ("HGET", self.keys.region(manifest.copy, shard), player_id)])
-                    regional = True
-                    # A rebuild published a copy under a new name: pipeline it from now on.
-                    self.copies = (manifest.copy, *copies[:1])
-                    _learned_copies[season] = self.copies
-                if not regional and manifest.regions:
-                    # The first read of a season with regions in this process: from now on
-                    # the region comes with the lookup.
-                    region_raw = self.r.hget(self.keys.region(manifest.copy, shard), player_id)
-                    _learned_regional.add(season)
                 return self._rank_of(manifest, player_id, score_raw, region_raw, started)
             except _Torn:
                 current = pointer_get(self.r, self.keys)
                 if version is not None:
                     raise VersionExpired(current) from None
         raise Unavailable()
+
+    def _player_lookup(self, player_id: str, shard: int, version: int | None
+                       ) -> tuple[Manifest, bytes | None, bytes | None, float]:
+        """The first round trip of a player's reads: the pointer, and the player's lookup
+        value (and region, in a season with regions) in every copy this process has seen
+        current. (manifest, value, region, when the read started)."""
+        season = (self.keys.prefix, self.keys.season)
+        started = time.monotonic()
+        regional = self.region is not None or season in _learned_regional
+        copies = self.copies
+        commands: list[tuple[Any, ...]] = [("GET", self.keys.ptr)]
+        commands += [("HGET", self.keys.lookup(copy, shard), player_id) for copy in copies]
+        if regional:
+            commands += [("HGET", self.keys.region(copy, shard), player_id) for copy in copies]
+        raw_ptr, *replies = round_trip(self.r, commands)
+        manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
+        if manifest.copy in copies:
+            at = copies.index(manifest.copy)
+            score_raw = replies[at]
+            region_raw = replies[len(copies) + at] if regional else None
+        else:
+            score_raw, region_raw = round_trip(self.r, [
+                ("HGET", self.keys.lookup(manifest.copy, shard), player_id),
+                ("HGET", self.keys.region(manifest.copy, shard), player_id)])
+            regional = True
+            # A rebuild published a copy under a new name: pipeline it from now on.
+            self.copies = (manifest.copy, *copies[:1])
+            _learned_copies[season] = self.copies
+        if not regional and manifest.regions:
+            # The first read of a season with regions in this process: from now on the
+            # region comes with the lookup.
+            region_raw = self.r.hget(self.keys.region(manifest.copy, shard), player_id)
+            _learned_regional.add(season)
+        return manifest, score_raw, region_raw, started
 
     def _rank_of(self, manifest: Manifest, player_id: str, score_raw: bytes | None, region_raw: bytes | None,
                  started: float) -> PlayerView:
@@ -1180,10 +1187,62 @@ class RankReader:
                            reached={p: v[1] for p, v in values.items() if not isinstance(v, int)})
 
     def entries_at(self, manifest: Manifest, first: int, limit: int,
-                known: tuple[int, IndexValue, int] | None = None) -> list[Entry]:
-        """Entries at positions first..first+limit-1; `known` = (position, value, rank) of one of them."""
+                   known: tuple[int, IndexValue, int] | None = None) -> list[Entry]:
+        """Entries at positions first..first+limit-1; `known` = (position, value, rank) of one
+        of them. Not validated: the caller checks the copy still holds the version."""
+        return self._entries(manifest, first, limit, known, None)
+
+    def _entries(self, manifest: Manifest, first: int, limit: int, known: tuple[int, IndexValue, int] | None,
+                 started: float | None) -> list[Entry]:
+        """`entries_at`, and with `started` validated in the same round trip as its reads
+        (the copy's generation and version read after them, and the read's deadline).
+
+        One member more is read above the window: when it differs from the first entry,
+        that entry's rank is its position, and no ZCOUNT is needed; only a first entry
+        tied with players above the window (and not the known player's value) costs one
+        more round trip."""
         if limit <= 0 or first > manifest.total:
+            if started is not None:
+                self._validate(manifest, started)
             return []
+        start = first - 1 if first > 1 else first
+        reads = self._window_reads(manifest, start, limit + first - start)
+        commands: list[tuple[Any, ...]] = [("ZRANGE", self._bucket_key(manifest, b), low, high, "WITHSCORES")
+                                           for b, low, high in reads]
+        if started is not None:
+            commands.append(("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"))
+        replies = round_trip(self.r, commands)
+        if started is not None:
+            gen, held = replies.pop()
+            if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
+                raise _Torn()
+        values = _window_values(manifest, reads, replies)
+        if len(values) != min(limit + first - start, manifest.total - start + 1):
+            raise _Torn()
+        rank_of_first: int | None = 1
+        if start < first:
+            above, values = values[0], values[1:]
+            if above[1] != values[0][1]:
+                rank_of_first = first
+            elif known is not None and known[1] == values[0][1]:
+                rank_of_first = known[2]
+            else:
+                rank_of_first = None
+        if rank_of_first is None:
+            b, sort_key = index_key(manifest.layout, manifest.ties, values[0][1])
+            check = [("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version")] if started is not None else []
+            higher, *held_now = round_trip(self.r, [("ZCOUNT", self._bucket_key(manifest, b), "-inf", f"({sort_key}"),
+                                                    *check])
+            if held_now and not _holds(manifest, *held_now[0]):
+                raise _Torn()
+            rank_of_first = manifest.higher[b] + int(higher) + 1
+        if manifest.ties is None:
+            return ranked(values, first_position=first, rank_of_first=rank_of_first)  # type: ignore[arg-type]
+        return ranked_values(values, first_position=first, rank_of_first=rank_of_first)
+
+    def _window_reads(self, manifest: Manifest, first: int, limit: int) -> list[tuple[int, int, int]]:
+        """(bucket, first index, last index) ranges holding positions first..first+limit-1:
+        the walk down the buckets from the one holding `first`."""
         located = locate_position(manifest.counts, first)
         assert located is not None
         bucket, index = located
@@ -1197,50 +1256,50 @@ class RankReader:
                 remaining -= take
             bucket -= 1
             index = 0
-        with self.r.pipeline(transaction=False) as pipe:
-            for b, start, stop in reads:
-                pipe.zrange(self._bucket_key(manifest, b), start, stop, withscores=True)
-            replies = pipe.execute()
-        ties = manifest.ties
-        values: list[tuple[str, IndexValue]]
-        if ties is None:
-            values = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
-        else:
-            values = [(m.decode(), index_value(manifest.layout, ties, b, s))
-                      for (b, _, _), reply in zip(reads, replies, strict=True) for m, s in reply]
-        if len(values) != min(limit, manifest.total - first + 1):
-            raise _Torn()
-        first_value = values[0][1]
-        if first == 1:
-            rank_of_first = 1
-        elif known is not None and known[1] == first_value:
-            rank_of_first = known[2]
-        else:
-            b, sort_key = index_key(manifest.layout, ties, first_value)
-            higher = self.r.zcount(self._bucket_key(manifest, b), "-inf", f"({sort_key}")
-            rank_of_first = manifest.higher[b] + int(higher) + 1
-        if ties is None:
-            return ranked(values, first_position=first, rank_of_first=rank_of_first)  # type: ignore[arg-type]
-        return ranked_values(values, first_position=first, rank_of_first=rank_of_first)
+        return reads
 
     def window(self, from_position: int, limit: int, version: int | None = None) -> tuple[Manifest, list[Entry]]:
-        def body(manifest: Manifest) -> tuple[Manifest, list[Entry]]:
-            return manifest, self.entries_at(manifest, from_position, limit)
-
-        return self._run(version, body)  # type: ignore[no-any-return]
+        """Two round trips: the pointer, then the window's ranges with the copy's generation."""
+        for _ in range(self.attempts):
+            manifest = self._manifest(version)
+            try:
+                return manifest, self._entries(manifest, from_position, limit, None, time.monotonic())
+            except _Torn:
+                current = pointer_get(self.r, self.keys)
+                if version is not None:
+                    raise VersionExpired(current) from None
+        raise Unavailable()
 
     def neighbors(
         self, player_id: str, radius: int, version: int | None = None
     ) -> tuple[Manifest, Entry | None, list[Entry]]:
-        def body(manifest: Manifest) -> tuple[Manifest, Entry | None, list[Entry]]:
-            found = self.locate(manifest, player_id)
-            if found is None:
-                return manifest, None, []
-            value, position, rank = found
-            first = max(1, position - radius)
-            entries = self.entries_at(manifest, first, position + radius - first + 1,
-                                   known=(position, value, rank))
-            me = Entry(position=position, rank=rank, player_id=player_id, score=value_score(value))
-            return manifest, me, entries
-
-        return self._run(version, body)  # type: ignore[no-any-return]
+        """The player's entry and the entries `radius` positions around it, in three round
+        trips: the pointer with the player's lookup (as `rank`), ZCOUNT and ZRANK in their
+        bucket, then the window's ranges with the copy's generation (which validates all)."""
+        shard = lookup_shard(player_id)
+        for _ in range(self.attempts):
+            manifest, score_raw, region_raw, started = self._player_lookup(player_id, shard, version)
+            try:
+                region = region_raw.decode() if region_raw is not None else None
+                if score_raw is None or (manifest.board and region != manifest.board):
+                    self._validate(manifest, started)
+                    return manifest, None, []
+                value = lookup_value(manifest.ties, score_raw)
+                bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
+                key = self._bucket_key(manifest, bucket)
+                higher_in_bucket, index = round_trip(self.r, [("ZCOUNT", key, "-inf", f"({sort_key}"),
+                                                              ("ZRANK", key, player_id)])
+                if index is None:
+                    raise _Torn()
+                before = manifest.higher[bucket]
+                position, rank = before + int(index) + 1, before + int(higher_in_bucket) + 1
+                first = max(1, position - radius)
+                entries = self._entries(manifest, first, position + radius - first + 1, (position, value, rank),
+                                        started)
+                return manifest, Entry(position=position, rank=rank, player_id=player_id,
+                                       score=value_score(value)), entries
+            except _Torn:
+                current = pointer_get(self.r, self.keys)
+                if version is not None:
+                    raise VersionExpired(current) from None
+        raise Unavailable()
