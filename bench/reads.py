@@ -254,10 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_root:
         other = benchenv.UvicornServer(workers=args.workers, port=args.port + 1, env={**env, "BENCH_BASELINE": "true"},
                        root=Path(args.compare_root).resolve())
-        ENDPOINTS["rank@before"] = ENDPOINTS["rank"]
-        urls["rank@before"] = f"http://127.0.0.1:{args.port + 1}"
-        servers["rank@before"] = other
-        endpoints.append("rank@before")
+        for name in [n for n in ("rank", "neighbors") if n in endpoints]:
+            ENDPOINTS[f"{name}@before"] = ENDPOINTS[name]
+            urls[f"{name}@before"] = f"http://127.0.0.1:{args.port + 1}"
+            servers[f"{name}@before"] = other
+            endpoints.append(f"{name}@before")
     samples: list[tuple[int, Sample]] = []
     paced: list[Sample] = []
     url = urls["rank"]
@@ -373,7 +374,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{benchenv.median(rank_rps) / benchenv.median(before):.2f}x")
         cpu = {name: benchenv.median([s.server_cpu_us + s.redis_cpu_us for _, s in samples
                                       if s.endpoint == name and s.connections == connections])
-               for name in ("rank", "baseline", "rank@before")}
+               for name in ("rank", "baseline", "rank@before", "neighbors", "neighbors@before")}
+        for name in ("neighbors", "neighbors@before"):
+            rank_name = "rank@before" if name.endswith("@before") else "rank"
+            if cpu[name] == cpu[name] and cpu[rank_name] == cpu[rank_name]:
+                print(f"c={connections}: CPU per request (server + redis): {name} {cpu[name]:,.0f} us = "
+                      f"{cpu[name] / cpu[rank_name]:.2f}x {rank_name} (target <= 2x)")
         if cpu["rank"] == cpu["rank"] and cpu["baseline"] == cpu["baseline"]:
             print(f"c={connections}: CPU per request (server + redis): rank {cpu['rank']:,.0f} us, baseline "
                   f"{cpu['baseline']:,.0f} us -> CPU-bound capacity ratio rank/baseline "
