@@ -146,9 +146,11 @@ def api_client_by_token(*, token: str) -> ApiClient | None:
 # ------------------------------------------------------------------ leaderboard reads
 
 
-def leaderboard_reader(*, season_slug: str) -> RankReader:
+def leaderboard_reader(*, season_slug: str, region: str | None = None) -> RankReader:
+    """A reader of the season's global board, or with `region` of that region's board."""
     return RankReader(
-        redis_get(), Keys(settings.REDIS_KEY_PREFIX, season_slug), deadline=settings.READ_DEADLINE_SECONDS
+        redis_get(), Keys(settings.REDIS_KEY_PREFIX, season_slug), deadline=settings.READ_DEADLINE_SECONDS,
+        region=region,
     )
 
 
@@ -166,10 +168,16 @@ class PendingScore:
 
 
 def player_pending_score(*, season_slug: str, player_id: str, published: Entry | None,
-                         version: int) -> PendingScore | None:
-    """The ledger's committed score when the published version does not have it yet."""
+                         version: int, region: str | None = None) -> PendingScore | None:
+    """The ledger's committed score when the published version does not have it yet.
+
+    `region`: on that region's board, so only while the ledger has the player in it (a
+    player the ledger has moved elsewhere has nothing pending on this board)."""
+    scores = PlayerScore.objects.filter(season__slug=season_slug, player_id=player_id)
+    if region is not None:
+        scores = scores.filter(region=region)
     row = (
-        PlayerScore.objects.filter(season__slug=season_slug, player_id=player_id)
+        scores
         .values_list("score", "score_version", "season__published_version")
         .first()
     )

@@ -103,6 +103,31 @@ def test_every_operation_documents_its_error_bodies(schema: dict[str, Any]) -> N
     assert {"410", "503"} <= reads.keys()
 
 
+def _body(schema: dict[str, Any], operation: dict[str, Any], status: str) -> dict[str, Any]:
+    ref = operation["responses"][status]["content"]["application/json"]["schema"]["$ref"]
+    component: dict[str, Any] = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    return component
+
+
+def test_each_read_of_a_board_has_its_regional_twin(schema: dict[str, Any]) -> None:
+    """Same query parameters and body as the global read, plus the region (path and body),
+    and the 404 names unknown_region; the global rank names the player's region."""
+    for tail in ("/leaderboard/top", "/leaderboard", "/players/{player_id}/rank", "/players/{player_id}/neighbors"):
+        plain = schema["paths"][f"/v1/seasons/{{season_id}}{tail}"]["get"]
+        regional = schema["paths"][f"/v1/seasons/{{season_id}}/regions/{{region}}{tail}"]["get"]
+        names = {(p["in"], p["name"]) for p in regional["parameters"]}
+        assert names == {(p["in"], p["name"]) for p in plain["parameters"]} | {("path", "region")}, tail
+        (region,) = [p for p in regional["parameters"] if p["name"] == "region"]
+        assert region["schema"]["pattern"] == "^[a-z0-9-]{1,16}$"
+        assert "unknown_region" in regional["responses"]["404"]["description"]
+        assert regional["responses"].keys() == plain["responses"].keys()
+        body, plain_body = _body(schema, regional, "200"), _body(schema, plain, "200")
+        assert "region" in body["required"]
+        assert set(body["properties"]) == set(plain_body["properties"]) | {"region"}, tail
+    rank = _body(schema, schema["paths"]["/v1/seasons/{season_id}/players/{player_id}/rank"]["get"], "200")
+    assert "region" in rank["required"] and rank["properties"]["region"]["nullable"] is True
+
+
 def test_docs_page_loads_its_assets_locally() -> None:
     response = Client().get("/api/docs/")
     assert response.status_code == 200

@@ -144,7 +144,8 @@ def test_rank_of_every_player(client: APIClient, season: Season, board: Standing
             body = ok(client, rank_url(season.slug, entry.player_id))
         assert body == {
             "leaderboard_version": 1, "as_of": body["as_of"], "player_id": entry.player_id,
-            "score": entry.score, "rank": entry.rank, "position": entry.position, "total_players": 130,
+            "score": entry.score, "rank": entry.rank, "position": entry.position, "region": None,
+            "total_players": 130,
         }
     assert ok(client, rank_url(season.slug, "tie75"))["rank"] == 41
     assert ok(client, rank_url(season.slug, "lo00"))["position"] == 130

@@ -39,16 +39,20 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Handler = Callable[[re.Match[str], reads.Query], reads.Answer]
 
 _SEASON = r"/v1/seasons/(?P<season>[^/]+)"
+# A board's reads: the global board's URLs, or with /regions/{region} a regional board's
+# (the group is then None for the global ones).
+_BOARD = rf"{_SEASON}(?:/regions/(?P<region>[^/]+))?"
 _PLAYER = r"/players/(?P<player>[^/]+)"
 ROUTES: list[tuple[re.Pattern[str], Handler]] = [
-    (re.compile(rf"^{_SEASON}/leaderboard/top$"),
-     lambda m, q: reads.top_answer(season_id=m["season"], query=q)),
-    (re.compile(rf"^{_SEASON}/leaderboard$"),
-     lambda m, q: reads.window_answer(season_id=m["season"], query=q)),
-    (re.compile(rf"^{_SEASON}{_PLAYER}/rank$"),
-     lambda m, q: reads.rank_answer(season_id=m["season"], player_id=m["player"], query=q)),
-    (re.compile(rf"^{_SEASON}{_PLAYER}/neighbors$"),
-     lambda m, q: reads.neighbors_answer(season_id=m["season"], player_id=m["player"], query=q)),
+    (re.compile(rf"^{_BOARD}/leaderboard/top$"),
+     lambda m, q: reads.top_answer(season_id=m["season"], query=q, region=m["region"])),
+    (re.compile(rf"^{_BOARD}/leaderboard$"),
+     lambda m, q: reads.window_answer(season_id=m["season"], query=q, region=m["region"])),
+    (re.compile(rf"^{_BOARD}{_PLAYER}/rank$"),
+     lambda m, q: reads.rank_answer(season_id=m["season"], player_id=m["player"], query=q, region=m["region"])),
+    (re.compile(rf"^{_BOARD}{_PLAYER}/neighbors$"),
+     lambda m, q: reads.neighbors_answer(season_id=m["season"], player_id=m["player"], query=q,
+                                         region=m["region"])),
     (re.compile(rf"^{_SEASON}{_PLAYER}/friends$"),
      lambda m, q: reads.friends_answer(season_id=m["season"], player_id=m["player"], query=q)),
 ]

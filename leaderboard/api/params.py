@@ -50,12 +50,22 @@ def region_param(query: Mapping[str, str], *, regions: Sequence[str]) -> str | N
     raw = query.get("region")
     if raw is None or raw == "":
         return None
-    if problem := check_region(raw):
-        raise validation_error({"region": [problem]})
     if raw not in regions:
-        have = f"its regions are {', '.join(regions)}" if regions else "it has no regions"
-        raise ApiError(status_code=404, code="unknown_region", detail=f"the season has no region {raw!r}: {have}")
+        raise unknown_region(region_name_param(raw), regions=regions)
     return raw
+
+
+def region_name_param(region: str) -> str:
+    """A region of a URL or query: 1..16 of [a-z0-9-], else a 400 naming `region`."""
+    if problem := check_region(region):
+        raise validation_error({"region": [problem]})
+    return region
+
+
+def unknown_region(region: str, *, regions: Sequence[str]) -> ApiError:
+    """The 404 of a well-formed region that is not one of the season's."""
+    have = f"its regions are {', '.join(regions)}" if regions else "it has no regions"
+    return ApiError(status_code=404, code="unknown_region", detail=f"the season has no region {region!r}: {have}")
 
 
 def player_id_param(player_id: str) -> str:

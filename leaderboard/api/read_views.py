@@ -69,3 +69,44 @@ class FriendsView(LeaderboardReadView):
                    responses={200: api_schema.FriendsSerializer, **api_schema.friends_errors()})
     def get(self, request: Request, season_id: str, player_id: str) -> Response:
         return _respond(reads.friends_answer(season_id=season_id, player_id=player_id, query=request.query_params))
+
+
+# --- a region's board: the same reads, answered from that region's board of the version
+
+
+class RegionalTopView(LeaderboardReadView):
+    @extend_schema(operation_id="region_leaderboard_top", summary="The top of a region's board",
+                   parameters=[api_schema.SEASON_ID, api_schema.REGION, api_schema.LIMIT, api_schema.VERSION],
+                   responses={200: api_schema.RegionalTopSerializer, **api_schema.regional_read_errors()})
+    def get(self, request: Request, season_id: str, region: str) -> Response:
+        return _respond(reads.top_answer(season_id=season_id, query=request.query_params, region=region))
+
+
+class RegionalWindowView(LeaderboardReadView):
+    @extend_schema(operation_id="region_leaderboard_window", summary="A window of a region's board from any position",
+                   parameters=[api_schema.SEASON_ID, api_schema.REGION, api_schema.FROM_POSITION, api_schema.LIMIT,
+                               api_schema.VERSION],
+                   responses={200: api_schema.RegionalWindowSerializer, **api_schema.regional_read_errors()})
+    def get(self, request: Request, season_id: str, region: str) -> Response:
+        return _respond(reads.window_answer(season_id=season_id, query=request.query_params, region=region))
+
+
+class RegionalRankView(LeaderboardReadView):
+    @extend_schema(operation_id="region_player_rank", summary="A player's score, rank and position in their region",
+                   parameters=[api_schema.SEASON_ID, api_schema.REGION, api_schema.PLAYER_ID, api_schema.VERSION,
+                               api_schema.INCLUDE_PENDING],
+                   responses={200: api_schema.RankSerializer, **api_schema.regional_read_errors()})
+    def get(self, request: Request, season_id: str, region: str, player_id: str) -> Response:
+        return _respond(reads.rank_answer(season_id=season_id, player_id=player_id, query=request.query_params,
+                                          region=region))
+
+
+class RegionalNeighborsView(LeaderboardReadView):
+    @extend_schema(operation_id="region_player_neighbors", summary="A player and the entries around them in their "
+                                                                   "region",
+                   parameters=[api_schema.SEASON_ID, api_schema.REGION, api_schema.PLAYER_ID, api_schema.RADIUS,
+                               api_schema.VERSION],
+                   responses={200: api_schema.RegionalNeighborsSerializer, **api_schema.regional_read_errors()})
+    def get(self, request: Request, season_id: str, region: str, player_id: str) -> Response:
+        return _respond(reads.neighbors_answer(season_id=season_id, player_id=player_id, query=request.query_params,
+                                               region=region))

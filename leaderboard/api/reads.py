@@ -6,6 +6,10 @@ URLs straight from ASGI. They return the 200s; every other answer is raised as a
 ApiError (a 400 naming the parameter, an unknown season's or player's 404, not_ranked's
 404, version_expired's 410, unavailable's 503 with Retry-After), which both front ends
 render with api_error_body.
+
+Each read of a board takes `region`: None reads the season's global board, a region name
+that region's board of the same version (docs/api.md, Regional boards), with the same
+pinning, 410 and 503 rules; its answers name the `region`.
 """
 
 from __future__ import annotations
@@ -15,11 +19,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leaderboard.api.errors import ApiError
-from leaderboard.api.params import bool_param, int_param, player_id_param, season_id_param, season_not_found
+from leaderboard.api.params import (
+    bool_param,
+    int_param,
+    player_id_param,
+    region_name_param,
+    season_id_param,
+    season_not_found,
+    unknown_region,
+)
 from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked_among
-from leaderboard.rankview import RankReader, Unavailable, VersionExpired
+from leaderboard.rankview import RankReader, Unavailable, UnknownRegion, VersionExpired
 from leaderboard.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
 
@@ -41,35 +53,53 @@ def _entries(entries: list[Entry]) -> list[dict[str, object]]:
     return [entry.as_dict() for entry in entries]
 
 
-def _read(season_id: str, call: Callable[[RankReader], Answer]) -> Answer:
-    reader = leaderboard_reader(season_slug=season_id_param(season_id))
+def _board(region: str | None) -> dict[str, Any]:
+    """What names the board an answer is of: nothing for the global one."""
+    return {} if region is None else {"region": region}
+
+
+def _region(region: str | None) -> str | None:
+    """A region of a URL, checked before it reaches a Redis key (400 when malformed)."""
+    return None if region is None else region_name_param(region)
+
+
+def _read(season_id: str, call: Callable[[RankReader], Answer], *, region: str | None = None) -> Answer:
+    reader = leaderboard_reader(season_slug=season_id_param(season_id), region=region)
     try:
         return call(reader)
     except Unavailable:
-        if season_get(slug=season_id) is None:
+        # No version to ask: the database says whether the season, and the region, exist.
+        season = season_get(slug=season_id)
+        if season is None:
             raise season_not_found(season_id) from None
+        if region is not None and region not in season.regions:
+            raise unknown_region(region, regions=season.regions) from None
         raise ApiError.of(read_unavailable()) from None
+    except UnknownRegion as exc:
+        raise unknown_region(exc.region, regions=list(exc.manifest.regions)) from None
     except VersionExpired as exc:
         raise ApiError.of(ReadVersionExpired(current_version=exc.current)) from None
 
 
-def _not_ranked(manifest: Manifest, player_id: str) -> ApiError:
+def _not_ranked(manifest: Manifest, player_id: str, region: str | None) -> ApiError:
     return ApiError(status_code=404, code="not_ranked", detail="this version has no entry for the player",
-                    extra=_envelope(manifest, {"player_id": player_id}))
+                    extra=_envelope(manifest, {**_board(region), "player_id": player_id}))
 
 
-def top_answer(*, season_id: str, query: Query) -> Answer:
+def top_answer(*, season_id: str, query: Query, region: str | None = None) -> Answer:
+    region = _region(region)
     limit = int_param(query, "limit", default=100, low=1, high=100)
     version = int_param(query, "version", default=None, low=1, high=None)
 
     def call(reader: RankReader) -> Answer:
         manifest, top = reader.top(limit or 100, version)
-        return Answer(200, _envelope(manifest, {"entries": top, "total_players": manifest.total}))
+        return Answer(200, _envelope(manifest, {**_board(region), "entries": top, "total_players": manifest.total}))
 
-    return _read(season_id, call)
+    return _read(season_id, call, region=region)
 
 
-def window_answer(*, season_id: str, query: Query) -> Answer:
+def window_answer(*, season_id: str, query: Query, region: str | None = None) -> Answer:
+    region = _region(region)
     first = int_param(query, "from_position", default=1, low=1, high=None)
     limit = int_param(query, "limit", default=100, low=1, high=100)
     version = int_param(query, "version", default=None, low=1, high=None)
@@ -77,13 +107,16 @@ def window_answer(*, season_id: str, query: Query) -> Answer:
     def call(reader: RankReader) -> Answer:
         manifest, entries = reader.window(first or 1, limit or 100, version)
         return Answer(200, _envelope(manifest, {
-            "from_position": first, "entries": _entries(entries), "total_players": manifest.total,
+            **_board(region), "from_position": first, "entries": _entries(entries), "total_players": manifest.total,
         }))
 
-    return _read(season_id, call)
+    return _read(season_id, call, region=region)
 
 
-def rank_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
+def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | None = None) -> Answer:
+    """The player's entry; the answer names the player's `region` in the version (null for
+    none), which on a regional board is that board's."""
+    region = _region(region)
     player_id_param(player_id)
     version = int_param(query, "version", default=None, low=1, high=None)
     include_pending = bool_param(query, "include_pending")
@@ -93,10 +126,13 @@ def rank_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
         pending = None
         if include_pending:
             pending = player_pending_score(season_slug=season_id, player_id=player_id, published=view.entry,
-                                           version=view.manifest.version)
+                                           version=view.manifest.version, region=region)
         if view.entry is None and pending is None:
-            raise _not_ranked(view.manifest, player_id)
-        body: dict[str, Any] = {"player_id": player_id, "total_players": view.total}
+            raise _not_ranked(view.manifest, player_id, region)
+        # On a regional board a player only pending there is named by the board, not by
+        # the region the version still holds them in.
+        body: dict[str, Any] = {"player_id": player_id, "region": region or view.region,
+                                "total_players": view.total}
         if view.entry is not None:
             body.update(score=view.entry.score, rank=view.entry.rank, position=view.entry.position)
         else:
@@ -108,10 +144,11 @@ def rank_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
             }
         return Answer(200, _envelope(view.manifest, body))
 
-    return _read(season_id, call)
+    return _read(season_id, call, region=region)
 
 
-def neighbors_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
+def neighbors_answer(*, season_id: str, player_id: str, query: Query, region: str | None = None) -> Answer:
+    region = _region(region)
     player_id_param(player_id)
     radius = int_param(query, "radius", default=10, low=0, high=10)
     version = int_param(query, "version", default=None, low=1, high=None)
@@ -119,13 +156,13 @@ def neighbors_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
     def call(reader: RankReader) -> Answer:
         manifest, me, entries = reader.neighbors(player_id, radius or 0, version)
         if me is None:
-            raise _not_ranked(manifest, player_id)
+            raise _not_ranked(manifest, player_id, region)
         return Answer(200, _envelope(manifest, {
-            "player": me.as_dict(), "radius": radius, "entries": _entries(entries),
+            **_board(region), "player": me.as_dict(), "radius": radius, "entries": _entries(entries),
             "total_players": manifest.total,
         }))
 
-    return _read(season_id, call)
+    return _read(season_id, call, region=region)
 
 
 def friends_answer(*, season_id: str, player_id: str, query: Query) -> Answer:

@@ -61,9 +61,11 @@ class VersionExpiredSerializer(ErrorSerializer):
 
 
 class ReadNotFoundSerializer(ErrorSerializer):
-    """`not_ranked` also names the version that has no entry for the player."""
+    """`not_ranked` also names the version that has no entry for the player (and, on a
+    regional board, the region)."""
 
     player_id = serializers.CharField(required=False)
+    region = serializers.CharField(required=False)
     leaderboard_version = serializers.IntegerField(required=False)
     as_of = serializers.DateTimeField(required=False)
 
@@ -99,6 +101,18 @@ def read_errors() -> dict[int, OpenApiResponse]:
     return {400: BAD_REQUEST, 404: READ_NOT_FOUND, 410: VERSION_EXPIRED, 429: RATE_LIMITED, 503: UNAVAILABLE}
 
 
+REGIONAL_BAD_REQUEST = _error("`validation_error` (with `fields`): a query parameter, or a `region` that is not "
+                              "1..16 characters from [a-z0-9-]")
+REGIONAL_READ_NOT_FOUND = _error(
+    "`season_not_found`, `unknown_region` (not one of the season's regions), `player_not_found` (an id outside the "
+    "id rule names no one) or `not_ranked` (the region's board of the version has no entry for the player, also "
+    "when another region's board has one)", ReadNotFoundSerializer)
+
+
+def regional_read_errors() -> dict[int, OpenApiResponse]:
+    return {**read_errors(), 400: REGIONAL_BAD_REQUEST, 404: REGIONAL_READ_NOT_FOUND}
+
+
 FRIENDS_NOT_FOUND = _error("`season_not_found`, or `player_not_found` (an id outside the id rule names no one); "
                            "a player the version does not hold is no 404 but absent from `entries`")
 FRIENDS_UNAVAILABLE = _error("`unavailable`: no complete version is published yet, the view is being rebuilt, or "
@@ -122,6 +136,11 @@ SEASON_ID = _path_id("season_id", "the season's id: 1..64 characters from [A-Za-
                                   "404 on reads and 400 on writes")
 PLAYER_ID = _path_id("player_id", "1..64 characters from [A-Za-z0-9_.:-]; any other is 404")
 PLAYER_WRITE_ID = _path_id("player_id", "1..64 characters from [A-Za-z0-9_.:-]; any other is 400")
+REGION = OpenApiParameter(
+    "region", {"type": "string", "pattern": f"^[a-z0-9-]{{1,{MAX_REGION_LENGTH}}}$"}, OpenApiParameter.PATH,
+    description="one of the season's regions: the read is of that region's board; any other is 404 "
+                "`unknown_region`, a name outside [a-z0-9-]{1,16} 400",
+)
 
 
 def int_query(name: str, description: str, *, low: int, high: int = MAX_INT, default: int | None = None
@@ -186,6 +205,8 @@ class RankSerializer(VersionedSerializer):
                                                                 "the version does not hold yet")
     rank = serializers.IntegerField(allow_null=True)
     position = serializers.IntegerField(allow_null=True)
+    region = serializers.CharField(allow_null=True, help_text="the player's region in this version (null for none); "
+                                                              "on a regional board, the board's")
     total_players = serializers.IntegerField(min_value=0)
     pending = PendingSerializer(allow_null=True, required=False, help_text="with include_pending only")
 
@@ -195,6 +216,19 @@ class NeighborsSerializer(VersionedSerializer):
     radius = serializers.IntegerField(min_value=0, max_value=10)
     entries = EntrySerializer(many=True, help_text="up to `radius` entries on each side, the player included")
     total_players = serializers.IntegerField(min_value=0)
+
+
+def _regional(serializer: type[serializers.Serializer[Any]]) -> type[serializers.Serializer[Any]]:
+    """The global read's answer on a region's board: the same fields, naming the region."""
+    region = serializers.CharField(help_text="the region whose board answered")
+    doc = ("An answer of a region's board: positions, ranks and total_players are among the region's players "
+           "in the version.")
+    return type(f"Regional{serializer.__name__}", (serializer,), {"region": region, "__doc__": doc})
+
+
+RegionalTopSerializer = _regional(TopSerializer)
+RegionalWindowSerializer = _regional(WindowSerializer)
+RegionalNeighborsSerializer = _regional(NeighborsSerializer)
 
 
 class FriendEntrySerializer(serializers.Serializer[Any]):
@@ -540,6 +574,11 @@ _LINKS: dict[tuple[str, str], dict[str, Any]] = {
             "version": "$response.body#/leaderboard_version"}},
         "SameVersionWindow": {"operationId": "leaderboard_window", "parameters": {
             "season_id": "$request.path.season_id", "version": "$response.body#/leaderboard_version"}},
+    },
+    ("region_leaderboard_top", "200"): {
+        "TopPlayerRegionalRank": {"operationId": "region_player_rank", "parameters": {
+            "season_id": "$request.path.season_id", "region": "$request.path.region",
+            "player_id": "$response.body#/entries/0/player_id", "version": "$response.body#/leaderboard_version"}},
     },
     ("player_rank", "200"): {
         "PlayerNeighborsSameVersion": {"operationId": "player_neighbors", "parameters": {

@@ -1,6 +1,6 @@
 """Helpers shared by the tests, by topic: writing scores and reading the ledger (writes),
-publishing versions and checking them (publication), seasons through their lifecycle to
-FINAL (lifecycle), and killable child processes (failure). Import them from here:
+publishing versions and checking them (publication), players' regions (profiles), seasons
+through their lifecycle to FINAL (lifecycle), and killable child processes (failure). Import them from here:
 `from tests.support import Events, post_ok, publish`."""
 
 from tests.support.failure import (
@@ -23,6 +23,7 @@ from tests.support.lifecycle import (
     seal_and_build,
     staff,
 )
+from tests.support.profiles import Profiles
 from tests.support.publication import (
     INVARIANT_CHECKS,
     NARROW,
@@ -60,7 +61,7 @@ from tests.support.writes import (
 __all__ = [
     "COMPLETED_AT", "INVARIANT_CHECKS", "NARROW", "RECONCILIATION_CHECKS", "ROOT", "TEST_ACTOR",
     "held_correction_approve",
-    "Events", "Post",
+    "Events", "Post", "Profiles",
     "apply_events", "assert_board_equals", "assert_idle_copy_caught_up",
     "assert_matches_ledger", "board_read", "board_snapshot", "canonical_sha256", "change_head",
     "child_database_url", "child_env", "closing_season", "copy_contents", "current_manifest", "db_scores",
