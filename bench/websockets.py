@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Live-board fan-out benchmark: publish -> last websocket client, at N concurrent clients.
+"""Live-board fan-out benchmark: publish -> every websocket client, at N concurrent clients.
 
 1. A fresh season of --players players is loaded (bench/loader.py: PostgreSQL COPY, both
    copies built, version 1 published).
 2. uvicorn serves config.asgi:application with --workers 2 (uvicorn[standard]: httptools
-   and the `websockets` protocol), on a free port.
+   and the sans-I/O `websockets` protocol), on a free port, with LIVE_SOCKETS_PER_ADDRESS
+   raised to --clients (every client comes from one address).
 3. --client-procs client processes (this script in --client-worker mode, the `websockets`
    client library) open --clients sockets in all to /ws/v1/seasons/{season}/live, a
    --subscribed share of them with ?player_id= (random players of the season), and wait
@@ -15,14 +16,21 @@
    timestamped (rankview.pointer_publish, wrapped in this process) and every client
    timestamps the arrival of that version's message (same machine, same clock). The next
    round starts when every client has it, or after --round-timeout.
+5. All of it --runs times. With --baseline-root (another checkout, e.g. the commit before
+   a change: `git worktree add /tmp/ws-before COMMIT`) the server is started from that
+   checkout too, interleaved run by run with this one, against the same season, clients
+   and epochs: the baseline of the same run.
 
-Printed per version: clients that received it, and the time from the pointer swap to the
-median, 99th percentile and last client; then the same over all versions. Client-side
+Printed per run and version: clients that received it, and the time from the pointer
+swap to the median, 99th percentile and last client. Then per server, medians over the
+runs: p50/p99 over every (client, version), the median and the worst of each version's
+p99, and the median time to the last client; and current/baseline ratios. Client-side
 parsing competes for the same two cores as the server, Redis and PostgreSQL: on this
 machine the figures are an upper bound of the server's own latency.
 
     SECRET_KEY=x .venv/bin/python bench/websockets.py                        # 2,000 clients, 10 versions
-    SECRET_KEY=x .venv/bin/python bench/websockets.py --clients 4000 --client-procs 3
+    SECRET_KEY=x .venv/bin/python bench/websockets.py --clients 10000 --versions 8 --runs 3 \
+        --baseline-root /tmp/ws-before
 
 The whole run is bounded by --max-seconds (default 600): past it every child is stopped
 and what was measured so far is printed.
@@ -182,12 +190,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def server_start(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[bytes]:
+def server_start(env: dict[str, str], port: int, workers: int, root: Path = ROOT) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
          "--workers", str(workers), "--log-level", "warning", "--lifespan", "off", "--backlog", "4096",
          "--ws", "websockets-sansio"],
-        cwd=ROOT, env={**os.environ, **env}, start_new_session=True,
+        cwd=root, env={**os.environ, **env}, start_new_session=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -236,35 +244,33 @@ class Round:
     latencies_ms: list[float] = field(default_factory=list)
 
 
-def run(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    deadline = started + args.max_seconds
+@dataclass
+class Measured:
+    """One run of one server checkout: every round, and the sockets' counters."""
 
-    def overdue(signum: int, frame: Any) -> None:
-        raise SystemExit(f"--max-seconds {args.max_seconds:.0f} passed long ago: stopping (children are stopped)")
+    label: str
+    rounds: list[Round]
+    totals: dict[str, int]
+    connect_seconds: float
 
-    # A hard bound on top of the per-phase deadlines (loading a large season has none):
-    # SystemExit unwinds through the `finally` that stops uvicorn and the clients.
-    signal.signal(signal.SIGALRM, overdue)
-    signal.alarm(int(args.max_seconds) + 120)
-    limit = fd_limit_raise(args.clients + 1024)
-    if limit < args.clients + 256:
-        raise SystemExit(f"the open-file limit is {limit}: too low for {args.clients} sockets")
-    env = benchenv.environment_prepare(args)
-    print(benchenv.machine_line())
-    print(f"# open-file limit {limit:,}")
+    def everything(self) -> list[float]:
+        return [ms for rnd in self.rounds for ms in rnd.latencies_ms]
+
+    def version_p99s(self) -> list[float]:
+        return [benchenv.percentile(rnd.latencies_ms, 99) for rnd in self.rounds]
+
+    def lasts(self) -> list[float]:
+        return [max(rnd.latencies_ms) if rnd.latencies_ms else float("nan") for rnd in self.rounds]
+
+
+def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, str], season: Any,
+            maker: epoch_bench.ChangeMaker, player_ids: list[str], deadline: float) -> Measured:
+    """Start uvicorn from `root`, open the clients, publish --versions versions, stop everything."""
+    from django.conf import settings
 
     from leaderboard import rankview
     from leaderboard.materializer import season_epoch_run
     from leaderboard.redis_client import redis_get
-
-    result = loader.load_season(players=args.players, seed=args.seed, kind="ws", verbose=False)
-    season = result.season
-    print(f"# season {season.slug}: {args.players:,} players, version 1 published", flush=True)
-    maker = epoch_bench.ChangeMaker(result.scores, seed=args.seed)
-    rng = random.Random(args.seed)
-    subscribed = int(args.clients * args.subscribed)
-    player_ids = [loader.player_id(rng.randrange(args.players)) for _ in range(subscribed)]
 
     server: subprocess.Popen[bytes] | None = None
     workers: list[Worker] = []
@@ -278,12 +284,14 @@ def run(args: argparse.Namespace) -> int:
         swaps.append(time.time())
 
     rankview.pointer_publish = timed_publish  # type: ignore[assignment]
+    connect_seconds = float("nan")
     try:
         port = free_port()
-        server = server_start(env, port, args.workers)
+        server = server_start(env, port, args.workers, root)
         url = f"ws://127.0.0.1:{port}/ws/v1/seasons/{season.slug}/live"
-        print(f"# uvicorn --workers {args.workers} on port {port}; opening {args.clients:,} sockets "
-              f"({subscribed:,} with player_id) from {args.client_procs} client processes", flush=True)
+        print(f"# [{label}] uvicorn --workers {args.workers} from {root} on port {port}; opening "
+              f"{args.clients:,} sockets ({len(player_ids):,} with player_id) from {args.client_procs} client "
+              f"processes", flush=True)
         share = [args.clients // args.client_procs + (1 if i < args.clients % args.client_procs else 0)
                  for i in range(args.client_procs)]
         offset = 0
@@ -311,12 +319,11 @@ def run(args: argparse.Namespace) -> int:
             failed += ready["failed"]
             if ready["errors"]:
                 print(f"#   connect errors, e.g. {ready['errors'][0]}")
-        print(f"# {connected:,} sockets connected and holding a snapshot ({failed} failed) in "
-              f"{time.monotonic() - connect_started:.1f}s", flush=True)
+        connect_seconds = time.monotonic() - connect_started
+        print(f"# [{label}] {connected:,} sockets connected and holding a snapshot ({failed} failed) in "
+              f"{connect_seconds:.1f}s", flush=True)
 
         r = redis_get()
-        from django.conf import settings
-
         grace = settings.COPY_GRACE_SECONDS + 0.05
         last_epoch_end = time.monotonic()
         for _ in range(args.versions):
@@ -357,44 +364,112 @@ def run(args: argparse.Namespace) -> int:
         for worker in workers:
             stop(worker.process)
         stop(server)
-        benchenv.season_cleanup(season, keep=args.keep, quiet=True)
-    signal.alarm(0)
 
     by_version: dict[int, list[float]] = {}
     for got in final:
         for version, times in got["receipts"].items():
             by_version.setdefault(int(version), []).extend(times)
-    rows = []
-    lasts: list[float] = []
-    everything: list[float] = []
     for rnd in rounds:
-        arrivals = by_version.get(rnd.version, [])
-        rnd.latencies_ms = [(t - rnd.swap_at) * 1000 for t in arrivals]
-        everything.extend(rnd.latencies_ms)
-        last = max(rnd.latencies_ms) if rnd.latencies_ms else float("nan")
-        lasts.append(last)
-        rows.append((rnd.version, rnd.changed, rnd.epoch_ms, len(arrivals),
-                     benchenv.percentile(rnd.latencies_ms, 50), benchenv.percentile(rnd.latencies_ms, 99), last))
+        rnd.latencies_ms = [(t - rnd.swap_at) * 1000 for t in by_version.get(rnd.version, [])]
     totals = {k: sum(g.get(k, 0) for g in final) for k in ("connected", "failed", "closed", "gaps", "snapshots")}
+    return Measured(label=label, rounds=rounds, totals=totals, connect_seconds=connect_seconds)
+
+
+def run_print(measured: Measured, run: int) -> None:
+    rows = [(rnd.version, rnd.changed, rnd.epoch_ms, len(rnd.latencies_ms),
+             benchenv.percentile(rnd.latencies_ms, 50), benchenv.percentile(rnd.latencies_ms, 99),
+             max(rnd.latencies_ms) if rnd.latencies_ms else float("nan")) for rnd in measured.rounds]
+    print()
+    print(f"[{measured.label}] run {run}")
+    print(benchenv.table(["version", "changed players", "epoch ms", "clients", "p50 ms", "p99 ms", "last ms"], rows))
+    t = measured.totals
+    print(f"# sockets: {t['connected']:,} connected, {t['failed']} failed, {t['closed']} closed by the server, "
+          f"{t['gaps']} gaps seen; load average now {os.getloadavg()[0]:.2f}", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    deadline = started + args.max_seconds
+
+    def overdue(signum: int, frame: Any) -> None:
+        raise SystemExit(f"--max-seconds {args.max_seconds:.0f} passed long ago: stopping (children are stopped)")
+
+    # A hard bound on top of the per-phase deadlines (loading a large season has none):
+    # SystemExit unwinds through the `finally` that stops uvicorn and the clients.
+    signal.signal(signal.SIGALRM, overdue)
+    signal.alarm(int(args.max_seconds) + 120)
+    limit = fd_limit_raise(args.clients + 1024)
+    if limit < args.clients + 256:
+        raise SystemExit(f"the open-file limit is {limit}: too low for {args.clients} sockets")
+    env = benchenv.environment_prepare(args)
+    # Every client of the benchmark comes from one address: the per-address socket limit
+    # (LIVE_SOCKETS_PER_ADDRESS, 100 per process) would refuse all but the first few hundred.
+    env["LIVE_SOCKETS_PER_ADDRESS"] = str(args.clients)
+    print(benchenv.machine_line())
+    print(f"# open-file limit {limit:,}")
+
+    variants = [("current", ROOT)]
+    if args.baseline_root:
+        baseline = Path(args.baseline_root).resolve()
+        if not (baseline / "leaderboard" / "live.py").is_file():
+            raise SystemExit(f"--baseline-root {baseline} is not a checkout of this project")
+        variants.insert(0, ("baseline", baseline))
+
+    result = loader.load_season(players=args.players, seed=args.seed, kind="ws", verbose=False)
+    season = result.season
+    print(f"# season {season.slug}: {args.players:,} players, version 1 published", flush=True)
+    maker = epoch_bench.ChangeMaker(result.scores, seed=args.seed)
+    rng = random.Random(args.seed)
+    subscribed = int(args.clients * args.subscribed)
+    player_ids = [loader.player_id(rng.randrange(args.players)) for _ in range(subscribed)]
+
+    measured: dict[str, list[Measured]] = {label: [] for label, _ in variants}
+    try:
+        for run_index in range(1, args.runs + 1):
+            # Interleaved (baseline, current, baseline, ...): a change in the machine's load
+            # falls on both alike.
+            for label, root in variants:
+                if time.monotonic() > deadline - args.round_timeout:
+                    break
+                got = measure(args, label=label, root=root, env=env, season=season, maker=maker,
+                              player_ids=player_ids, deadline=deadline)
+                measured[label].append(got)
+                run_print(got, run_index)
+    finally:
+        benchenv.season_cleanup(season, keep=args.keep, quiet=True)
+    signal.alarm(0)
+
     print()
     print(f"{args.clients:,} clients ({subscribed:,} with player_id), {args.players:,} players, "
-          f"{args.changes:,} changes per version, uvicorn --workers {args.workers}, "
-          f"{args.client_procs} client processes")
+          f"{args.changes:,} changes per version, {args.versions} versions per run, uvicorn --workers "
+          f"{args.workers}, {args.client_procs} client processes; medians over {args.runs} run(s)")
     print()
-    print(benchenv.table(["version", "changed players", "epoch ms", "clients", "p50 ms", "p99 ms", "last ms"], rows))
+    rows = []
+    summary: dict[str, dict[str, float]] = {}
+    for label, runs in measured.items():
+        figures = {
+            "p50": benchenv.median([benchenv.percentile(m.everything(), 50) for m in runs]),
+            "p99": benchenv.median([benchenv.percentile(m.everything(), 99) for m in runs]),
+            "version_p99": benchenv.median([benchenv.median(m.version_p99s()) for m in runs]),
+            "worst_version_p99": benchenv.median([max(m.version_p99s(), default=float("nan")) for m in runs]),
+            "last": benchenv.median([benchenv.median(m.lasts()) for m in runs]),
+        }
+        summary[label] = figures
+        rows.append((label, len(runs), figures["p50"], figures["p99"], figures["version_p99"],
+                     figures["worst_version_p99"], figures["last"],
+                     sum(m.totals["failed"] + m.totals["closed"] for m in runs),
+                     sum(m.totals["gaps"] for m in runs)))
+    print(benchenv.table(["server", "runs", "p50 ms", "p99 ms", "a version's p99 ms (median)",
+                          "worst version's p99 ms", "last client ms (median)", "failed or closed", "gaps"], rows))
+    if "baseline" in summary and summary["current"]["p99"] > 0:
+        base, cur = summary["baseline"], summary["current"]
+        print()
+        print(f"current / baseline: p50 {cur['p50'] / base['p50']:.2f}x, p99 {cur['p99'] / base['p99']:.2f}x, "
+              f"last client {cur['last'] / base['last']:.2f}x")
     print()
-    print(benchenv.table(
-        ["over all versions", "versions", "p50 ms", "p99 ms", "max ms"],
-        [("publish -> each client", len(rounds), benchenv.percentile(everything, 50),
-          benchenv.percentile(everything, 99), max(everything) if everything else float("nan")),
-         ("publish -> last client", len(rounds), benchenv.percentile(lasts, 50), benchenv.percentile(lasts, 99),
-          max(lasts) if lasts else float("nan"))],
-    ))
-    print()
-    print(f"# sockets: {totals['connected']:,} connected, {totals['failed']} failed, {totals['closed']} closed by the "
-          f"server, {totals['gaps']} gaps seen; run took {time.monotonic() - started:.0f}s; load average now "
-          f"{os.getloadavg()[0]:.2f}")
-    return 0 if rounds and all(r.complete for r in rounds) else 1
+    print(f"# run took {time.monotonic() - started:.0f}s; load average now {os.getloadavg()[0]:.2f}")
+    complete = all(rnd.complete for runs in measured.values() for m in runs for rnd in m.rounds)
+    return 0 if measured["current"] and complete else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -410,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-timeout", type=float, default=180.0)
     parser.add_argument("--round-timeout", type=float, default=30.0)
     parser.add_argument("--pause", type=float, default=0.3, help="seconds between versions")
+    parser.add_argument("--runs", type=int, default=1, help="runs per server checkout (medians over them)")
+    parser.add_argument("--baseline-root", default="",
+                        help="another checkout of this project (e.g. `git worktree add /tmp/ws-before COMMIT`): its "
+                             "server is measured too, interleaved run by run with this one's, as the baseline")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="bound on the whole run")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--client-worker", action="store_true", help=argparse.SUPPRESS)

@@ -2,13 +2,14 @@
 (docs/api.md, Live board websocket).
 
 Thin: what to send is decided in leaderboard.core.live (pure) and leaderboard.live (reads,
-rounds, the per-process registry and group listener). This class holds one socket's state:
-its subscription, the version and player state it last sent (the base of diffs and
-events), its inbox of announcements, and the slow-client guard.
+rounds, the per-process registry, group listener and fan-out). This class admits the
+socket, registers it with its season's hub (leaderboard.live.Socket holds what the socket
+last sent, the base of diffs and events), sends its snapshots, answers the client, and
+closes it when the hub finds its client too slow.
 
 The socket itself is not a member of the channel layer's group (its process is, once per
-season: leaderboard.live), so it has no channel of its own: its dispatch loop reads the
-client and its inbox.
+season), so it has no channel of its own, and versions are sent to it by the hub: its
+dispatch loop reads the client and an inbox of the hub's rare control messages.
 """
 
 from __future__ import annotations
@@ -36,15 +37,9 @@ from leaderboard.core.live import (
     PlayerMark,
     Refusal,
     SnapshotBudget,
-    Subscription,
     client_message_parse,
-    neighbors_within,
-    player_events,
-    player_payload,
-    splice,
     subscription_parse,
 )
-from leaderboard.core.manifest import Manifest
 from leaderboard.ratelimit import live_sockets, scope_address
 
 log = logging.getLogger(__name__)
@@ -60,16 +55,12 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.slug = ""
-        self.subscription: Subscription | None = None
+        self.socket: live.Socket | None = None
         self.hub: live.SeasonHub | None = None
         self.socket_id = uuid.uuid4().hex
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=live.INBOX_SIZE)
         self.state: str | None = None
         self.final_version: int | None = None
-        # The version this socket last sent (the base of its next diff and events) and
-        # what it said about its player then; None: nothing sent yet, or "unavailable".
-        self.sent_version: int | None = None
-        self.mark: PlayerMark | None = None
         self.budget = SnapshotBudget()
         self.closing = False
         # The address this socket counts against (ratelimit.live_sockets), once admitted.
@@ -77,7 +68,7 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         # Channels' AsyncConsumer.__call__, without a channel-layer channel per socket: the
-        # second source of messages is the socket's inbox, fed by its process's listener.
+        # second source of messages is the socket's inbox, fed by its season's hub.
         # However the socket ends (disconnect, a send to a vanished client raising, a
         # dropped slow client), it leaves the registry.
         self.scope = scope
@@ -131,26 +122,27 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await self._refuse(Refusal(CLOSE_UNKNOWN_SEASON, "unknown_season", f"no season {self.slug!r}"))
             return
         self.state, self.final_version = found
-        self.subscription = parsed
-        # Join before reading the snapshot: a version published in between is then queued
-        # for this socket, and skipped if the snapshot already has it.
+        # Registered busy: the hub sends this socket nothing until its snapshot is sent; a
+        # version published in between is sent by catch_up after it (or skipped if the
+        # snapshot has it already).
+        self.socket = live.Socket(parsed, self.base_send, self.inbox)
         try:
-            self.hub = await live.registry().join(self.slug, self.socket_id, live.Socket(parsed, self.inbox))
+            self.hub = await live.registry().join(self.slug, self.socket_id, self.socket, found)
         except TimeoutError:
             await self._send_message(live.unavailable_message(self.slug, self.state, self.final_version))
             self.closing = True
             await self.close(code=CLOSE_TRY_AGAIN_LATER, reason="try_again_later")
             return
-        await self._snapshot()
+        await self._snapshot(held=True)
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
         self._leave()
         raise StopConsumer()
 
     def _leave(self) -> None:
-        # By subscription, not by self.hub: a socket that went away while joining is
-        # registered already. Leaving twice is harmless.
-        if self.subscription is not None:
+        # By socket, not by self.hub: a socket that went away while joining is registered
+        # already. Leaving twice is harmless.
+        if self.socket is not None:
             live.registry().leave(self.slug, self.socket_id)
             self.hub = None
 
@@ -168,9 +160,9 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         """Send one frame, or drop the socket if the client does not take it in time.
 
         The server's websocket send waits while the connection's write buffer is full (the
-        client is not reading). Each socket runs in its own task and every shared read is a
-        round all sockets await independently, so one stuck client delays only itself; the
-        timeout bounds even that, and frees what it holds.
+        client is not reading). The socket is held meanwhile (its snapshot), so the hub
+        passes it over and one stuck client delays only itself; the timeout bounds even
+        that, and frees what it holds.
         """
         try:
             async with asyncio.timeout(live.send_timeout()):
@@ -179,6 +171,10 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         except TimeoutError:
             pass
         log.info("live: dropping a slow client of %s (no send progress in %.1fs)", self.slug, live.send_timeout())
+        await self._close_slow()
+        return False  # not reached: _close_slow ends the consumer
+
+    async def _close_slow(self) -> None:
         self.closing = True
         self._leave()
         try:
@@ -188,77 +184,42 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             pass  # its buffer is still full: the server closes the transport when we return
         raise StopConsumer()
 
-    async def _snapshot(self) -> None:
-        assert self.subscription is not None
+    async def _snapshot(self, *, held: bool = False) -> None:
+        """Send the current version whole (or "unavailable"), then whatever the hub
+        published meanwhile. `held`: the socket is held already (its first snapshot)."""
+        socket, hub = self.socket, self.hub
+        assert socket is not None
+        if not held:
+            await socket.take()
         try:
-            snap = await sync_to_async(live.snapshot_read, thread_sensitive=False)(self.slug, self.subscription)
-        except Exception:
-            # Redis unreachable: say "unavailable" (the next version is pushed when there is
-            # one) rather than end the socket with a server error.
-            log.exception("live: snapshot of %s failed", self.slug)
-            snap = None
-        if snap is None:
-            self.sent_version, self.mark = None, None
-            await self._send_message(live.unavailable_message(self.slug, self.state, self.final_version))
-            return
-        message = live.snapshot_message(self.slug, self.state, self.final_version, snap, self.subscription)
-        if await self._send_message(message):
-            self.sent_version = snap.manifest.version
-            self.mark = PlayerMark.of(snap.player.entry) if snap.player is not None else None
+            try:
+                snap = await sync_to_async(live.snapshot_read, thread_sensitive=False)(self.slug,
+                                                                                       socket.subscription)
+            except Exception:
+                # Redis unreachable: say "unavailable" (the next version is pushed when there
+                # is one) rather than end the socket with a server error.
+                log.exception("live: snapshot of %s failed", self.slug)
+                snap = None
+            if snap is None:
+                text = await live.unavailable_text(self.slug, self.state, self.final_version)
+                if await self._send_text(text):
+                    socket.sent_unavailable(text)
+            else:
+                message = live.snapshot_message(self.slug, self.state, self.final_version, snap,
+                                                socket.subscription)
+                if await self._send_message(message):
+                    socket.sent(snap.manifest.version,
+                                PlayerMark.of(snap.player.entry) if snap.player is not None else None)
+        finally:
+            socket.release()
+        if hub is not None and not self.closing:
+            await hub.catch_up(socket)
 
-    # ------------------------------------------------------------------- group: a version
+    # ------------------------------------------------------------------ hub: slow client
 
-    async def live_version(self, event: dict[str, Any]) -> None:
-        hub, sub = self.hub, self.subscription
-        if hub is None or sub is None or self.closing:
-            return
-        version = int(event["version"])
-        if event.get("state") is not None:
-            self.state, self.final_version = event["state"], event.get("final_version")
-        if self.sent_version is not None and version <= self.sent_version:
-            return  # the snapshot already had it
-        if version < hub.latest:
-            # A newer version reached this process and is queued behind this one: a client
-            # that fell behind catches up in one message instead of replaying the backlog.
-            return
-        # Shielded: this socket going away must not cancel the round the others await.
-        tasks = hub.round(event)
-        result = await asyncio.shield(tasks.shared)
-        if result.status == "unavailable":
-            if self.sent_version is not None:
-                self.sent_version, self.mark = None, None
-                await self._send_message(live.unavailable_message(self.slug, self.state, self.final_version))
-            return
-        if result.status != "ok" or result.manifest is None:
-            return
-        tail: dict[str, Any] = {"previous_version": self.sent_version}
-        new_mark = self.mark
-        if sub.player_id is not None:
-            read = await self._player_of(tasks, result.manifest, sub)
-            if read is None:
-                return  # superseded before it was read: this socket gets the next version
-            entry = read.entry
-            new_mark = PlayerMark.of(entry)
-            events = player_events(self.mark, new_mark) if self.sent_version is not None else []
-            window = neighbors_within(read.window, entry.position, sub.radius) if entry is not None else []
-            tail["player"] = player_payload(sub.player_id, entry, window, sub.radius, events)
-        common = result.diff if result.diff is not None and self.sent_version == version - 1 else result.full
-        if await self._send_text(splice(common, tail)):
-            self.sent_version = version
-            self.mark = new_mark
-
-    async def _player_of(self, tasks: live.RoundTasks, manifest: Manifest,
-                         sub: Subscription) -> live.PlayerRead | None:
-        assert sub.player_id is not None
-        batch = await asyncio.shield(tasks.players)
-        if batch.players is None:
-            return None
-        read = batch.players.get(sub.player_id)
-        if read is not None and read.radius >= sub.radius:
-            return read
-        # Subscribed after the round began: read this one player in the same version.
-        hub = self.hub
-        return None if hub is None else await hub.player_one(manifest, sub.player_id, sub.radius)
+    async def live_slow(self, message: dict[str, Any]) -> None:
+        """The hub could not hand this socket a frame within the send timeout."""
+        await self._close_slow()
 
     # --------------------------------------------------------------------- client messages
 
@@ -273,7 +234,7 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await self._refuse(Refusal(CLOSE_TOO_MANY_SNAPSHOTS, "too_many_snapshots",
                                        "snapshot requests are limited to a burst of 5, then one per 2 s"))
             return
-        if self.subscription is None:
+        if self.socket is None:
             return
         # The state may have moved (to FINAL) without a new version: read it afresh.
         found = await database_sync_to_async(live.season_live_state)(self.slug)

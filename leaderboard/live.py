@@ -7,20 +7,28 @@ One published version reaches the sockets like this:
    `live.{season}` carrying only {version, state}.
 2. The members of that group are server processes, not sockets: each process that has
    sockets of the season runs one listener (`_listen`) with one channel in the group, so
-   the announcement is one small Redis message per process. The listener hands it to the
-   in-memory inbox of each of the process's sockets of the season (`SeasonHub.announce`).
-3. The first socket that takes V from its inbox starts the process's *round* for V
-   (`SeasonHub.round`), read with the process's asyncio Redis client in the event loop (a
-   worker thread would fight the loop for the GIL while it sends): the manifests of V and
-   V-1 (cached per process), the part of the message every socket shares serialized twice
-   (full top 100, and the diff against V-1); then rank and neighbours of every player
-   subscribed in this process in at most four pipelined round trips (`players_plan`),
-   whatever their number. Every other socket of the process awaits the same round, the
-   sockets without a player only its first half; a player nobody in the process watches
-   is never read.
-4. Each socket splices its own few fields (its `previous_version`, its player's entry,
-   neighbours and events) onto the shared text and sends it, bounded by a send timeout:
-   a slow client is dropped (close 4408) instead of holding anything others wait for.
+   the announcement is one small Redis message per process, handed to the process's
+   `SeasonHub` of the season.
+3. The hub runs one *round* per version (`SeasonHub._publish`), read with the process's
+   asyncio Redis client in the event loop (a worker thread would fight the loop for the
+   GIL while it sends): the manifests of V and V-1 (cached), the part of the message
+   every socket shares serialized twice (full top 100, and the diff against V-1); then
+   rank and neighbours of every player subscribed in this process in at most four
+   pipelined round trips (`players_plan`), whatever their number. Announcements that come
+   while a round is being sent are coalesced into one round of the newest.
+4. The hub sends each socket its message itself, in one pass over the sockets
+   (`_fan_out`): sockets without a player first (while the players are read), each
+   group of them that last sent the same version with one shared text; then each socket
+   with a player, its own few fields spliced onto the shared text. A send is run in the
+   hub's task until it completes, which the server's send does at once unless the
+   client stopped reading (`send_started`), so the fan-out costs no task, future or
+   timer per socket. A send that has to wait goes on in a task of its own bounded by
+   the send timeout: a slow client is dropped (close 4408) instead of holding anything
+   others wait for, and one that catches up gets the newest version (`catch_up`).
+5. A watcher checks the season's pointer when no announcement came for a few seconds:
+   views found lost (a flushed Redis) are said to every socket ("unavailable", with the
+   running recovery's progress, repeated as it advances), and a version whose
+   announcement was lost is published to the sockets all the same.
 
 Per process means per event loop: a uvicorn worker has one; tests create one per test.
 """
@@ -30,9 +38,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import weakref
-from collections.abc import Generator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,31 +47,45 @@ import orjson
 import redis
 import redis.asyncio
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
 from leaderboard import rankview
 from leaderboard.core.epoch import locate_position
-from leaderboard.core.live import TOP_LIMIT, Subscription, player_payload, top_diff
+from leaderboard.core.live import (
+    TOP_LIMIT,
+    PlayerMark,
+    Subscription,
+    player_payload,
+    recovery_payload,
+    top_diff,
+    version_text,
+)
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked_values
 from leaderboard.core.tiebreak import IndexValue, index_key, index_value, lookup_value, value_score
+from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.selectors import leaderboard_reader, read_unavailable
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
 
 GROUP_PREFIX = "live"
-# Rounds a process keeps per season: a socket that is a few versions behind still finds
-# its version's round; anything older is superseded anyway (sockets skip it).
-ROUNDS_KEPT = 4
-# The type of the group message, routed by Channels to LiveBoardConsumer.live_version.
+# Manifests a process keeps per season: the current version's and the one before (its
+# diff base), and a few more for a socket that is a version or two behind.
+MANIFESTS_KEPT = 4
+# The type of the group message.
 VERSION_EVENT = "live.version"
-# Announcements a socket may have waiting; past that the oldest goes (a newer version
-# supersedes it). A socket's own dispatch loop drains its inbox.
+# Control messages a socket's consumer may have waiting (only live.slow today).
 INBOX_SIZE = 8
 JOIN_TIMEOUT_SECONDS = 10.0
 ASYNC_REDIS_CONNECTIONS = 16
+# Sockets sent to between two yields to the event loop: a fan-out to 10,000 sockets
+# must not hold the loop (handshakes, client messages, the listener) for its whole length.
+FAN_OUT_SLICE = 512
+# Without an announcement for this long the hub checks the season's pointer itself.
+VIEWS_CHECK_SECONDS = 2.0
 
 
 def send_timeout() -> float:
@@ -234,9 +255,11 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
             ranges.setdefault(span, len(ranges))
     pairs_of: list[list[tuple[str, IndexValue]]] = []
     if ranges:
-        replies = yield [("zrange", (bucket_key(bucket), start, stop), {"withscores": True})
+        # The raw command: through redis-py's ZRANGE callback every score of a RESP3 reply
+        # is formatted back to bytes and parsed again (a tenth of a process's fan-out CPU).
+        replies = yield [("execute_command", ("ZRANGE", bucket_key(bucket), start, stop, "WITHSCORES"), {})
                          for bucket, start, stop in ranges]
-        pairs_of = [[(m.decode(), index_value(layout, ties, bucket, s)) for m, s in reply]
+        pairs_of = [[(m.decode(), index_value(layout, ties, bucket, s)) for m, s in _score_pairs(reply)]
                     for (bucket, _, _), reply in zip(ranges, replies, strict=True)]
 
     # 4. The rank of each window's first entry when it is not known already (it is for
@@ -277,6 +300,14 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     return out
 
 
+def _score_pairs(reply: list[Any]) -> list[tuple[bytes, Any]]:
+    """ZRANGE ... WITHSCORES as (member, score) pairs: RESP3 nests them ([member, float]),
+    RESP2 alternates member and score (bytes); index_value takes either score."""
+    if reply and isinstance(reply[0], list):
+        return [(member, score) for member, score in reply]
+    return list(zip(reply[::2], reply[1::2], strict=True))
+
+
 def _bucket_ranges(counts: list[int], first: int, limit: int) -> list[tuple[int, int, int]]:
     """(bucket, start, stop) index ranges holding display positions first..first+limit-1."""
     located = locate_position(counts, first)
@@ -304,25 +335,15 @@ class Round:
     """What one process sends for one version, shared by all its sockets of the season."""
 
     version: int
-    # ok | unavailable (no manifest: the views were lost) | failed (Redis error)
-    status: str
+    manifest: Manifest
     # The shared fields, serialized: with the full top, and with the diff against
     # version - 1 (None when that manifest is gone).
-    full: str = ""
-    diff: str | None = None
-    manifest: Manifest | None = None
-
-
-@dataclass(slots=True)
-class PlayerBatch:
-    """The second half of a round: every subscribed player of the process, one batch.
-
-    `players` is None when the version was superseded before they could be read (player
-    sockets then skip it and get the next one) or the read failed."""
-
-    players: dict[str, PlayerRead] | None
-    round_trips: int = 0
-    read_ms: float = 0.0
+    full: str
+    diff: str | None
+    # Every subscribed player of the process in this version, read in one batch; None
+    # until read, and when the version was superseded before they could be (player
+    # sockets then skip it and get the next one).
+    players: dict[str, PlayerRead] | None = None
 
 
 def round_build(season_slug: str, state: str | None, final_version: int | None, manifest: Manifest,
@@ -338,7 +359,425 @@ def round_build(season_slug: str, state: str | None, final_version: int | None, 
     if previous is not None:
         change = top_diff(previous.top[:TOP_LIMIT], top)
         diff = orjson.dumps({**base, "top_diff": {"base_version": previous.version, **change}}).decode()
-    return Round(version=manifest.version, status="ok", full=full, diff=diff, manifest=manifest)
+    return Round(version=manifest.version, manifest=manifest, full=full, diff=diff)
+
+
+# ---------------------------------------------------------------------------- sending
+
+
+class _Rest:
+    """The rest of a coroutine that `send_started` ran up to its first suspension.
+
+    Awaiting it goes on where the coroutine stopped, as the task that would have run it
+    from the start would have: every future it waits on is handed up to the awaiting task
+    unchanged, and a cancellation (a timeout) is thrown into it.
+    """
+
+    __slots__ = ("coro", "waiting")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], waiting: Any):
+        self.coro = coro
+        self.waiting = waiting
+
+    def __await__(self) -> Generator[Any, None, None]:
+        waiting = self.waiting
+        while True:
+            try:
+                yield waiting
+            except BaseException as exc:  # noqa: BLE001 (a cancellation, passed on to the coroutine)
+                try:
+                    waiting = self.coro.throw(exc)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waiting = self.coro.send(None)
+                except StopIteration:
+                    return
+
+
+def send_started(coro: Coroutine[Any, Any, None]) -> _Rest | None:
+    """Run a send in the caller's task until it completes or first has to wait.
+
+    None when it completed, the usual case: the server's send writes the frame to the
+    connection's buffer and returns without waiting unless the client stopped reading.
+    Then the caller awaits the returned rest in a task of its own, bounded by the send
+    timeout, so one stuck client holds up nothing else. The fan-out therefore costs no
+    task, future or timer per socket (3.12's eager tasks, in a few lines for 3.11). What
+    the send raises before it waits (the client is gone) is raised here.
+    """
+    try:
+        waiting = coro.send(None)
+    except StopIteration:
+        return None
+    return _Rest(coro, waiting)
+
+
+# ------------------------------------------------------------------------------ sockets
+
+
+@dataclass(slots=True, eq=False)
+class Socket:
+    """One live socket as its season's hub sees it: what it wants, what it was sent last,
+    how to send to it, and who is sending to it now.
+
+    `busy` is held by whoever has a send to this socket in flight: the socket's consumer
+    from its registration until its first snapshot is sent and during each snapshot, or
+    the hub while a send waits for a slow client. The hub's fan-out leaves a busy socket
+    alone; whoever releases it brings it to the newest version (`SeasonHub.catch_up`).
+    """
+
+    subscription: Subscription
+    # The server's ASGI send of this socket's connection.
+    send: Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
+    # Control messages from the hub to the socket's consumer (live.slow: close it).
+    inbox: asyncio.Queue[dict[str, Any]]
+    # The version this socket last sent (the base of its next diff and events) and what it
+    # said about its player then; None: nothing sent yet, or "unavailable".
+    sent_version: int | None = None
+    mark: PlayerMark | None = None
+    # The "unavailable" message it last sent, while it shows one (so progress that did
+    # not move is not sent again).
+    unavailable: str | None = None
+    busy: bool = True
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: bool = False
+
+    def sent(self, version: int, mark: PlayerMark | None) -> None:
+        self.sent_version, self.mark, self.unavailable = version, mark, None
+
+    def sent_unavailable(self, text: str) -> None:
+        self.sent_version, self.mark, self.unavailable = None, None, text
+
+    async def take(self) -> None:
+        """Wait until no send to this socket is in flight, then hold it."""
+        while self.busy:
+            await self.idle.wait()
+        self.hold()
+
+    def hold(self) -> None:
+        self.busy = True
+        self.idle.clear()
+
+    def release(self) -> None:
+        self.busy = False
+        self.idle.set()
+
+    def message(self, text: str) -> dict[str, Any]:
+        return {"type": "websocket.send", "text": text}
+
+
+# ------------------------------------------------------------------------------ the hub
+
+
+@dataclass(slots=True)
+class HubStats:
+    rounds: int = 0
+    players_read: int = 0
+    round_trips: int = 0
+    announcements: int = 0
+    skipped_busy: int = 0  # sockets a fan-out passed over because a send to them was in flight
+    slow: int = 0  # sends that had to wait for their client
+    dropped: int = 0  # sockets closed because their client did not take a frame in time
+
+
+@dataclass(slots=True)
+class SeasonHub:
+    """The live sockets of one season in this process, its group listener, and its rounds.
+
+    The process joins the season's group once, with one channel of its own (the
+    listener), not once per socket: an announcement is one Redis message per process.
+    The hub then reads the version once (`_publish`) and sends each socket its message
+    itself, in one pass over the sockets: no task, queue or timer per socket and version
+    (a task only for a socket whose client is not keeping up). Rounds read Redis with the
+    process's asyncio client, in the event loop.
+    """
+
+    slug: str
+    redis: redis.asyncio.Redis
+    keys: rankview.Keys
+    sockets: dict[str, Socket] = field(default_factory=dict)
+    # The newest version announced to this process, the newest one published to its
+    # sockets, and when the last announcement came (loop time).
+    latest: int = 0
+    published: int = 0
+    heard_at: float = 0.0
+    # The season's state as the last announcement (or the first socket) had it.
+    state: str | None = None
+    final_version: int | None = None
+    # The newest round (None: none yet, or the views were found lost since).
+    current: Round | None = None
+    manifests: dict[int, Manifest] = field(default_factory=dict)
+    stats: HubStats = field(default_factory=HubStats)
+    listener: asyncio.Task[None] | None = None
+    watcher: asyncio.Task[None] | None = None
+    publisher: asyncio.Task[None] | None = None
+    joined: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def wanted(self) -> dict[str, int]:
+        """Subscribed players -> the widest radius asked for them in this process."""
+        out: dict[str, int] = {}
+        for socket in self.sockets.values():
+            player_id = socket.subscription.player_id
+            if player_id is not None:
+                out[player_id] = max(out.get(player_id, 0), socket.subscription.radius)
+        return out
+
+    def announce(self, event: Mapping[str, Any]) -> None:
+        """A version was published: publish it to this process's sockets. Never waits; an
+        announcement that comes while an older round is being sent is coalesced with any
+        others into one round of the newest."""
+        self.stats.announcements += 1
+        self.heard_at = asyncio.get_running_loop().time()
+        if event.get("state") is not None:
+            self.state, self.final_version = event["state"], event.get("final_version")
+        version = int(event["version"])
+        if version <= self.latest:
+            return
+        self.latest = version
+        if self.publisher is None or self.publisher.done():
+            self.publisher = asyncio.ensure_future(self._publish_newest())
+
+    async def _publish_newest(self) -> None:
+        while self.published < self.latest:
+            version = self.latest
+            try:
+                await self._publish(version)
+            except Exception:
+                log.exception("live: publishing version %s of %s failed", version, self.slug)
+            self.published = max(self.published, version)
+
+    async def manifest(self, version: int) -> Manifest | None:
+        """A published manifest (immutable, version numbers are never reused): cached."""
+        found = self.manifests.get(version)
+        if found is None:
+            raw = await self.redis.get(self.keys.manifest(version))
+            if raw is None:
+                return None
+            found = self.manifests[version] = Manifest.from_json(raw)
+            for old in sorted(self.manifests)[:-MANIFESTS_KEPT]:
+                del self.manifests[old]
+        return found
+
+    async def _publish(self, version: int) -> None:
+        """One round: the version's shared text once, then every socket without a player
+        while the players are read in one batch, then every socket with one."""
+        try:
+            manifest = await self.manifest(version)
+            previous = await self.manifest(version - 1) if manifest is not None and version > 1 else None
+        except Exception:
+            log.exception("live: round for version %s of %s failed", version, self.slug)
+            return
+        if manifest is None:
+            await self.unavailable_publish()
+            return
+        self.stats.rounds += 1
+        rnd = self.current = round_build(self.slug, self.state, self.final_version, manifest, previous)
+        wanted = self.wanted()
+        reading = asyncio.ensure_future(self._players_read(manifest, wanted)) if wanted else None
+        await self._fan_out(rnd, with_player=False)
+        if reading is not None:
+            rnd.players = await reading
+            await self._fan_out(rnd, with_player=True)
+
+    async def _players_read(self, manifest: Manifest, wanted: dict[str, int]) -> dict[str, PlayerRead] | None:
+        try:
+            players, trips = await players_read_async(self.redis, self.keys, manifest, wanted)
+        except rankview.Torn:
+            log.info("live: version %s of %s was superseded before its players were read", manifest.version,
+                     self.slug)
+            return None
+        except Exception:
+            log.exception("live: player reads for version %s of %s failed", manifest.version, self.slug)
+            return None
+        self.stats.players_read += len(wanted)
+        self.stats.round_trips += trips
+        return players
+
+    async def _fan_out(self, rnd: Round, *, with_player: bool) -> None:
+        # Sockets without a player that last sent the same version get the same text.
+        texts: dict[int | None, str] = {}
+        sockets = [s for s in self.sockets.values() if (s.subscription.player_id is not None) is with_player]
+        for index, socket in enumerate(sockets):
+            if index and index % FAN_OUT_SLICE == 0:
+                await asyncio.sleep(0)  # let the loop breathe between slices of a large season
+                if self.current is not rnd:
+                    return  # views lost meanwhile; a newer round sends its own
+            if socket.closed or (socket.sent_version is not None and socket.sent_version >= rnd.version):
+                continue
+            if socket.busy:
+                self.stats.skipped_busy += 1
+                continue
+            if not with_player:
+                text = texts.get(socket.sent_version)
+                if text is None:
+                    text, _ = version_text(version=rnd.version, full=rnd.full, diff=rnd.diff,
+                                           sent_version=socket.sent_version, subscription=socket.subscription,
+                                           mark=None)
+                    texts[socket.sent_version] = text
+                self._send(socket, text, rnd.version, None)
+                continue
+            if rnd.players is None:
+                continue  # superseded before its players were read: the next version follows
+            read = _read_for(rnd.players, socket.subscription)
+            if read is None:
+                # Subscribed after the batch was planned: its own read, in its own task.
+                asyncio.ensure_future(self.catch_up(socket))
+                continue
+            text, mark = version_text(version=rnd.version, full=rnd.full, diff=rnd.diff,
+                                      sent_version=socket.sent_version, subscription=socket.subscription,
+                                      mark=socket.mark, entry=read.entry, window=read.window)
+            self._send(socket, text, rnd.version, mark)
+
+    def _send(self, socket: Socket, text: str, version: int | None, mark: PlayerMark | None) -> None:
+        """Send one socket its message from the fan-out; `version` None: an unavailable message."""
+        try:
+            rest = send_started(socket.send(socket.message(text)))
+        except Exception:
+            self._gone(socket)  # the client went away: its consumer hears of it too
+            return
+        if rest is None:
+            _sent(socket, text, version, mark)
+            return
+        self.stats.slow += 1
+        socket.hold()
+        asyncio.ensure_future(self._send_rest(socket, rest, text, version, mark))
+
+    async def _send_rest(self, socket: Socket, rest: _Rest, text: str, version: int | None,
+                         mark: PlayerMark | None) -> None:
+        if not await self._bounded(socket, rest):
+            return
+        _sent(socket, text, version, mark)
+        socket.release()
+        await self.catch_up(socket)
+
+    async def _bounded(self, socket: Socket, sending: Awaitable[None]) -> bool:
+        """Await a send to a held socket for at most the send timeout; False: the socket
+        is done for (too slow, or gone)."""
+        try:
+            async with asyncio.timeout(send_timeout()):
+                await sending
+        except TimeoutError:
+            self._slow(socket)
+            return False
+        except Exception:
+            self._gone(socket)
+            return False
+        return True
+
+    def _gone(self, socket: Socket) -> None:
+        socket.closed = True
+        socket.release()
+
+    def _slow(self, socket: Socket) -> None:
+        """A client that took no frame for the send timeout: its consumer closes it (4408)."""
+        log.info("live: dropping a slow client of %s (no send progress in %.1fs)", self.slug, send_timeout())
+        self.stats.dropped += 1
+        socket.closed = True
+        socket.release()
+        socket.inbox.put_nowait({"type": "live.slow"})
+
+    async def catch_up(self, socket: Socket) -> None:
+        """Bring one socket to the newest round, after a send or snapshot of its own that
+        the fan-out had to pass over (or a player the batch did not hold). Returns at
+        once when someone else is sending to it: they call this when done."""
+        while not socket.closed and not socket.busy:
+            rnd = self.current
+            if rnd is None or (socket.sent_version is not None and socket.sent_version >= rnd.version):
+                return
+            socket.hold()
+            try:
+                text, mark = await self._text_for(socket, rnd)
+                if text is None or not await self._bounded(socket, socket.send(socket.message(text))):
+                    return
+                socket.sent(rnd.version, mark)
+            finally:
+                socket.release()
+
+    async def _text_for(self, socket: Socket, rnd: Round) -> tuple[str | None, PlayerMark | None]:
+        sub = socket.subscription
+        if sub.player_id is None:
+            return version_text(version=rnd.version, full=rnd.full, diff=rnd.diff,
+                                sent_version=socket.sent_version, subscription=sub, mark=None)
+        read = _read_for(rnd.players, sub) if rnd.players is not None else None
+        if read is None:
+            read = await self.player_one(rnd.manifest, sub.player_id, sub.radius)
+        if read is None:
+            return None, socket.mark  # superseded before it was read: the next version follows
+        return version_text(version=rnd.version, full=rnd.full, diff=rnd.diff, sent_version=socket.sent_version,
+                            subscription=sub, mark=socket.mark, entry=read.entry, window=read.window)
+
+    async def player_one(self, manifest: Manifest, player_id: str, radius: int) -> PlayerRead | None:
+        """One player in a round's version, for a socket the round's batch did not cover."""
+        try:
+            reads, _ = await players_read_async(self.redis, self.keys, manifest, {player_id: radius})
+        except rankview.Torn:
+            return None
+        except Exception:
+            log.exception("live: read of %s in version %s of %s failed", player_id, manifest.version, self.slug)
+            return None
+        return reads[player_id]
+
+    # ------------------------------------------------------------------- views lost
+
+    async def unavailable_publish(self) -> None:
+        """No version can be served (the views were lost, or none was published yet): tell
+        every socket that shows a board, or an older notice, with a running recovery's
+        progress. Repeated by the watcher until a version is published again."""
+        self.current = None
+        text = await unavailable_text(self.slug, self.state, self.final_version)
+        for socket in list(self.sockets.values()):
+            if not socket.closed and not socket.busy and socket.unavailable != text:
+                self._send(socket, text, None, None)
+
+    async def check(self) -> None:
+        """What the watcher does when no announcement came for a while: a version this
+        process was not told of (a lost announcement) is published to its sockets; views
+        found lost are said so, with the recovery's progress, while they stay lost."""
+        try:
+            raw = await self.redis.get(self.keys.ptr)
+            version = int(raw) if raw is not None else None
+            manifest = await self.manifest(version) if version is not None else None
+        except Exception:
+            log.warning("live: pointer of %s could not be read", self.slug, exc_info=True)
+            manifest = None
+        if manifest is not None:
+            if manifest.version > self.latest:
+                self.announce({"version": manifest.version})
+            return
+        if any(s.sent_version is not None or s.unavailable is not None for s in self.sockets.values()):
+            await self.unavailable_publish()
+
+
+def _read_for(players: Mapping[str, PlayerRead], sub: Subscription) -> PlayerRead | None:
+    assert sub.player_id is not None
+    read = players.get(sub.player_id)
+    return read if read is not None and read.radius >= sub.radius else None
+
+
+def _sent(socket: Socket, text: str, version: int | None, mark: PlayerMark | None) -> None:
+    if version is None:
+        socket.sent_unavailable(text)
+    else:
+        socket.sent(version, mark)
+
+
+async def _watch(hub: SeasonHub) -> None:
+    """Checks the season's pointer every VIEWS_CHECK_SECONDS without an announcement.
+
+    While views are lost no version is published, so nothing would tell a socket that
+    the board it shows is gone, or how the recovery advances; and an announcement lost
+    on the channel layer would leave sockets a version behind until the next one.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(VIEWS_CHECK_SECONDS)
+        if loop.time() - hub.heard_at < VIEWS_CHECK_SECONDS:
+            continue
+        try:
+            await hub.check()
+        except Exception:
+            log.exception("live: check of %s failed", hub.slug)
 
 
 # ----------------------------------------------------------------------------- snapshots
@@ -382,164 +821,50 @@ def snapshot_message(season_slug: str, state: str | None, final_version: int | N
     return message
 
 
-def unavailable_message(season_slug: str, state: str | None, final_version: int | None) -> dict[str, Any]:
-    """The read API's 503 body as a socket message: the same reason and retry_after."""
+def unavailable_message(season_slug: str, state: str | None, final_version: int | None,
+                        recovery: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The read API's 503 body as a socket message: the same reason and retry_after, and
+    the progress of the season's recovery while one runs (`recovery_payload`), else null."""
     refusal = read_unavailable()
     return {
         "type": refusal.code, "season_id": season_slug, "state": state, "final_version": final_version,
         "retry_after": refusal.retry_after,
         "detail": f"{refusal.detail}; the next published version is pushed to this socket",
+        "recovery": recovery,
     }
 
 
-# ------------------------------------------------------------------------------ registry
+def recovery_progress(season_slug: str) -> dict[str, Any] | None:
+    """The progress of the season's running recovery (a RebuildJob of kind recovery that
+    is queued, building or comparing), as the console shows it; None when none runs."""
+    row = (
+        RebuildJob.objects
+        .filter(season__slug=season_slug, kind=RebuildJob.Kind.RECOVERY, status__in=ACTIVE_REBUILD_STATUSES)
+        .values_list("status", "done", "total", "eta_seconds")
+        .first()
+    )
+    if row is None:
+        return None
+    status, done, total, eta_seconds = row
+    return recovery_payload(status=status, done=done, total=total, eta_seconds=eta_seconds)
 
 
-@dataclass(slots=True)
-class HubStats:
-    rounds: int = 0
-    players_read: int = 0
-    round_trips: int = 0
-    announcements: int = 0
-    dropped: int = 0  # inbox entries a socket had not taken yet when a newer one came
+async def unavailable_text(season_slug: str, state: str | None, final_version: int | None) -> str:
+    """The unavailable message, serialized, with the running recovery's progress (null
+    when none runs, or when the database cannot say: the notice matters more)."""
+    try:
+        progress = await database_sync_to_async(recovery_progress)(season_slug)
+    except Exception:
+        log.warning("live: recovery progress of %s could not be read", season_slug, exc_info=True)
+        progress = None
+    return orjson.dumps(unavailable_message(season_slug, state, final_version, progress)).decode()
 
 
-@dataclass(slots=True)
-class Socket:
-    """One live socket as the hub sees it: what it wants, and its inbox of announcements."""
-
-    subscription: Subscription
-    inbox: asyncio.Queue[dict[str, Any]]
-
-
-@dataclass(slots=True)
-class SeasonHub:
-    """The live sockets of one season in this process, its group listener, and its rounds.
-
-    The process joins the season's group once, with one channel of its own (the
-    listener), not once per socket: an announcement is one Redis message per process and
-    is handed to each socket's inbox in memory. Sockets therefore cost the channel layer
-    nothing to open or close. Rounds read Redis with the process's asyncio client, in the
-    event loop.
-    """
-
-    slug: str
-    redis: redis.asyncio.Redis
-    keys: rankview.Keys
-    sockets: dict[str, Socket] = field(default_factory=dict)
-    # The newest version announced to this process.
-    latest: int = 0
-    rounds: dict[int, RoundTasks] = field(default_factory=dict)
-    manifests: dict[int, Manifest] = field(default_factory=dict)
-    stats: HubStats = field(default_factory=HubStats)
-    listener: asyncio.Task[None] | None = None
-    joined: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def wanted(self) -> dict[str, int]:
-        """Subscribed players -> the widest radius asked for them in this process."""
-        out: dict[str, int] = {}
-        for socket in self.sockets.values():
-            player_id = socket.subscription.player_id
-            if player_id is not None:
-                out[player_id] = max(out.get(player_id, 0), socket.subscription.radius)
-        return out
-
-    def note(self, version: int) -> None:
-        self.latest = max(self.latest, version)
-
-    def announce(self, event: dict[str, Any]) -> None:
-        """Hand an announcement to every socket of the season in this process. Never waits:
-        a socket whose inbox is full (it is stuck sending) loses its oldest entry, which a
-        newer version supersedes anyway."""
-        self.stats.announcements += 1
-        if "version" in event:
-            self.note(int(event["version"]))
-        for socket in self.sockets.values():
-            if socket.inbox.full():
-                socket.inbox.get_nowait()
-                self.stats.dropped += 1
-            socket.inbox.put_nowait(event)
-
-    def round(self, event: Mapping[str, Any]) -> RoundTasks:
-        """The process's round for the event's version, started by the first socket asking.
-
-        Two tasks: the shared half (manifests, the serialized top), then the player half.
-        Sockets without a player are sent as soon as the first is done."""
-        version = int(event["version"])
-        tasks = self.rounds.get(version)
-        if tasks is None:
-            shared = asyncio.ensure_future(self._shared(event))
-            tasks = RoundTasks(shared=shared, players=asyncio.ensure_future(self._players(shared, self.wanted())))
-            self.rounds[version] = tasks
-            for old in sorted(self.rounds)[:-ROUNDS_KEPT]:
-                del self.rounds[old]
-        return tasks
-
-    async def manifest(self, version: int) -> Manifest | None:
-        """A published manifest (immutable, version numbers are never reused): cached."""
-        found = self.manifests.get(version)
-        if found is None:
-            raw = await self.redis.get(self.keys.manifest(version))
-            if raw is None:
-                return None
-            found = self.manifests[version] = Manifest.from_json(raw)
-            for old in sorted(self.manifests)[:-ROUNDS_KEPT]:
-                del self.manifests[old]
-        return found
-
-    async def _shared(self, event: Mapping[str, Any]) -> Round:
-        version = int(event["version"])
-        try:
-            manifest = await self.manifest(version)
-            if manifest is None:
-                return Round(version=version, status="unavailable")
-            previous = await self.manifest(version - 1) if version > 1 else None
-        except Exception:
-            log.exception("live: round for version %s of %s failed", version, self.slug)
-            return Round(version=version, status="failed")
-        self.stats.rounds += 1
-        return round_build(self.slug, event.get("state"), event.get("final_version"), manifest, previous)
-
-    async def _players(self, shared: asyncio.Task[Round], wanted: dict[str, int]) -> PlayerBatch:
-        result = await asyncio.shield(shared)
-        if result.manifest is None:
-            return PlayerBatch(players=None)
-        if not wanted:
-            return PlayerBatch(players={})
-        started = time.monotonic()
-        try:
-            players, trips = await players_read_async(self.redis, self.keys, result.manifest, wanted)
-        except rankview.Torn:
-            log.info("live: version %s of %s was superseded before its players were read", result.version,
-                     self.slug)
-            return PlayerBatch(players=None)
-        except Exception:
-            log.exception("live: player reads for version %s of %s failed", result.version, self.slug)
-            return PlayerBatch(players=None)
-        self.stats.players_read += len(wanted)
-        self.stats.round_trips += trips
-        return PlayerBatch(players=players, round_trips=trips, read_ms=(time.monotonic() - started) * 1000)
-
-    async def player_one(self, manifest: Manifest, player_id: str, radius: int) -> PlayerRead | None:
-        """One player in a round's version, for a socket that subscribed after the round began."""
-        try:
-            reads, _ = await players_read_async(self.redis, self.keys, manifest, {player_id: radius})
-        except rankview.Torn:
-            return None
-        except Exception:
-            log.exception("live: read of %s in version %s of %s failed", player_id, manifest.version, self.slug)
-            return None
-        return reads[player_id]
-
-
-@dataclass(frozen=True, slots=True)
-class RoundTasks:
-    shared: asyncio.Task[Round]
-    players: asyncio.Task[PlayerBatch]
+# ------------------------------------------------------------------------------ listener
 
 
 async def _listen(hub: SeasonHub) -> None:
-    """The process's member of the season's group: receive announcements, hand them out.
+    """The process's member of the season's group: receive announcements, hand them to the hub.
 
     A Redis error does not end it: it waits (backing off), re-joins and goes on. A second
     task re-joins every `group_refresh_seconds`, since a group Redis lost or expired would
@@ -613,9 +938,12 @@ class LiveRegistry:
             self._redis = redis.asyncio.Redis(connection_pool=pool)
         return self._redis
 
-    async def join(self, season_slug: str, socket_id: str, socket: Socket) -> SeasonHub:
-        """Register a socket; returns once the process is in the season's group, so a version
-        published after this returns is announced to the socket. Raises TimeoutError when the
+    async def join(self, season_slug: str, socket_id: str, socket: Socket,
+                   socket_state: tuple[str | None, int | None] = (None, None)) -> SeasonHub:
+        """Register a socket (busy: its consumer sends its snapshot, then calls `catch_up`);
+        returns once the process is in the season's group, so a version published after
+        this returns reaches the socket. `socket_state`: the season's (state,
+        final_version) as the consumer read it, for a new hub. Raises TimeoutError when the
         group cannot be joined within JOIN_TIMEOUT_SECONDS (Redis down); the socket is then
         not registered."""
         hub = self.hubs.get(season_slug)
@@ -623,8 +951,12 @@ class LiveRegistry:
             hub = self.hubs[season_slug] = SeasonHub(
                 slug=season_slug, redis=self.redis(), keys=rankview.Keys(settings.REDIS_KEY_PREFIX, season_slug))
         hub.sockets[socket_id] = socket
+        if hub.state is None:
+            hub.state, hub.final_version = socket_state
         if hub.listener is None or hub.listener.done():
             hub.listener = asyncio.ensure_future(_listen(hub))
+        if hub.watcher is None or hub.watcher.done():
+            hub.watcher = asyncio.ensure_future(_watch(hub))
         try:
             async with asyncio.timeout(JOIN_TIMEOUT_SECONDS):
                 await hub.joined.wait()
@@ -637,11 +969,14 @@ class LiveRegistry:
         hub = self.hubs.get(season_slug)
         if hub is None:
             return
-        hub.sockets.pop(socket_id, None)
+        socket = hub.sockets.pop(socket_id, None)
+        if socket is not None:
+            socket.closed = True
         if not hub.sockets:
             del self.hubs[season_slug]
-            if hub.listener is not None:
-                hub.listener.cancel()
+            for task in (hub.listener, hub.watcher, hub.publisher):
+                if task is not None:
+                    task.cancel()
 
 
 _registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LiveRegistry] = weakref.WeakKeyDictionary()

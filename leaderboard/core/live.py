@@ -11,11 +11,16 @@ What a live socket sends, independent of Django, Redis and Channels:
   message accepted, with the close code and error a bad one gets;
 - `splice`: one JSON object serialized once per version and process, extended with the
   few per-socket fields by string concatenation instead of re-serializing the top 100
-  for every socket.
+  for every socket;
+- `version_text`: a socket's whole `version` message from the shared texts and what the
+  socket last sent;
+- `recovery_payload`: the progress of a running recovery, as the `unavailable` message
+  carries it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -242,3 +247,46 @@ def splice(common: str, tail: Mapping[str, Any]) -> str:
     if common == "{}":
         return extra
     return common[:-1] + "," + extra[1:]
+
+
+def version_text(*, version: int, full: str, diff: str | None, sent_version: int | None,
+                 subscription: Subscription, mark: PlayerMark | None, entry: Entry | None = None,
+                 window: Sequence[Entry] = ()) -> tuple[str, PlayerMark | None]:
+    """A socket's `version` message and what it then tells its client about its player.
+
+    `full` and `diff` are the version's shared fields serialized once (with the full top,
+    and with the diff against version - 1, None when that version is gone); the diff only
+    applies on top of exactly version - 1. Events are relative to `mark`, what this
+    socket last sent, so a socket that skipped versions still gets the events that take
+    its client from what it shows to what is true now; without anything sent before
+    (`sent_version` None) there is no baseline and no event.
+    """
+    tail: dict[str, Any] = {"previous_version": sent_version}
+    new_mark = mark
+    if subscription.player_id is not None:
+        new_mark = PlayerMark.of(entry)
+        events = player_events(mark, new_mark) if sent_version is not None else []
+        around = neighbors_within(window, entry.position, subscription.radius) if entry is not None else []
+        tail["player"] = player_payload(subscription.player_id, entry, around, subscription.radius, events)
+    common = diff if diff is not None and sent_version == version - 1 else full
+    return splice(common, tail), new_mark
+
+
+# ------------------------------------------------------------------------------ recovery
+
+
+def recovery_payload(*, status: str, done: int, total: int, eta_seconds: float | None) -> dict[str, Any]:
+    """A running recovery's progress for the live page: players copied of the total, and
+    the copy's ETA. The ETA covers the copy only: once every player is copied the job
+    checks the copies against the ledger before it publishes (`status` "comparing"),
+    which has no ETA of its own, so none is given then rather than a misleading 0."""
+    total = max(int(total), 0)
+    done = min(max(int(done), 0), total) if total else 0
+    eta = None
+    if status == "building" and eta_seconds is not None and math.isfinite(eta_seconds):
+        eta = max(int(math.ceil(eta_seconds)), 0)
+    return {
+        "status": status, "done": done, "total": total,
+        "percent": round(100.0 * done / total, 1) if total else 0.0,
+        "eta_seconds": eta,
+    }
