@@ -377,7 +377,14 @@ def _fenced(r: redis.Redis, keys: Keys, token: int | None, commands: list[tuple[
     return _fenced_packed(r, keys, token, _transaction(commands), len(commands))
 
 
-fenced_write = _fenced  # for the materializer's copy builds: each batch one fenced transaction
+def transaction_pack(commands: list[tuple[Any, ...]]) -> bytes:
+    """`commands` encoded as one MULTI/EXEC, for `fenced_packed_write` (a copy build encodes
+    batch i+1 while batch i is sent)."""
+    return _transaction(commands)
+
+
+def fenced_packed_write(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
+    return _fenced_packed(r, keys, token, packed, count)
 
 
 def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
