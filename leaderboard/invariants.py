@@ -1,22 +1,27 @@
 """The invariant checker (docs/rules.md, Invariants), for one published version.
 
-Checks, against the version's own copy in Redis: every player appears once; the lookup
-score equals the index score; rank = 1 + count(score > mine) recomputed over every
-bucket, independently of the manifest's prefix counts; bucket counts and checksums match
-the manifest. `full=True` scans everything (O(players)); otherwise membership and scores
-are checked on a stratified sample and checksums are left to the full run.
+Checks, against the version's own copy in Redis and on each of its boards (the global one,
+and in a season with regions each region's): bucket counts and totals match the manifest;
+every player appears once; members sit in their bucket's range; rank = 1 + count(score >
+mine) recomputed over every bucket, independently of the manifest's prefix counts; the
+lookup score equals the index score; checksums match. Across the regional boards: each
+player is on at most one, the one their region-shard entry names, with the global board's
+value, and the region shards hold exactly the regional boards' members. `full=True` scans
+everything (O(players)); otherwise counts are checked and ranks on a stratified sample of
+each board, and membership and checksums are left to the full run.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import redis
 
 from leaderboard import rankview
 from leaderboard.core.checksum import checksum_of
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.reconciliation import Report, stratified_positions
+from leaderboard.core.reconciliation import Report, board_check, board_sample, stratified_positions, version_boards
 from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score, value_token
 
 
@@ -38,10 +43,15 @@ def version_check(
         report.add("copy", False, f"copy {manifest.copy} no longer holds version {wanted}")
         return report
 
-    _check_counts(r, keys, manifest, report)
+    boards = version_boards(manifest)
+    _check_counts(manifest, index_sizes(r, keys, manifest), report)
     if full:
-        _check_full(r, keys, manifest, report)
-    _check_sampled_ranks(r, keys, manifest, report, sample=sample, seed=seed)
+        index = _check_full(r, keys, manifest, report)
+        if manifest.regions:
+            _check_regional_full(r, keys, manifest, index, report)
+    for board in boards:
+        _check_sampled_ranks(r, keys, board, report, sample=board_sample(sample, board=board, regions=len(boards) - 1),
+                             seed=seed)
 
     if not rankview.copy_holds(r, keys, manifest):
         report.add("copy", False, "the copy was mutated during the check; its results are void")
@@ -49,53 +59,95 @@ def version_check(
 
 
 def _bucket_key(keys: rankview.Keys, manifest: Manifest, bucket: int) -> str:
-    return keys.bucket(manifest.copy, manifest.layout.layout_id, bucket)
+    return keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board)
 
 
-def _check_counts(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report: Report) -> None:
-    with r.pipeline(transaction=False) as pipe:
-        for bucket in range(manifest.layout.size):
-            pipe.zcard(_bucket_key(keys, manifest, bucket))
-        for shard in range(rankview.LOOKUP_SHARDS):
-            pipe.hlen(keys.lookup(manifest.copy, shard))
-        replies = pipe.execute()
-    cards = replies[: manifest.layout.size]
-    wrong = [
-        f"bucket {b}: {card} members, manifest says {manifest.counts[b]}"
-        for b, card in enumerate(cards)
-        if card != manifest.counts[b]
-    ]
-    report.add("bucket_counts", not wrong, "; ".join(wrong[:10]))
-    lookup_total = sum(replies[manifest.layout.size :])
-    report.add(
-        "total_players",
-        lookup_total == manifest.total == sum(cards),
-        f"lookup {lookup_total}, buckets {sum(cards)}, manifest {manifest.total}",
-    )
+@dataclass(frozen=True, slots=True)
+class IndexSizes:
+    """What a version's copy holds, by size: ZCARD of every bucket of each board ("" the
+    global one), the players in the lookup and in the region shards."""
+
+    cards: dict[str, list[int]]
+    lookup: int
+    placed: int
+
+    def bucket_problems(self, board: Manifest) -> list[str]:
+        """The board's buckets whose size is not the count the manifest (or copy) says."""
+        return [f"bucket {b}: {card} members, counted {board.counts[b]}"
+                for b, card in enumerate(self.cards[board.board]) if card != board.counts[b]]
+
+    def placed_problem(self, manifest: Manifest) -> str:
+        """The region shards against the regional boards' total ("" when they agree)."""
+        regional = sum(sum(b.counts) for b in manifest.regions.values())
+        if self.placed == regional:
+            return ""
+        return f"region shards hold {self.placed} players, regional boards {regional}"
 
 
-def _check_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report: Report) -> None:
+def index_sizes(r: redis.Redis, keys: rankview.Keys, manifest: Manifest) -> IndexSizes:
+    """The sizes of every key of the manifest's copy that it counts, in one round trip."""
+    boards = version_boards(manifest)
+    shards = range(rankview.LOOKUP_SHARDS)
+    commands: list[tuple[str, ...]] = [("ZCARD", _bucket_key(keys, board, b))
+                                       for board in boards for b in range(manifest.layout.size)]
+    commands += [("HLEN", keys.lookup(manifest.copy, shard)) for shard in shards]
+    if manifest.regions:
+        commands += [("HLEN", keys.region(manifest.copy, shard)) for shard in shards]
+    replies = [int(n) for n in rankview.round_trip(r, commands)]
+    size = manifest.layout.size
+    cards = {board.board: replies[i * size:(i + 1) * size] for i, board in enumerate(boards)}
+    after = len(boards) * size
+    return IndexSizes(cards=cards, lookup=sum(replies[after:after + len(shards)]),
+                      placed=sum(replies[after + len(shards):]))
+
+
+def _check_counts(manifest: Manifest, sizes: IndexSizes, report: Report) -> None:
+    for board in version_boards(manifest):
+        wrong = sizes.bucket_problems(board)
+        report.add(board_check("bucket_counts", board.board), not wrong, "; ".join(wrong[:10]))
+        cards = sum(sizes.cards[board.board])
+        if board.board:
+            report.add(board_check("total_players", board.board), cards == board.total,
+                       f"buckets {cards}, manifest {board.total}")
+        else:
+            report.add("total_players", sizes.lookup == manifest.total == cards,
+                       f"lookup {sizes.lookup}, buckets {cards}, manifest {manifest.total}")
+    if manifest.regions:
+        problem = sizes.placed_problem(manifest)
+        report.add("region_shards_total", not problem, problem)
+
+
+def _scan_board(r: redis.Redis, keys: rankview.Keys, board: Manifest, report: Report) -> dict[str, int | str]:
+    """Every member of a board, checked for duplicates, bucket ranges and checksums; returns
+    each member's value token (the score, or "score:reached_ms" on a first_reached board)."""
     seen: Counter[str] = Counter()
-    index_scores: dict[str, int | str] = {}
+    tokens: dict[str, int | str] = {}
     bad_checksums = []
     misplaced = []
-    for bucket in range(manifest.layout.size):
-        # (player, value token): the score, or "score:reached_ms" on a first_reached board.
+    for bucket in range(board.layout.size):
         pairs = [(p, value_token(v)) for p, v in rankview.bucket_values_scan(
-            r, keys, manifest.copy, manifest.layout, manifest.ties, bucket)]
-        low, high = manifest.layout.range_of(bucket)
+            r, keys, board.copy, board.layout, board.ties, bucket, board=board.board)]
+        low, high = board.layout.range_of(bucket)
         for player_id, token in pairs:
             seen[player_id] += 1
-            index_scores[player_id] = token
-            score = lookup_value(manifest.ties, str(token))
+            tokens[player_id] = token
+            score = lookup_value(board.ties, str(token))
             if not low <= value_score(score) <= high:
                 misplaced.append(f"{player_id}={token} in bucket {bucket}")
-        if checksum_of(pairs) != manifest.checksums[bucket]:
+        if checksum_of(pairs) != board.checksums[bucket]:
             bad_checksums.append(bucket)
     duplicates = [p for p, n in seen.items() if n > 1]
-    report.add("players_once", not duplicates, f"{len(duplicates)} players in several buckets: {duplicates[:10]}")
-    report.add("bucket_ranges", not misplaced, "; ".join(misplaced[:10]))
-    report.add("bucket_checksums", not bad_checksums, f"buckets with a wrong checksum: {bad_checksums[:20]}")
+    report.add(board_check("players_once", board.board), not duplicates,
+               f"{len(duplicates)} players in several buckets: {duplicates[:10]}")
+    report.add(board_check("bucket_ranges", board.board), not misplaced, "; ".join(misplaced[:10]))
+    report.add(board_check("bucket_checksums", board.board), not bad_checksums,
+               f"buckets with a wrong checksum: {bad_checksums[:20]}")
+    return tokens
+
+
+def _check_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report: Report) -> dict[str, int | str]:
+    """The global board's full scan and its lookup; returns each player's value token."""
+    index_scores = _scan_board(r, keys, manifest, report)
     mismatched = []
     lookup_players = 0
     for shard in range(rankview.LOOKUP_SHARDS):
@@ -107,6 +159,32 @@ def _check_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report:
                 mismatched.append(f"{player_id}: lookup {token}, index {index_scores.get(player_id)}")
     report.add("lookup_equals_index", not mismatched and lookup_players == len(index_scores),
                f"{len(mismatched)} mismatches {mismatched[:10]}; lookup {lookup_players}, index {len(index_scores)}")
+    return index_scores
+
+
+def _check_regional_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, index: dict[str, int | str],
+                         report: Report) -> None:
+    """Each regional board scanned like the global one, its members' values against the
+    global board's; then the boards against each other and against the region shards."""
+    boards_of: dict[str, list[str]] = {}
+    for board in version_boards(manifest)[1:]:
+        tokens = _scan_board(r, keys, board, report)
+        wrong = [f"{p}: {token} here, {index.get(p)} on the global board"
+                 for p, token in sorted(tokens.items()) if index.get(p) != token]
+        report.add(board_check("values_equal_global", board.board), not wrong, "; ".join(wrong[:10]))
+        for player_id in tokens:
+            boards_of.setdefault(player_id, []).append(board.board)
+    several = sorted(f"{p} on {', '.join(names)}" for p, names in boards_of.items() if len(names) > 1)
+    report.add("regional_players_once", not several, f"{len(several)} players on several regional boards: "
+                                                     f"{'; '.join(several[:10])}")
+    shards: dict[str, str] = {}
+    for shard in range(rankview.LOOKUP_SHARDS):
+        for raw_player, raw_region in r.hscan_iter(keys.region(manifest.copy, shard), count=5000):
+            shards[raw_player.decode()] = raw_region.decode()
+    # A region-shard entry exists exactly for the players on a regional board, and names it.
+    wrong = [f"{p}: region shard {shards.get(p)!r}, on {boards_of.get(p, 'no regional board')}"
+             for p in sorted(set(shards) | set(boards_of)) if [shards.get(p)] != boards_of.get(p)]
+    report.add("region_shards_equal_boards", not wrong, f"{len(wrong)} players; " + "; ".join(wrong[:10]))
 
 
 def _key_in(manifest: Manifest, bucket: int, value: IndexValue) -> int | str:
@@ -122,9 +200,12 @@ def _key_in(manifest: Manifest, bucket: int, value: IndexValue) -> int | str:
 def _check_sampled_ranks(
     r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report: Report, *, sample: int, seed: int | None
 ) -> None:
+    """Ranks on one board (`manifest` a board view on a regional one): the reader's, against
+    1 + the members ahead counted bucket by bucket, and the reader's lookup path."""
+    check = board_check("sampled_ranks", manifest.board)
     positions = stratified_positions(manifest.total, sample, seed=seed)
     if not positions:
-        report.add("sampled_ranks", True, "empty board")
+        report.add(check, True, "empty board")
         return
     reader = rankview.RankReader(r, keys, deadline=3600)
     wrong: list[str] = []
@@ -154,9 +235,10 @@ def _check_sampled_ranks(
         if brute_rank != entry.rank:
             wrong.append(f"{entry.player_id} at {position}: rank {entry.rank}, 1+count(higher) = {brute_rank}")
         try:
+            # On a regional board also the region shard: a player it sends elsewhere is not located.
             located = reader.locate(manifest, entry.player_id)
         except rankview.Torn:
             located = None  # the lookup sends the player to a bucket that does not hold it
         if located is None or located[1] != position or located[2] != entry.rank:
             wrong.append(f"{entry.player_id}: window says ({position}, {entry.rank}), lookup path says {located}")
-    report.add("sampled_ranks", not wrong, f"{len(positions)} sampled; " + "; ".join(wrong[:10]))
+    report.add(check, not wrong, f"{len(positions)} sampled; " + "; ".join(wrong[:10]))

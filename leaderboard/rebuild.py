@@ -2,11 +2,12 @@
 
 A shadow copy is filled from the current-scores table at a recorded watermark (with
 persisted progress), caught up with the change stream to exactly the live version's
-watermark, and compared with the live version: player count, per-bucket counts and
-checksums, top 100, sampled ranks and neighbour windows. Only when every check passes
-is a manifest naming the shadow published; otherwise the old version keeps serving and
-the differences are reported. After a flush there is no live version to compare with,
-so a recovery is reconciled against the ledger instead.
+watermark, and compared with the live version on each board (the global one, and in a
+season with regions each region's): player count, per-bucket counts and checksums, top
+100, sampled ranks and neighbour windows. Only when every check passes is a manifest
+naming the shadow (and its regional boards) published; otherwise the old version keeps
+serving and the differences are reported. After a flush there is no live version to
+compare with, so a recovery is reconciled against the ledger instead, board by board.
 """
 
 from __future__ import annotations
@@ -29,16 +30,25 @@ from leaderboard.core.buckets import BucketLayout, LayoutError
 from leaderboard.core.checksum import MODULUS
 from leaderboard.core.errors import DomainError
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
+from leaderboard.core.reconciliation import (
+    Report,
+    board_check,
+    board_sample,
+    first_mismatch,
+    stratified_positions,
+    version_boards,
+)
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
 from leaderboard.core.tiebreak import first_reached_problem, index_value, value_score
+from leaderboard.invariants import IndexSizes, index_sizes
 from leaderboard.live import live_version_published
 from leaderboard.materializer import (
     EpochError,
     _changes_upto,
+    _copy_changes_apply,
     _manifest_record,
-    change_values,
+    copy_regions_boards,
     season_copy_build,
     season_epoch_run_locked,
     season_keys,
@@ -373,6 +383,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             watermark=shadow.watermark, copy=shadow.copy, gen=shadow.gen, layout=shadow.layout,
             counts=list(shadow.counts), checksums=list(shadow.checksums),
             top=rankview.copy_top(r, keys, shadow, limit=100), ties=shadow.ties,
+            regions=copy_regions_boards(r=r, keys=keys, meta=shadow),
         )
         if live is not None:
             report = shadow_compare(r=r, keys=keys, live=live, shadow=candidate, sample=settings.REBUILD_SAMPLE_SIZE,
@@ -428,13 +439,16 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
 
 def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season, shadow: rankview.CopyMeta,
               upto: tuple[int, int] | None, version: int) -> rankview.CopyMeta:
-    """Apply the changes after the shadow's watermark, up to `upto` (None: everything committed)."""
+    """Apply the changes after the shadow's watermark, up to `upto` (None: everything
+    committed), on every board: a region move takes the player from one regional board to
+    the other, as in an epoch."""
     shadow = rankview.copy_begin_mutation(r, keys, token, shadow)
-    changes = list(_changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto, ties=shadow.ties))
-    newest, _ = change_values(changes, shadow.ties)
-    if newest:
-        old = rankview.copy_scores_get(r, keys, shadow.copy, list(newest), shadow.ties)
-        rankview.copy_apply(r, keys, token, shadow, old, newest)
+    changes = list(_changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto, ties=shadow.ties,
+                                 regions=bool(shadow.boards)))
+    if changes:
+        # Not exact: the build's paged scan may already hold values (and regions) newer than
+        # its watermark, so the old ones are read from the shadow itself.
+        _copy_changes_apply(r=r, keys=keys, token=token, target=shadow, changes=changes, exact=False)
     head = (changes[-1][0], changes[-1][1]) if changes else shadow.watermark
     watermark = upto if upto is not None and upto > head else head
     problems = rankview.copy_verify_counts(r, keys, shadow, range(shadow.layout.size))
@@ -456,13 +470,36 @@ def _changes_between(season: Season, a: tuple[int, int], b: tuple[int, int]) -> 
 
 def shadow_compare(*, r: redis.Redis, keys: rankview.Keys, live: Manifest, shadow: Manifest, sample: int,
                    aligned: bool) -> Report:
-    """The shadow against the live version at the same watermark; layouts may differ (a split).
+    """The shadow against the live version at the same watermark, board by board (the
+    global one, then each region's); layouts may differ (a split).
 
     `aligned`: no change lies between the two watermarks, so both must show one state.
     """
     report = Report(version=live.version)
     report.add("same_watermark", aligned, f"live {live.watermark}, shadow {shadow.watermark}")
-    report.add("player_count", live.total == shadow.total,
+    if live.regions or shadow.regions:
+        report.add("region_boards", sorted(live.regions) == sorted(shadow.regions),
+                   f"live {sorted(live.regions)}, shadow {sorted(shadow.regions)}")
+    # The shadow's index itself, not only its bookkeeping: reads locate positions with
+    # the counts, so a stray or missing member would go unseen by the sampled windows
+    # (a member in a bucket counted empty is never read at all) yet break the invariants.
+    sizes = index_sizes(r, keys, shadow)
+    reader = rankview.RankReader(r, keys, deadline=3600)
+    for live_board in version_boards(live):
+        shadow_board = shadow.board_of(live_board.board) if live_board.board else shadow
+        if shadow_board is not None:
+            _board_compare(reader=reader, live=live_board, shadow=shadow_board, sizes=sizes, report=report,
+                           sample=board_sample(sample, board=live_board, regions=len(live.regions)))
+    if not rankview.copy_holds(r, keys, live):
+        report.add("live_copy", False, "the live copy moved during the comparison; compare again")
+    return report
+
+
+def _board_compare(*, reader: rankview.RankReader, live: Manifest, shadow: Manifest, sizes: IndexSizes, sample: int,
+                   report: Report) -> None:
+    """One board of the shadow against the same board of the live version."""
+    board = live.board
+    report.add(board_check("player_count", board), live.total == shadow.total,
                f"live {live.total}, shadow {shadow.total} (difference {shadow.total - live.total})")
     # Per live bucket: the shadow buckets inside its range must hold the same players
     # (count) with the same (player, score) pairs (the checksum is a sum, so it adds up).
@@ -475,24 +512,15 @@ def shadow_compare(*, r: redis.Redis, keys: rankview.Keys, live: Manifest, shado
         if count != live.counts[bucket] or checksum != live.checksums[bucket]:
             wrong.append(f"bucket {bucket} [{low}..{high}]: live {live.counts[bucket]}/{live.checksums[bucket]:016x}, "
                          f"shadow {count}/{checksum:016x}")
-    report.add("bucket_counts_and_checksums", not wrong, "; ".join(wrong[:10]))
-    # The shadow's index itself, not only its bookkeeping: reads locate positions with
-    # the counts, so a stray or missing member would go unseen by the sampled windows
-    # (a member in a bucket counted empty is never read at all) yet break the invariants.
-    with r.pipeline(transaction=False) as pipe:
-        for bucket in range(shadow.layout.size):
-            pipe.zcard(keys.bucket(shadow.copy, shadow.layout.layout_id, bucket))
-        for shard in range(rankview.LOOKUP_SHARDS):
-            pipe.hlen(keys.lookup(shadow.copy, shard))
-        sizes = pipe.execute()
-    index_wrong = [f"bucket {b}: {size} members, counted {shadow.counts[b]}"
-                   for b, size in enumerate(sizes[: shadow.layout.size]) if size != shadow.counts[b]]
-    lookup_total = sum(sizes[shadow.layout.size :])
-    if lookup_total != shadow.total:
-        index_wrong.append(f"lookup holds {lookup_total} players, counted {shadow.total}")
-    report.add("shadow_index_counts", not index_wrong, "; ".join(index_wrong[:10]))
-    report.add("top_100", live.top == shadow.top, first_mismatch(live.top, shadow.top))
-    reader = rankview.RankReader(r, keys, deadline=3600)
+    report.add(board_check("bucket_counts_and_checksums", board), not wrong, "; ".join(wrong[:10]))
+    index_wrong = sizes.bucket_problems(shadow)
+    if not board:
+        if sizes.lookup != shadow.total:
+            index_wrong.append(f"lookup holds {sizes.lookup} players, counted {shadow.total}")
+        if shadow.regions and (placed := sizes.placed_problem(shadow)):
+            index_wrong.append(placed)
+    report.add(board_check("shadow_index_counts", board), not index_wrong, "; ".join(index_wrong[:10]))
+    report.add(board_check("top_100", board), live.top == shadow.top, first_mismatch(live.top, shadow.top))
     rank_wrong: list[str] = []
     window_wrong: list[str] = []
     for position in stratified_positions(live.total, sample):
@@ -503,15 +531,13 @@ def shadow_compare(*, r: redis.Redis, keys: rankview.Keys, live: Manifest, shado
             window_wrong.append(f"window at {first}: {first_mismatch(live_window, shadow_window)}")
         me = next((e for e in live_window if e.position == position), None)
         if me is not None:
+            # On a regional board the lookup path also reads the player's region shard.
             a = reader.locate(live, me.player_id)
             b = reader.locate(shadow, me.player_id)
             if a != b:
                 rank_wrong.append(f"{me.player_id}: live (score, position, rank) {a}, shadow {b}")
-    report.add("sampled_ranks", not rank_wrong, "; ".join(rank_wrong[:10]))
-    report.add("neighbor_windows", not window_wrong, "; ".join(window_wrong[:10]))
-    if not rankview.copy_holds(r, keys, live):
-        report.add("live_copy", False, "the live copy moved during the comparison; compare again")
-    return report
+    report.add(board_check("sampled_ranks", board), not rank_wrong, "; ".join(rank_wrong[:10]))
+    report.add(board_check("neighbor_windows", board), not window_wrong, "; ".join(window_wrong[:10]))
 
 
 def _finish(job: RebuildJob, status: str, error: str = "") -> None:

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from leaderboard.core.manifest import Manifest
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -35,6 +37,33 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {"version": self.version, "ok": self.ok, "findings": [f.as_dict() for f in self.findings]}
+
+
+def board_check(check: str, board: str = "") -> str:
+    """A finding's name on one board: the global board's checks keep their names, a regional
+    board's are `region.<name>.<check>` (a region's name has no dot), so a report lists the
+    findings of every board side by side and names the board of each failure."""
+    return f"region.{board}.{check}" if board else check
+
+
+def version_boards(manifest: Manifest) -> list[Manifest]:
+    """A version's boards, each as a Manifest view: the global one, then each region's
+    (Manifest.board_of), in the manifest's order."""
+    boards = [manifest]
+    for region in manifest.regions:
+        board = manifest.board_of(region)
+        assert board is not None  # one of its own regions
+        boards.append(board)
+    return boards
+
+
+def board_sample(sample: int, *, board: Manifest, regions: int) -> int:
+    """Positions to sample on a board: `sample` on the global board; the regional boards
+    share another `sample` equally (at least one each), so a season with regions costs about
+    twice one without, whatever its number of regions (a rebuild compares under the lease)."""
+    if not board.board:
+        return sample
+    return max(1, -(-sample // max(regions, 1)))
 
 
 def stratified_positions(total: int, size: int, *, seed: int | None = None) -> list[int]:
