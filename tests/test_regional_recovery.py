@@ -28,6 +28,7 @@ from tests.support import (
     RECONCILIATION_CHECKS,
     TEST_ACTOR,
     Events,
+    Profiles,
     apply_events,
     board_read,
     current_manifest,
@@ -37,7 +38,7 @@ from tests.support import (
     publish,
     seal_and_build,
 )
-from tests.test_regional_boards import REGIONS, Profiles, assert_boards_match_ledger, reader
+from tests.test_regional_boards import REGIONS, assert_boards_match_ledger, reader
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
