@@ -404,6 +404,44 @@ def test_player_reads_are_one_batch_per_version_per_process(season_factory: Call
     run(body)
 
 
+def test_announcements_during_a_round_are_coalesced_into_one_round_of_the_newest(
+        season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch) -> None:
+    ev = Events()
+    board(season, post_scores, ev, {f"p{i:02d}": 100 + i for i in range(30)})
+    publish(season)
+
+    async def body() -> None:
+        comms = [await connect(season.slug, q) for q in ("", "", "player_id=p00&radius=1")]
+        for comm in comms:
+            assert (await receive(comm))["leaderboard_version"] == 1
+        hub = live.registry().hubs[season.slug]
+        with monkeypatch.context() as patched:
+            patched.setattr("leaderboard.materializer.live_version_published", lambda slug, version: None)
+            for player_id, score in (("p00", 500), ("p01", 600)):
+                await sync_to_async(post_ok)(post_scores, season, [ev.result(player_id, score)])
+                await apublish(season)
+        v3 = await sync_to_async(db_standings)(season)
+        # Both announcements arrive before the process could send the first.
+        hub.announce({"version": 2, "state": season.state, "final_version": None})
+        hub.announce({"version": 3, "state": season.state, "final_version": None})
+        messages = [await receive(comm) for comm in comms]
+        for message in messages:
+            assert (message["leaderboard_version"], message["previous_version"]) == (3, 1)
+            assert "top_diff" not in message and message["top"] == expected_top(v3)
+        assert messages[0] == messages[1]
+        entry, around = expected_player(v3, "p00", 1)
+        assert messages[2]["player"]["entry"] == entry and messages[2]["player"]["neighbors"] == around
+        assert messages[2]["player"]["events"] == [{"type": "score_changed", "from": 100, "to": 500},
+                                                   {"type": "rank_changed", "from": 30, "to": 2}]
+        # One round, and no send had to wait for its client (none needed a task).
+        assert (hub.stats.rounds, hub.stats.slow, hub.stats.skipped_busy) == (1, 0, 0)
+        for comm in comms:
+            assert await comm.receive_nothing(timeout=0.2)
+            await comm.disconnect()
+
+    run(body)
+
+
 def test_players_read_matches_the_reference_with_ties_and_bucket_edges(
         season_factory: Callable[..., Season], post_scores: Post) -> None:
     from leaderboard.redis_client import redis_get

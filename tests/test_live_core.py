@@ -21,10 +21,12 @@ from leaderboard.core.live import (
     neighbors_within,
     player_events,
     player_payload,
+    recovery_payload,
     splice,
     subscription_parse,
     top_apply,
     top_diff,
+    version_text,
 )
 from leaderboard.core.ranking import Entry, Standings
 
@@ -206,3 +208,63 @@ def test_splice_adds_fields_to_a_serialized_object() -> None:
                                      "player": {"rank": 3}}
     assert splice(common, {}) == common
     assert orjson.loads(splice("{}", {"a": 1})) == {"a": 1}
+
+
+# --- a socket's version message ---------------------------------------------------------------
+
+
+FULL = orjson.dumps({"type": "version", "leaderboard_version": 7, "top": [{"position": 1}]}).decode()
+DIFF = orjson.dumps({"type": "version", "leaderboard_version": 7, "top_diff": {"base_version": 6}}).decode()
+
+
+def test_the_diff_goes_only_to_a_socket_that_holds_the_version_before() -> None:
+    watcher = Subscription(player_id=None, radius=5)
+    text, mark = version_text(version=7, full=FULL, diff=DIFF, sent_version=6, subscription=watcher, mark=None)
+    assert orjson.loads(text) == {**orjson.loads(DIFF), "previous_version": 6} and mark is None
+    for sent, diff in ((5, DIFF), (None, DIFF), (6, None)):
+        text, _ = version_text(version=7, full=FULL, diff=diff, sent_version=sent, subscription=watcher, mark=None)
+        assert orjson.loads(text) == {**orjson.loads(FULL), "previous_version": sent}
+
+
+def test_a_player_socket_gets_its_entry_window_and_events_since_what_it_sent() -> None:
+    sub = Subscription(player_id="b", radius=1)
+    window = [Entry(position=p, rank=p, player_id=pid, score=s)
+              for p, pid, s in ((1, "x", 90), (2, "a", 80), (3, "b", 70), (4, "c", 60))]
+    before = PlayerMark(position=5, rank=5, score=50)
+    text, mark = version_text(version=7, full=FULL, diff=DIFF, sent_version=6, subscription=sub, mark=before,
+                              entry=window[2], window=window)
+    player = orjson.loads(text)["player"]
+    assert mark == PlayerMark(position=3, rank=3, score=70)
+    assert player["entry"] == window[2].as_dict() and player["radius"] == 1
+    assert player["neighbors"] == [e.as_dict() for e in window[1:4]]
+    assert types(player["events"]) == ["score_changed", "rank_changed"]
+    # Nothing sent before (a socket that showed "unavailable"): no baseline, no events.
+    text, _ = version_text(version=7, full=FULL, diff=DIFF, sent_version=None, subscription=sub, mark=None,
+                           entry=window[2], window=window)
+    assert orjson.loads(text)["player"]["events"] == []
+    # Not ranked in this version.
+    text, mark = version_text(version=7, full=FULL, diff=DIFF, sent_version=6, subscription=sub, mark=before)
+    player = orjson.loads(text)["player"]
+    assert (mark, player["ranked"], player["entry"], player["neighbors"]) == (None, False, None, [])
+    assert types(player["events"]) == ["left_top_100", "unranked"]
+
+
+# --- a recovery's progress --------------------------------------------------------------------
+
+
+def test_recovery_progress_while_copying_has_an_eta() -> None:
+    assert recovery_payload(status="building", done=250, total=1000, eta_seconds=12.2) == {
+        "status": "building", "done": 250, "total": 1000, "percent": 25.0, "eta_seconds": 13}
+
+
+@pytest.mark.parametrize(("status", "done", "total", "eta", "expected"), [
+    ("queued", 0, 0, None, {"done": 0, "total": 0, "percent": 0.0, "eta_seconds": None}),
+    # Copied: the copies are being checked against the ledger, which has no ETA of its own.
+    ("comparing", 1000, 1000, 0.0, {"done": 1000, "total": 1000, "percent": 100.0, "eta_seconds": None}),
+    # A rate of 0 so far, or a count past the total, never shows as nonsense.
+    ("building", 0, 1000, None, {"done": 0, "total": 1000, "percent": 0.0, "eta_seconds": None}),
+    ("building", 1200, 1000, float("inf"), {"done": 1000, "total": 1000, "percent": 100.0, "eta_seconds": None}),
+])
+def test_recovery_progress_without_an_eta(status: str, done: int, total: int, eta: float | None,
+                                          expected: dict[str, object]) -> None:
+    assert recovery_payload(status=status, done=done, total=total, eta_seconds=eta) == {"status": status, **expected}

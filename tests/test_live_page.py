@@ -219,3 +219,59 @@ def test_the_page_shows_an_unavailable_board_then_the_first_version(season: Seas
 
     errors = browse(asgi_server, scenario)
     assert errors == []
+
+
+@pytest.fixture
+def asgi_server_rejoining(transactional_db: Any) -> Iterator[str]:
+    # A flushed Redis takes the channel layer's groups with it: the server re-joins quickly.
+    with browser.asgi_server(LIVE_GROUP_REFRESH_SECONDS="1") as base:
+        yield base
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_during_a_recovery_the_page_shows_its_progress_then_the_recovered_board(
+        season: Season, post_scores: Post, rank_views: Any, asgi_server_rejoining: str) -> None:
+    from leaderboard import rankview
+    from leaderboard.models import RebuildJob
+    from leaderboard.rebuild import rebuild_run
+    from tests.support import epoch
+
+    ev = Events()
+    post_ok(post_scores, season, [ev.result("solo", 42), ev.result("duo", 41)])
+    assert publish(season) == 1
+
+    def views_lost_and_recovery_started() -> RebuildJob:
+        rank_views.flushdb()
+        rankview.manifest_cache_clear()
+        assert epoch(season).status == "lost"
+        job = RebuildJob.objects.get(season=season, kind="recovery")
+        # As the recovery's worker records it, a quarter of the way through its copy.
+        RebuildJob.objects.filter(pk=job.pk).update(status="building", done=300, total=800, eta_seconds=75.0)
+        return job
+
+    def recovery_run(job: RebuildJob) -> int:
+        RebuildJob.objects.filter(pk=job.pk).update(status="queued")  # hand it to a worker
+        done = rebuild_run(job_id=job.pk)
+        assert done.status == "published" and done.published_version is not None, done.error
+        return done.published_version
+
+    async def scenario(page: Any) -> None:
+        await page.goto(f"{asgi_server_rejoining}/seasons/{season.slug}/live?player_id=solo")
+        await wait_version(page, 1)
+        job = await sync_to_async(views_lost_and_recovery_started)()
+        # No version comes while the views are lost: the page learns it from the server.
+        await page.wait_for_selector("#lb-recovery", state="visible")
+        assert await page.is_visible("#lb-unavailable") and await page.is_hidden("#board")
+        assert await text(page, "#lb-version") == "–"
+        assert await page.get_attribute("#live", "data-status") == "unavailable"
+        assert await text(page, "#lb-recovery-text") == "300 of 800 players copied (37.5%) · about 1 min left"
+        assert await page.eval_on_selector("#lb-recovery-bar", "bar => bar.value") == 37.5
+        assert "rebuilding, 37.5%" in await text(page, "#lb-status")
+        version = await sync_to_async(recovery_run)(job)
+        await wait_version(page, version)
+        assert await page.is_hidden("#lb-unavailable") and await page.is_visible("#board")
+        assert await text(page, "#lb-top tbody tr:first-child td:nth-child(3)") == "solo"
+
+    errors = browse(asgi_server_rejoining, scenario)
+    assert errors == []

@@ -24,6 +24,10 @@
     final: document.getElementById("lb-final"),
     finalVersion: document.getElementById("lb-final-version"),
     unavailable: document.getElementById("lb-unavailable"),
+    unavailableDetail: document.getElementById("lb-unavailable-detail"),
+    recovery: document.getElementById("lb-recovery"),
+    recoveryBar: document.getElementById("lb-recovery-bar"),
+    recoveryText: document.getElementById("lb-recovery-text"),
     board: document.getElementById("board"),
     topBody: document.querySelector("#lb-top tbody"),
     empty: document.getElementById("lb-empty"),
@@ -186,7 +190,46 @@
     el.version.textContent = "–";
     el.asOf.textContent = "–";
     el.total.textContent = "–";
-    setStatus("unavailable", "Unavailable · waiting for the next version");
+    var recovery = message.recovery || null;
+    showRecovery(recovery);
+    setStatus("unavailable", recovery && recovery.status !== "queued"
+      ? "Unavailable · rebuilding, " + recovery.percent + "%"
+      : "Unavailable · waiting for the next version");
+  }
+
+  // The server repeats "unavailable" as a recovery advances: its progress, not a bare error.
+  function showRecovery(recovery) {
+    if (!el.unavailableDetail.dataset.plain) {
+      el.unavailableDetail.dataset.plain = el.unavailableDetail.textContent;
+    }
+    if (!recovery) {
+      el.recovery.hidden = true;
+      el.unavailableDetail.textContent = el.unavailableDetail.dataset.plain;
+      return;
+    }
+    el.unavailableDetail.textContent = "The board's data was lost and is being rebuilt from the ledger; " +
+      "no score is lost.";
+    el.recovery.hidden = false;
+    el.recovery.dataset.status = recovery.status;
+    el.recoveryBar.value = recovery.percent;
+    el.recoveryText.textContent = describeRecovery(recovery);
+  }
+
+  function describeRecovery(recovery) {
+    if (recovery.status === "queued") return "The rebuild is queued and starts shortly.";
+    var copied = Number(recovery.done).toLocaleString() + " of " + Number(recovery.total).toLocaleString() +
+      " players copied (" + recovery.percent + "%)";
+    if (recovery.status === "comparing") {
+      return copied + " · checking the rebuilt board against the ledger before it is published";
+    }
+    return copied + (recovery.eta_seconds == null ? "" : " · about " + formatEta(recovery.eta_seconds) + " left");
+  }
+
+  function formatEta(seconds) {
+    if (seconds < 60) return Math.max(1, Math.round(seconds)) + " s";
+    var minutes = Math.round(seconds / 60);
+    if (minutes < 60) return minutes + " min";
+    return Math.floor(minutes / 60) + " h " + (minutes % 60) + " min";
   }
 
   function onError(message) {
