@@ -604,9 +604,9 @@ def _score_batches_copied(*, season: Season, ties: FirstReached | None, regional
                         batch.append((fields[0], (int(fields[1]), int(fields[2]))))
                     if regional:
                         regions.append(fields[-1])
-                if len(batch) >= BUILD_BATCH:
-                    yield batch, regions if regional else None
-                    batch, regions = [], []
+                    if len(batch) >= BUILD_BATCH:
+                        yield batch, regions if regional else None
+                        batch, regions = [], []
             if batch:
                 yield batch, regions if regional else None
     finally:

@@ -49,7 +49,7 @@ from leaderboard.materializer import (
     _copy_changes_apply,
     _manifest_record,
     copy_regions_boards,
-    season_copy_build,
+    season_copies_build,
     season_epoch_run_locked,
     season_keys,
     season_lease_acquire,
@@ -117,22 +117,6 @@ def _second(job: RebuildJob) -> str:
     return f"{job.copy}b"
 
 
-class _Phase:
-    """One of several equal builds, reported as a share of the whole job."""
-
-    def __init__(self, inner: _JobProgress, *, phase: int, phases: int):
-        self.inner, self.phase, self.phases = inner, phase, phases
-        self.size = 0
-
-    def start(self, total: int) -> None:
-        self.size = total
-        if self.phase == 0:
-            self.inner.start(total * self.phases)
-
-    def advance(self, done: int) -> None:
-        self.inner.advance(self.phase * self.size + done)
-
-
 class _JobProgress:
     """Persists progress every ~second: the console polls the row, the terminal gets a callback."""
 
@@ -198,11 +182,9 @@ def _run(*, job: RebuildJob, on_progress: Callable[[RebuildJob], None] | None) -
     # unfenced. Both copies of the new index are built here, off the lease: left to the
     # next epoch, the second one would be built under the lease and hold publication
     # back for the length of a full build.
-    progress = _JobProgress(job, on_progress)
-    shadow = season_copy_build(season=season, copy=job.copy, layout=layout, r=r, token=None,
-                               progress=_Phase(progress, phase=0, phases=2))
-    season_copy_build(season=season, copy=_second(job), layout=layout, r=r, token=None,
-                      progress=_Phase(progress, phase=1, phases=2))
+    # Both from one read of the current scores (progress: players written into both).
+    shadow, _ = season_copies_build(season=season, copies=[job.copy, _second(job)], layout=layout, r=r,
+                                    token=None, progress=_JobProgress(job, on_progress))
     RebuildJob.objects.filter(pk=job.pk).update(
         status=RebuildJob.Status.COMPARING, watermark_txid=shadow.watermark[0], watermark_id=shadow.watermark[1]
     )

@@ -91,24 +91,24 @@ def test_progress_is_persisted_with_rate_and_eta(season_factory: Callable[..., S
     job = rebuild_run(job_id=job.pk, on_progress=on_progress)
     assert job.status == RebuildJob.Status.PUBLISHED, (job.error, job.report)
 
-    # Both shadow copies count: 2 x 120 players, in steps of 25.
+    # Both shadow copies are filled from one read: 120 players written into both, in steps of 25.
     statuses = [s for s, *_ in seen]
     assert statuses[0] == "building" and statuses[-1] == "comparing"
     assert statuses == sorted(statuses, key=["building", "comparing"].index)
     building = [(done, total, rate, eta) for status, done, total, rate, eta in seen if status == "building"]
-    assert {total for _, total, _, _ in building} == {240}
+    assert {total for _, total, _, _ in building} == {120}
     dones = [done for done, *_ in building]
-    assert dones == sorted(dones) and dones[0] == 0 and dones[-1] == 240 and len(set(dones)) >= 8
+    assert dones == sorted(dones) and dones[0] == 0 and dones[-1] == 120 and len(set(dones)) >= 5
     assert all(rate > 0 and eta is not None and eta >= 0 for done, _, rate, eta in building if done)
     assert building[-1][3] == 0
     # The row is what the console polls: the start and the end are saved at once, and it
     # never runs ahead of the build.
-    assert rows[0] == ("building", 0, 240)
+    assert rows[0] == ("building", 0, 120)
     assert all(row_done <= done for (_, row_done, _), (_, done, *_) in zip(rows, seen, strict=True))
-    assert ("building", 240, 240) in rows and rows[-1][0] == "comparing"
+    assert ("building", 120, 120) in rows and rows[-1][0] == "comparing"
 
     row = RebuildJob.objects.get(pk=job.pk)
-    assert (row.status, row.done, row.total, row.percent, row.eta_seconds) == ("published", 240, 240, 100.0, 0)
+    assert (row.status, row.done, row.total, row.percent, row.eta_seconds) == ("published", 120, 120, 100.0, 0)
     assert row.rate > 0 and row.started_at is not None and row.finished_at >= row.started_at  # type: ignore[operator]
     assert row.copy == f"r{job.pk}" and row.compared_version == 2 and row.published_version == 3
     assert row.watermark_id is not None and row.report["ok"] is True  # type: ignore[index]
@@ -298,7 +298,7 @@ def test_the_command_rebuilds_in_the_foreground_with_a_progress_bar(season_facto
     season, _ = seeded(season_factory, post_scores, "cmd")
     call_command("rebuild_views", season.slug, "--reason", "drill")
     out = capsys.readouterr().out
-    assert re.search(r"\[#{40}\] 100\.0%\s+120/120 ", out), out
+    assert re.search(r"\[#{40}\] 100\.0%\s+60/60 ", out), out
     assert "  ok   player_count: live 60, shadow 60 (difference 0)" in out
     assert "  ok   top_100" in out and "FAIL" not in out
     job = RebuildJob.objects.get(season=season)
