@@ -354,6 +354,11 @@ class PlayerDetail:
     version: int | None
     total: int | None
     rank_error: str
+    # The player's region in that version and their place on its board (a season with regions).
+    region: str | None
+    regional_rank: int | None
+    regional_position: int | None
+    regional_total: int | None
     final: FinalStanding | None
     # The event that set the current score: the latest applied event whose score_after is it.
     setter: ScoreEvent | None
@@ -374,6 +379,7 @@ def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
     if score is not None:
         setter = next((e for e in reversed(events) if e.status == "applied" and e.score_after == score.score), None)
     rank = position = version = total = None
+    region = regional_rank = regional_position = regional_total = None
     rank_error = ""
     try:
         view = leaderboard_reader(season_slug=season.slug).rank(player_id)
@@ -382,13 +388,22 @@ def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
             rank, position = view.entry.rank, view.entry.position
         else:
             rank_error = f"not ranked in version {version}"
+        if view.region is not None:
+            # The same version's regional board: both places come from one version.
+            regional = leaderboard_reader(season_slug=season.slug, region=view.region).rank(player_id, version)
+            region, regional_total = view.region, regional.total
+            if regional.entry is not None:
+                regional_rank, regional_position = regional.entry.rank, regional.entry.position
+    except (rankview.VersionExpired, rankview.UnknownRegion):
+        rank_error = "the version moved while the page was read; reload"
     except rankview.Unavailable:
         rank_error = "no published version is available right now"
     except redis.RedisError as exc:
         rank_error = f"the rank views are unreachable ({exc.__class__.__name__})"
     return PlayerDetail(
         season=season, player_id=player_id, events=events, score=score, rank=rank, position=position,
-        version=version, total=total, rank_error=rank_error,
+        version=version, total=total, rank_error=rank_error, region=region, regional_rank=regional_rank,
+        regional_position=regional_position, regional_total=regional_total,
         final=FinalStanding.objects.filter(season=season, player_id=player_id).first(), setter=setter,
         revocations=list(ScoreRevocation.objects.filter(season=season, player_id=player_id).order_by("-id")),
         disputes=list(Dispute.objects.filter(season=season, player_id=player_id).order_by("-id")),

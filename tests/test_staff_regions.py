@@ -242,3 +242,27 @@ def test_the_region_pages_need_a_signed_in_console_role(
             assert client.get(url).status_code == 200, (role, url)
         # The sizes are read-only: no method but GET.
         assert client.post(urls[1]).status_code == 405
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rank_views")
+def test_the_player_page_shows_the_regional_rank_from_the_same_version_as_the_global_one(
+    season_factory: Callable[..., Season], client_as: Any
+) -> None:
+    from tests.support.publication import publish
+
+    world = season_factory(slug="world", regions=["na", "eu"])
+    profiles(("ann", "na", 1), ("bob", "eu", 1), ("cat", "na", 1), ("dan", None, 1))
+    events = Events(world.slug)
+    apply_events(world, [events.result("bob", 900), events.result("cat", 800), events.result("ann", 700),
+                         events.result("dan", 999)])
+    version = publish(world)
+
+    def summary(player_id: str) -> str:
+        page = client_as("viewer").get(f"/staff/seasons/{world.slug}/players/{player_id}/").content.decode()
+        return re.sub(r"<[^>]+>", "", page.split('id="player-summary"')[1].split("</dl>")[0])
+
+    ann = summary("ann")
+    assert "Rank (published)4 position 4 of 4" in ann
+    assert f"Regional rank (published)2 position 2 of 2 in na, version {version}" in ann
+    assert "Regional rank" not in summary("dan")  # no region: no regional board
