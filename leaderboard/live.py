@@ -81,6 +81,8 @@ VERSION_EVENT = "live.version"
 INBOX_SIZE = 8
 JOIN_TIMEOUT_SECONDS = 10.0
 ASYNC_REDIS_CONNECTIONS = 16
+# The bound of one read (a round trip) of the hub's Redis client.
+REDIS_READ_TIMEOUT_SECONDS = 5.0
 # Sockets sent to between two yields to the event loop: a fan-out to 10,000 sockets
 # must not hold the loop (handshakes, client messages, the listener) for its whole length.
 FAN_OUT_SLICE = 512
@@ -148,9 +150,10 @@ class PlayerRead:
     radius: int = 0
 
 
-# A Redis command for a pipeline: method name, positional and keyword arguments. The same
-# names and signatures exist on redis-py's sync and asyncio pipelines.
-Call = tuple[str, tuple[Any, ...], dict[str, Any]]
+# A Redis command: its name and arguments (str, bytes or int), its reply taken raw (no
+# redis-py callback applies to these commands' replies but ZRANGE's, which is why the plan
+# sends it without the withscores option it would need).
+Call = tuple[Any, ...]
 Plan = Generator[list[Call], list[Any], dict[str, "PlayerRead"]]
 
 
@@ -163,8 +166,8 @@ def players_read(r: redis.Redis, keys: rankview.Keys, manifest: Manifest,
         calls = next(plan)
         while True:
             with r.pipeline(transaction=False) as pipe:
-                for name, args, kwargs in calls:
-                    getattr(pipe, name)(*args, **kwargs)
+                for command in calls:
+                    pipe.execute_command(*command)
                 replies = pipe.execute()
             trips += 1
             calls = plan.send(replies)
@@ -175,20 +178,52 @@ def players_read(r: redis.Redis, keys: rankview.Keys, manifest: Manifest,
 async def players_read_async(r: redis.asyncio.Redis, keys: rankview.Keys, manifest: Manifest,
                              wanted: Mapping[str, int]) -> tuple[dict[str, PlayerRead], int]:
     """`players_plan` on an asyncio client, in the event loop: no worker thread to contend
-    for the GIL with the loop that is sending the same version to other sockets."""
+    for the GIL with the loop that is sending the same version to other sockets. Each
+    round trip is bounded by REDIS_READ_TIMEOUT_SECONDS as a whole (the process's client
+    has no per-reply timeout: that was a timer per reply, thousands per round)."""
     plan = players_plan(keys, manifest, wanted)
     trips = 0
     try:
         calls = next(plan)
         while True:
-            async with r.pipeline(transaction=False) as pipe:
-                for name, args, kwargs in calls:
-                    getattr(pipe, name)(*args, **kwargs)
-                replies = await pipe.execute()
+            async with asyncio.timeout(REDIS_READ_TIMEOUT_SECONDS):
+                replies = await pipeline_raw(r, calls)
             trips += 1
             calls = plan.send(replies)
     except StopIteration as done:
         return done.value, trips
+
+
+async def pipeline_raw(r: redis.asyncio.Redis, commands: list[Call]) -> list[Any]:
+    """One round trip of commands on a connection of the client's pool, packed into one
+    buffer here and the replies read as the parser gives them.
+
+    redis-py's pipeline packs each command and runs each reply through its callbacks in
+    Python: with a few thousand commands per round that was half the cost of reading a
+    version's players. A reply that is an error raises (the connection is dropped, since
+    the replies after it are unread), like the pipeline's execute.
+    """
+    pool = r.connection_pool
+    connection = await pool.get_connection()
+    try:
+        await connection.send_packed_command(resp_pack(commands), check_health=False)
+        return [await connection.read_response() for _ in commands]
+    except BaseException:
+        await connection.disconnect()
+        raise
+    finally:
+        await pool.release(connection)
+
+
+def resp_pack(commands: list[Call]) -> bytes:
+    """Commands in the Redis protocol (RESP arrays of bulk strings)."""
+    out: list[bytes] = []
+    for command in commands:
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            data = arg if isinstance(arg, bytes) else str(arg).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
 
 
 def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, int]) -> Plan:
@@ -216,7 +251,7 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     for player_id in wanted:
         by_shard.setdefault(rankview.lookup_shard(player_id), []).append(player_id)
     shards = list(by_shard.items())
-    replies = yield [("hmget", (keys.lookup(copy, shard), players), {}) for shard, players in shards]
+    replies = yield [("HMGET", keys.lookup(copy, shard), *players) for shard, players in shards]
     # Values: scores, or (score, reached_ms) on a first_reached board (core.tiebreak).
     ties = manifest.ties
     found = [(player_id, lookup_value(ties, value)) for (_, players), values in zip(shards, replies, strict=True)
@@ -229,8 +264,8 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         calls: list[Call] = []
         for player_id, value in found:
             bucket, sort_key = index_key(layout, ties, value)
-            calls.append(("zcount", (bucket_key(bucket), "-inf", f"({sort_key}"), {}))
-            calls.append(("zrank", (bucket_key(bucket), player_id), {}))
+            calls.append(("ZCOUNT", bucket_key(bucket), "-inf", f"({sort_key}"))
+            calls.append(("ZRANK", bucket_key(bucket), player_id))
         replies = yield calls
         for i, (player_id, value) in enumerate(found):
             higher, index = replies[2 * i], replies[2 * i + 1]
@@ -255,10 +290,9 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
             ranges.setdefault(span, len(ranges))
     pairs_of: list[list[tuple[str, IndexValue]]] = []
     if ranges:
-        # The raw command: through redis-py's ZRANGE callback every score of a RESP3 reply
-        # is formatted back to bytes and parsed again (a tenth of a process's fan-out CPU).
-        replies = yield [("execute_command", ("ZRANGE", bucket_key(bucket), start, stop, "WITHSCORES"), {})
-                         for bucket, start, stop in ranges]
+        # Raw: through redis-py's ZRANGE callback every score of a RESP3 reply was
+        # formatted back to bytes and parsed again (a tenth of a process's fan-out CPU).
+        replies = yield [("ZRANGE", bucket_key(bucket), start, stop, "WITHSCORES") for bucket, start, stop in ranges]
         pairs_of = [[(m.decode(), index_value(layout, ties, bucket, s)) for m, s in _score_pairs(reply)]
                     for (bucket, _, _), reply in zip(ranges, replies, strict=True)]
 
@@ -276,8 +310,8 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         if first != 1 and first_score != value_of[player_id]:
             rank_queries.setdefault(first_score, len(rank_queries))
     keyed = {value: index_key(layout, ties, value) for value in rank_queries}
-    replies = yield [("zcount", (bucket_key(keyed[value][0]), "-inf", f"({keyed[value][1]}"), {})
-                     for value in rank_queries] + [("hmget", (keys.copy_meta(copy), ["gen", "version"]), {})]
+    replies = yield [("ZCOUNT", bucket_key(keyed[value][0]), "-inf", f"({keyed[value][1]}")
+                     for value in rank_queries] + [("HMGET", keys.copy_meta(copy), "gen", "version")]
     gen, version = replies[-1]
     if gen is None or version is None or int(gen) != manifest.gen or int(version) != manifest.version:
         raise rankview.Torn()
@@ -551,7 +585,8 @@ class SeasonHub:
         """A published manifest (immutable, version numbers are never reused): cached."""
         found = self.manifests.get(version)
         if found is None:
-            raw = await self.redis.get(self.keys.manifest(version))
+            async with asyncio.timeout(REDIS_READ_TIMEOUT_SECONDS):
+                raw = await self.redis.get(self.keys.manifest(version))
             if raw is None:
                 return None
             found = self.manifests[version] = Manifest.from_json(raw)
@@ -735,7 +770,8 @@ class SeasonHub:
         process was not told of (a lost announcement) is published to its sockets; views
         found lost are said so, with the recovery's progress, while they stay lost."""
         try:
-            raw = await self.redis.get(self.keys.ptr)
+            async with asyncio.timeout(REDIS_READ_TIMEOUT_SECONDS):
+                raw = await self.redis.get(self.keys.ptr)
             version = int(raw) if raw is not None else None
             manifest = await self.manifest(version) if version is not None else None
         except Exception:
@@ -930,11 +966,13 @@ class LiveRegistry:
 
     def redis(self) -> redis.asyncio.Redis:
         """The process's asyncio Redis client for rounds. A blocking pool: a burst of reads
-        waits for a connection instead of failing (redis-py's default pool raises)."""
+        waits for a connection instead of failing (redis-py's default pool raises). No
+        socket_timeout: redis-py would wrap every reply of a pipeline in a timer of its
+        own; its callers bound each read as a whole (REDIS_READ_TIMEOUT_SECONDS)."""
         if self._redis is None:
             pool = redis.asyncio.BlockingConnectionPool.from_url(
                 settings.REDIS_URL, max_connections=ASYNC_REDIS_CONNECTIONS, timeout=10,
-                socket_timeout=5.0, socket_connect_timeout=2.0)
+                socket_timeout=None, socket_connect_timeout=2.0)
             self._redis = redis.asyncio.Redis(connection_pool=pool)
         return self._redis
 
