@@ -24,7 +24,8 @@
 Printed per run and version: clients that received it, and the time from the pointer
 swap to the median, 99th percentile and last client. Then per server, medians over the
 runs: p50/p99 over every (client, version), the median and the worst of each version's
-p99, and the median time to the last client; and current/baseline ratios. Client-side
+p99, the median time to the last client, and the CPU the server's workers and the
+client processes spent per version; and current/baseline ratios. Client-side
 parsing competes for the same two cores as the server, Redis and PostgreSQL: on this
 machine the figures are an upper bound of the server's own latency.
 
@@ -59,8 +60,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
-from websockets.asyncio.client import connect as ws_connect  # noqa: E402  (the library)
-from websockets.exceptions import ConnectionClosed  # noqa: E402
+import websockets.client  # noqa: E402, F401  (the library, imported before bench/ is on the path)
 
 sys.path.insert(0, str(HERE))
 import benchenv  # noqa: E402
@@ -71,79 +71,131 @@ import loader  # noqa: E402
 
 
 def client_worker(args: argparse.Namespace) -> int:
-    """One client process: args.count sockets, arrival times per version on stdout at the end."""
+    """One client process: args.count sockets, arrival times per version on stdout at the end.
+
+    Each socket is an asyncio.Protocol driving the `websockets` library's sans-I/O client
+    protocol: a frame is parsed and timestamped in the callback that reads it, with no
+    task or queue per socket and message (the library's asyncio client wakes two tasks per
+    message, and on these two shared cores the clients' own cost is part of every figure).
+    Per-process client CPU per version is reported with the results.
+    """
     import asyncio
 
     import orjson
+    from websockets.client import ClientProtocol
+    from websockets.frames import Frame, Opcode
+    from websockets.http11 import Response
+    from websockets.typing import Origin
+    from websockets.uri import parse_uri
 
     players = [p for p in args.worker_players.split(",") if p] if args.worker_players else []
     receipts: dict[int, list[float]] = {}
     stats = {"connected": 0, "failed": 0, "closed": 0, "gaps": 0, "snapshots": 0, "unavailable": 0}
     complete: set[int] = set()
     errors: list[str] = []
+    stopping = False
 
     def emit(payload: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(payload) + "\n")
         sys.stdout.flush()
 
-    async def one(index: int, ready: asyncio.Event, gate: asyncio.Semaphore, stop: asyncio.Event) -> None:
+    class Client(asyncio.Protocol):
+        def __init__(self, url: str, opened: asyncio.Future[None]):
+            self.conn = ClientProtocol(parse_uri(url), origin=Origin(args.origin), max_size=2**22)
+            self.opened = opened
+            self.transport: asyncio.Transport | None = None
+            self.held: int | None = None
+            self.first = True
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
+            self.conn.send_request(self.conn.connect())
+            self.flush()
+
+        def data_received(self, data: bytes) -> None:
+            now = time.time()
+            self.conn.receive_data(data)
+            for event in self.conn.events_received():
+                if isinstance(event, Response):
+                    if self.conn.handshake_exc is not None and not self.opened.done():
+                        self.opened.set_exception(self.conn.handshake_exc)
+                elif isinstance(event, Frame) and event.opcode is Opcode.TEXT:
+                    self.message(orjson.loads(event.data), now)
+            self.flush()
+
+        def message(self, message: dict[str, Any], now: float) -> None:
+            kind = message.get("type")
+            if self.first:
+                self.first = False
+                self.held = message.get("leaderboard_version")
+                if kind == "unavailable":
+                    stats["unavailable"] += 1
+                if not self.opened.done():
+                    self.opened.set_result(None)
+                return
+            if kind == "version":
+                version = message["leaderboard_version"]
+                arrivals = receipts.setdefault(version, [])
+                arrivals.append(now)
+                if message.get("previous_version") != self.held:
+                    stats["gaps"] += 1  # what a real client answers with a snapshot request
+                    self.conn.send_text(b'{"type": "snapshot"}')
+                self.held = version
+                if len(arrivals) == stats["connected"] and version not in complete:
+                    complete.add(version)
+                    emit({"event": "version", "version": version, "count": len(arrivals)})
+            elif kind == "snapshot":
+                stats["snapshots"] += 1
+                self.held = message["leaderboard_version"]
+
+        def flush(self) -> None:
+            assert self.transport is not None
+            for data in self.conn.data_to_send():
+                if data:
+                    self.transport.write(data)
+                else:
+                    self.transport.write_eof()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self.opened.done():
+                self.opened.set_exception(exc or ConnectionError("closed during the handshake"))
+            elif not stopping:
+                stats["closed"] += 1
+
+    async def one(index: int, gate: asyncio.Semaphore) -> asyncio.Transport | None:
         query = f"?player_id={players[index]}" if index < len(players) else ""
         url = f"{args.url}{query}"
+        uri = parse_uri(url)
+        loop = asyncio.get_running_loop()
         try:
             async with gate:
-                ws = await ws_connect(url, origin=args.origin, max_size=2**22, ping_interval=None,
-                                      open_timeout=60, compression=None)
-                first = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
+                opened: asyncio.Future[None] = loop.create_future()
+                transport, _ = await asyncio.wait_for(
+                    loop.create_connection(lambda: Client(url, opened), uri.host, uri.port), 60)
+                await asyncio.wait_for(opened, 60)
         except Exception as exc:  # a refused or timed-out connection is counted, not fatal
             stats["failed"] += 1
             if len(errors) < 5:
                 errors.append(f"{type(exc).__name__}: {exc}")
-            if stats["connected"] + stats["failed"] == args.count:
-                ready.set()
-            return
+            return None
         stats["connected"] += 1
-        held = first.get("leaderboard_version")
-        if first.get("type") == "unavailable":
-            stats["unavailable"] += 1
-        if stats["connected"] + stats["failed"] == args.count:
-            ready.set()
-        try:
-            async for raw in ws:
-                now = time.time()
-                message = orjson.loads(raw)
-                kind = message.get("type")
-                if kind == "version":
-                    version = message["leaderboard_version"]
-                    arrivals = receipts.setdefault(version, [])
-                    arrivals.append(now)
-                    if message.get("previous_version") != held:
-                        stats["gaps"] += 1  # what a real client answers with a snapshot request
-                        await ws.send('{"type": "snapshot"}')
-                    held = version
-                    if len(arrivals) == stats["connected"] and version not in complete:
-                        complete.add(version)
-                        emit({"event": "version", "version": version, "count": len(arrivals)})
-                elif kind == "snapshot":
-                    stats["snapshots"] += 1
-                    held = message["leaderboard_version"]
-        except ConnectionClosed:
-            if not stop.is_set():
-                stats["closed"] += 1
+        return transport
 
     async def main() -> None:
-        ready, stop = asyncio.Event(), asyncio.Event()
+        nonlocal stopping
         gate = asyncio.Semaphore(args.connect_concurrency)
-        tasks = [asyncio.ensure_future(one(i, ready, gate, stop)) for i in range(args.count)]
-        await ready.wait()
+        transports = await asyncio.gather(*(one(i, gate) for i in range(args.count)))
         emit({"event": "ready", **stats, "errors": errors})
+        cpu_started = time.process_time()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, sys.stdin.readline)  # "stop"
-        stop.set()
-        emit({"event": "result", **stats, "errors": errors,
+        stopping = True
+        emit({"event": "result", **stats, "errors": errors, "cpu_seconds": time.process_time() - cpu_started,
               "receipts": {str(v): times for v, times in receipts.items()}})
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for transport in transports:
+            if transport is not None:
+                transport.abort()
 
     asyncio.run(main())
     return 0
@@ -252,6 +304,10 @@ class Measured:
     rounds: list[Round]
     totals: dict[str, int]
     connect_seconds: float
+    # CPU of the server's worker processes and of the client processes over the versions,
+    # per version (milliseconds).
+    server_cpu_ms: float = float("nan")
+    client_cpu_ms: float = float("nan")
 
     def everything(self) -> list[float]:
         return [ms for rnd in self.rounds for ms in rnd.latencies_ms]
@@ -324,6 +380,8 @@ def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, 
               f"{connect_seconds:.1f}s", flush=True)
 
         r = redis_get()
+        server_pids = benchenv.children_of(server.pid)
+        server_cpu_started = cpu_seconds(server_pids)
         grace = settings.COPY_GRACE_SECONDS + 0.05
         last_epoch_end = time.monotonic()
         for _ in range(args.versions):
@@ -350,6 +408,7 @@ def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, 
             if not complete:
                 print(f"# version {outcome.version}: not every client had it after {args.round_timeout:.0f}s")
             time.sleep(args.pause)
+        server_cpu = cpu_seconds(server_pids) - server_cpu_started
 
         for worker in workers:
             assert worker.process.stdin is not None
@@ -372,7 +431,23 @@ def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, 
     for rnd in rounds:
         rnd.latencies_ms = [(t - rnd.swap_at) * 1000 for t in by_version.get(rnd.version, [])]
     totals = {k: sum(g.get(k, 0) for g in final) for k in ("connected", "failed", "closed", "gaps", "snapshots")}
-    return Measured(label=label, rounds=rounds, totals=totals, connect_seconds=connect_seconds)
+    per_version = 1000 / max(len(rounds), 1)
+    return Measured(label=label, rounds=rounds, totals=totals, connect_seconds=connect_seconds,
+                    server_cpu_ms=server_cpu * per_version,
+                    client_cpu_ms=sum(g.get("cpu_seconds", 0.0) for g in final) * per_version)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of the processes so far (/proc/PID/stat), in seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / ticks
 
 
 def run_print(measured: Measured, run: int) -> None:
@@ -384,7 +459,8 @@ def run_print(measured: Measured, run: int) -> None:
     print(benchenv.table(["version", "changed players", "epoch ms", "clients", "p50 ms", "p99 ms", "last ms"], rows))
     t = measured.totals
     print(f"# sockets: {t['connected']:,} connected, {t['failed']} failed, {t['closed']} closed by the server, "
-          f"{t['gaps']} gaps seen; load average now {os.getloadavg()[0]:.2f}", flush=True)
+          f"{t['gaps']} gaps seen; CPU per version: server {measured.server_cpu_ms:.0f} ms, clients "
+          f"{measured.client_cpu_ms:.0f} ms; load average now {os.getloadavg()[0]:.2f}", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -453,19 +529,23 @@ def run(args: argparse.Namespace) -> int:
             "version_p99": benchenv.median([benchenv.median(m.version_p99s()) for m in runs]),
             "worst_version_p99": benchenv.median([max(m.version_p99s(), default=float("nan")) for m in runs]),
             "last": benchenv.median([benchenv.median(m.lasts()) for m in runs]),
+            "server_cpu": benchenv.median([m.server_cpu_ms for m in runs]),
+            "client_cpu": benchenv.median([m.client_cpu_ms for m in runs]),
         }
         summary[label] = figures
         rows.append((label, len(runs), figures["p50"], figures["p99"], figures["version_p99"],
-                     figures["worst_version_p99"], figures["last"],
+                     figures["worst_version_p99"], figures["last"], figures["server_cpu"], figures["client_cpu"],
                      sum(m.totals["failed"] + m.totals["closed"] for m in runs),
                      sum(m.totals["gaps"] for m in runs)))
     print(benchenv.table(["server", "runs", "p50 ms", "p99 ms", "a version's p99 ms (median)",
-                          "worst version's p99 ms", "last client ms (median)", "failed or closed", "gaps"], rows))
+                          "worst version's p99 ms", "last client ms (median)", "server CPU ms per version",
+                          "clients' CPU ms per version", "failed or closed", "gaps"], rows))
     if "baseline" in summary and summary["current"]["p99"] > 0:
         base, cur = summary["baseline"], summary["current"]
         print()
         print(f"current / baseline: p50 {cur['p50'] / base['p50']:.2f}x, p99 {cur['p99'] / base['p99']:.2f}x, "
-              f"last client {cur['last'] / base['last']:.2f}x")
+              f"last client {cur['last'] / base['last']:.2f}x, server CPU per version "
+              f"{cur['server_cpu'] / base['server_cpu']:.2f}x")
     print()
     print(f"# run took {time.monotonic() - started:.0f}s; load average now {os.getloadavg()[0]:.2f}")
     complete = all(rnd.complete for runs in measured.values() for m in runs for rnd in m.rounds)
