@@ -387,6 +387,11 @@ def fenced_packed_write(r: redis.Redis, keys: Keys, token: int | None, packed: b
     return _fenced_packed(r, keys, token, packed, count)
 
 
+# Transactions refused by a renewal of the holder's own lease are sent again (at most this
+# many tries in all): a renewal comes every third of the lease, a chunk takes milliseconds.
+FENCE_ATTEMPTS = 5
+
+
 def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
     """`_fenced` for a MULTI/EXEC already encoded (`count` commands between them).
 
@@ -399,22 +404,28 @@ def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes,
     """
     conn = r.connection_pool.get_connection()
     try:
-        if token is not None:
-            conn.send_packed_command([_pack([("WATCH", keys.lease), ("GET", keys.lease)])])
-            conn.read_response()
-            held = conn.read_response()
-            if held is None or int(held) != token:
-                raise FenceLost("the lease is no longer ours")
-        conn.send_packed_command([packed])
-        for _ in range(count + 1):  # +OK for MULTI, then QUEUED for each command
-            conn.read_response()
-        replies = conn.read_response()
-        if replies is None:
-            raise FenceLost("the lease changed while applying")
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies  # type: ignore[no-any-return]
+        for _ in range(FENCE_ATTEMPTS):
+            if token is not None:
+                conn.send_packed_command([_pack([("WATCH", keys.lease), ("GET", keys.lease)])])
+                conn.read_response()
+                held = conn.read_response()
+                if held is None or int(held) != token:
+                    raise FenceLost("the lease is no longer ours")
+            conn.send_packed_command([packed])
+            for _ in range(count + 1):  # +OK for MULTI, then QUEUED for each command
+                conn.read_response()
+            replies = conn.read_response()
+            if replies is None:
+                # EXEC refused: the watched lease key was touched. The holder's own
+                # LeaseKeeper renewal (PEXPIRE) touches it too, and then the token is
+                # still ours: nothing of the transaction ran, so it is sent again. A
+                # takeover changed the value, and the next GET says so.
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies  # type: ignore[no-any-return]
+        raise FenceLost("the lease kept changing while applying")
     except BaseException:
         conn.disconnect()
         raise

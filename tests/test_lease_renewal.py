@@ -1,0 +1,61 @@
+"""A coordinator's own lease renewals never fail its fenced writes.
+
+The fenced chunks WATCH the lease key, and the LeaseKeeper's renewal (PEXPIRE) touches
+that key, which makes Redis refuse the EXEC just as a takeover would: the write must then
+look again, and go on while the lease still holds its token."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from leaderboard import materializer, rankview
+from leaderboard.redis_client import redis_get
+from seasons.models import Season
+from tests.support import Events, apply_events
+from tests.support.publication import assert_matches_ledger, keys_of, publish
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
+
+
+@pytest.fixture
+def renewing(season: Season) -> Iterator[subprocess.Popen[bytes]]:
+    """Extend the season's lease every millisecond (as its holder's keeper does, far more
+    often) from another process while a test runs, whatever this process's GIL does."""
+    r = redis_get()
+    keys = keys_of(season)
+    url = r.connection_pool.connection_kwargs
+    renewer = subprocess.Popen(
+        ["redis-cli", "-h", str(url.get("host", "127.0.0.1")), "-p", str(url.get("port", 6379)),
+         "-n", str(url.get("db", 0)), "-r", "-1", "-i", "0.001", "PEXPIRE", keys.lease, "30000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield renewer
+    renewer.kill()
+    renewer.wait()
+
+
+def test_renewals_of_the_holders_own_lease_do_not_fail_an_epochs_chunks(
+        season: Season, renewing: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rankview, "APPLY_CHUNK", 50)  # many chunks, each a fenced transaction
+    monkeypatch.setattr(rankview, "FENCE_ATTEMPTS", 100)  # renewals every 2 ms: retries must win
+    events = Events(season.slug)
+    apply_events(season, [events.result(f"p{i:04d}", i) for i in range(1500)])
+    publish(season)
+    apply_events(season, [events.result(f"p{i:04d}", 5000 + i) for i in range(0, 1500, 2)])
+    publish(season)
+    assert renewing.poll() is None, "the renewer stopped"
+    assert_matches_ledger(season, exhaustive=False)
+
+
+def test_a_takeover_still_stops_a_fenced_write_at_once(season: Season) -> None:
+    r = redis_get()
+    keys = keys_of(season)
+    apply_events(season, [Events(season.slug).result("a", 10)])
+    publish(season)
+    stale = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+    assert stale is not None
+    r.set(keys.lease, stale + 1)  # another coordinator's token
+    with pytest.raises(rankview.FenceLost):
+        rankview.manifest_store(r, keys, rankview.manifest_get(r, keys, 1), token=stale)  # type: ignore[arg-type]
