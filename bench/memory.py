@@ -4,15 +4,16 @@
 For each size, the loader (bench/loader.py) fills a fresh season and builds both copies;
 used_memory (INFO memory) is read before the build and after each copy. Then MEMORY
 USAGE of every key of each copy splits the figure into the bucket sorted sets and the
-16 lookup hash shards, and the same players are put in ONE plain sorted set (what a
+lookup hash shards (as many as the copy was built with; OBJECT ENCODING says how many
+are listpacks), and the same players are put in ONE plain sorted set (what a
 single-index design would hold) to measure it the same way (used_memory delta).
 
     SECRET_KEY=x .venv/bin/python bench/memory.py                 # 1M players (~1 min)
     SECRET_KEY=x .venv/bin/python bench/memory.py --players 1M,10M  # ~3.5 GB of Redis at 10M
 
-Redis 7.0 here measured ~109 bytes per member of a sorted set with ~9-byte members and
-~56 bytes per hash entry on this machine (docs/benchmarks.md, Memory); player ids here
-are 9 bytes (`p%08d`).
+Redis 7.0 here measured ~109 bytes per member of a sorted set with ~9-byte members,
+~56 bytes per entry of a hashtable-encoded hash and ~15 of a listpack-encoded one
+(docs/benchmarks.md, Memory); player ids here are 9 bytes (`p%08d`).
 """
 
 from __future__ import annotations
@@ -27,15 +28,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchenv  # noqa: E402
 import loader  # noqa: E402
 
+BATCH = 10_000  # commands per pipeline (a 10M-player copy has ~260,000 lookup shards)
+
 
 def keys_usage(r: Any, keys: list[str], samples: int) -> int:
     total = 0
-    with r.pipeline(transaction=False) as pipe:
-        for key in keys:
-            pipe.memory_usage(key, samples=samples)
-        for usage in pipe.execute():
-            total += int(usage or 0)
+    for start in range(0, len(keys), BATCH):
+        with r.pipeline(transaction=False) as pipe:
+            for key in keys[start:start + BATCH]:
+                pipe.memory_usage(key, samples=samples)
+            total += sum(int(usage or 0) for usage in pipe.execute())
     return total
+
+
+def keys_listpacks(r: Any, keys: list[str]) -> int:
+    """How many of `keys` are listpack-encoded."""
+    listpacks = 0
+    for start in range(0, len(keys), BATCH):
+        with r.pipeline(transaction=False) as pipe:
+            for key in keys[start:start + BATCH]:
+                pipe.object("encoding", key)
+            listpacks += sum(1 for encoding in pipe.execute() if encoding in (b"listpack", "listpack"))
+    return listpacks
 
 
 def measure(players: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -54,10 +68,14 @@ def measure(players: int, args: argparse.Namespace) -> dict[str, Any]:
         layout = season.bucket_layout
         started = time.perf_counter()
         for copy in COPIES:
+            meta = rankview.copy_meta_load(r, keys, copy)
+            assert meta is not None
             buckets = [keys.bucket(copy, layout.layout_id, b) for b in range(layout.size)]
-            lookups = [keys.lookup(copy, k) for k in range(rankview.LOOKUP_SHARDS)]
+            lookups = [keys.lookup(copy, k) for k in range(meta.lookup_shards)]
             out[f"zsets_{copy}"] = keys_usage(r, buckets, args.samples)
             out[f"hashes_{copy}"] = keys_usage(r, lookups, args.samples)
+            out[f"shards_{copy}"] = meta.lookup_shards
+            out[f"listpacks_{copy}"] = keys_listpacks(r, lookups)
         out["usage_seconds"] = time.perf_counter() - started
         # One plain sorted set with the same players, measured the same way.
         before = loader.redis_used_memory(r)
@@ -108,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                      usage / m["baseline_usage"], copy0 / n, copy1 / n, m["baseline_delta"] / n, usage / 2**30))
     print(benchenv.table(["players", "buckets/copy", "lookup/copy", "both copies", "one plain zset",
                           "ours / plain", "used_memory: copy 0", "copy 1", "plain zset", "both copies GiB"], rows))
+    print()
+    print(benchenv.table(["players", "lookup shards/copy", "players/shard", "listpack shards: copy 0", "copy 1"],
+                         [(benchenv.human(m["players"]), m["shards_0"], m["players"] / m["shards_0"],
+                           f"{m['listpacks_0'] / m['shards_0']:.1%}", f"{m['listpacks_1'] / m['shards_1']:.1%}")
+                          for m in results]))
     print()
     print("buckets, lookup, both copies and one plain zset: MEMORY USAGE of the keys (exact per key, without")
     print("allocator fragmentation). used_memory columns: INFO memory deltas while building, server-wide, so")

@@ -246,11 +246,8 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     def bucket_key(bucket: int) -> str:
         return keys.bucket(copy, layout.layout_id, bucket)
 
-    # 1. Scores from the copy's lookup: one HMGET per lookup shard.
-    by_shard: dict[int, list[str]] = {}
-    for player_id in wanted:
-        by_shard.setdefault(rankview.lookup_shard(player_id), []).append(player_id)
-    shards = list(by_shard.items())
+    # 1. Scores from the copy's lookup: one HMGET per lookup shard (the copy's count).
+    shards = list(rankview.shards_of(wanted, manifest.lookup_shards).items())
     replies = yield [("HMGET", keys.lookup(copy, shard), *players) for shard, players in shards]
     # Values: scores, or (score, reached_ms) on a first_reached board (core.tiebreak).
     ties = manifest.ties

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
@@ -27,13 +27,19 @@ from leaderboard import ledger_store, rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add
 from leaderboard.core.epoch import newest_scores, scores_before
-from leaderboard.core.manifest import Manifest, RegionBoard
+from leaderboard.core.manifest import (
+    LOOKUP_SHARD_OUTGROWN,
+    Manifest,
+    RegionBoard,
+    lookup_shards_for,
+    lookup_shards_outgrown,
+)
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import FirstReached, IndexValue, first_reached_of, index_key, value_token
 from leaderboard.live import live_version_published
 from leaderboard.metrics import metrics_epoch_observe
+from leaderboard.models import ACTIVE_REBUILD_STATUSES, PlayerScore, RebuildJob, ScoreChange
 from leaderboard.models import Manifest as ManifestRow
-from leaderboard.models import PlayerScore, ScoreChange
 from leaderboard.redis_client import redis_get
 from leaderboard.selectors import (
     ChangeCursor,
@@ -54,6 +60,10 @@ MAX_CURSOR_ID = 2**63 - 1
 EPOCH_HOLD_SECONDS = 15.0
 # Its lease is renewed while it works (rankview.LeaseKeeper); a hung one gives it back after this.
 LEASE_KEEP_MAX_SECONDS = 3600.0
+# The reason of the rebuild an epoch starts for a copy that outgrew its lookup shards; a
+# failed one is not started again for this long (each is a full build of the season).
+SHARDS_OUTGROWN_REASON = "lookup shards outgrown"
+SHARDS_OUTGROWN_RETRY_SECONDS = 600.0
 
 # txid, id, player, new score, version, old score; in a first_reached season also the new
 # and old reached_at in ms since 1970 (selectors.score_change_reached_after); in a season
@@ -250,16 +260,13 @@ def _copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, targ
     `exact`: the copy held exactly the ledger at the watermark the rows start after, so
     each player's old score is the first row's old_score (no read of the copy)."""
     newest, olds = change_values(changes, target.ties)
-    old_scores: dict[str, IndexValue | None]
-    if exact:
-        old_scores = scores_before(olds)
-    else:
-        old_scores = rankview.copy_scores_get(r, keys, target.copy, list(newest), target.ties)
+    old_scores: dict[str, IndexValue | None] = (
+        scores_before(olds) if exact else rankview.copy_scores_get(r, keys, target, list(newest)))
     regions = None
     if target.boards:
         new_regions, old_regions = change_regions(changes, exact=exact)
         if old_regions is None:
-            old_regions = rankview.copy_regions_get(r, keys, target.copy, list(newest))
+            old_regions = rankview.copy_regions_get(r, keys, target, list(newest))
         regions = rankview.RegionMoves(old=old_regions, new=new_regions)
     touched = rankview.copy_apply(r, keys, token, target, old_scores, newest, regions)
     problems = rankview.copy_verify_counts(r, keys, target, touched)
@@ -351,7 +358,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
         watermark=(head.txid, head.id), copy=target.copy, gen=target.gen, layout=target.layout,
         counts=list(target.counts), checksums=list(target.checksums),
         top=rankview.copy_top(r, keys, target, limit=100), ties=target.ties,
-        regions=copy_regions_boards(r=r, keys=keys, meta=target),
+        regions=copy_regions_boards(r=r, keys=keys, meta=target), lookup_shards=target.lookup_shards,
     )
     rankview.manifest_store(r, keys, manifest, token=token)
     # The FINAL version keeps its manifest when a correction replaces it (the catch-up
@@ -369,6 +376,8 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     transaction.on_commit(lambda: live_version_published(season.slug, version))  # live sockets (docs/api.md)
     _metrics_observe(season=season, r=r, after=current.watermark if current is not None else None,
                      upto=manifest.watermark, published_at=published_at, epoch_ms=epoch_ms)
+    if lookup_shards_outgrown(players=manifest.total, shards=target.lookup_shards):
+        _shards_rebuild_start(season=season, manifest=manifest)
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms,
                        applied=applied), read
 
@@ -402,15 +411,41 @@ def _metrics_observe(*, season: Season, r: redis.Redis, after: tuple[int, int] |
 
 
 def _recovery_start(season: Season) -> EpochResult:
-    from leaderboard.models import RebuildJob
+    job = _rebuild_start(season=season, kind=RebuildJob.Kind.RECOVERY, layout=season.bucket_layout,
+                         reason="views lost: no current version in Redis")
+    if job is None:
+        return EpochResult(status="lost", detail="views lost; a rebuild is in flight")
+    return EpochResult(status="lost", detail=f"views lost; recovery job {job.pk} started")
+
+
+def _shards_rebuild_start(*, season: Season, manifest: Manifest) -> RebuildJob | None:
+    """A background rebuild of a season whose copy outgrew its lookup shards (it grew
+    through epochs since it was built): the rebuild counts the players again and sizes
+    both new copies for them. None while a shadow build is in flight, or soon after such a
+    rebuild failed (one query a published epoch until the rebuild publishes)."""
+    retry_after = datetime.now(UTC) - timedelta(seconds=SHARDS_OUTGROWN_RETRY_SECONDS)
+    blocked = RebuildJob.objects.filter(season=season).filter(
+        Q(status__in=ACTIVE_REBUILD_STATUSES)
+        | Q(status=RebuildJob.Status.FAILED, reason__startswith=SHARDS_OUTGROWN_REASON, finished_at__gte=retry_after))
+    if blocked.exists():
+        return None
+    reason = (f"{SHARDS_OUTGROWN_REASON}: copy {manifest.copy} holds {manifest.total:,} players in "
+              f"{manifest.lookup_shards:,} lookup shards, more than {LOOKUP_SHARD_OUTGROWN} a shard")
+    job = _rebuild_start(season=season, kind=RebuildJob.Kind.REBUILD, layout=manifest.layout, reason=reason)
+    if job is not None:
+        log.info("season %s: rebuild %s started: %s", season.slug, job.pk, reason)
+    return job
+
+
+def _rebuild_start(*, season: Season, kind: str, layout: BucketLayout, reason: str) -> RebuildJob | None:
+    """A shadow build the epoch starts itself (its audit row names the system), or None
+    when the season's one slot is taken. Imported here: rebuild imports this module."""
     from leaderboard.rebuild import RebuildError, season_rebuild_start
 
     try:
-        job = season_rebuild_start(season=season, actor=SYSTEM, kind=RebuildJob.Kind.RECOVERY,
-                                   layout=season.bucket_layout, reason="views lost: no current version in Redis")
+        return season_rebuild_start(season=season, actor=SYSTEM, kind=kind, layout=layout, reason=reason)
     except RebuildError:
-        return EpochResult(status="lost", detail="views lost; a rebuild is in flight")
-    return EpochResult(status="lost", detail=f"views lost; recovery job {job.pk} started")
+        return None
 
 
 def _changes_upto(
@@ -492,12 +527,15 @@ def season_copies_build(
     """
     keys = season_keys(season)
     ties = season_ties(season)
+    # Counted first: the copies' lookup shards are sized for the players they will hold.
+    total = PlayerScore.objects.filter(season_id=season.pk).count()
+    shards = lookup_shards_for(players=total)
     metas = []
     for copy in copies:
         old = rankview.copy_meta_load(r, keys, copy)
         if old is not None:
             rankview.copy_drop(r, keys, old, token=token)
-        meta = rankview.copy_meta_init(r, keys, copy, layout, ties, regions=season.regions)
+        meta = rankview.copy_meta_init(r, keys, copy, layout, ties, regions=season.regions, lookup_shards=shards)
         metas.append(rankview.copy_begin_mutation(r, keys, token, meta))
     first = metas[0]
     counts = [0] * layout.size
@@ -508,7 +546,6 @@ def season_copies_build(
         # SQLite serializes writers (BEGIN IMMEDIATE): ids are in commit order.
         last = ScoreChange.objects.filter(season_id=season.pk).order_by("-id").values_list("id", flat=True).first()
         watermark = (0, last or 0)
-    total = PlayerScore.objects.filter(season_id=season.pk).count()
     done = 0
     if progress is not None:
         progress.start(total)
@@ -532,7 +569,7 @@ def season_copies_build(
         meta.counts = list(counts)
         meta.checksums = list(checksums)
         meta.boards = {region: (list(c), list(s)) for region, (c, s) in first.boards.items()}
-        problems = rankview.copy_verify_counts(r, keys, meta, range(layout.size))
+        problems = rankview.copy_verify_counts(r, keys, meta, range(layout.size), lookups=True)
         if problems:
             r.hset(keys.copy_meta(meta.copy), "state", rankview.STATE_BROKEN)
             raise EpochError(f"copy {meta.copy} built from scores failed verification: {'; '.join(problems)}")
@@ -617,12 +654,13 @@ def _build_commands(
     keys: rankview.Keys, meta: rankview.CopyMeta, batch: list[tuple[str, Any]], counts: list[int],
     checksums: list[int], regions: list[str] | None, copies: list[str],
 ) -> list[list[tuple[Any, ...]]]:
-    """One batch of a build as commands for each of `copies` (one ZADD per bucket, one HSET
-    per lookup shard; the copies differ only in their keys): `batch` (player_id, score), or
+    """One batch of a build as commands for each of `copies` (one ZADD per bucket, one
+    shards_hset for the lookup shards; the copies differ only in their keys): `batch` (player_id, score), or
     (player_id, (score, reached_ms)) on a first_reached board; `regions`: each player's
     region, in a season with regional boards (their counts and checksums accumulate in
     meta.boards)."""
     layout = meta.layout
+    shards = meta.lookup_shards
     zadds: dict[int, list[Any]] = {}
     hsets: dict[int, list[Any]] = {}
     # (bucket, key, token) per player, for the regional boards.
@@ -631,7 +669,7 @@ def _build_commands(
         for player_id, score in batch:
             bucket = layout.bucket_of(score)
             zadds.setdefault(bucket, []).extend((-score, player_id))
-            hsets.setdefault(rankview.lookup_shard(player_id), []).extend((player_id, score))
+            hsets.setdefault(rankview.lookup_shard(player_id, shards), []).extend((player_id, score))
             counts[bucket] += 1
             checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
             if regions is not None:
@@ -641,20 +679,25 @@ def _build_commands(
             bucket, key = index_key(layout, meta.ties, value)
             lookup = value_token(value)
             zadds.setdefault(bucket, []).extend((key, player_id))
-            hsets.setdefault(rankview.lookup_shard(player_id), []).extend((player_id, lookup))
+            hsets.setdefault(rankview.lookup_shard(player_id, shards), []).extend((player_id, lookup))
             counts[bucket] += 1
             checksums[bucket] = checksum_add(checksums[bucket], player_id, lookup)
             if regions is not None:
                 placed.append((bucket, key, lookup))
     regional = _regional_build_pairs(meta, batch, regions, placed) if regions is not None else ({}, {})
+    # The shards' writes as one command per copy (rankview.shards_hset): a batch names
+    # about as many shards as players once a copy has ~260,000 of them.
+    lookup_args = rankview.shards_hset_args(hsets)
+    region_args = rankview.shards_hset_args(regional[1])
     out = []
     for copy in copies:
         commands: list[tuple[Any, ...]] = [("ZADD", keys.bucket(copy, layout.layout_id, b), *pairs)
                                            for b, pairs in zadds.items()]
-        commands += [("HSET", keys.lookup(copy, shard), *pairs) for shard, pairs in hsets.items()]
+        commands.append(rankview.shards_hset([keys.lookup(copy, shard) for shard in hsets], lookup_args))
         commands += [("ZADD", keys.bucket(copy, layout.layout_id, b, region), *pairs)
                      for (region, b), pairs in regional[0].items()]
-        commands += [("HSET", keys.region(copy, shard), *pairs) for shard, pairs in regional[1].items()]
+        if region_args:
+            commands.append(rankview.shards_hset([keys.region(copy, shard) for shard in regional[1]], region_args))
         out.append(commands)
     return out
 
@@ -672,7 +715,7 @@ def _regional_build_pairs(meta: rankview.CopyMeta, batch: list[tuple[str, Any]],
         if board is None:
             continue
         zadds.setdefault((region, bucket), []).extend((key, player_id))
-        shards.setdefault(rankview.lookup_shard(player_id), []).extend((player_id, region))
+        shards.setdefault(rankview.lookup_shard(player_id, meta.lookup_shards), []).extend((player_id, region))
         board_counts, board_checksums = board
         board_counts[bucket] += 1
         board_checksums[bucket] = checksum_add(board_checksums[bucket], player_id, token)

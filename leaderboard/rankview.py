@@ -13,6 +13,13 @@ per-season control keys together in one):
     {P}:{season:c:r:g:L:b}:z         bucket b of region g's board in copy c (a season with regions)
     {P}:{season:c:g:k}:h             region shard k of copy c: player_id -> region (players with one)
 
+A player's lookup (and region) shard is crc32(player_id) % S, where S, the copy's
+`lookup_shards`, is chosen when the copy is built from the scores: a power of two >=
+max(16, players / 48), recorded in the copy meta and in every manifest of the copy. Small
+shards stay listpack-encoded hashes (~15 bytes a player instead of ~56 in a hashtable),
+and the rank read's first round trip still names one shard per copy. A copy that grows
+past 96 players a shard through epochs is rebuilt with more (materializer).
+
 Scores are stored negated, so ascending ZRANGE order is score descending, then member
 ascending by bytes: the display order (docs/rules.md, Ranking) in one range call, and
 ZCOUNT(-inf, (-s) counts the strictly higher scores in a bucket.
@@ -41,7 +48,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +60,7 @@ import redis
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_of
 from leaderboard.core.epoch import EpochPlan, board_plan, epoch_plan, locate_position, regional_values
-from leaderboard.core.manifest import Manifest
+from leaderboard.core.manifest import LOOKUP_SHARDS_DEFAULT, Manifest
 from leaderboard.core.ranking import Entry, ranked, ranked_values
 from leaderboard.core.tiebreak import (
     FirstReached,
@@ -66,7 +73,13 @@ from leaderboard.core.tiebreak import (
     value_token,
 )
 
-LOOKUP_SHARDS = 16
+# The fewest lookup shards a copy has, and the count of copies and manifests that predate
+# the count's recording (core.manifest.lookup_shards_for sizes a copy).
+LOOKUP_SHARDS = LOOKUP_SHARDS_DEFAULT
+# Lookup shards read per round trip when every shard of a copy is scanned or counted.
+SHARD_SCAN_BATCH = 1024
+# Keys a dropped copy unlinks per command.
+DROP_BATCH = 8192
 # The copies of the index (R = 2): the materializer alternates between them, and a rank
 # read fetches the player's lookup score in each with the pointer, in one round trip.
 COPY_NAMES = ("0", "1")
@@ -84,8 +97,18 @@ STATE_APPLYING = "applying"
 STATE_BROKEN = "broken"
 
 
-def lookup_shard(player_id: str) -> int:
-    return zlib.crc32(player_id.encode()) % LOOKUP_SHARDS
+def lookup_shard(player_id: str, shards: int) -> int:
+    """The player's lookup (and region) shard in a copy of `shards` shards."""
+    return zlib.crc32(player_id.encode()) % shards
+
+
+def shards_of(player_ids: Iterable[str], shards: int) -> dict[int, list[str]]:
+    """The players grouped by their shard in a copy of `shards` shards."""
+    out: dict[int, list[str]] = {}
+    crc32 = zlib.crc32
+    for player_id in player_ids:  # lookup_shard, inlined: a friends board groups 1,000
+        out.setdefault(crc32(player_id.encode()) % shards, []).append(player_id)
+    return out
 
 
 class Keys:
@@ -116,8 +139,8 @@ class Keys:
     def lookup(self, copy: str, shard: int) -> str:
         return f"{self.prefix}:{{{self.season}:{copy}:h:{shard}}}:h"
 
-    def lookup_of(self, copy: str, player_id: str) -> str:
-        return self.lookup(copy, lookup_shard(player_id))
+    def lookup_of(self, copy: str, player_id: str, shards: int) -> str:
+        return self.lookup(copy, lookup_shard(player_id, shards))
 
 
 # ---------------------------------------------------------------------------- copies
@@ -142,9 +165,12 @@ class CopyMeta:
     ties: FirstReached | None = None
     # A season with regions: each region's board, (counts, checksums) per bucket.
     boards: dict[str, Board] = field(default_factory=dict)
+    # Lookup (and region) shards, fixed when the copy is built (core.manifest.lookup_shards_for).
+    lookup_shards: int = LOOKUP_SHARDS
 
     def fields(self) -> dict[Any, Any]:
         return {
+            "lookup_shards": self.lookup_shards,
             **({} if self.ties is None else {"ties": orjson.dumps(self.ties.as_dict())}),
             **({} if not self.boards else {"boards": boards_dumps(self.boards)}),
             "gen": self.gen,
@@ -175,6 +201,7 @@ class CopyMeta:
             ties=FirstReached.from_dict(orjson.loads(raw[b"ties"])) if b"ties" in raw else None,
             boards={name: ([int(c) for c in b["counts"]], [int(c, 16) for c in b["checksums"]])
                     for name, b in orjson.loads(raw[b"boards"]).items()} if b"boards" in raw else {},
+            lookup_shards=int(raw.get(b"lookup_shards", LOOKUP_SHARDS)),
         )
 
 
@@ -195,11 +222,12 @@ def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
 
 
 def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
-                   ties: FirstReached | None = None, regions: Iterable[str] = ()) -> CopyMeta:
+                   ties: FirstReached | None = None, regions: Iterable[str] = (),
+                   lookup_shards: int = LOOKUP_SHARDS) -> CopyMeta:
     meta = CopyMeta(
         copy=copy, gen=0, state=STATE_READY, watermark=(0, 0), layout=layout,
         counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
-        boards={region: ([0] * layout.size, [0] * layout.size) for region in regions},
+        boards={region: ([0] * layout.size, [0] * layout.size) for region in regions}, lookup_shards=lookup_shards,
     )
     r.hset(keys.copy_meta(copy), mapping=meta.fields())
     return meta
@@ -215,14 +243,20 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
     """
     doomed = [keys.bucket(meta.copy, meta.layout.layout_id, b, board)
               for board in ("", *meta.boards) for b in range(meta.layout.size)]
-    doomed += [keys.lookup(meta.copy, k) for k in range(LOOKUP_SHARDS)]
+    doomed += [keys.lookup(meta.copy, k) for k in range(meta.lookup_shards)]
     if meta.boards:
-        doomed += [keys.region(meta.copy, k) for k in range(LOOKUP_SHARDS)]
-    doomed.append(keys.copy_meta(meta.copy))
-    if token is None:
-        r.unlink(*doomed)
-    else:
-        _fenced(r, keys, token, [("UNLINK", *doomed)])
+        doomed += [keys.region(meta.copy, k) for k in range(meta.lookup_shards)]
+    # A 10M-player copy has ~520,000 shards, each freed in the server's thread (too small
+    # for the lazy-free one): one UNLINK of them all would stall every client for a good
+    # part of a second, so they go DROP_BATCH at a time. The generation moves first (readers
+    # of the copy's versions retry from then on), and the meta goes last: a crash part-way
+    # leaves it, broken, naming the keys still to drop.
+    meta_key = keys.copy_meta(meta.copy)
+    steps: list[list[tuple[Any, ...]]] = [[("HINCRBY", meta_key, "gen", 1), ("HSET", meta_key, "state", STATE_BROKEN)]]
+    steps += [[("UNLINK", *doomed[i:i + DROP_BATCH])] for i in range(0, len(doomed), DROP_BATCH)]
+    steps.append([("UNLINK", meta_key)])
+    for commands in steps:
+        _fenced(r, keys, token, commands)
 
 
 def copies_get(r: redis.Redis, keys: Keys) -> list[str]:
@@ -363,6 +397,53 @@ def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | N
         raise FenceLost("the current version moved before publication")
 
 
+# HSET into many small hashes (lookup or region shards) as one command. A 10M-player copy
+# has ~260,000 shards, so an epoch's chunk or a build's batch names about as many shards as
+# players; a command each would cost more to queue and to answer (a reply each, parsed by
+# the client) than the writes themselves. KEYS: the shards; ARGV: for each, its number of
+# pairs, then the pairs. Returns the fields new to their shard, as HSET counts them.
+_HSET_SHARDS = """
+local added, at = 0, 1
+for i = 1, #KEYS do
+  local last = at + 2 * tonumber(ARGV[at])
+  at = at + 1
+  while at <= last do
+    local stop = math.min(at + 999, last)
+    added = added + redis.call('HSET', KEYS[i], unpack(ARGV, at, stop))
+    at = stop + 1
+  end
+end
+return added
+"""
+_HLEN_SUM = """
+local n = 0
+for i = 1, #KEYS do n = n + redis.call('HLEN', KEYS[i]) end
+return n
+"""
+
+
+def shards_hset_args(pairs: Mapping[int, list[Any]]) -> list[Any]:
+    """The ARGV of `shards_hset` for field/value pairs by shard (in the shards' order)."""
+    argv: list[Any] = []
+    for fields in pairs.values():
+        argv.append(len(fields) // 2)
+        argv.extend(fields)
+    return argv
+
+
+def shards_hset(shard_keys: list[str], argv: list[Any]) -> tuple[Any, ...]:
+    """One command writing `shards_hset_args` into `shard_keys`: its reply is the fields new
+    to their shard."""
+    return _script_call(_HSET_SHARDS, shard_keys, argv)
+
+
+def _script_call(script: str, script_keys: list[str], argv: list[Any]) -> tuple[Any, ...]:
+    # EVAL, not EVALSHA: a chunk must not depend on a script a restarted Redis forgot (in a
+    # MULTI the other commands would run without it); the body is ~300 bytes of a chunk's
+    # ~100 kB, and Redis compiles it once.
+    return ("EVAL", script, len(script_keys), *script_keys, *argv)
+
+
 def _pack(commands: Iterable[tuple[Any, ...]]) -> bytes:
     """Commands in the Redis protocol, encoded by hiredis in one go."""
     return b"".join([hiredis.pack_command(c) for c in commands])
@@ -443,36 +524,31 @@ def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: Cop
     return meta
 
 
-def copy_scores_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str],
-                    ties: FirstReached | None = None) -> dict[str, IndexValue | None]:
-    """Each player's value in the copy's lookup (None: absent); `ties`: the copy's encoding."""
-    by_shard: dict[int, list[str]] = {}
-    for player_id in player_ids:
-        by_shard.setdefault(lookup_shard(player_id), []).append(player_id)
-    with r.pipeline(transaction=False) as pipe:
-        order = list(by_shard.items())
-        for shard, players in order:
-            pipe.hmget(keys.lookup(copy, shard), players)
-        replies = pipe.execute()
-    out: dict[str, IndexValue | None] = {}
-    for (_, players), values in zip(order, replies, strict=True):
-        for player_id, value in zip(players, values, strict=True):
-            out[player_id] = lookup_value(ties, value) if value is not None else None
-    return out
+def copy_scores_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: list[str]
+                    ) -> dict[str, IndexValue | None]:
+    """Each player's value in the copy's lookup (None: absent), in the copy's encoding."""
+    ties = meta.ties
+    return {player_id: lookup_value(ties, value) if value is not None else None
+            for player_id, value in _shard_fields_get(r, meta, keys.lookup, player_ids)}
 
 
-def copy_regions_get(r: redis.Redis, keys: Keys, copy: str, player_ids: list[str]) -> dict[str, str]:
+def copy_regions_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: list[str]) -> dict[str, str]:
     """Each player's region in the copy ("" for none: no regional board holds them)."""
-    by_shard: dict[int, list[str]] = {}
-    for player_id in player_ids:
-        by_shard.setdefault(lookup_shard(player_id), []).append(player_id)
-    order = list(by_shard.items())
-    if not order:
-        return {}
-    replies = round_trip(r, [("HMGET", keys.region(copy, shard), *players) for shard, players in order])
     return {player_id: value.decode() if value is not None else ""
-            for (_, players), values in zip(order, replies, strict=True)
-            for player_id, value in zip(players, values, strict=True)}
+            for player_id, value in _shard_fields_get(r, meta, keys.region, player_ids)}
+
+
+def _shard_fields_get(r: redis.Redis, meta: CopyMeta, key_of: Callable[[str, int], str], player_ids: list[str]
+                      ) -> Iterator[tuple[str, bytes | None]]:
+    """(player, raw field) of each player in the copy's lookup or region shards (`key_of`):
+    one HMGET per shard holding some of them, SHARD_SCAN_BATCH shards a round trip (an
+    epoch's 10,000 changes name ~10,000 shards of a 10M-player copy)."""
+    order = list(shards_of(player_ids, meta.lookup_shards).items())
+    for start in range(0, len(order), SHARD_SCAN_BATCH):
+        batch = order[start:start + SHARD_SCAN_BATCH]
+        replies = round_trip(r, [("HMGET", key_of(meta.copy, shard), *players) for shard, players in batch])
+        for (_, players), values in zip(batch, replies, strict=True):
+            yield from zip(players, values, strict=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,9 +688,9 @@ def _regional_plans(chunk: _Chunk, meta: CopyMeta, boards: Mapping[str, Board],
 
 def _chunk_mismatch(chunk: _Chunk, replies: list[Any]) -> str:
     """What a chunk's replies say that its plans did not expect. On each board ZREM counts
-    the members removed and ZADD the ones inserted; the lookup HSETs count the players new
-    to the copy, the region-shard HSETs and HDELs those new to or gone from every regional
-    board (the copy-meta HSET, last, only rewrites fields)."""
+    the members removed and ZADD the ones inserted; the lookup's shards_hset counts the
+    players new to the copy, the region shards' shards_hset and HDELs those new to or gone
+    from every regional board (the copy-meta HSET, last, only rewrites fields)."""
     counted: dict[tuple[str, str], int] = {}
     for command, label, reply in zip(chunk.commands[:-1], chunk.labels, replies[:-1], strict=True):
         counted[command[0], label] = counted.get((command[0], label), 0) + int(reply)
@@ -627,10 +703,10 @@ def _chunk_mismatch(chunk: _Chunk, replies: list[Any]) -> str:
             return f"{name}: removed {removed} members, the plan moved {len(plan.removals)} out of their buckets"
         if added != moved + plan.arrivals:
             return f"{name}: inserted {added} members, the plan expected {moved + plan.arrivals}"
-    arrived = counted.get(("HSET", "lookup"), 0)
+    arrived = counted.get(("EVAL", "lookup"), 0)
     if arrived != chunk.plan.arrivals:
         return f"inserted {arrived} lookup entries, the plan expected {chunk.plan.arrivals}"
-    placed, dropped = counted.get(("HSET", "regions"), 0), counted.get(("HDEL", "regions"), 0)
+    placed, dropped = counted.get(("EVAL", "regions"), 0), counted.get(("HDEL", "regions"), 0)
     if placed != chunk.region_new or dropped != len(chunk.region_drops):
         return (f"inserted {placed} and removed {dropped} region entries, the plan expected "
                 f"{chunk.region_new} and {len(chunk.region_drops)}")
@@ -639,19 +715,22 @@ def _chunk_mismatch(chunk: _Chunk, replies: list[Any]) -> str:
 
 def _chunk_commands(keys: Keys, meta: CopyMeta, chunk: _Chunk, boards: Mapping[str, Board]) -> None:
     """The commands of one chunk, each labelled with what it writes (for _chunk_mismatch):
-    one per touched bucket and lookup shard, not one per player (the MULTI/EXEC then costs
-    ~100 commands to queue and parse, not ~3,000). The copy-meta HSET comes last."""
+    one per touched bucket, and one for all the lookup shards' writes (shards_hset), not
+    one per player (the MULTI/EXEC then costs ~100 commands to queue and parse, not
+    ~3,000). The copy-meta HSET comes last."""
     plan = chunk.plan
     commands = _board_commands(keys, meta, plan, "")
     labels = ["board:"] * len(commands)
     hsets: dict[int, list[Any]] = {}
+    shards = meta.lookup_shards
     if meta.ties is None:
         for player_id, score in plan.lookups.items():
-            hsets.setdefault(lookup_shard(player_id), []).extend((player_id, score))
+            hsets.setdefault(lookup_shard(player_id, shards), []).extend((player_id, score))
     else:  # a first_reached board: "score:reached_ms" in the lookup
         for player_id, value in plan.lookups.items():
-            hsets.setdefault(lookup_shard(player_id), []).extend((player_id, value_token(value)))
-    commands += [("HSET", keys.lookup(meta.copy, shard), *pairs) for shard, pairs in hsets.items()]
+            hsets.setdefault(lookup_shard(player_id, shards), []).extend((player_id, value_token(value)))
+    if hsets:
+        commands.append(shards_hset([keys.lookup(meta.copy, shard) for shard in hsets], shards_hset_args(hsets)))
     for board, board_plan_ in chunk.boards.items():
         labels += ["lookup"] * (len(commands) - len(labels))
         commands += _board_commands(keys, meta, board_plan_, board)
@@ -659,9 +738,10 @@ def _chunk_commands(keys: Keys, meta: CopyMeta, chunk: _Chunk, boards: Mapping[s
     labels += ["lookup"] * (len(commands) - len(labels))
     regions: dict[int, list[Any]] = {}
     for player_id, region in chunk.region_sets.items():
-        regions.setdefault(lookup_shard(player_id), []).extend((player_id, region))
-    commands += [("HSET", keys.region(meta.copy, shard), *pairs) for shard, pairs in regions.items()]
-    commands += [("HDEL", keys.region(meta.copy, lookup_shard(p)), p) for p in chunk.region_drops]
+        regions.setdefault(lookup_shard(player_id, shards), []).extend((player_id, region))
+    if regions:
+        commands.append(shards_hset([keys.region(meta.copy, shard) for shard in regions], shards_hset_args(regions)))
+    commands += [("HDEL", keys.region(meta.copy, lookup_shard(p, shards)), p) for p in chunk.region_drops]
     labels += ["regions"] * (len(commands) - len(labels))
     commands.append(("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(plan.counts),
                      "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums]),
@@ -703,37 +783,69 @@ def copy_release(r: redis.Redis, keys: Keys, copy: str, *, at: float) -> None:
 
 
 def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
-                       buckets: Iterable[int] | Mapping[str, Iterable[int]]) -> list[str]:
-    """ZCARD of the given buckets and the lookup size against the copy's counts; the
-    region shards' size against the regional boards' total. `buckets`: the global board's,
-    or each board's ("" global) as copy_apply returns them; a plain iterable checks every
-    bucket of every regional board too."""
+                       buckets: Iterable[int] | Mapping[str, Iterable[int]], *, lookups: bool = False) -> list[str]:
+    """ZCARD of the given buckets against the copy's counts; with `lookups`, also the
+    lookup's size against them and the region shards' against the regional boards' total.
+    `buckets`: the global board's, or each board's ("" global) as copy_apply returns them;
+    a plain iterable checks every bucket of every regional board too.
+
+    `lookups` counts every shard (HLEN, SHARD_SCAN_BATCH a round trip): after a build,
+    not after each epoch, whose chunks checked their lookup and region-shard writes
+    against their plans already (copy_apply), and whose copy can have ~260,000 shards."""
     wanted = {"": sorted(set(buckets))} if not isinstance(buckets, Mapping) else {
         board: sorted(set(bs)) for board, bs in buckets.items()}
     if not isinstance(buckets, Mapping):
         wanted.update({board: list(range(meta.layout.size)) for board in meta.boards})
     checks = [(board, bucket) for board, bs in wanted.items() for bucket in bs]
-    commands: list[tuple[Any, ...]] = [("ZCARD", keys.bucket(meta.copy, meta.layout.layout_id, bucket, board))
-                                       for board, bucket in checks]
-    commands += [("HLEN", keys.lookup(meta.copy, shard)) for shard in range(LOOKUP_SHARDS)]
-    if meta.boards:
-        commands += [("HLEN", keys.region(meta.copy, shard)) for shard in range(LOOKUP_SHARDS)]
-    replies = round_trip(r, commands)
+    replies = round_trip(r, [("ZCARD", keys.bucket(meta.copy, meta.layout.layout_id, bucket, board))
+                             for board, bucket in checks]) if checks else []
     problems = []
-    for (board, bucket), actual in zip(checks, replies, strict=False):
+    for (board, bucket), actual in zip(checks, replies, strict=True):
         counted = meta.boards[board][0][bucket] if board else meta.counts[bucket]
         if actual != counted:
             where = f"region {board} bucket {bucket}" if board else f"bucket {bucket}"
             problems.append(f"{where}: {actual} members, counted {counted}")
-    lookup_total = sum(replies[len(checks):len(checks) + LOOKUP_SHARDS])
+    if not lookups:
+        return problems
+    lookup_total, placed = copy_shard_sizes(r, keys, meta.copy, meta.lookup_shards, regions=bool(meta.boards))
     if lookup_total != sum(meta.counts):
         problems.append(f"lookup holds {lookup_total} players, buckets {sum(meta.counts)}")
     if meta.boards:
-        placed = sum(replies[len(checks) + LOOKUP_SHARDS:])
         regional = sum(sum(counts) for counts, _ in meta.boards.values())
         if placed != regional:
             problems.append(f"region shards hold {placed} players, regional boards {regional}")
     return problems
+
+
+def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool) -> tuple[int, int]:
+    """(players in the lookup, players in the region shards: 0 without `regions`) of a copy
+    of `shards` shards: their HLEN summed by a script, SHARD_SCAN_BATCH shards a call (a
+    reply per shard would cost the client more than the server)."""
+    key_of = [keys.lookup, *((keys.region,) if regions else ())]
+    sizes = [0, 0]
+    for which, key in enumerate(key_of):
+        calls = [[key(copy, shard) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
+                 for start in range(0, shards, SHARD_SCAN_BATCH)]
+        sizes[which] = sum(int(n) for n in round_trip(r, [_script_call(_HLEN_SUM, batch, []) for batch in calls]))
+    return sizes[0], sizes[1]
+
+
+def copy_shards_scan(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool = False
+                     ) -> Iterator[tuple[bytes, bytes]]:
+    """Every (player, value) of a copy's lookup shards (`regions`: its region shards).
+
+    One HSCAN from cursor 0 per shard, SHARD_SCAN_BATCH shards a round trip: it answers a
+    listpack shard whole at once; a bigger shard (a copy built with 16 before the shards
+    were sized) goes on by HSCAN, so no reply holds a whole big hash."""
+    key_of = keys.region if regions else keys.lookup
+    for start in range(0, shards, SHARD_SCAN_BATCH):
+        batch = [key_of(copy, shard) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
+        replies = round_trip(r, [("HSCAN", key, 0, "COUNT", 1000) for key in batch])
+        for key, (cursor, flat) in zip(batch, replies, strict=True):
+            yield from zip(flat[::2], flat[1::2], strict=True)
+            while int(cursor) != 0:
+                cursor, flat = round_trip(r, [("HSCAN", key, cursor, "COUNT", 5000)])[0]
+                yield from zip(flat[::2], flat[1::2], strict=True)
 
 
 def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board: str = "") -> list[dict[str, Any]]:
@@ -859,8 +971,11 @@ def manifest_get(r: redis.Redis, keys: Keys, version: int) -> Manifest | None:
 
 
 def manifest_cache_clear() -> None:
+    """Forget every manifest, and the copies' shard counts learned from them: a process
+    started afresh."""
     with _manifest_cache_lock:
         _manifest_cache.clear()
+        _learned_shards.clear()
 
 
 def manifest_cache_forget(keys: Keys, version: int) -> None:
@@ -956,6 +1071,11 @@ _learned_copies: dict[tuple[str, str], tuple[str, ...]] = {}
 # Seasons seen with regional boards: their rank reads pipeline the player's region-shard
 # entry with the lookup (a season without regions never pays for it).
 _learned_regional: set[tuple[str, str]] = set()
+# Each copy's lookup shards as this process last saw them, per (prefix, season, copy): the
+# first round trip of a rank read names the player's shard in every copy before it knows
+# which manifest it reads. A copy whose manifest says another count (built again since)
+# costs one more round trip, which learns the count of every copy of the season.
+_learned_shards: dict[tuple[str, str, str], int] = {}
 
 
 def _window_values(manifest: Manifest, reads: list[tuple[int, int, int]], replies: list[Any]
@@ -1045,7 +1165,7 @@ class RankReader:
     def locate(self, manifest: Manifest, player_id: str) -> tuple[IndexValue, int, int] | None:
         """(value, position, rank) of a player in this version, or None; the value is the
         score, or (score, reached_ms) on a first_reached board."""
-        shard = lookup_shard(player_id)
+        shard = lookup_shard(player_id, manifest.lookup_shards)
         if manifest.board:
             score_raw, region = round_trip(self.r, [("HGET", self.keys.lookup(manifest.copy, shard), player_id),
                                                     ("HGET", self.keys.region(manifest.copy, shard), player_id)])
@@ -1077,9 +1197,8 @@ class RankReader:
         score's bucket, then the copy's (generation, version), which Redis executes
         after them, so an unchanged pair proves no mutation began before the reads.
         """
-        shard = lookup_shard(player_id)
         for _ in range(self.attempts):
-            manifest, score_raw, region_raw, started = self._player_lookup(player_id, shard, version)
+            manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
             try:
                 return self._rank_of(manifest, player_id, score_raw, region_raw, started)
             except _Torn:
@@ -1088,33 +1207,49 @@ class RankReader:
                     raise VersionExpired(current) from None
         raise Unavailable()
 
-    def _player_lookup(self, player_id: str, shard: int, version: int | None
+    def _player_lookup(self, player_id: str, version: int | None
                        ) -> tuple[Manifest, bytes | None, bytes | None, float]:
         """The first round trip of a player's reads: the pointer, and the player's lookup
         value (and region, in a season with regions) in every copy this process has seen
-        current. (manifest, value, region, when the read started)."""
-        season = (self.keys.prefix, self.keys.season)
+        current, each in its shard by the copy's learned shard count. (manifest, value,
+        region, when the read started)."""
+        prefix, slug = season = (self.keys.prefix, self.keys.season)
         started = time.monotonic()
         regional = self.region is not None or season in _learned_regional
         copies = self.copies
+        learned = [_learned_shards.get((prefix, slug, copy), LOOKUP_SHARDS) for copy in copies]
+        shards = [lookup_shard(player_id, count) for count in learned]
         commands: list[tuple[Any, ...]] = [("GET", self.keys.ptr)]
-        commands += [("HGET", self.keys.lookup(copy, shard), player_id) for copy in copies]
+        commands += [("HGET", self.keys.lookup(copy, shard), player_id)
+                     for copy, shard in zip(copies, shards, strict=True)]
         if regional:
-            commands += [("HGET", self.keys.region(copy, shard), player_id) for copy in copies]
+            commands += [("HGET", self.keys.region(copy, shard), player_id)
+                         for copy, shard in zip(copies, shards, strict=True)]
         raw_ptr, *replies = round_trip(self.r, commands)
         manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
-        if manifest.copy in copies:
-            at = copies.index(manifest.copy)
+        shard = lookup_shard(player_id, manifest.lookup_shards)
+        at = copies.index(manifest.copy) if manifest.copy in copies else None
+        if at is not None and learned[at] == manifest.lookup_shards:
             score_raw = replies[at]
             region_raw = replies[len(copies) + at] if regional else None
         else:
-            score_raw, region_raw = round_trip(self.r, [
+            if at is None:
+                # A rebuild published a copy under a new name: pipeline it from now on.
+                copies = self.copies = (manifest.copy, *copies[:1])
+                _learned_copies[season] = copies
+            # Not the shard this process learned for the copy (built again since with
+            # another count, or never read here): learn its count, and the other copies'
+            # from their meta in the same round trip.
+            others = [copy for copy in copies if copy != manifest.copy]
+            score_raw, region_raw, *counts = round_trip(self.r, [
                 ("HGET", self.keys.lookup(manifest.copy, shard), player_id),
-                ("HGET", self.keys.region(manifest.copy, shard), player_id)])
+                ("HGET", self.keys.region(manifest.copy, shard), player_id),
+                *(("HGET", self.keys.copy_meta(copy), "lookup_shards") for copy in others)])
             regional = True
-            # A rebuild published a copy under a new name: pipeline it from now on.
-            self.copies = (manifest.copy, *copies[:1])
-            _learned_copies[season] = self.copies
+            _learned_shards[(prefix, slug, manifest.copy)] = manifest.lookup_shards
+            for copy, count in zip(others, counts, strict=True):
+                if count is not None:
+                    _learned_shards[(prefix, slug, copy)] = int(count)
         if not regional and manifest.regions:
             # The first read of a season with regions in this process: from now on the
             # region comes with the lookup.
@@ -1161,13 +1296,11 @@ class RankReader:
         so every score and rank comes from the one version. Nothing is kept per player:
         the cost is this request's, never a score change's.
         """
-        shards: dict[int, list[str]] = {}
-        crc32 = zlib.crc32
-        for player_id in dict.fromkeys(player_ids):  # lookup_shard, inlined: 1,000 calls a read
-            shards.setdefault(crc32(player_id.encode()) % LOOKUP_SHARDS, []).append(player_id)
-        groups = list(shards.items())
+        wanted = list(dict.fromkeys(player_ids))
         for _ in range(self.attempts):
             manifest = self._manifest(version)
+            # By shard of the manifest's copy, whose count can differ from another copy's.
+            groups = list(shards_of(wanted, manifest.lookup_shards).items())
             started = time.monotonic()
             try:
                 return self._players_of(manifest, groups, started)
@@ -1294,9 +1427,8 @@ class RankReader:
         """The player's entry and the entries `radius` positions around it, in three round
         trips: the pointer with the player's lookup (as `rank`), ZCOUNT and ZRANK in their
         bucket, then the window's ranges with the copy's generation (which validates all)."""
-        shard = lookup_shard(player_id)
         for _ in range(self.attempts):
-            manifest, score_raw, region_raw, started = self._player_lookup(player_id, shard, version)
+            manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
             try:
                 region = region_raw.decode() if region_raw is not None else None
                 if score_raw is None or (manifest.board and region != manifest.board):

@@ -41,7 +41,7 @@ from leaderboard.core.reconciliation import (
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
 from leaderboard.core.tiebreak import first_reached_problem, index_value, value_score
-from leaderboard.invariants import IndexSizes, index_sizes
+from leaderboard.invariants import IndexSizes, index_sizes, sampled_reads
 from leaderboard.live import live_version_published
 from leaderboard.materializer import (
     EpochError,
@@ -55,7 +55,7 @@ from leaderboard.materializer import (
     season_lease_acquire,
 )
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
-from leaderboard.reconcile import version_reconcile
+from leaderboard.reconcile import recovery_reconcile, version_reconcile
 from leaderboard.redis_client import redis_get
 from leaderboard.selectors import ChangeCursor, score_change_heads_after
 from seasons.models import Season
@@ -191,7 +191,7 @@ def _run(*, job: RebuildJob, on_progress: Callable[[RebuildJob], None] | None) -
     job.status = RebuildJob.Status.COMPARING
     if on_progress is not None:
         on_progress(job)
-    return _compare_and_maybe_publish(job=job, r=r, keys=keys, publish=job.kind != RebuildJob.Kind.SPLIT)
+    return _compare_and_maybe_publish(job=job, r=r, keys=keys, publish=job.kind != RebuildJob.Kind.SPLIT, built=True)
 
 
 def _claim(job: RebuildJob, *, to: str, actor: Actor, action: str, reason: str) -> RebuildJob:
@@ -221,7 +221,8 @@ def rebuild_publish(*, job: RebuildJob, actor: Actor, reason: str = "") -> Rebui
                  reason=reason)
     try:
         with _Heartbeat(job.pk):
-            return _compare_and_maybe_publish(job=job, r=redis_get(), keys=season_keys(job.season), publish=True)
+            return _compare_and_maybe_publish(job=job, r=redis_get(), keys=season_keys(job.season), publish=True,
+                                              built=False)
     except Exception:
         _publication_abandoned(job)
         raise
@@ -316,7 +317,11 @@ def rebuild_jobs_fail_stale(*, season: Season | None, actor: Actor, stale_second
     return failed
 
 
-def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankview.Keys, publish: bool) -> RebuildJob:
+def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankview.Keys, publish: bool,
+                               built: bool) -> RebuildJob:
+    """`built`: this process filled the shadow just before (`_run`), so with nothing live to
+    compare with, its build's own checks stand in for a full read of the season
+    (reconcile.recovery_reconcile); a split published later is reconciled in full."""
     season = job.season
     deadline = time.monotonic() + LEASE_WAIT_SECONDS
     ttl_ms = int(settings.EPOCH_LEASE_SECONDS * 1000)
@@ -327,8 +332,8 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             if time.monotonic() > deadline:
                 raise RebuildError("the season's coordinator lease stayed busy")
             time.sleep(0.05)
-    # The comparison, and after a flush the reconciliation against the ledger (a full scan:
-    # ~30 s per million players on a loaded 2-core machine), can outlast the lease's TTL.
+    # The comparison, and after a flush the reconciliation against the ledger (a few
+    # seconds per million players; a full one ~30 s), can outlast the lease's TTL.
     keeper = rankview.LeaseKeeper(r, keys, token, ttl_ms=ttl_ms, max_seconds=LEASE_KEEP_MAX_SECONDS).start()
     version: int | None = None
     try:
@@ -359,21 +364,26 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
         upto = None if live is None else max(live.watermark, shadow.watermark)
         season.refresh_from_db(fields=["published_version"])
         version = max(live_version or 0, season.published_version) + 1
-        shadow = _catch_up(r=r, keys=keys, token=token, season=season, shadow=shadow, upto=upto, version=version)
+        shadow, replayed = _catch_up(r=r, keys=keys, token=token, season=season, shadow=shadow, upto=upto,
+                                     version=version)
         candidate = Manifest(
             season=season.slug, version=version, as_of=datetime.now(UTC).isoformat(timespec="milliseconds"),
             watermark=shadow.watermark, copy=shadow.copy, gen=shadow.gen, layout=shadow.layout,
             counts=list(shadow.counts), checksums=list(shadow.checksums),
             top=rankview.copy_top(r, keys, shadow, limit=100), ties=shadow.ties,
-            regions=copy_regions_boards(r=r, keys=keys, meta=shadow),
+            regions=copy_regions_boards(r=r, keys=keys, meta=shadow), lookup_shards=shadow.lookup_shards,
         )
         if live is not None:
             report = shadow_compare(r=r, keys=keys, live=live, shadow=candidate, sample=settings.REBUILD_SAMPLE_SIZE,
                                     aligned=not _changes_between(season, live.watermark, candidate.watermark))
         else:
             rankview.manifest_store(r, keys, candidate, token=token)
-            report = version_reconcile(r=r, keys=keys, season_id=season.pk, version=version,
-                                       sample=settings.REBUILD_SAMPLE_SIZE)
+            if built:
+                report = recovery_reconcile(r=r, keys=keys, season_id=season.pk, version=version, replayed=replayed,
+                                            sample=settings.REBUILD_SAMPLE_SIZE)
+            else:
+                report = version_reconcile(r=r, keys=keys, season_id=season.pk, version=version,
+                                           sample=settings.REBUILD_SAMPLE_SIZE)
         RebuildJob.objects.filter(pk=job.pk).update(compared_version=live.version if live else None,
                                                     report=report.as_dict())
         job.report = report.as_dict()
@@ -420,10 +430,10 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
 
 
 def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season, shadow: rankview.CopyMeta,
-              upto: tuple[int, int] | None, version: int) -> rankview.CopyMeta:
+              upto: tuple[int, int] | None, version: int) -> tuple[rankview.CopyMeta, set[str]]:
     """Apply the changes after the shadow's watermark, up to `upto` (None: everything
     committed), on every board: a region move takes the player from one regional board to
-    the other, as in an epoch."""
+    the other, as in an epoch. Returns the finished shadow and the players it replayed."""
     shadow = rankview.copy_begin_mutation(r, keys, token, shadow)
     changes = list(_changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto, ties=shadow.ties,
                                  regions=bool(shadow.boards)))
@@ -433,10 +443,11 @@ def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season
         _copy_changes_apply(r=r, keys=keys, token=token, target=shadow, changes=changes, exact=False)
     head = (changes[-1][0], changes[-1][1]) if changes else shadow.watermark
     watermark = upto if upto is not None and upto > head else head
-    problems = rankview.copy_verify_counts(r, keys, shadow, range(shadow.layout.size))
+    problems = rankview.copy_verify_counts(r, keys, shadow, range(shadow.layout.size), lookups=True)
     if problems:
         raise EpochError(f"shadow {shadow.copy} failed verification: {'; '.join(problems)}")
-    return rankview.copy_finish(r, keys, token, shadow, watermark=watermark, version=version)
+    return (rankview.copy_finish(r, keys, token, shadow, watermark=watermark, version=version),
+            {change[2] for change in changes})
 
 
 def _changes_after(season: Season, cursor: tuple[int, int]) -> bool:
@@ -465,7 +476,7 @@ def shadow_compare(*, r: redis.Redis, keys: rankview.Keys, live: Manifest, shado
     # The shadow's index itself, not only its bookkeeping: reads locate positions with
     # the counts, so a stray or missing member would go unseen by the sampled windows
     # (a member in a bucket counted empty is never read at all) yet break the invariants.
-    sizes = index_sizes(r, keys, shadow)
+    sizes = index_sizes(r, keys, shadow, lookups=True)
     reader = rankview.RankReader(r, keys, deadline=3600)
     for live_board in version_boards(live):
         shadow_board = shadow.board_of(live_board.board) if live_board.board else shadow
@@ -503,21 +514,24 @@ def _board_compare(*, reader: rankview.RankReader, live: Manifest, shadow: Manif
             index_wrong.append(placed)
     report.add(board_check("shadow_index_counts", board), not index_wrong, "; ".join(index_wrong[:10]))
     report.add(board_check("top_100", board), live.top == shadow.top, first_mismatch(live.top, shadow.top))
-    rank_wrong: list[str] = []
-    window_wrong: list[str] = []
-    for position in stratified_positions(live.total, sample):
+    def compared_at(position: int) -> tuple[str, str]:
+        """(the window's difference, the sampled player's) at one position ("" when equal)."""
         first = max(1, position - 10)
         live_window = reader.entries_at(live, first, 21)
         shadow_window = reader.entries_at(shadow, first, 21)
-        if live_window != shadow_window:
-            window_wrong.append(f"window at {first}: {first_mismatch(live_window, shadow_window)}")
+        differs = first_mismatch(live_window, shadow_window)
+        window = f"window at {first}: {differs}" if live_window != shadow_window else ""
         me = next((e for e in live_window if e.position == position), None)
-        if me is not None:
-            # On a regional board the lookup path also reads the player's region shard.
-            a = reader.locate(live, me.player_id)
-            b = reader.locate(shadow, me.player_id)
-            if a != b:
-                rank_wrong.append(f"{me.player_id}: live (score, position, rank) {a}, shadow {b}")
+        if me is None:
+            return window, ""
+        # On a regional board the lookup path also reads the player's region shard.
+        a = reader.locate(live, me.player_id)
+        b = reader.locate(shadow, me.player_id)
+        return window, f"{me.player_id}: live (score, position, rank) {a}, shadow {b}" if a != b else ""
+
+    compared = sampled_reads(compared_at, stratified_positions(live.total, sample))
+    window_wrong = [window for window, _ in compared if window]
+    rank_wrong = [rank for _, rank in compared if rank]
     report.add(board_check("sampled_ranks", board), not rank_wrong, "; ".join(rank_wrong[:10]))
     report.add(board_check("neighbor_windows", board), not window_wrong, "; ".join(window_wrong[:10]))
 

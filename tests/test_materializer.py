@@ -309,7 +309,7 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
         rankview.copy_begin_mutation(r, keys, stale, target)
     with pytest.raises(rankview.FenceLost):
         rankview.copy_apply(r, keys, stale, target, {"x": None}, {"x": 5})
-    assert r.hget(keys.lookup_of("1", "x"), "x") is None
+    assert r.hget(keys.lookup_of("1", "x", target.lookup_shards), "x") is None
     assert r.zcard(keys.bucket("1", current.layout.layout_id, 0)) == 0
     with pytest.raises(rankview.FenceLost):
         rankview.copy_finish(r, keys, stale, target, watermark=(0, 99), version=2)
@@ -608,7 +608,7 @@ def test_a_copy_that_does_not_hold_the_assumed_old_scores_is_marked_broken_and_r
     layout = meta.layout
     r.zrem(keys.bucket(stale, layout.layout_id, 3), "p10")
     r.zadd(keys.bucket(stale, layout.layout_id, 8), {"p10": -850})
-    r.hset(keys.lookup_of(stale, "p10"), "p10", 850)
+    r.hset(keys.lookup_of(stale, "p10", meta.lookup_shards), "p10", 850)
     post_ok(post_scores, season, [ev.result("p10", 620)])
     with pytest.raises(rankview.CopyMismatch, match=r"removed \d+ members"):
         epoch(season)
@@ -674,9 +674,9 @@ def test_the_invariant_checker_names_the_broken_check(season: Season, post_score
     if corruption == "stray_member":
         r.zadd(bucket(1), {"ghost": -11_000})
     elif corruption == "lookup_other_bucket":
-        r.hset(keys.lookup_of(m.copy, "p12"), "p12", 77_000)
+        r.hset(keys.lookup_of(m.copy, "p12", m.lookup_shards), "p12", 77_000)
     elif corruption == "lookup_same_bucket":
-        r.hset(keys.lookup_of(m.copy, "p12"), "p12", 19_999)
+        r.hset(keys.lookup_of(m.copy, "p12", m.lookup_shards), "p12", 19_999)
     elif corruption == "duplicate_player":
         r.zadd(bucket(2), {"p12": -22_000})
     elif corruption == "misplaced_member":

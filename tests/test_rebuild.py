@@ -240,7 +240,7 @@ def test_a_rebuild_compared_with_a_drifted_live_version_is_refused(season_factor
     # in its index and lookup behind the materializer's back.
     bucket = live.layout.bucket_of(999)
     r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket), {"p001": -950})
-    r.hset(keys.lookup_of(live.copy, "p001"), "p001", 950)
+    r.hset(keys.lookup_of(live.copy, "p001", live.lookup_shards), "p001", 950)
     served = board_snapshot(season)
     job = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk)
     assert job.status == "failed"
@@ -268,9 +268,9 @@ def test_a_failed_recovery_does_not_poison_the_next_one(season_factory: Callable
     real_catch_up = __import__("leaderboard.rebuild", fromlist=["_catch_up"])._catch_up
 
     def corrupting(**kwargs: Any) -> Any:
-        shadow = real_catch_up(**kwargs)
+        shadow, replayed = real_catch_up(**kwargs)
         r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, 0), {"stray": 0})
-        return shadow
+        return shadow, replayed
 
     monkeypatch.setattr("leaderboard.rebuild._catch_up", corrupting)
     failed = rebuild_run(job_id=job.pk)
@@ -451,7 +451,7 @@ def test_a_comparison_longer_than_the_lease_ttl_still_publishes(season_factory: 
     settings.EPOCH_LEASE_SECONDS = 1.0
     import leaderboard.rebuild as rebuild_module
 
-    name = "shadow_compare" if kind == "rebuild" else "version_reconcile"
+    name = "shadow_compare" if kind == "rebuild" else "recovery_reconcile"
     real = getattr(rebuild_module, name)
 
     def slow(**kwargs: Any) -> Any:
@@ -501,12 +501,12 @@ def test_a_recovery_under_writes_publishes(season_factory: Callable[..., Season]
     job = RebuildJob.objects.get(season=season, kind="recovery")
     import leaderboard.rebuild as rebuild_module
 
-    real = rebuild_module.version_reconcile
+    real = rebuild_module.recovery_reconcile
 
     def writes_meanwhile(**kwargs: Any) -> Any:
         post_ok(post_scores, season, [ev.result("p002", 998), ev.result("busy", 5)])
         return real(**kwargs)
 
-    monkeypatch.setattr(rebuild_module, "version_reconcile", writes_meanwhile)
+    monkeypatch.setattr(rebuild_module, "recovery_reconcile", writes_meanwhile)
     job = rebuild_run(job_id=job.pk)
     assert job.status == "published", job.error

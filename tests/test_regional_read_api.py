@@ -13,7 +13,6 @@ from urllib.parse import urlencode
 
 import orjson
 import pytest
-import redis
 from rest_framework.test import APIClient
 
 from leaderboard import rankview
@@ -33,6 +32,7 @@ from tests.support import (
     publish,
     recovery_jobs,
 )
+from tests.support.publication import RoundTrips
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -260,30 +260,6 @@ def test_lost_views_answer_503_and_the_database_decides_the_404s(regional: Seaso
     for region in REGIONS:  # the recovered version holds every regional board
         assert_regional_reads_match_ledger(regional, region, version=2)
     error(url(regional.slug, "window", region="apac", version=1), 410, "version_expired")
-
-
-class RoundTrips:
-    """What this process sends Redis about one season: each packed command that names its
-    keys, one per round trip (spied where redis-py writes to the socket; nothing is faked)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, season: Season) -> None:
-        self.marker = f"{{{season.slug}:".encode()
-        self.sent: list[bytes] = []
-        original = redis.connection.AbstractConnection.send_packed_command
-
-        def spy(conn: Any, command: Any, check_health: bool = True) -> None:
-            chunks = [command] if isinstance(command, bytes | str) else list(command)
-            packed = b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
-            if self.marker in packed:
-                self.sent.append(packed)
-            original(conn, command, check_health)
-
-        monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", spy)
-
-    def during(self, read: Callable[[], object]) -> list[bytes]:
-        self.sent.clear()
-        read()
-        return list(self.sent)
 
 
 def test_a_global_rank_read_of_a_season_without_regions_costs_what_it_did(

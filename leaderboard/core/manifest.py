@@ -12,6 +12,28 @@ from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.epoch import higher_counts
 from leaderboard.core.tiebreak import FirstReached
 
+# The lookup shards of a manifest written before the copies sized them by their players,
+# and the fewest a copy gets.
+LOOKUP_SHARDS_DEFAULT = 16
+# A copy is built with a power of two >= players / LOOKUP_SHARD_PLAYERS lookup shards: at
+# ~48 players a shard every shard stays a listpack-encoded hash (Redis converts one past
+# hash-max-listpack-entries, 128 by default, for good), ~15 bytes a player instead of ~56.
+LOOKUP_SHARD_PLAYERS = 48
+# Past this many players a shard on average (a season that grew through epochs), the
+# biggest shards near 128 and start to convert: time for a rebuild to size them again.
+LOOKUP_SHARD_OUTGROWN = 96
+
+
+def lookup_shards_for(*, players: int) -> int:
+    """The lookup shards of a copy built with `players`: a power of two, at least the default."""
+    wanted = max(LOOKUP_SHARDS_DEFAULT, -(-players // LOOKUP_SHARD_PLAYERS))
+    return 1 << (wanted - 1).bit_length()
+
+
+def lookup_shards_outgrown(*, players: int, shards: int) -> bool:
+    """Whether a copy of `shards` lookup shards holding `players` wants a rebuild."""
+    return players > shards * LOOKUP_SHARD_OUTGROWN
+
 
 @dataclass(frozen=True)
 class RegionBoard:
@@ -65,6 +87,9 @@ class Manifest:
     # "" for the global board; a region's name for the view `board_of` returns, whose
     # counts, checksums and top are that region's (readers take its bucket keys from it).
     board: str = ""
+    # How many lookup (and region) shards the copy has: a player's shard is
+    # crc32(player_id) % lookup_shards, so every reader takes it from here.
+    lookup_shards: int = LOOKUP_SHARDS_DEFAULT
 
     def board_of(self, region: str) -> Manifest | None:
         """This version seen as one regional board (the same copy, generation and watermark),
@@ -99,6 +124,7 @@ class Manifest:
             "buckets": _buckets(self.layout, self.counts, self.checksums),
             "total_players": self.total,
             "top": self.top,
+            "lookup_shards": self.lookup_shards,
             # Only on first_reached boards: a shared season's manifest is as it always was.
             **({} if self.ties is None else {"tie_break": self.ties.as_dict()}),
             **({} if not self.regions else
@@ -124,6 +150,7 @@ class Manifest:
             top=list(data.get("top", [])),
             ties=FirstReached.from_dict(data["tie_break"]) if "tie_break" in data else None,
             regions={name: RegionBoard.from_dict(b) for name, b in data.get("regions", {}).items()},
+            lookup_shards=int(data.get("lookup_shards", LOOKUP_SHARDS_DEFAULT)),
         )
 
     @classmethod

@@ -5,10 +5,12 @@ compared read by read with the brute-force `Standings` of the ledger (docs/rules
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
+import pytest
+import redis
 
 from leaderboard import rankview
 from leaderboard.api.fastpath import ReadFastPath
@@ -121,15 +123,38 @@ def copy_contents(season: Season, copy: str) -> tuple[rankview.CopyMeta, dict[st
     meta = rankview.copy_meta_load(r, keys, copy)
     assert meta is not None, f"copy {copy} is missing"
     lookup: dict[str, int] = {}
-    for shard in range(rankview.LOOKUP_SHARDS):
-        raw: dict[bytes, bytes] = r.hgetall(keys.lookup(copy, shard))  # type: ignore[assignment]
-        lookup.update({p.decode(): int(s) for p, s in raw.items()})
+    for player_id, score in rankview.copy_shards_scan(r, keys, copy, meta.lookup_shards):
+        lookup[player_id.decode()] = int(score)
     buckets = []
     for b in range(meta.layout.size):
         members: list[tuple[bytes, float]] = r.zrange(  # type: ignore[assignment]
             keys.bucket(copy, meta.layout.layout_id, b), 0, -1, withscores=True)
         buckets.append([(p.decode(), -int(s)) for p, s in members])
     return meta, lookup, buckets
+
+
+class RoundTrips:
+    """What this process sends Redis about one season: each packed command that names its
+    keys, one per round trip (spied where redis-py writes to the socket; nothing is faked)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, season: Season) -> None:
+        self.marker = f"{{{season.slug}:".encode()
+        self.sent: list[bytes] = []
+        original = redis.connection.AbstractConnection.send_packed_command
+
+        def spy(conn: Any, command: Any, check_health: bool = True) -> None:
+            chunks = [command] if isinstance(command, bytes | str) else list(command)
+            packed = b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
+            if self.marker in packed:
+                self.sent.append(packed)
+            original(conn, command, check_health)
+
+        monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", spy)
+
+    def during(self, read: Callable[[], object]) -> list[bytes]:
+        self.sent.clear()
+        read()
+        return list(self.sent)
 
 
 # ------------------------------------------------------------------ checks
