@@ -5,17 +5,23 @@ the source of truth, on each board (the global one, and in a season with regions
 region's, from the ledger's players grouped by region): player count, top 100,
 stratified sampled ranks recomputed on the ledger as 1 + count(higher) (and on a regional
 board the player's region), and per-bucket checksums recomputed from the current-scores
-table. Used for the FINAL candidate and recoveries; it reads the whole season, so it is
-not per epoch.
+table. Used for the FINAL candidate; it reads the whole season, so it is not per epoch.
+
+A recovery's candidate, built by the same job a moment before from one read of the
+ledger, is reconciled without reading the season again (`recovery_reconcile`): exact
+per-bucket counts from the ledger instead of its checksums, every player the catch-up
+replayed checked one by one, and the invariant checker's counts and sampled ranks instead
+of its full scan (docs/architecture.md, Reconciling a recovery, says why that is enough).
 """
 
 from __future__ import annotations
 
 import time
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import redis
@@ -25,6 +31,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from leaderboard import rankview
+from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry
@@ -36,8 +43,8 @@ from leaderboard.core.reconciliation import (
     stratified_positions,
     version_boards,
 )
-from leaderboard.core.tiebreak import FirstReached, IndexValue, value_score, value_token
-from leaderboard.invariants import version_check
+from leaderboard.core.tiebreak import FirstReached, IndexValue, index_key, lookup_value, value_score, value_token
+from leaderboard.invariants import sampled_reads, version_check
 from leaderboard.models import PlayerScore, ReconciliationRun, ScoreChange
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
@@ -121,6 +128,15 @@ class ScoreHistogram:
         index = bisect_right(self.scores, _rank_key(score))
         below = self.at_or_below[index - 1] if index else 0
         return self.total - below
+
+    def bucket_counts(self, layout: BucketLayout) -> list[int]:
+        """The players in each bucket of `layout`: exact, from the same rows as the ranks."""
+        counts = [0] * layout.size
+        below = 0
+        for key, at_or_below in zip(self.scores, self.at_or_below, strict=True):
+            counts[layout.bucket_of(key if isinstance(key, int) else key[0])] += at_or_below - below
+            below = at_or_below
+        return counts
 
 
 def ledger_moved_since(*, season_id: int, watermark: tuple[int, int], ties: FirstReached | None = None,
@@ -259,7 +275,30 @@ def version_reconcile(
     """Every check of docs/rules.md (FINAL candidate and approval) on one version, on each
     of its boards (the global one and every region's); each finding says what differs and
     by how much, and names its board (core.reconciliation.board_check)."""
-    report = version_check(r=r, keys=keys, version=version, sample=sample, full=True, seed=seed)
+    return _reconcile(r=r, keys=keys, season_id=season_id, version=version, sample=sample, seed=seed, replayed=None)
+
+
+def recovery_reconcile(
+    *, r: redis.Redis, keys: rankview.Keys, season_id: int, version: int, replayed: Collection[str],
+    sample: int = 1000, seed: int | None = None,
+) -> Report:
+    """A recovery's candidate against the ledger, without a full read of either side.
+
+    Only for a version whose copy the caller built from the current-scores table itself
+    (materializer.season_copies_build: bucket counts and checksums taken from the rows it
+    sent, every write's reply and every bucket's size checked) and then caught up with the
+    change stream, `replayed` being the players that catch-up applied. Per board: the
+    player count, each bucket's count, the top 100 and the sampled ranks against the ledger
+    as of the watermark (one GROUP BY); each replayed player's value, buckets and region
+    against it one by one; the invariant checker's bucket sizes and sampled ranks.
+    """
+    return _reconcile(r=r, keys=keys, season_id=season_id, version=version, sample=sample, seed=seed,
+                      replayed=replayed)
+
+
+def _reconcile(*, r: redis.Redis, keys: rankview.Keys, season_id: int, version: int, sample: int,
+               seed: int | None, replayed: Collection[str] | None) -> Report:
+    report = version_check(r=r, keys=keys, version=version, sample=sample, full=replayed is None, seed=seed)
     manifest = rankview.manifest_get(r, keys, version)
     unreadable = any(f.check in ("manifest", "copy", "published") for f in report.failures())
     if manifest is None or unreadable:
@@ -273,19 +312,22 @@ def version_reconcile(
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         _ledger_checks(r=r, keys=keys, season_id=season_id, manifest=manifest, sample=sample, seed=seed,
-                       report=report)
+                       report=report, replayed=replayed)
     return report
 
 
 def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manifest: Manifest, sample: int,
-                   seed: int | None, report: Report) -> None:
+                   seed: int | None, report: Report, replayed: Collection[str] | None) -> None:
+    """`replayed` None: every check, the per-bucket checksums recomputed from every row;
+    else a recovery's (recovery_reconcile): per-bucket counts, and the replayed players."""
     # The ledger keeps moving while a version stands still: compare with the ledger as of
     # the version's watermark (a recovery under sustained writes must still publish).
     ties = manifest.ties
     regions = list(manifest.regions)
     moves = ledger_moved_since(season_id=season_id, watermark=manifest.watermark, ties=ties, regions=bool(regions))
     histograms = ledger_histograms(season_id=season_id, ties=ties, moves=moves, regions=regions)
-    ledger_boards = ledger_bucket_checksums(season_id=season_id, manifest=manifest, moves=moves)
+    ledger_boards = (ledger_bucket_checksums(season_id=season_id, manifest=manifest, moves=moves)
+                     if replayed is None else None)
     reader = rankview.RankReader(r, keys, deadline=3600)
     for board in version_boards(manifest):
         name = board.board
@@ -306,6 +348,12 @@ def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manif
         _ledger_sampled_ranks(reader=reader, season_id=season_id, board=board, moves=moves, histogram=histogram,
                               sample=board_sample(sample, board=board, regions=len(regions)), seed=seed,
                               report=report)
+        if ledger_boards is None:
+            counts = histogram.bucket_counts(board.layout)
+            bad = [f"bucket {b}: ledger {counts[b]} players, version {board.counts[b]}"
+                   for b in range(board.layout.size) if counts[b] != board.counts[b]]
+            report.add(board_check("ledger_bucket_counts", name), not bad, "; ".join(bad[:10]))
+            continue
         counts, checksums = ledger_boards[name]
         bad = [
             f"bucket {b}: ledger {counts[b]} players/{checksums[b]:016x}, "
@@ -314,21 +362,24 @@ def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manif
             if counts[b] != board.counts[b] or checksums[b] != board.checksums[b]
         ]
         report.add(board_check("ledger_bucket_checksums", name), not bad, "; ".join(bad[:10]))
+    if replayed is not None:
+        _ledger_replayed_players(r=r, keys=keys, season_id=season_id, manifest=manifest, moves=moves,
+                                 players=replayed, report=report)
 
 
 def _ledger_sampled_ranks(*, reader: rankview.RankReader, season_id: int, board: Manifest, moves: LedgerMoves,
                           histogram: ScoreHistogram, sample: int, seed: int | None, report: Report) -> None:
     """Sampled entries of one board against the ledger as of the watermark: the score, on a
     regional board the player's region, and the rank as 1 + count(ahead) on that board."""
-    wrong: list[str] = []
-    sampled = []
-    for position in stratified_positions(board.total, sample, seed=seed):
+    def entries_at(position: int) -> list[Entry] | str:
         try:
-            entries = reader.entries_at(board, position, 1)
+            return reader.entries_at(board, position, 1)
         except rankview.Torn:
-            wrong.append(f"position {position}: unreadable")
-            continue
-        sampled.extend(entries)
+            return f"position {position}: unreadable"
+
+    read = sampled_reads(entries_at, stratified_positions(board.total, sample, seed=seed))
+    wrong = [found for found in read if isinstance(found, str)]
+    sampled = [entry for found in read if not isinstance(found, str) for entry in found]
     players = [e.player_id for e in sampled]
     ledger: dict[str, tuple[IndexValue | None, str]] = {
         p: (value, region) for p, value, region in _scores(season_id, board.ties, players=players,
@@ -348,6 +399,68 @@ def _ledger_sampled_ranks(*, reader: rankview.RankReader, season_id: int, board:
             wrong.append(f"{entry.player_id}: version rank {entry.rank}, ledger 1 + count(higher) = {ledger_rank}")
     report.add(board_check("ledger_sampled_ranks", board.board), not wrong,
                f"{len(sampled)} sampled; " + "; ".join(wrong[:10]))
+
+
+# Replayed players read from the ledger per query, and their checks sent per round trip.
+REPLAYED_BATCH = 10_000
+
+
+def _ledger_replayed_players(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manifest: Manifest,
+                             moves: LedgerMoves, players: Collection[str], report: Report) -> None:
+    """Each player a recovery's catch-up replayed, against the ledger as of the watermark,
+    one by one: the lookup's value, the member in the bucket of that value (by its sort
+    key), and with regions the region-shard entry and the member on their region's board.
+    Theirs are the values the copy did not take from the build's read of the table."""
+    ties = manifest.ties
+    boards = manifest.regions
+    wanted = sorted(set(players))
+    ledger: dict[str, tuple[IndexValue | None, str]] = {}
+    for start in range(0, len(wanted), REPLAYED_BATCH):
+        ledger.update({p: (value, region) for p, value, region in _scores(
+            season_id, ties, players=wanted[start:start + REPLAYED_BATCH], regions=bool(boards))})
+    expected = {p: ledger.get(p, (None, "")) for p in wanted}
+    expected.update({p: (then, moves.regions.get(p, ("", ""))[1])
+                     for p, (_, then) in moves.values.items() if p in expected})
+    commands: list[tuple[Any, ...]] = []
+    checks: list[tuple[str, str, str, int | str | None]] = []  # (board, player, what, ledger's)
+    on_board = dict.fromkeys(("", *boards), 0)
+    for player_id, (value, region) in expected.items():
+        shard = rankview.lookup_shard(player_id, manifest.lookup_shards)
+        commands.append(("HGET", keys.lookup(manifest.copy, shard), player_id))
+        checks.append(("", player_id, "lookup", None if value is None else value_token(value)))
+        on_board[""] += 1
+        board = region if value is not None and region in boards else None
+        if value is not None:
+            bucket, key = index_key(manifest.layout, ties, value)
+            for name in ("", board) if board else ("",):
+                commands.append(("ZSCORE", keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, name),
+                                 player_id))
+                checks.append((name, player_id, f"key in bucket {bucket}", key))
+        if boards:
+            commands.append(("HGET", keys.region(manifest.copy, shard), player_id))
+            checks.append((board or "", player_id, "region shard", board))
+            on_board[board or ""] += bool(board)
+    wrong: dict[str, list[str]] = {}
+    for start in range(0, len(commands), REPLAYED_BATCH):
+        replies = rankview.round_trip(r, commands[start:start + REPLAYED_BATCH])
+        for (board, player_id, what, want), reply in zip(checks[start:start + REPLAYED_BATCH], replies, strict=True):
+            got = _replayed_reply(what, reply, ties)
+            if got != want:
+                wrong.setdefault(board, []).append(f"{player_id}: {what} {got!r}, ledger {want!r}")
+    for board, count in on_board.items():
+        found = wrong.get(board, [])
+        report.add(board_check("ledger_replayed_players", board), not found,
+                   f"{count} replayed players; " + "; ".join(found[:10]))
+
+
+def _replayed_reply(what: str, reply: Any, ties: FirstReached | None) -> int | float | str | None:
+    if reply is None:
+        return None
+    if what == "lookup":
+        return value_token(lookup_value(ties, reply))
+    if what == "region shard":
+        return bytes(reply).decode()
+    return float(reply)  # a member's sort key (an integer below 2**53: exact as a float)
 
 
 def reconciliation_run(*, season: Season, full: bool | None = None, sample: int | None = None) -> ReconciliationRun:
@@ -381,6 +494,10 @@ def reconciliation_run(*, season: Season, full: bool | None = None, sample: int 
     return run
 
 
+def _entry_at(reader: rankview.RankReader, board: Manifest, position: int) -> list[Entry]:
+    return reader.entries_at(board, position, 1)
+
+
 def _ledger_spot_check(*, r: redis.Redis, keys: rankview.Keys, season: Season, manifest: Manifest, sample: int,
                        report: Report) -> None:
     """Sampled entries of each board against the ledger's current scores (and on a regional
@@ -388,11 +505,9 @@ def _ledger_spot_check(*, r: redis.Redis, keys: rankview.Keys, season: Season, m
     reader = rankview.RankReader(r, keys, deadline=3600)
     sampled: list[tuple[Manifest, list[Entry]]] = []
     for board in version_boards(manifest):
-        entries = []
-        for position in stratified_positions(board.total, board_sample(sample, board=board,
-                                                                       regions=len(manifest.regions))):
-            entries.extend(reader.entries_at(board, position, 1))
-        sampled.append((board, entries))
+        positions = stratified_positions(board.total, board_sample(sample, board=board, regions=len(manifest.regions)))
+        read = sampled_reads(partial(_entry_at, reader, board), positions)
+        sampled.append((board, [entry for entries in read for entry in entries]))
     players = list({e.player_id for _, entries in sampled for e in entries})
     moved = set(
         ScoreChange.objects.filter(season_id=season.pk, player_id__in=players)

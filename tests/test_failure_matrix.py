@@ -745,10 +745,10 @@ def test_a_rebuild_whose_shadow_is_corrupted_is_refused(season_factory: Callable
     member, score = {"empty_bucket": ("stray", 1000), "tail": ("stray", 3), "top_score": ("c001", 950)}[where]
 
     def corrupting(**kwargs: Any) -> Any:
-        shadow = real_catch_up(**kwargs)
+        shadow, replayed = real_catch_up(**kwargs)
         # One bucket of the caught-up shadow changed behind its bookkeeping's back.
         r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, shadow.layout.bucket_of(score)), {member: -score})
-        return shadow
+        return shadow, replayed
 
     monkeypatch.setattr(rebuild, "_catch_up", corrupting)
     job = rebuild_run(job_id=job.pk)
