@@ -16,14 +16,19 @@ built, version 1 published) fills a fresh season. Then:
    growth of used_memory during the run, i.e. the two shadows).
 2. Recovery (sizes <= --recovery-max, --recovery-runs each): the bench Redis database is
    flushed; an epoch finds the views lost and starts one recovery job (`lost`); the job
-   (rebuild_run) builds both copies and reconciles the candidate against the ledger
-   (invariants with a full scan, player count, top 100, sampled ranks, per-bucket
-   checksums recomputed from PostgreSQL) before publishing. `flush->published` is the
-   time from the flush to the first published version (reads answer 503 meanwhile).
+   (rebuild_run) builds both copies, catches up and reconciles the candidate against the
+   ledger before publishing (reconcile.recovery_reconcile: each board's player count,
+   bucket counts, top 100 and sampled ranks against one GROUP BY of the ledger, every
+   player the catch-up replayed one by one, the invariant checker's bucket sizes and
+   sampled ranks; no full scan of Redis or of the ledger's rows). `flush->published` is
+   the time from the flush to the first published version (reads answer 503 meanwhile).
 
-Medians over the runs; at 10M one or two runs are the practical limit here (each run
-writes 20M members; say so when quoting). Memory: 10M players in 2 live + 2 shadow
-copies is ~6-7 GB of Redis.
+Each run's line and the tables give the 1-minute load average when the run ended: on a
+shared machine it says how much else was running. Medians over the runs; at 10M one or
+two runs are the practical limit here (each run writes 20M members; say so when
+quoting). Memory: 10M players in 2 live + 2 shadow copies is ~4-7 GB of Redis (the
+`Redis +MB` figure is the growth of the whole server's used_memory: other databases'
+work moves it too).
 
 Uses its own PostgreSQL database (default `rebuildbench`, created if missing, dropped at
 the end unless --keep) and Redis logical database (default /3, flushed at the end unless
@@ -32,11 +37,13 @@ client's 2 s socket timeout fails the run: point --redis-url at a private server
 
     SECRET_KEY=x .venv/bin/python bench/rebuild.py                          # 1M x 3 runs + recovery (~6 min)
     SECRET_KEY=x .venv/bin/python bench/rebuild.py --players 1M,10M --runs 3 --runs-10m 1
+    SECRET_KEY=x .venv/bin/python bench/rebuild.py --players 10M --runs-10m 1 --recovery-max 10M --recovery-runs 1
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -64,6 +71,8 @@ class Size:
     recovery: list[float] = field(default_factory=list)
     recovery_build: list[float] = field(default_factory=list)
     recovery_reconcile: list[float] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)  # 1-minute load average after each rebuild
+    recovery_load: list[float] = field(default_factory=list)
 
 
 class Phases:
@@ -158,8 +167,9 @@ def run_size(players: int, args: argparse.Namespace) -> Size:
             size.build.append(build)
             size.compare.append(compare)
             size.peak_mb.append(peak)
+            size.load.append(os.getloadavg()[0])
             print(f"# rebuild {run}/{runs} of {players:,}: {total:.1f}s (build {build:.1f}s, compare+publish "
-                  f"{compare:.2f}s), Redis +{peak:,.0f} MB at the peak", flush=True)
+                  f"{compare:.2f}s), Redis +{peak:,.0f} MB at the peak, load {size.load[-1]:.1f}", flush=True)
         if players <= args.recovery_max:
             for run in range(1, args.recovery_runs + 1):
                 total, lost, build, reconcile = recovery_once(season, run)
@@ -167,14 +177,19 @@ def run_size(players: int, args: argparse.Namespace) -> Size:
                 size.lost.append(lost)
                 size.recovery_build.append(build)
                 size.recovery_reconcile.append(reconcile)
+                size.recovery_load.append(os.getloadavg()[0])
                 print(f"# recovery {run}/{args.recovery_runs} of {players:,}: flush -> published {total:.1f}s "
                       f"(epoch says lost in {lost * 1000:.0f} ms, build {build:.1f}s, reconcile+publish "
-                      f"{reconcile:.1f}s)", flush=True)
+                      f"{reconcile:.1f}s), load {size.recovery_load[-1]:.1f}", flush=True)
         report = version_check(r=redis_get(), keys=season_keys(season), sample=200, seed=1)
         print(f"# invariants of the last version: {'ok' if report.ok else report.failures()}", flush=True)
     finally:
         benchenv.season_cleanup(season, keep=args.keep)
     return size
+
+
+def _loads(loads: list[float]) -> str:
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
 
 
 def database_drop(url: str) -> None:
@@ -232,9 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         total = benchenv.median(s.total)
         rows.append((f"{benchenv.human(s.players)} x{len(s.total)}", total, benchenv.median(s.build),
                      benchenv.median(s.compare), s.players / total, 2 * s.players / benchenv.median(s.build),
-                     benchenv.median(s.peak_mb), min(s.total), max(s.total)))
+                     benchenv.median(s.peak_mb), min(s.total), max(s.total), _loads(s.load)))
     print(benchenv.table(["players", "total s", "build s", "compare+publish s", "players/s", "copies/s",
-                          "Redis +MB (shadows)", "min s", "max s"], rows))
+                          "Redis +MB (shadows)", "min s", "max s", "load"], rows))
     recovered = [s for s in results if s.recovery]
     if recovered:
         print()
@@ -242,10 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(benchenv.table(
             ["players", "runs", "flush->published s", "epoch 'lost' ms", "build s", "reconcile+publish s",
-             "min s", "max s"],
+             "min s", "max s", "load"],
             [(benchenv.human(s.players), len(s.recovery), benchenv.median(s.recovery),
               benchenv.median(s.lost) * 1000, benchenv.median(s.recovery_build),
-              benchenv.median(s.recovery_reconcile), min(s.recovery), max(s.recovery)) for s in recovered]))
+              benchenv.median(s.recovery_reconcile), min(s.recovery), max(s.recovery), _loads(s.recovery_load))
+             for s in recovered]))
     biggest = max(results, key=lambda s: s.players)
     benchenv.figures_record(
         "rebuild_players_per_s", biggest.players / benchenv.median(biggest.total), "players/s",
