@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
@@ -396,6 +397,32 @@ def round_build(season_slug: str, state: str | None, final_version: int | None, 
 # ---------------------------------------------------------------------------- sending
 
 
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Generator[None, None, None]:
+    """The cyclic garbage collector off for the block, process-wide.
+
+    Nested and overlapping pauses (two seasons' rounds in one process) keep it off until
+    the last one ends, and it is turned back on only if it was on before the first. Only
+    for short, bounded blocks: cyclic garbage made meanwhile waits for the next
+    collection; everything else is freed by reference counting as usual.
+    """
+    global _gc_pauses, _gc_was_enabled
+    if _gc_pauses == 0:
+        _gc_was_enabled = gc.isenabled()
+        gc.disable()
+    _gc_pauses += 1
+    try:
+        yield
+    finally:
+        _gc_pauses -= 1
+        if _gc_pauses == 0 and _gc_was_enabled:
+            gc.enable()
+
+
 class _Rest:
     """The rest of a coroutine that `send_started` ran up to its first suspension.
 
@@ -593,7 +620,19 @@ class SeasonHub:
 
     async def _publish(self, version: int) -> None:
         """One round: the version's shared text once, then every socket without a player
-        while the players are read in one batch, then every socket with one."""
+        while the players are read in one batch, then every socket with one.
+
+        With the cyclic garbage collector paused (`gc_paused`): a round allocates tens of
+        thousands of short-lived objects (the players' replies and windows, a message and
+        a frame per socket), and collections during it promoted them to the oldest
+        generation, whose full collections (the whole heap of every connection) then came
+        every few versions and were most of a worker's time in a fan-out. Paused, what
+        dies in the round is freed by reference counting and never promoted.
+        """
+        with gc_paused():
+            await self._round(version)
+
+    async def _round(self, version: int) -> None:
         try:
             manifest = await self.manifest(version)
             previous = await self.manifest(version - 1) if manifest is not None and version > 1 else None

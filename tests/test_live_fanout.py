@@ -1,16 +1,18 @@
 """The fan-out's send (leaderboard.live.send_started): a send runs in the caller's task until
 it completes or first waits; only then does the rest need a task of its own, which goes on
-exactly where the send stopped and takes a cancellation (the send timeout) into it. Plain
-asyncio: no database, Redis or Channels."""
+exactly where the send stopped and takes a cancellation (the send timeout) into it. And
+the garbage collector's pause around a round (gc_paused). Plain asyncio: no database,
+Redis or Channels."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import gc
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from leaderboard.live import send_started
+from leaderboard.live import gc_paused, send_started
 
 
 def run(body: Callable[[], Awaitable[None]]) -> None:
@@ -96,3 +98,49 @@ def test_what_a_send_raises_before_it_waits_is_raised_at_once() -> None:
             send_started(send())
 
     run(body)
+
+
+@pytest.fixture
+def gc_enabled() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+@pytest.mark.usefixtures("gc_enabled")
+def test_overlapping_rounds_keep_the_collector_paused_until_the_last_ends() -> None:
+    async def body() -> None:
+        first_in, second_in, first_out = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            with gc_paused():
+                first_in.set()
+                await second_in.wait()
+            first_out.set()
+
+        async def second() -> None:
+            await first_in.wait()
+            with gc_paused():
+                second_in.set()
+                await first_out.wait()
+                assert not gc.isenabled()  # the first round ended: this one still runs
+            assert gc.isenabled()
+
+        await asyncio.gather(first(), second())
+
+    run(body)
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("gc_enabled")
+def test_a_pause_ends_however_the_round_ends_and_leaves_a_disabled_collector_alone() -> None:
+    with pytest.raises(RuntimeError), gc_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("the round failed")
+    assert gc.isenabled()
+    gc.disable()
+    with gc_paused():
+        pass
+    assert not gc.isenabled()
