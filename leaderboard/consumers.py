@@ -1,9 +1,9 @@
-"""The live board socket, /ws/v1/seasons/{season_id}/live[?player_id=P&radius=R]
+"""The live board socket, /ws/v1/seasons/{season_id}/live[?player_id=P&radius=R&region=G]
 (docs/api.md, Live board websocket).
 
 Thin: what to send is decided in leaderboard.core.live (pure) and leaderboard.live (reads,
 rounds, the per-process registry, group listener and fan-out). This class admits the
-socket, registers it with its season's hub (leaderboard.live.Socket holds what the socket
+socket, registers it with its board's hub (the season's, or a region's; leaderboard.live.Socket holds what the socket
 last sent, the base of diffs and events), sends its snapshots, answers the client, and
 closes it when the hub finds its client too slow.
 
@@ -38,9 +38,11 @@ from leaderboard.core.live import (
     Refusal,
     SnapshotBudget,
     client_message_parse,
+    region_refusal,
     subscription_parse,
 )
 from leaderboard.ratelimit import live_sockets, scope_address
+from seasons.selectors import season_get
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.slug = ""
+        # The region whose board the socket follows (None: the global board).
+        self.region: str | None = None
         self.socket: live.Socket | None = None
         self.hub: live.SeasonHub | None = None
         self.socket_id = uuid.uuid4().hex
@@ -121,6 +125,14 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         if found is None:
             await self._refuse(Refusal(CLOSE_UNKNOWN_SEASON, "unknown_season", f"no season {self.slug!r}"))
             return
+        if parsed.region is not None:
+            # A season's regions are fixed once it opens: the handshake's answer holds.
+            season = await database_sync_to_async(season_get)(slug=self.slug)
+            refusal = region_refusal(parsed.region, season.regions if season is not None else [])
+            if refusal is not None:
+                await self._refuse(refusal)
+                return
+            self.region = parsed.region
         self.state, self.final_version = found
         # Registered busy: the hub sends this socket nothing until its snapshot is sent; a
         # version published in between is sent by catch_up after it (or skipped if the
@@ -129,7 +141,8 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         try:
             self.hub = await live.registry().join(self.slug, self.socket_id, self.socket, found)
         except TimeoutError:
-            await self._send_message(live.unavailable_message(self.slug, self.state, self.final_version))
+            await self._send_message(live.unavailable_message(self.slug, self.state, self.final_version,
+                                                              region=self.region))
             self.closing = True
             await self.close(code=CLOSE_TRY_AGAIN_LATER, reason="try_again_later")
             return
@@ -143,7 +156,7 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         # By socket, not by self.hub: a socket that went away while joining is registered
         # already. Leaving twice is harmless.
         if self.socket is not None:
-            live.registry().leave(self.slug, self.socket_id)
+            live.registry().leave(self.slug, self.socket_id, region=self.region)
             self.hub = None
 
     async def _refuse(self, refusal: Refusal) -> None:
@@ -201,7 +214,7 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
                 log.exception("live: snapshot of %s failed", self.slug)
                 snap = None
             if snap is None:
-                text = await live.unavailable_text(self.slug, self.state, self.final_version)
+                text = await live.unavailable_text(self.slug, self.state, self.final_version, region=self.region)
                 if await self._send_text(text):
                     socket.sent_unavailable(text)
             else:

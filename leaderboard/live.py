@@ -31,6 +31,9 @@ One published version reaches the sockets like this:
    announcement was lost is published to the sockets all the same.
 
 Per process means per event loop: a uvicorn worker has one; tests create one per test.
+A region's board (a socket's `?region=`) has a hub of its own beside the global board's,
+with its own listener in the same group: each reads the announced version's manifest and
+serves its board of it (`Manifest.board_of`), so the global hub's rounds are unchanged.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from leaderboard.core.live import (
     TOP_LIMIT,
     PlayerMark,
     Subscription,
+    board_fields,
     player_payload,
     recovery_payload,
     top_diff,
@@ -237,6 +241,8 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     The last round trip re-reads the copy's generation and version after every data read
     (Redis runs one command at a time, and each round trip starts after the previous one
     answered), the same seqlock the single-player reads of RankReader use.
+    On a region's board (`Manifest.board_of`) the reads are that board's, and a player
+    whose region-shard entry names another board (or none) is not ranked on it.
     """
     out = {player_id: PlayerRead(entry=None, radius=radius) for player_id, radius in wanted.items()}
     if not wanted:
@@ -245,11 +251,17 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     copy = manifest.copy
 
     def bucket_key(bucket: int) -> str:
-        return keys.bucket(copy, layout.layout_id, bucket)
+        return keys.bucket(copy, layout.layout_id, bucket, manifest.board)
 
     # 1. Scores from the copy's lookup: one HMGET per lookup shard (the copy's count).
     shards = list(rankview.shards_of(wanted, manifest.lookup_shards).items())
-    replies = yield [("HMGET", keys.lookup(copy, shard), *players) for shard, players in shards]
+    lookups: list[Call] = [("HMGET", keys.lookup(copy, shard), *players) for shard, players in shards]
+    if manifest.board:
+        # The players' regions in the same round trip; the global board never asks.
+        lookups += [("HMGET", keys.region(copy, shard), *players) for shard, players in shards]
+    replies = yield lookups
+    if manifest.board:
+        replies = _board_members(manifest.board, len(shards), replies)
     # Values: scores, or (score, reached_ms) on a first_reached board (core.tiebreak).
     ties = manifest.ties
     found = [(player_id, lookup_value(ties, value)) for (_, players), values in zip(shards, replies, strict=True)
@@ -332,6 +344,15 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     return out
 
 
+def _board_members(board: str, shards: int, replies: list[Any]) -> list[list[Any]]:
+    """The lookup replies of a regional board's first round trip (the first `shards`
+    replies; the region shards' follow), a player's value kept only when their region
+    entry names the board: only they are on it."""
+    names = (board, board.encode())
+    return [[value if region in names else None for value, region in zip(values, homes, strict=True)]
+            for values, homes in zip(replies[:shards], replies[shards:], strict=True)]
+
+
 def _score_pairs(reply: list[Any]) -> list[tuple[bytes, Any]]:
     """ZRANGE ... WITHSCORES as (member, score) pairs: RESP3 nests them ([member, float]),
     RESP2 alternates member and score (bytes); index_value takes either score."""
@@ -382,8 +403,9 @@ def round_build(season_slug: str, state: str | None, final_version: int | None, 
                 previous: Manifest | None) -> Round:
     """The shared half of a round: the version's fields and top, serialized once per process."""
     base: dict[str, Any] = {
-        "type": "version", "season_id": season_slug, "state": state, "final_version": final_version,
-        "leaderboard_version": manifest.version, "as_of": manifest.as_of, "total_players": manifest.total,
+        "type": "version", "season_id": season_slug, **board_fields(manifest.board), "state": state,
+        "final_version": final_version, "leaderboard_version": manifest.version, "as_of": manifest.as_of,
+        "total_players": manifest.total,
     }
     top = manifest.top[:TOP_LIMIT]
     full = orjson.dumps({**base, "top": top}).decode()
@@ -554,6 +576,9 @@ class SeasonHub:
     slug: str
     redis: redis.asyncio.Redis
     keys: rankview.Keys
+    # The board this hub serves: a region's (Manifest.board_of), or None for the global one.
+    # Each board of a season has its hub, fed by the season's announcements.
+    region: str | None = None
     sockets: dict[str, Socket] = field(default_factory=dict)
     # The newest version announced to this process, the newest one published to its
     # sockets, and when the last announcement came (loop time).
@@ -618,6 +643,14 @@ class SeasonHub:
                 del self.manifests[old]
         return found
 
+    async def board(self, version: int) -> Manifest | None:
+        """The version as this hub's board: the manifest, or its region's board (None too
+        when the version has no board of the region: nothing of it can be shown)."""
+        manifest = await self.manifest(version)
+        if manifest is None or self.region is None:
+            return manifest
+        return manifest.board_of(self.region)
+
     async def _publish(self, version: int) -> None:
         """One round: the version's shared text once, then every socket without a player
         while the players are read in one batch, then every socket with one.
@@ -634,8 +667,8 @@ class SeasonHub:
 
     async def _round(self, version: int) -> None:
         try:
-            manifest = await self.manifest(version)
-            previous = await self.manifest(version - 1) if manifest is not None and version > 1 else None
+            manifest = await self.board(version)
+            previous = await self.board(version - 1) if manifest is not None and version > 1 else None
         except Exception:
             log.exception("live: round for version %s of %s failed", version, self.slug)
             return
@@ -798,7 +831,7 @@ class SeasonHub:
         every socket that shows a board, or an older notice, with a running recovery's
         progress. Repeated by the watcher until a version is published again."""
         self.current = None
-        text = await unavailable_text(self.slug, self.state, self.final_version)
+        text = await unavailable_text(self.slug, self.state, self.final_version, region=self.region)
         for socket in list(self.sockets.values()):
             if not socket.closed and not socket.busy and socket.unavailable != text:
                 self._send(socket, text, None, None)
@@ -868,8 +901,10 @@ def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | No
     """The current version for one socket (on connect and on request); None: unavailable.
 
     Top and player come from the one manifest the reader chose: the top 100 lives in it.
+    A regional subscription reads that region's board of the version; a version without
+    it (the consumer checked the season has the region) has nothing to show either.
     """
-    reader = leaderboard_reader(season_slug=season_slug)
+    reader = leaderboard_reader(season_slug=season_slug, region=subscription.region)
     try:
         if subscription.player_id is None:
             manifest, top = reader.top(TOP_LIMIT)
@@ -877,7 +912,7 @@ def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | No
         manifest, me, window = reader.neighbors(subscription.player_id, subscription.radius)
         return Snapshot(manifest=manifest, top=manifest.top[:TOP_LIMIT],
                         player=PlayerRead(entry=me, window=tuple(window), radius=subscription.radius))
-    except rankview.Unavailable:
+    except (rankview.Unavailable, rankview.UnknownRegion):
         return None
 
 
@@ -885,7 +920,8 @@ def snapshot_message(season_slug: str, state: str | None, final_version: int | N
                      subscription: Subscription) -> dict[str, Any]:
     manifest = snapshot.manifest
     message: dict[str, Any] = {
-        "type": "snapshot", "season_id": season_slug, "state": state, "final_version": final_version,
+        "type": "snapshot", "season_id": season_slug, **board_fields(manifest.board), "state": state,
+        "final_version": final_version,
         "leaderboard_version": manifest.version, "as_of": manifest.as_of, "total_players": manifest.total,
         "top": snapshot.top,
     }
@@ -896,12 +932,13 @@ def snapshot_message(season_slug: str, state: str | None, final_version: int | N
 
 
 def unavailable_message(season_slug: str, state: str | None, final_version: int | None,
-                        recovery: dict[str, Any] | None = None) -> dict[str, Any]:
+                        recovery: dict[str, Any] | None = None, *, region: str | None = None) -> dict[str, Any]:
     """The read API's 503 body as a socket message: the same reason and retry_after, and
     the progress of the season's recovery while one runs (`recovery_payload`), else null."""
     refusal = read_unavailable()
     return {
-        "type": refusal.code, "season_id": season_slug, "state": state, "final_version": final_version,
+        "type": refusal.code, "season_id": season_slug, **board_fields(region or ""), "state": state,
+        "final_version": final_version,
         "retry_after": refusal.retry_after,
         "detail": f"{refusal.detail}; the next published version is pushed to this socket",
         "recovery": recovery,
@@ -923,7 +960,8 @@ def recovery_progress(season_slug: str) -> dict[str, Any] | None:
     return recovery_payload(status=status, done=done, total=total, eta_seconds=eta_seconds)
 
 
-async def unavailable_text(season_slug: str, state: str | None, final_version: int | None) -> str:
+async def unavailable_text(season_slug: str, state: str | None, final_version: int | None, *,
+                           region: str | None = None) -> str:
     """The unavailable message, serialized, with the running recovery's progress (null
     when none runs, or when the database cannot say: the notice matters more)."""
     try:
@@ -931,7 +969,7 @@ async def unavailable_text(season_slug: str, state: str | None, final_version: i
     except Exception:
         log.warning("live: recovery progress of %s could not be read", season_slug, exc_info=True)
         progress = None
-    return orjson.dumps(unavailable_message(season_slug, state, final_version, progress)).decode()
+    return orjson.dumps(unavailable_message(season_slug, state, final_version, progress, region=region)).decode()
 
 
 # ------------------------------------------------------------------------------ listener
@@ -995,8 +1033,14 @@ async def _rejoin_periodically(layer: Any, group: str, channel: str) -> None:
             log.warning("live: could not re-join %s", group, exc_info=True)
 
 
+def hub_key(season_slug: str, region: str | None) -> str:
+    """A board's hub in the registry: the season's slug for the global board, slug/region
+    for a region's ("/" is in neither)."""
+    return season_slug if region is None else f"{season_slug}/{region}"
+
+
 class LiveRegistry:
-    """Per-process (per event loop) registry of live sockets, by season."""
+    """Per-process (per event loop) registry of live sockets, by board (`hub_key`)."""
 
     def __init__(self) -> None:
         self.hubs: dict[str, SeasonHub] = {}
@@ -1021,11 +1065,13 @@ class LiveRegistry:
         this returns reaches the socket. `socket_state`: the season's (state,
         final_version) as the consumer read it, for a new hub. Raises TimeoutError when the
         group cannot be joined within JOIN_TIMEOUT_SECONDS (Redis down); the socket is then
-        not registered."""
-        hub = self.hubs.get(season_slug)
+        not registered. The socket's hub is its board's (`Subscription.region`)."""
+        region = socket.subscription.region
+        hub = self.hubs.get(hub_key(season_slug, region))
         if hub is None:
-            hub = self.hubs[season_slug] = SeasonHub(
-                slug=season_slug, redis=self.redis(), keys=rankview.Keys(settings.REDIS_KEY_PREFIX, season_slug))
+            hub = self.hubs[hub_key(season_slug, region)] = SeasonHub(
+                slug=season_slug, redis=self.redis(), keys=rankview.Keys(settings.REDIS_KEY_PREFIX, season_slug),
+                region=region)
         hub.sockets[socket_id] = socket
         if hub.state is None:
             hub.state, hub.final_version = socket_state
@@ -1037,19 +1083,19 @@ class LiveRegistry:
             async with asyncio.timeout(JOIN_TIMEOUT_SECONDS):
                 await hub.joined.wait()
         except TimeoutError:
-            self.leave(season_slug, socket_id)
+            self.leave(season_slug, socket_id, region=region)
             raise
         return hub
 
-    def leave(self, season_slug: str, socket_id: str) -> None:
-        hub = self.hubs.get(season_slug)
+    def leave(self, season_slug: str, socket_id: str, *, region: str | None = None) -> None:
+        hub = self.hubs.get(hub_key(season_slug, region))
         if hub is None:
             return
         socket = hub.sockets.pop(socket_id, None)
         if socket is not None:
             socket.closed = True
         if not hub.sockets:
-            del self.hubs[season_slug]
+            del self.hubs[hub_key(season_slug, region)]
             for task in (hub.listener, hub.watcher, hub.publisher):
                 if task is not None:
                     task.cancel()

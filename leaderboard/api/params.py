@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.core.events import BIGINT_MAX, ID_RULE, check_int, id_is_valid
-from leaderboard.core.season_options import check_region
+from leaderboard.core.season_options import check_region, unknown_region_detail
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 
@@ -64,8 +64,7 @@ def region_name_param(region: str) -> str:
 
 def unknown_region(region: str, *, regions: Sequence[str]) -> ApiError:
     """The 404 of a well-formed region that is not one of the season's."""
-    have = f"its regions are {', '.join(regions)}" if regions else "it has no regions"
-    return ApiError(status_code=404, code="unknown_region", detail=f"the season has no region {region!r}: {have}")
+    return ApiError(status_code=404, code="unknown_region", detail=unknown_region_detail(region, regions))
 
 
 def player_id_param(player_id: str) -> str:

@@ -8,7 +8,10 @@ What a live socket sends, independent of Django, Redis and Channels:
 - `player_events`: what happened to a subscribed player between the state the socket
   last sent and the new version (entered_top_100, rank_changed, ...);
 - `subscription_parse` / `client_message_parse`: the query string and the only client
-  message accepted, with the close code and error a bad one gets;
+  message accepted, with the close code and error a bad one gets (`region_refusal`: a
+  region the season does not have);
+- `board_fields`: what names the board a message is of (a region's, or nothing for the
+  global one);
 - `splice`: one JSON object serialized once per version and process, extended with the
   few per-socket fields by string concatenation instead of re-serializing the top 100
   for every socket;
@@ -30,6 +33,7 @@ import orjson
 
 from leaderboard.core.events import check_player_id
 from leaderboard.core.ranking import Entry
+from leaderboard.core.season_options import check_region, unknown_region_detail
 
 TOP_LIMIT = 100
 RADIUS_DEFAULT = 5
@@ -38,6 +42,8 @@ RADIUS_MAX = 10
 # Close codes of the live socket (4000-4999 are the application's own, RFC 6455 7.4.2).
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNKNOWN_SEASON = 4404
+# Like an unknown season: there is no board to follow, and retrying will not make one.
+CLOSE_UNKNOWN_REGION = 4404
 CLOSE_SLOW_CONSUMER = 4408
 CLOSE_TOO_MANY_SNAPSHOTS = 4429
 
@@ -159,6 +165,8 @@ def player_payload(player_id: str, entry: Entry | None, neighbors: Sequence[Entr
 class Subscription:
     player_id: str | None
     radius: int
+    # The region whose board the socket follows; None: the global board.
+    region: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +180,8 @@ class Refusal:
 
 
 def subscription_parse(query_string: bytes | str) -> Subscription | Refusal:
-    """`?player_id=P&radius=R` of the socket URL; both optional, anything else ignored."""
+    """`?player_id=P&radius=R&region=G` of the socket URL; all optional (an empty region
+    is the global board, as on the read API), anything else ignored."""
     text = query_string.decode("latin-1") if isinstance(query_string, bytes) else query_string
     try:
         params = parse_qs(text, keep_blank_values=True, strict_parsing=False, max_num_fields=16)
@@ -196,7 +205,26 @@ def subscription_parse(query_string: bytes | str) -> Subscription | Refusal:
             radius = -1
         if not 0 <= radius <= RADIUS_MAX:
             return Refusal(CLOSE_BAD_REQUEST, "bad_radius", f"radius must be an integer in 0..{RADIUS_MAX}")
-    return Subscription(player_id=player_id, radius=radius)
+    regions = params.get("region", [])
+    if len(regions) > 1:
+        return Refusal(CLOSE_BAD_REQUEST, "bad_region", "region given more than once")
+    region = regions[0] if regions and regions[0] else None
+    if region is not None and (problem := check_region(region)):
+        return Refusal(CLOSE_BAD_REQUEST, "bad_region", f"region {problem}")
+    return Subscription(player_id=player_id, radius=radius, region=region)
+
+
+def region_refusal(region: str | None, regions: Sequence[str]) -> Refusal | None:
+    """None when the socket follows the global board or one of the season's `regions`."""
+    if region is None or region in regions:
+        return None
+    return Refusal(CLOSE_UNKNOWN_REGION, "unknown_region", unknown_region_detail(region, regions))
+
+
+def board_fields(board: str) -> dict[str, str]:
+    """The `region` of a regional board's messages; the global board's name none, as the
+    read API's answers do (`board` is Manifest.board: "" for the global board)."""
+    return {"region": board} if board else {}
 
 
 def client_message_parse(text: str | None, data: bytes | None) -> Refusal | None:

@@ -33,6 +33,12 @@ def check_region(value: object) -> str | None:
     return None
 
 
+def unknown_region_detail(region: str, regions: Sequence[str]) -> str:
+    """Why a well-formed region names no board of a season: the regions it has instead."""
+    have = f"its regions are {', '.join(regions)}" if regions else "it has no regions"
+    return f"the season has no region {region!r}: {have}"
+
+
 def regions_problem(regions: Sequence[object]) -> str | None:
     """None for a valid set of season regions (0..MAX_REGIONS distinct names, in display
     order), else a sentence naming what is wrong."""

@@ -1,6 +1,7 @@
 /*
  * Live season page: the top 100 and a "find me" panel, updated in place from the socket
- * /ws/v1/seasons/{season}/live (README: Live boards). Plain JS, no dependencies.
+ * /ws/v1/seasons/{season}/live (README: Live boards). Plain JS, no dependencies. With a
+ * region (data-region, from the page's ?region=) both follow that region's board.
  *
  * The client keeps the version it shows and its top 100. A "version" message applies
  * only on top of exactly that version (its previous_version, and top_diff.base_version
@@ -38,7 +39,8 @@
     me: document.getElementById("me"),
     meSummary: document.getElementById("me-summary"),
     meBody: document.querySelector("#me-neighbors tbody"),
-    meEvents: document.getElementById("me-events")
+    meEvents: document.getElementById("me-events"),
+    boards: document.querySelectorAll("#lb-boards a")
   };
 
   var view = {
@@ -46,6 +48,7 @@
     top: [],
     playerId: null,
     radius: parseInt(root.dataset.radius || "5", 10),
+    region: root.dataset.region || null,
     socket: null,
     retries: 0,
     retryTimer: null,
@@ -57,11 +60,13 @@
 
   function socketUrl() {
     var scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    var url = scheme + "//" + location.host + root.dataset.socketPath;
+    var params = [];
+    if (view.region) params.push("region=" + encodeURIComponent(view.region));
     if (view.playerId) {
-      url += "?player_id=" + encodeURIComponent(view.playerId) + "&radius=" + view.radius;
+      params.push("player_id=" + encodeURIComponent(view.playerId), "radius=" + view.radius);
     }
-    return url;
+    var url = scheme + "//" + location.host + root.dataset.socketPath;
+    return params.length ? url + "?" + params.join("&") : url;
   }
 
   function connect() {
@@ -94,7 +99,7 @@
     view.socket = null;
     if (event.code === 4404) {
       view.stopped = true;
-      setStatus("error", "Unknown season");
+      setStatus("error", event.reason === "unknown_region" ? "Unknown region" : "Unknown season");
       return;
     }
     if (event.code === 4400 && view.playerId) {
@@ -303,7 +308,8 @@
   function showPlayer(player, message, events) {
     el.me.hidden = false;
     if (!player.ranked) {
-      el.meSummary.textContent = player.player_id + " is not on the board in version " +
+      el.meSummary.textContent = player.player_id + " is not on the " +
+        (view.region ? "board of region " + view.region : "board") + " in version " +
         message.leaderboard_version + ".";
       fillRows(el.meBody, [], {});
     } else {
@@ -361,6 +367,17 @@
     var url = new URL(location.href);
     if (playerId) url.searchParams.set("player_id", playerId); else url.searchParams.delete("player_id");
     history.replaceState(null, "", url.toString());
+    boardLinks(playerId);
+  }
+
+  // The board switcher's links keep following the player this page follows.
+  function boardLinks(playerId) {
+    Array.prototype.forEach.call(el.boards, function (link) {
+      var params = new URLSearchParams();
+      if (link.dataset.board) params.set("region", link.dataset.board);
+      if (playerId) params.set("player_id", playerId);
+      link.setAttribute("href", "?" + params.toString());
+    });
   }
 
   el.form.addEventListener("submit", function (event) {
@@ -391,6 +408,7 @@
   if (initial && PLAYER_RE.test(initial)) {
     view.playerId = initial;
     el.input.value = initial;
+    boardLinks(initial);
   }
   showSeasonState(root.dataset.state, root.dataset.finalVersion || null);
   connect();
