@@ -155,9 +155,15 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
     r = r or redis_get()
     keys = season_keys(season)
     ttl_ms = int(settings.EPOCH_LEASE_SECONDS * 1000)
+    due_ttl_ms = int(max(settings.EPOCH_SECONDS * 2, 1.0) * 1000)
+    if rankview.lease_wanted(r, keys):
+        # A rebuild waits for the lease to compare and publish: let it in; the note makes
+        # the epoch after it run at once.
+        rankview.epoch_due_mark(r, keys, ttl_ms=due_ttl_ms)
+        return EpochResult(status="skipped", detail="a rebuild is waiting for the season")
     token = season_lease_acquire(season=season, r=r, ttl_ms=ttl_ms)
     if token is None:
-        rankview.epoch_due_mark(r, keys, ttl_ms=int(max(settings.EPOCH_SECONDS * 2, 1.0) * 1000))
+        rankview.epoch_due_mark(r, keys, ttl_ms=due_ttl_ms)
         return EpochResult(status="skipped", detail="another coordinator holds the season")
     catch_up = settings.EPOCH_CATCH_UP if catch_up is None else catch_up
     started = time.monotonic()
@@ -172,8 +178,10 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
                                                                  read=read))
             if result is None or run.status != "idle":
                 result = run  # the last publication, not the idle run after it
-            # Past the bound the note stays for the next tick's task to run.
-            if time.monotonic() - started > EPOCH_HOLD_SECONDS or not rankview.epoch_due_take(r, keys):
+            # Past the bound the note stays for the next tick's task to run; a waiting
+            # rebuild gets the lease before the noted epoch.
+            if (time.monotonic() - started > EPOCH_HOLD_SECONDS or rankview.lease_wanted(r, keys)
+                    or not rankview.epoch_due_take(r, keys)):
                 return result
             if keeper.lost:
                 return result

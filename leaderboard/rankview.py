@@ -120,6 +120,7 @@ class Keys:
         self.lease = f"{base}:lease"
         self.copies = f"{base}:copies"
         self.due = f"{base}:due"
+        self.wanted = f"{base}:wanted"
         self._base = base
 
     def manifest(self, version: int) -> str:
@@ -331,6 +332,21 @@ def epoch_due_mark(r: redis.Redis, keys: Keys, *, ttl_ms: int) -> None:
 def epoch_due_take(r: redis.Redis, keys: Keys) -> bool:
     """Whether an epoch came due since the last take (and clear the note)."""
     return r.getdel(keys.due) is not None
+
+
+def lease_wanted_mark(r: redis.Redis, keys: Keys, *, ttl_ms: int) -> None:
+    """Ask the epochs to leave the season's lease free for a while: a rebuild or split waiting
+    to compare and publish would otherwise wait as long as writes keep epochs coming back
+    to back. Expires by itself, so a waiter that died blocks nothing for long."""
+    r.set(keys.wanted, 1, px=ttl_ms)
+
+
+def lease_wanted(r: redis.Redis, keys: Keys) -> bool:
+    return bool(r.exists(keys.wanted))
+
+
+def lease_wanted_clear(r: redis.Redis, keys: Keys) -> None:
+    r.delete(keys.wanted)
 
 
 def lease_renew(r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int) -> bool:

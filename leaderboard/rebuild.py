@@ -327,11 +327,13 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
     ttl_ms = int(settings.EPOCH_LEASE_SECONDS * 1000)
     token = None
     while token is None:
+        rankview.lease_wanted_mark(r, keys, ttl_ms=1000)
         token = season_lease_acquire(season=season, r=r, ttl_ms=ttl_ms)
         if token is None:
             if time.monotonic() > deadline:
                 raise RebuildError("the season's coordinator lease stayed busy")
             time.sleep(0.05)
+    rankview.lease_wanted_clear(r, keys)
     # The comparison, and after a flush the reconciliation against the ledger (a few
     # seconds per million players; a full one ~30 s), can outlast the lease's TTL.
     keeper = rankview.LeaseKeeper(r, keys, token, ttl_ms=ttl_ms, max_seconds=LEASE_KEEP_MAX_SECONDS).start()

@@ -7,6 +7,8 @@ look again, and go on while the lease still holds its token."""
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -59,3 +61,56 @@ def test_a_takeover_still_stops_a_fenced_write_at_once(season: Season) -> None:
     r.set(keys.lease, stale + 1)  # another coordinator's token
     with pytest.raises(rankview.FenceLost):
         rankview.manifest_store(r, keys, rankview.manifest_get(r, keys, 1), token=stale)  # type: ignore[arg-type]
+
+
+def test_a_rebuild_gets_the_lease_from_epochs_running_back_to_back(
+        season: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes keep epochs coming without a pause; the rebuild waiting to compare and publish
+    asks for the lease (lease_wanted_mark) and the epochs step aside."""
+    from django.db import connections
+
+    from leaderboard import rebuild
+    from leaderboard.models import RebuildJob
+    from tests.support import TEST_ACTOR
+
+    monkeypatch.setattr(rebuild, "LEASE_WAIT_SECONDS", 3.0)
+    events = Events(season.slug)
+    apply_events(season, [events.result(f"p{i:03d}", i) for i in range(100)])
+    publish(season)
+    stop = threading.Event()
+    epochs: list[str] = []
+
+    def writes() -> None:
+        # Each write's epoch task finds the lease held and leaves a note, so the holder
+        # runs epoch after epoch (for up to EPOCH_HOLD_SECONDS) without letting go.
+        try:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                apply_events(season, [events.result(f"p{n % 100:03d}", 1000 + n)])
+                rankview.epoch_due_mark(redis_get(), keys_of(season), ttl_ms=2000)
+        finally:
+            connections.close_all()
+
+    def epochs_back_to_back() -> None:
+        try:
+            while not stop.is_set():
+                epochs.append(materializer.season_epoch_run(season=season).status)
+                time.sleep(0.02)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=writes), threading.Thread(target=epochs_back_to_back)]
+    for thread in threads:
+        thread.start()
+    try:
+        job = rebuild.season_rebuild_start(season=season, actor=TEST_ACTOR, reason="drill", enqueue=False)
+        job = rebuild.rebuild_run(job_id=job.pk)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert job.status == RebuildJob.Status.PUBLISHED, (job.error, job.report)
+    assert "published" in epochs
+    assert materializer.season_epoch_run(season=season).status in ("published", "idle")
+    assert_matches_ledger(season, exhaustive=False)
