@@ -181,10 +181,14 @@ def _run(*, job: RebuildJob, on_progress: Callable[[RebuildJob], None] | None) -
     # meanwhile. Only this job writes its shadows (it claimed the row), so they are
     # unfenced. Both copies of the new index are built here, off the lease: left to the
     # next epoch, the second one would be built under the lease and hold publication
-    # back for the length of a full build.
+    # back for the length of a full build. Not so a recovery's: with no live version,
+    # reads answer 503 until it publishes, so it publishes from one copy (half the
+    # build) and leaves the second to the next epoch with changes, which builds it from
+    # the scores as it builds any missing copy, while reads are answered.
     # Both from one read of the current scores (progress: players written into both).
-    shadow, _ = season_copies_build(season=season, copies=[job.copy, _second(job)], layout=layout, r=r,
-                                    token=None, progress=_JobProgress(job, on_progress))
+    copies = [job.copy] if job.kind == RebuildJob.Kind.RECOVERY else [job.copy, _second(job)]
+    shadow = season_copies_build(season=season, copies=copies, layout=layout, r=r, token=None,
+                                 progress=_JobProgress(job, on_progress))[0]
     RebuildJob.objects.filter(pk=job.pk).update(
         status=RebuildJob.Status.COMPARING, watermark_txid=shadow.watermark[0], watermark_id=shadow.watermark[1]
     )

@@ -510,3 +510,29 @@ def test_a_recovery_under_writes_publishes(season_factory: Callable[..., Season]
     monkeypatch.setattr(rebuild_module, "recovery_reconcile", writes_meanwhile)
     job = rebuild_run(job_id=job.pk)
     assert job.status == "published", job.error
+
+
+def test_a_recovery_publishes_from_one_copy_and_the_next_epoch_builds_the_other(
+    season_factory: Callable[..., Season], post_scores: Post
+) -> None:
+    """Reads answer 503 until a recovery publishes, so it publishes from the one copy it
+    built; the next epoch with changes builds the second from the scores, as it builds any
+    missing copy, and publishes from it."""
+    season, ev = seeded(season_factory, post_scores, "recover-one-copy")
+    r = redis_get()
+    keys = keys_of(season)
+    r.flushdb()
+    assert materializer.season_epoch_run(season=season).status == "lost"
+    job = rebuild_run(job_id=RebuildJob.objects.get(season=season, kind="recovery").pk)
+    assert job.status == "published", (job.error, job.report)
+    assert job.total == job.done == 60
+    assert rankview.copies_get(r, keys) == [job.copy, f"{job.copy}b"]
+    assert rankview.copy_meta_load(r, keys, f"{job.copy}b") is None
+    assert assert_matches_ledger(season) == 3  # answered from the one copy
+    assert materializer.season_epoch_run(season=season).status == "idle"  # nothing new, nothing built
+    assert rankview.copy_meta_load(r, keys, f"{job.copy}b") is None
+    post_ok(post_scores, season, [ev.result("p004", 996)])
+    assert materializer.season_epoch_run(season=season).status == "published"
+    assert current_manifest(season).copy == f"{job.copy}b"
+    assert assert_matches_ledger(season) == 4
+    assert materializer.season_epoch_run(season=season).status == "idle"
