@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from itertools import chain
+from operator import itemgetter
 from typing import Any, Protocol
 
 import psycopg
@@ -26,7 +27,7 @@ from django.db.models import Count, Q
 from audit.services import SYSTEM
 from leaderboard import ledger_store, rankview
 from leaderboard.core.buckets import BucketLayout
-from leaderboard.core.checksum import checksum_add
+from leaderboard.core.checksum import MODULUS, checksum_add, pair_hash
 from leaderboard.core.epoch import newest_scores, scores_before
 from leaderboard.core.manifest import (
     LOOKUP_SHARD_OUTGROWN,
@@ -37,7 +38,7 @@ from leaderboard.core.manifest import (
 )
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import FirstReached, IndexValue, first_reached_of, index_key, value_token
-from leaderboard.live import live_version_published
+from leaderboard.live import gc_paused, live_version_published
 from leaderboard.metrics import metrics_epoch_observe
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, PlayerScore, RebuildJob, ScoreChange
 from leaderboard.models import Manifest as ManifestRow
@@ -54,12 +55,14 @@ log = logging.getLogger(__name__)
 
 COPIES = rankview.COPY_NAMES
 STREAM_PAGE = 50_000
-# Players read, encoded and sent per batch of a build from the scores. Each copy's share is
-# one MULTI/EXEC, during which Redis serves nobody else: 50,000 players sorted into index
-# order hold it about as long as 20,000 unsorted ones did at 10M players (~0.15 s), and a
-# bigger sorted batch inserts closer together (measured: 1M players built in 5.2-6.1 s
-# with batches of 100k-20k).
-BUILD_BATCH = 50_000
+# Players read, sorted, encoded and sent per batch of a build from the scores. A bigger
+# batch inserts closer together in the index's order and names each lookup shard with more
+# players (2M players, two copies: ~10 s of Redis CPU in batches of 200,000, ~14 s in
+# 50,000); it is sent in transactions of at most BUILD_TRANSACTION_WRITES members and
+# fields, since Redis serves nobody else while one runs (~0.1 s at 10M players, against
+# ~0.15 s for the 20,000 unsorted players a transaction held before).
+BUILD_BATCH = 200_000
+BUILD_TRANSACTION_WRITES = 50_000
 MAX_CURSOR_ID = 2**63 - 1
 # A coordinator runs the epochs noted while it held the season back to back for at most
 # this long, then leaves the note to the next tick's task (another worker may take it).
@@ -566,15 +569,17 @@ def season_copies_build(
     done = 0
     if progress is not None:
         progress.start(total)
+    shard_keys = _ShardKeys(keys, shards)
     sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"build-{season.slug}")
     in_flight: Future[None] | None = None
     try:
         for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards)):
-            per_copy = _build_commands(keys, first, batch, counts, checksums, regions, copies)
-            # A member and a lookup field per player, and one more of each on a regional board.
-            new = 2 * (len(batch) + (sum(region in first.boards for region in regions) if regions else 0))
-            packed = [(copy, rankview.transaction_pack(commands), len(commands), new)
-                      for copy, commands in zip(copies, per_copy, strict=True)]
+            with gc_paused():  # tuples and lists by the hundred thousand, none in a cycle
+                per_copy = _build_commands(keys, first, batch, counts, checksums, regions, copies, shard_keys)
+                # Each transaction with the members and fields it must add (all of them).
+                packed = [(copy, rankview.transaction_pack(commands), len(commands), new)
+                          for copy, transactions in zip(copies, per_copy, strict=True)
+                          for commands, new in transactions]
             if in_flight is not None:
                 in_flight.result()
             in_flight = sender.submit(_send_build_batch, r, keys, token, packed)
@@ -642,6 +647,9 @@ def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool
             yield [(row[0], row[1]) for row in rows], regions
 
 
+_score_of = itemgetter(1)  # a fetched row's score
+
+
 def _score_batches_fetched(*, season: Season, ties: FirstReached | None, regional: bool
                            ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
     columns = ["player_id", "score"]
@@ -657,6 +665,10 @@ def _score_batches_fetched(*, season: Season, ties: FirstReached | None, regiona
         with conn.transaction(), conn.cursor(name=f"build-{season.pk}") as cursor:
             cursor.execute(sql, [*params, season.pk])
             while rows := cursor.fetchmany(BUILD_BATCH):
+                # Score descending is the index's order: each bucket's ZADD then inserts each
+                # member next to the previous one, so Redis's skiplist search stays in cache
+                # (into a 5M-member set ~2.3 us a member in batches of 200k, ~5.9 unsorted).
+                rows.sort(key=_score_of, reverse=True)
                 regions = [row[-1] for row in rows] if regional else None
                 if ties is None:
                     yield [(row[0], row[1]) for row in rows], regions
@@ -666,81 +678,145 @@ def _score_batches_fetched(*, season: Season, ties: FirstReached | None, regiona
         conn.close()
 
 
+class _ShardKeys:
+    """Each copy's lookup and region shard key names, made once per build: a batch names
+    tens of thousands of shards (a copy of 10M players has 262,144)."""
+
+    def __init__(self, keys: rankview.Keys, shards: int):
+        self.keys = keys
+        self.shards = shards
+        self._lookups: dict[str, list[str]] = {}
+        self._regions: dict[str, list[str]] = {}
+
+    def lookups(self, copy: str) -> list[str]:
+        if copy not in self._lookups:
+            self._lookups[copy] = [self.keys.lookup(copy, shard) for shard in range(self.shards)]
+        return self._lookups[copy]
+
+    def regions(self, copy: str) -> list[str]:
+        if copy not in self._regions:
+            self._regions[copy] = [self.keys.region(copy, shard) for shard in range(self.shards)]
+        return self._regions[copy]
+
+
 def _build_commands(
     keys: rankview.Keys, meta: rankview.CopyMeta, batch: list[tuple[str, Any]], counts: list[int],
-    checksums: list[int], regions: list[str] | None, copies: list[str],
-) -> list[list[tuple[Any, ...]]]:
-    """One batch of a build as commands for each of `copies` (one ZADD per bucket, one
-    shards_hset for the lookup shards; the copies differ only in their keys): `batch` (player_id, score), or
-    (player_id, (score, reached_ms)) on a first_reached board; `regions`: each player's
-    region, in a season with regional boards (their counts and checksums accumulate in
-    meta.boards)."""
+    checksums: list[int], regions: list[str] | None, copies: list[str], shard_keys: _ShardKeys,
+) -> list[list[tuple[list[tuple[Any, ...]], int]]]:
+    """One batch of a build as transactions for each of `copies` (ZADDs per bucket,
+    shards_hset for the lookup shards; the copies differ only in their keys), each with
+    the members and fields it adds: `batch` (player_id, score), or (player_id, (score,
+    reached_ms)) on a first_reached board; `regions`: each player's region, in a season
+    with regional boards (their counts and checksums accumulate in meta.boards)."""
     layout = meta.layout
     shards = meta.lookup_shards
-    zadds: dict[int, list[tuple[Any, str]]] = {}
+    zadds: dict[int, list[Any]] = {}
     hsets: dict[int, list[Any]] = {}
+    # The batch's pair hashes per bucket, added to the checksums once at the end.
+    sums = [0] * layout.size
+    crc32 = zlib.crc32
     # (bucket, key, token) per player, for the regional boards.
     placed: list[tuple[int, int, int | str]] = []
     if meta.ties is None:
         for player_id, score in batch:
             bucket = layout.bucket_of(score)
-            zadds.setdefault(bucket, []).append((-score, player_id))
-            hsets.setdefault(rankview.lookup_shard(player_id, shards), []).extend((player_id, score))
+            zadds.setdefault(bucket, []).extend((-score, player_id))
+            # rankview.lookup_shard, inlined: a call per player is a tenth of this loop.
+            hsets.setdefault(crc32(player_id.encode()) % shards, []).extend((player_id, score))
             counts[bucket] += 1
-            checksums[bucket] = checksum_add(checksums[bucket], player_id, score)
+            sums[bucket] += pair_hash(player_id, score)
             if regions is not None:
                 placed.append((bucket, -score, score))
     else:
         for player_id, value in batch:
             bucket, key = index_key(layout, meta.ties, value)
             lookup = value_token(value)
-            zadds.setdefault(bucket, []).append((key, player_id))
-            hsets.setdefault(rankview.lookup_shard(player_id, shards), []).extend((player_id, lookup))
+            zadds.setdefault(bucket, []).extend((key, player_id))
+            hsets.setdefault(crc32(player_id.encode()) % shards, []).extend((player_id, lookup))
             counts[bucket] += 1
-            checksums[bucket] = checksum_add(checksums[bucket], player_id, lookup)
+            sums[bucket] += pair_hash(player_id, lookup)
             if regions is not None:
                 placed.append((bucket, key, lookup))
+    for bucket, added in enumerate(sums):
+        checksums[bucket] = (checksums[bucket] + added) % MODULUS
     regional = _regional_build_pairs(meta, batch, regions, placed) if regions is not None else ({}, {})
-    # The shards' writes as one command per copy (rankview.shards_hset): a batch names
-    # about as many shards as players once a copy has ~260,000 of them.
-    lookup_args = rankview.shards_hset_args(hsets)
-    region_args = rankview.shards_hset_args(regional[1])
-    members = {b: _index_order(pairs) for b, pairs in zadds.items()}
-    regional_members = {board: _index_order(pairs) for board, pairs in regional[0].items()}
+    # The shards' writes as few commands as the transactions allow (rankview.shards_hset):
+    # a batch names about as many shards as players once a copy has ~260,000 of them.
+    lookup_parts = [(list(part), rankview.shards_hset_args(part), added) for part, added in _shard_parts(hsets)]
+    region_parts = [(list(part), rankview.shards_hset_args(part), added)
+                    for part, added in _shard_parts(regional[1])]
     out = []
     for copy in copies:
-        commands: list[tuple[Any, ...]] = [("ZADD", keys.bucket(copy, layout.layout_id, b), *pairs)
-                                           for b, pairs in members.items()]
-        commands.append(rankview.shards_hset([keys.lookup(copy, shard) for shard in hsets], lookup_args))
-        commands += [("ZADD", keys.bucket(copy, layout.layout_id, b, region), *pairs)
-                     for (region, b), pairs in regional_members.items()]
-        if region_args:
-            commands.append(rankview.shards_hset([keys.region(copy, shard) for shard in regional[1]], region_args))
-        out.append(commands)
+        writes = [write for b, pairs in zadds.items()
+                  for write in _zadd_pieces(keys.bucket(copy, layout.layout_id, b), pairs)]
+        names = shard_keys.lookups(copy)
+        writes += [(rankview.shards_hset([names[shard] for shard in part], args), added)
+                   for part, args, added in lookup_parts]
+        writes += [write for (region, b), pairs in regional[0].items()
+                   for write in _zadd_pieces(keys.bucket(copy, layout.layout_id, b, region), pairs)]
+        names = shard_keys.regions(copy) if region_parts else []
+        writes += [(rankview.shards_hset([names[shard] for shard in part], args), added)
+                   for part, args, added in region_parts]
+        out.append(_transactions(writes))
     return out
 
 
-def _index_order(pairs: list[tuple[Any, str]]) -> list[Any]:
-    """A bucket's (key, member) pairs as ZADD arguments in the index's own order: each
-    insertion lands next to the previous one, so Redis's skiplist search stays in cache
-    (into a 5M-member set: ~2.3 us a member in batches of 200k sorted, ~5.9 us unsorted)."""
-    pairs.sort()
-    return list(chain.from_iterable(pairs))
+def _zadd_pieces(key: str, pairs: list[Any]) -> Iterator[tuple[tuple[Any, ...], int]]:
+    """A bucket's (key, member) pairs as ZADDs of at most BUILD_TRANSACTION_WRITES members,
+    each with its member count."""
+    step = 2 * BUILD_TRANSACTION_WRITES
+    for start in range(0, len(pairs), step):
+        piece = pairs[start:start + step]
+        yield ("ZADD", key, *piece), len(piece) // 2
+
+
+def _shard_parts(pairs: dict[int, list[Any]]) -> list[tuple[dict[int, list[Any]], int]]:
+    """Shards' field/value pairs in parts of at most BUILD_TRANSACTION_WRITES fields (a
+    shard's pairs stay in one part), with each part's field count."""
+    parts: list[tuple[dict[int, list[Any]], int]] = []
+    part: dict[int, list[Any]] = {}
+    fields = 0
+    for shard, values in pairs.items():
+        if part and fields + len(values) // 2 > BUILD_TRANSACTION_WRITES:
+            parts.append((part, fields))
+            part, fields = {}, 0
+        part[shard] = values
+        fields += len(values) // 2
+    if part:
+        parts.append((part, fields))
+    return parts
+
+
+def _transactions(writes: list[tuple[tuple[Any, ...], int]]) -> list[tuple[list[tuple[Any, ...]], int]]:
+    """Commands grouped into transactions of at most BUILD_TRANSACTION_WRITES new members
+    and fields (one command more only when it alone is that big), each with that count."""
+    out: list[tuple[list[tuple[Any, ...]], int]] = []
+    commands: list[tuple[Any, ...]] = []
+    added = 0
+    for command, new in writes:
+        if commands and added + new > BUILD_TRANSACTION_WRITES:
+            out.append((commands, added))
+            commands, added = [], 0
+        commands.append(command)
+        added += new
+    if commands:
+        out.append((commands, added))
+    return out
 
 
 def _regional_build_pairs(meta: rankview.CopyMeta, batch: list[tuple[str, Any]], regions: list[str],
                           placed: list[tuple[int, int, int | str]]
-                          ) -> tuple[dict[tuple[str, int], list[tuple[Any, str]]], dict[int, list[Any]]]:
+                          ) -> tuple[dict[tuple[str, int], list[Any]], dict[int, list[Any]]]:
     """A build batch's regional boards: each player with one of the season's regions on
     that board, with the global board's key, and in the region shards; the ZADD pairs per
     (region, bucket) and the HSET pairs per region shard."""
-    zadds: dict[tuple[str, int], list[tuple[Any, str]]] = {}
+    zadds: dict[tuple[str, int], list[Any]] = {}
     shards: dict[int, list[Any]] = {}
     for (player_id, _), region, (bucket, key, token) in zip(batch, regions, placed, strict=True):
         board = meta.boards.get(region)
         if board is None:
             continue
-        zadds.setdefault((region, bucket), []).append((key, player_id))
+        zadds.setdefault((region, bucket), []).extend((key, player_id))
         shards.setdefault(rankview.lookup_shard(player_id, meta.lookup_shards), []).extend((player_id, region))
         board_counts, board_checksums = board
         board_counts[bucket] += 1
