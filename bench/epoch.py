@@ -103,8 +103,9 @@ class ChangeMaker:
         self.rng = random.Random(seed)
         self.round = 0
         self.profile_versions: dict[int, int] = {}
+        self.regions: dict[int, str] = {}  # players moved: their region now
 
-    def region_moves(self, k: int) -> int:
+    def region_moves(self, k: int) -> float:
         """Move k random players to another region through the profile write path; seconds taken."""
         from leaderboard.core.profiles import ProfileWrite
         from leaderboard.profiles import player_profiles_apply
@@ -113,8 +114,9 @@ class ChangeMaker:
         for i in self.rng.sample(range(len(self.scores)), k):
             version = self.profile_versions.get(i, 0) + 1
             self.profile_versions[i] = version
-            here = loader.region_of(i, REGIONS) if version == 1 else REGIONS[(i + version) % len(REGIONS)]
+            here = self.regions.get(i) or loader.region_of(i, REGIONS)
             region = REGIONS[(REGIONS.index(here) + 1) % len(REGIONS)]
+            self.regions[i] = region
             writes.append(ProfileWrite(player_id=loader.player_id(i), region=region, profile_version=version))
         started = time.perf_counter()
         for start in range(0, len(writes), BATCH):
