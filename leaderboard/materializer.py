@@ -55,13 +55,16 @@ log = logging.getLogger(__name__)
 
 COPIES = rankview.COPY_NAMES
 STREAM_PAGE = 50_000
-# Players read, sorted, encoded and sent per batch of a build from the scores. A bigger
-# batch inserts closer together in the index's order and names each lookup shard with more
-# players (2M players, two copies: ~10 s of Redis CPU in batches of 200,000, ~14 s in
-# 50,000); it is sent in transactions of at most BUILD_TRANSACTION_WRITES members and
+# Players read, sorted, encoded and sent per batch of a build from the scores: at least
+# BUILD_BATCH, and BUILD_SHARD_FILL per lookup shard of the copy. A bigger batch inserts
+# closer together in the index's order and names each shard with more players at once
+# (2M players, two copies: ~10 s of Redis CPU in batches of 200,000, ~14 s in 50,000;
+# in the 262,144 shards of a 10M-player copy, ~8.8 s in batches of 1M, ~13.7 s in
+# 200,000). It is sent in transactions of at most BUILD_TRANSACTION_WRITES members and
 # fields, since Redis serves nobody else while one runs (~0.1 s at 10M players, against
 # ~0.15 s for the 20,000 unsorted players a transaction held before).
 BUILD_BATCH = 200_000
+BUILD_SHARD_FILL = 4
 BUILD_TRANSACTION_WRITES = 50_000
 MAX_CURSOR_ID = 2**63 - 1
 # A coordinator runs the epochs noted while it held the season back to back for at most
@@ -573,7 +576,8 @@ def season_copies_build(
     sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"build-{season.slug}")
     in_flight: Future[None] | None = None
     try:
-        for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards)):
+        for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards),
+                                             size=max(BUILD_BATCH, BUILD_SHARD_FILL * shards)):
             with gc_paused():  # tuples and lists by the hundred thousand, none in a cycle
                 per_copy = _build_commands(keys, first, batch, counts, checksums, regions, copies, shard_keys)
                 # Each transaction with the members and fields it must add (all of them).
@@ -614,21 +618,21 @@ def _send_build_batch(r: redis.Redis, keys: rankview.Keys, token: int | None,
             raise EpochError(f"copy {copy}: a build batch added {written} members and fields, not {new}")
 
 
-def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool
+def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool, size: int
                    ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
-    """The season's current scores in batches of BUILD_BATCH: (player_id, value) rows
+    """The season's current scores in batches of `size`: (player_id, value) rows
     (value: the score, or (score, reached_ms) on a first_reached board) and, in a season
     with regions, each row's region.
 
     On PostgreSQL outside a transaction: one server-side cursor on a connection of its own,
-    fetched BUILD_BATCH rows at a time (rows made by psycopg's C loaders: ~3.5x the rows
+    fetched `size` rows at a time (rows made by psycopg's C loaders: ~3.5x the rows
     per second of the COPY text it replaced, split and parsed in Python, and ~15x keyset
     pages ordered by player_id), with reached_at already in ms (no timestamp parsed per
     row). Inside a transaction (tests that never commit), and on SQLite, keyset pages
     through the ORM on Django's connection.
     """
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
-        yield from _score_batches_fetched(season=season, ties=ties, regional=regional)
+        yield from _score_batches_fetched(season=season, ties=ties, regional=regional, size=size)
         return
     scores = PlayerScore.objects.filter(season_id=season.pk)
     columns: tuple[str, ...] = ("player_id", "score") if ties is None else ("player_id", "score", "reached_at")
@@ -636,7 +640,7 @@ def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool
         columns = (*columns, "region")
     after = ""
     while True:
-        rows = list(scores.filter(player_id__gt=after).order_by("player_id").values_list(*columns)[:BUILD_BATCH])
+        rows = list(scores.filter(player_id__gt=after).order_by("player_id").values_list(*columns)[:size])
         if not rows:
             return
         after = rows[-1][0]
@@ -650,7 +654,7 @@ def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool
 _score_of = itemgetter(1)  # a fetched row's score
 
 
-def _score_batches_fetched(*, season: Season, ties: FirstReached | None, regional: bool
+def _score_batches_fetched(*, season: Season, ties: FirstReached | None, regional: bool, size: int
                            ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
     columns = ["player_id", "score"]
     if ties is not None:
@@ -664,7 +668,7 @@ def _score_batches_fetched(*, season: Season, ties: FirstReached | None, regiona
         # One statement, one snapshot, taken after the watermark was read (as COPY's was).
         with conn.transaction(), conn.cursor(name=f"build-{season.pk}") as cursor:
             cursor.execute(sql, [*params, season.pk])
-            while rows := cursor.fetchmany(BUILD_BATCH):
+            while rows := cursor.fetchmany(size):
                 # Score descending is the index's order: each bucket's ZADD then inserts each
                 # member next to the previous one, so Redis's skiplist search stays in cache
                 # (into a 5M-member set ~2.3 us a member in batches of 200k, ~5.9 unsorted).

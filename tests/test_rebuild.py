@@ -78,6 +78,7 @@ def test_progress_is_persisted_with_rate_and_eta(season_factory: Callable[..., S
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     season, _ = seeded(season_factory, post_scores, "progress", players=120)
     monkeypatch.setattr(materializer, "BUILD_BATCH", 25)  # several progress steps per copy
+    monkeypatch.setattr(materializer, "BUILD_SHARD_FILL", 0)  # not 4 x the 16 shards
     job = season_rebuild_start(season=season, actor=TEST_ACTOR, reason="drill", enqueue=False)
     assert (job.status, job.done, job.total, job.percent, job.copy) == ("queued", 0, 0, 0.0, "")
     seen: list[tuple[str, int, int, float, float | None]] = []

@@ -211,6 +211,7 @@ from leaderboard import materializer
 from leaderboard.rebuild import rebuild_run
 
 materializer.BUILD_BATCH = 10
+materializer.BUILD_SHARD_FILL = 0
 rebuild_run(job_id=int(sys.argv[1]))
 """
 

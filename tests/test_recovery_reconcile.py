@@ -278,6 +278,7 @@ def test_a_build_sent_in_many_small_transactions_is_exact(season_factory: Callab
     (each bucket's ZADD and the shard writes split between them) still build every board
     exactly, each reply checked against its own transaction."""
     monkeypatch.setattr(materializer, "BUILD_BATCH", 40)
+    monkeypatch.setattr(materializer, "BUILD_SHARD_FILL", 1)  # 16 shards: batches of 40
     monkeypatch.setattr(materializer, "BUILD_TRANSACTION_WRITES", 7)
     sent: list[int] = []
     real = materializer._send_build_batch
