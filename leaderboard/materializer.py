@@ -722,9 +722,14 @@ def _build_commands(
     # (bucket, key, token) per player, for the regional boards.
     placed: list[tuple[int, int, int | str]] = []
     if meta.ties is None:
+        # Fetched batches come sorted by score: the bucket changes only between runs of rows.
+        low, high, members, bucket = 1, 0, [], 0
         for player_id, score in batch:
-            bucket = layout.bucket_of(score)
-            zadds.setdefault(bucket, []).extend((-score, player_id))
+            if not low <= score <= high:
+                bucket = layout.bucket_of(score)
+                low, high = layout.range_of(bucket)
+                members = zadds.setdefault(bucket, [])
+            members += (-score, player_id)
             # rankview.lookup_shard, inlined: a call per player is a tenth of this loop.
             hsets.setdefault(crc32(player_id.encode()) % shards, []).extend((player_id, score))
             counts[bucket] += 1
