@@ -6,7 +6,7 @@
    (leaderboard_scoreevent: one `result` event per player, status applied, with its real
    payload hash) are copied too; off by default because it doubles the load time and
    the views are built from the current-scores table alone.
-2. Both copies of the bucketed index are built with leaderboard.materializer.season_copy_build
+2. Both copies of the bucketed index are built with leaderboard.views.materializer.season_copy_build
    (one REPEATABLE READ snapshot each, under a fenced lease taken for the build), then
    season_epoch_run publishes version 1.
 3. Prints the load time, build time and rates, Redis memory before/after each copy, and
@@ -126,9 +126,14 @@ def region_of(i: int, regions: Sequence[str]) -> str:
     return regions[i % len(regions)] if regions else ""
 
 
-def ledger_copy(season: Any, scores: array, *, with_events: bool = False) -> float:
+def ledger_copy(season: Any, scores: array, *, with_events: bool = False, first_player: int = 0,
+                verbose: bool = False) -> float:
     """COPY the players (and optionally their ledger events) into PostgreSQL; seconds taken.
-    In a season with regions each player gets one (region_of)."""
+    In a season with regions each player gets one (region_of).
+
+    `first_player`: resume a load cut short; players below it are in already (each
+    transaction of COPY_TRANSACTION players commits both tables, so `ledger_loaded`
+    tells where to resume)."""
     from datetime import UTC, datetime
 
     from django.db import connection, transaction
@@ -143,7 +148,11 @@ def ledger_copy(season: Any, scores: array, *, with_events: bool = False) -> flo
     n = len(scores)
     # One transaction per COPY_TRANSACTION players: progress is committed as it goes, and a
     # failure part-way costs at most one transaction's rows.
-    for first in range(0, n, COPY_TRANSACTION):
+    for first in range(first_player, n, COPY_TRANSACTION):
+        if verbose and first > first_player:
+            elapsed = time.perf_counter() - started
+            print(f"#   COPY: {first:,}/{n:,} players ({(first - first_player) / elapsed:,.0f} players/s)",
+                  flush=True)
         last = min(n, first + COPY_TRANSACTION)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit = off")
@@ -176,10 +185,20 @@ def ledger_copy(season: Any, scores: array, *, with_events: bool = False) -> flo
                               f"applied\t\t{scores[i]}\t1\t1\t{ts}\n")
                     copy.write(buf.getvalue())
     with connection.cursor() as cursor:
+        # ANALYZE reads a sample of fixed size: seconds at 50M rows, not a scan.
         cursor.execute("ANALYZE leaderboard_playerscore")
         if with_events:
             cursor.execute("ANALYZE leaderboard_scoreevent")
     return time.perf_counter() - started
+
+
+def ledger_loaded(season: Any) -> int:
+    """Players of the season already in the current-scores table (where a cut-short COPY resumes)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM leaderboard_playerscore WHERE season_id = %s", [season.pk])
+        return int(cursor.fetchone()[0])
 
 
 # ------------------------------------------------------------------------------- views
@@ -214,15 +233,15 @@ class LoadResult:
 
 def views_build(result: LoadResult, *, verbose: bool = True) -> None:
     """Build both copies from the current-scores table, then publish version 1."""
-    from leaderboard import rankview
-    from leaderboard.materializer import (
+    from leaderboard.redis_client import redis_get
+    from leaderboard.views import rankview
+    from leaderboard.views.materializer import (
         COPIES,
         season_copy_build,
         season_epoch_run,
         season_keys,
         season_lease_acquire,
     )
-    from leaderboard.redis_client import redis_get
 
     season = result.season
     r = redis_get()
@@ -348,9 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(report(result))
         if args.check:
-            from leaderboard.invariants import version_check
-            from leaderboard.materializer import season_keys
             from leaderboard.redis_client import redis_get
+            from leaderboard.views.invariants import version_check
+            from leaderboard.views.materializer import season_keys
 
             started = time.perf_counter()
             check = version_check(r=redis_get(), keys=season_keys(result.season), sample=200, seed=1)
