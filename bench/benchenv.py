@@ -244,8 +244,8 @@ def season_cleanup(season: Any, *, keep: bool, extra_keys: Iterable[str] = (), q
     from django.conf import settings
     from django.db import connection
 
-    from leaderboard import rankview
     from leaderboard.redis_client import redis_get
+    from leaderboard.views import rankview
 
     started = time.perf_counter()
     r = redis_get()

@@ -5,13 +5,13 @@ For each season size (players) the loader (bench/loader.py) fills a fresh season
 publishes version 1. Then, for each change count K, rounds of:
 
 1. K distinct random players change score through the real write path,
-   leaderboard.services.score_events_apply, in batches of 1,000 events (ledger rows,
+   leaderboard.ingest.services.score_events_apply, in batches of 1,000 events (ledger rows,
    current scores and the change stream, one transaction per batch). Every change moves
    its player to another bucket: 70% `result` events raising the score by 10,000..100,000
    points, the rest `correction` events lowering it by at least 10,000 (players already
    in the first bucket always go up). The ingest rate is printed too.
 2. After the copy grace period (COPY_GRACE_SECONDS, so the epoch never sleeps for it),
-   leaderboard.materializer.season_epoch_run is timed: read the change stream since the
+   leaderboard.views.materializer.season_epoch_run is timed: read the change stream since the
    older copy's watermark, apply it in fenced MULTI/EXEC chunks, verify counts, build
    the top 100, store the manifest, swap the pointer (`publish ms`: the version is
    served from here on, EpochResult.duration_ms), then record the manifest row, notify
@@ -171,7 +171,7 @@ def commandstats_delta(before: dict[str, tuple[int, int]],
 
 
 def ingest(season: Any, events: list[Any]) -> float:
-    from leaderboard.services import score_events_apply
+    from leaderboard.ingest.services import score_events_apply
 
     started = time.perf_counter()
     applied = 0
@@ -216,8 +216,9 @@ def run_cell(season: Any, maker: ChangeMaker, r: Any, cell: Cell, args: argparse
              profile_dir: Path | None) -> Cell:
     from django.conf import settings
 
-    from leaderboard.invariants import version_check
-    from leaderboard.materializer import season_epoch_run, season_keys
+    from leaderboard.recovery.rebuild import season_epoch_advance
+    from leaderboard.views.invariants import version_check
+    from leaderboard.views.materializer import season_keys
 
     catch_up = MODES[cell.mode]
     grace = settings.COPY_GRACE_SECONDS + 0.05
@@ -239,7 +240,7 @@ def run_cell(season: Any, maker: ChangeMaker, r: Any, cell: Cell, args: argparse
         redis_cpu_before = redis_cpu_seconds(r)
         started = time.perf_counter()
         cpu_started = time.process_time()
-        outcome = season_epoch_run(season=season, r=r, catch_up=catch_up)
+        outcome = season_epoch_advance(season=season, r=r, catch_up=catch_up)
         elapsed_ms = (time.perf_counter() - started) * 1000
         cpu_ms = (time.process_time() - cpu_started) * 1000
         redis_ms = (redis_cpu_seconds(r) - redis_cpu_before) * 1000

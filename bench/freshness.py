@@ -3,14 +3,14 @@
 
 1. The loader (bench/loader.py) fills a fresh season (default 1M players), version 1.
 2. An epoch process starts (this script, --role epoch-loop): a loop that calls
-   leaderboard.materializer.season_epoch_run every EPOCH_SECONDS (default 1.0) on a
+   leaderboard.views.materializer.season_epoch_run every EPOCH_SECONDS (default 1.0) on a
    fixed-rate schedule, like Celery beat's interval, running a late tick at once and
    skipping ticks it missed. (A loop rather than Celery beat + worker: epochs_dispatch
    would also run epochs for every other season left in the benchmark database.) Each
    call publishes, then catches the older copy up after its grace period
    (EPOCH_CATCH_UP, as configured in the environment; `catch-up ms` in the table).
 3. W writer processes (--role writer) send `result` events through the real write path,
-   leaderboard.services.score_events_apply, in batches of 1,000, paced together at
+   leaderboard.ingest.services.score_events_apply, in batches of 1,000, paced together at
    --rate events/s; writer w owns the players with index % W == w, so each player's
    score_version only grows. Most events raise the player's score (a change), some do
    not (unchanged). After each batch returns (committed) the writer records the time.
@@ -66,7 +66,7 @@ TARGET_P99_S = 2.0
 def role_epoch_loop(args: argparse.Namespace) -> int:
     from django.conf import settings
 
-    from leaderboard.materializer import season_epoch_run
+    from leaderboard.recovery.rebuild import season_epoch_advance
     from seasons.models import Season
 
     stop = False
@@ -87,7 +87,7 @@ def role_epoch_loop(args: argparse.Namespace) -> int:
             continue
         started = time.time()
         try:
-            result = season_epoch_run(season=season)
+            result = season_epoch_advance(season=season)
             record = {"start": started, "end": time.time(), "status": result.status, "version": result.version,
                       "changed": result.changed_players, "ms": result.duration_ms,
                       "catch_up_ms": result.catch_up_ms}
@@ -147,7 +147,7 @@ def match_batches(args: argparse.Namespace) -> Callable[[int, datetime], tuple[l
 
 
 def role_writer(args: argparse.Namespace) -> int:
-    from leaderboard.services import score_events_apply
+    from leaderboard.ingest.services import score_events_apply
     from seasons.models import Season
 
     season = Season.objects.get(pk=args.season_id)

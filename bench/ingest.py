@@ -484,7 +484,7 @@ class Bench:
 
     def phase_service(self, run: int) -> PhaseResult:
         from leaderboard.core.events import events_parse
-        from leaderboard.services import score_events_apply
+        from leaderboard.ingest.services import score_events_apply
 
         season = self.season_new(run, "service")
         bodies = interleaved(self.shards)
@@ -650,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request
     from audit.services import Actor
-    from leaderboard.services import api_client_create
+    from leaderboard.ingest.services import api_client_create
 
     tag = datetime.now(UTC).strftime("%m%d%H%M%S") + "-" + secrets.token_hex(2)
     client_obj, token = api_client_create(

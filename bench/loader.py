@@ -233,12 +233,12 @@ class LoadResult:
 
 def views_build(result: LoadResult, *, verbose: bool = True) -> None:
     """Build both copies from the current-scores table, then publish version 1."""
+    from leaderboard.recovery.rebuild import season_epoch_advance
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
     from leaderboard.views.materializer import (
         COPIES,
         season_copy_build,
-        season_epoch_run,
         season_keys,
         season_lease_acquire,
     )
@@ -265,7 +265,7 @@ def views_build(result: LoadResult, *, verbose: bool = True) -> None:
     finally:
         rankview.lease_release(r, keys, token)
     started = time.perf_counter()
-    outcome = season_epoch_run(season=season, r=r)
+    outcome = season_epoch_advance(season=season, r=r)
     result.publish_seconds = time.perf_counter() - started
     if outcome.status != "published" or outcome.version != 1:
         raise SystemExit(f"publishing version 1 failed: {outcome}")

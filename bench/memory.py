@@ -53,9 +53,9 @@ def keys_listpacks(r: Any, keys: list[str]) -> int:
 
 
 def measure(players: int, args: argparse.Namespace) -> dict[str, Any]:
-    from leaderboard import rankview
-    from leaderboard.materializer import COPIES, season_keys
     from leaderboard.redis_client import redis_get
+    from leaderboard.views import rankview
+    from leaderboard.views.materializer import COPIES, season_keys
 
     r = redis_get()
     result = loader.load_season(players=players, seed=args.seed, kind="memory", verbose=True)

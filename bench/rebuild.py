@@ -4,7 +4,7 @@
 For each season size the loader (bench/loader.py: COPY into PostgreSQL, both live copies
 built, version 1 published) fills a fresh season. Then:
 
-1. Rebuilds (--runs per size): leaderboard.rebuild.season_rebuild_start + rebuild_run, as
+1. Rebuilds (--runs per size): leaderboard.recovery.rebuild.season_rebuild_start + rebuild_run, as
    `manage.py rebuild_views` runs them: both shadow copies filled from the current-scores
    table off the lease (`build`), then under the season's lease the catch-up, the
    comparison with the live version (watermark, player count, per-bucket counts and
@@ -108,7 +108,7 @@ class Phases:
 
 def rebuild_once(season: Any, players: int, run: int) -> tuple[float, float, float, float]:
     from audit.services import Actor
-    from leaderboard.rebuild import rebuild_run, season_rebuild_start
+    from leaderboard.recovery.rebuild import rebuild_run, season_rebuild_start
     from leaderboard.redis_client import redis_get
 
     r = redis_get()
@@ -128,13 +128,13 @@ def rebuild_once(season: Any, players: int, run: int) -> tuple[float, float, flo
 def recovery_once(season: Any, run: int) -> tuple[float, float, float, float, float]:
     from datetime import UTC, datetime
 
-    from leaderboard import rankview
     from leaderboard.core.events import KIND_RESULT, ScoreEvent
-    from leaderboard.materializer import season_epoch_run, season_keys
+    from leaderboard.ingest.services import score_events_apply
     from leaderboard.models import RebuildJob
-    from leaderboard.rebuild import rebuild_run
+    from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
     from leaderboard.redis_client import redis_get
-    from leaderboard.services import score_events_apply
+    from leaderboard.views import rankview
+    from leaderboard.views.materializer import season_keys
 
     r = redis_get()
     keys = season_keys(season)
@@ -143,7 +143,7 @@ def recovery_once(season: Any, run: int) -> tuple[float, float, float, float, fl
     r.flushdb(asynchronous=True)
     rankview.manifest_cache_clear()
     flushed = time.perf_counter()
-    outcome = season_epoch_run(season=season, r=r)
+    outcome = season_epoch_advance(season=season, r=r)
     lost = time.perf_counter() - flushed
     if outcome.status != "lost":
         raise SystemExit(f"the epoch after the flush answered {outcome}")
@@ -159,7 +159,7 @@ def recovery_once(season: Any, run: int) -> tuple[float, float, float, float, fl
     score_events_apply(season=season, client=None, events=[ScoreEvent(
         event_id=player, match_id=player, player_id=player, best_score=1, score_version=1,
         completed_at=datetime.now(UTC), kind=KIND_RESULT, reason="")])
-    epoch = season_epoch_run(season=season, r=r)
+    epoch = season_epoch_advance(season=season, r=r)
     if epoch.status != "published" or epoch.version != (job.published_version or 0) + 1:
         raise SystemExit(f"the epoch after recovery {job.pk} answered {epoch}")
     return (published - flushed, lost, phases.build_done - phases.started, published - phases.build_done,
@@ -167,9 +167,9 @@ def recovery_once(season: Any, run: int) -> tuple[float, float, float, float, fl
 
 
 def run_size(players: int, args: argparse.Namespace) -> Size:
-    from leaderboard.invariants import version_check
-    from leaderboard.materializer import season_keys
     from leaderboard.redis_client import redis_get
+    from leaderboard.views.invariants import version_check
+    from leaderboard.views.materializer import season_keys
 
     size = Size(players=players)
     started = time.perf_counter()

@@ -11,7 +11,7 @@
    --subscribed share of them with ?player_id= (random players of the season), and wait
    for each socket's snapshot.
 4. --versions rounds: --changes random players change score through the real write path
-   (bench/epoch.py's ChangeMaker and ingest), then leaderboard.materializer.season_epoch_run
+   (bench/epoch.py's ChangeMaker and ingest), then leaderboard.views.materializer.season_epoch_run
    publishes the version (its on-commit hook does the one group_send). The pointer swap is
    timestamped (rankview.pointer_publish, wrapped in this process) and every client
    timestamps the arrival of that version's message (same machine, same clock). The next
@@ -324,9 +324,9 @@ def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, 
     """Start uvicorn from `root`, open the clients, publish --versions versions, stop everything."""
     from django.conf import settings
 
-    from leaderboard import rankview
-    from leaderboard.materializer import season_epoch_run
+    from leaderboard.recovery.rebuild import season_epoch_advance
     from leaderboard.redis_client import redis_get
+    from leaderboard.views import rankview
 
     server: subprocess.Popen[bytes] | None = None
     workers: list[Worker] = []
@@ -395,7 +395,7 @@ def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, 
                 time.sleep(wait)
             before = len(swaps)
             t0 = time.perf_counter()
-            outcome = season_epoch_run(season=season, r=r)
+            outcome = season_epoch_advance(season=season, r=r)
             epoch_ms = (time.perf_counter() - t0) * 1000
             last_epoch_end = time.monotonic()
             if outcome.status != "published" or len(swaps) != before + 1 or outcome.version is None:

@@ -25,7 +25,7 @@ from django.http import HttpRequest, HttpResponseBase  # noqa: E402
 
 from leaderboard.api.bodylimit import BodyLimit  # noqa: E402
 from leaderboard.api.fastpath import ReadFastPath  # noqa: E402
-from leaderboard.routing import websocket_urlpatterns  # noqa: E402
+from leaderboard.live.routing import websocket_urlpatterns  # noqa: E402
 
 
 class StaticFiles(ASGIStaticFilesHandler):

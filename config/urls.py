@@ -2,8 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from leaderboard import live_views
 from leaderboard.api import health
+from leaderboard.live import page as live_views
 from seasons.staff_views import console
 
 urlpatterns = [

@@ -20,9 +20,9 @@ from django.conf import settings
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from leaderboard import rankview
 from leaderboard.core.lifecycle import MATERIALIZED_STATES, SeasonState
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
 
 if TYPE_CHECKING:
     from leaderboard.models import SeasonSample

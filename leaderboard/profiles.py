@@ -16,7 +16,6 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from leaderboard import ledger_store
 from leaderboard.core.lifecycle import ACCEPTING_STATES
 from leaderboard.core.profiles import (
     ProfileOutcome,
@@ -26,6 +25,7 @@ from leaderboard.core.profiles import (
     friends_stale,
     profiles_plan,
 )
+from leaderboard.ingest import ledger_store
 from leaderboard.models import ApiClient, FriendList, PlayerProfile, PlayerProfileChange
 from seasons.models import Season
 
@@ -34,7 +34,7 @@ from seasons.models import Season
 REGION_MOVE_STATES = [str(s) for s in ACCEPTING_STATES]
 
 # Namespaces of the per-player advisory locks (pg_advisory_xact_lock(int, int)); the
-# season writers' lock is 0x5C0E (leaderboard/ledger_store.py).
+# season writers' lock is 0x5C0E (leaderboard/ingest/ledger_store.py).
 _PROFILE_LOCK = 0x5C0F
 _FRIENDS_LOCK = 0x5C10
 

@@ -25,8 +25,8 @@ from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from leaderboard.api.errors import ApiError
-from leaderboard.rankview import round_trip
 from leaderboard.redis_client import redis_get
+from leaderboard.views.rankview import round_trip
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,9 @@ from celery import shared_task
 from django.conf import settings
 
 from leaderboard.core.lifecycle import MATERIALIZED_STATES
-from leaderboard.materializer import season_epoch_run
 from leaderboard.metrics import metrics_seasons_sample
-from leaderboard.rebuild import rebuild_run
-from leaderboard.reconcile import reconciliation_run
+from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
+from leaderboard.recovery.reconcile import reconciliation_run
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -31,7 +30,7 @@ def season_epoch(season_id: int) -> str:
     season = Season.objects.filter(pk=season_id).first()
     if season is None:
         return "missing"
-    result = season_epoch_run(season=season)
+    result = season_epoch_advance(season=season)
     if result.status == "published":
         log.info("season %s: published v%s (%s players changed, %.1f ms; older copy caught up in %s ms)",
                  season.slug, result.version, result.changed_players, result.duration_ms,

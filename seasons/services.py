@@ -14,7 +14,6 @@ from django.utils import timezone
 
 from audit.selectors import staff_role_granters
 from audit.services import SYSTEM, Actor, audit_log
-from leaderboard import ledger_store, rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.errors import DomainError
 from leaderboard.core.lifecycle import (
@@ -33,11 +32,13 @@ from leaderboard.core.season_options import (
     tie_break_problem,
 )
 from leaderboard.core.tiebreak import first_reached_problem, reached_text
-from leaderboard.materializer import season_keys
+from leaderboard.ingest import ledger_store
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import ScoreChange
-from leaderboard.reconcile import display_order_sql, version_reconcile
+from leaderboard.recovery.reconcile import display_order_sql, version_reconcile
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.materializer import season_keys
 from seasons.models import FinalCandidate, FinalStanding, Season
 from seasons.selectors import final_line_format
 

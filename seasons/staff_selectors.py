@@ -18,7 +18,6 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from audit.models import AuditEntry
-from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.lifecycle import ACCEPTING_STATES
 from leaderboard.core.splits import SplitProposal
@@ -38,6 +37,7 @@ from leaderboard.models import (
     SeasonSample,
 )
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
 from seasons.models import Dispute, DisputeNote, FinalCandidate, FinalStanding, ScoreRevocation, Season
 from seasons.staff_services import ROLES
 
@@ -276,7 +276,7 @@ class SeasonDetail:
 
 
 def season_detail(*, season: Season, window_seconds: float = CHANGE_WINDOW_SECONDS) -> SeasonDetail:
-    from leaderboard.rebuild import season_split_recommendations
+    from leaderboard.recovery.rebuild import season_split_recommendations
 
     manifest = Manifest.objects.filter(season=season).order_by("-version").first()
     detail = SeasonDetail(season=season, manifest=manifest)
@@ -370,7 +370,7 @@ class PlayerDetail:
 
 
 def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
-    from leaderboard.selectors import leaderboard_reader
+    from leaderboard.views.selectors import leaderboard_reader
 
     events = list(ScoreEvent.objects.filter(season=season, player_id=player_id).select_related("client")
                   .order_by("id"))
@@ -490,7 +490,7 @@ REGION_SIZES_COST_SHARE = 20
 # A player page lists the newest profile changes and the first friends; the counts are whole.
 PROFILE_CHANGES_SHOWN = 100
 FRIENDS_SHOWN = 50
-# The event_id prefix of a region move in the change stream (leaderboard/ledger_store.py).
+# The event_id prefix of a region move in the change stream (leaderboard/ingest/ledger_store.py).
 REGION_MOVE_PREFIX = "region:"
 
 

@@ -37,11 +37,11 @@ from leaderboard.core.events import (
 )
 from leaderboard.core.ledger import APPLIED
 from leaderboard.core.lifecycle import two_person_refusal
+from leaderboard.ingest.services import score_events_apply
 from leaderboard.models import LateResult, PlayerScore, ReconciliationRun
 from leaderboard.ratelimit import rate_take, request_address
-from leaderboard.reconcile import reconciliation_run
+from leaderboard.recovery.reconcile import reconciliation_run
 from leaderboard.redis_client import redis_get
-from leaderboard.services import score_events_apply
 from seasons.models import Dispute, DisputeNote, ScoreRevocation, Season, StaffConsole
 
 log = logging.getLogger(__name__)

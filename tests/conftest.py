@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from leaderboard.ingest.services import api_client_create
 from leaderboard.models import ApiClient
-from leaderboard.services import api_client_create
 from seasons.models import Season
 from seasons.services import season_create
 from tests import browser
@@ -128,7 +128,7 @@ def rank_views(redis_flushed: Any, settings: Any) -> Iterator[Any]:
     """A flushed Redis and an empty manifest cache, for tests that run epochs back to back
     with no concurrent reader: no copy grace period, and a read deadline that a loaded
     machine cannot overrun (nothing mutates a copy during a read); yields the client."""
-    from leaderboard import rankview
+    from leaderboard.views import rankview
 
     rankview.manifest_cache_clear()
     settings.COPY_GRACE_SECONDS = 0.0

@@ -18,8 +18,8 @@ from rest_framework.test import APIClient
 from config.asgi import application
 from leaderboard.core.buckets import BucketLayout, LayoutError
 from leaderboard.core.splits import split_points_valid
+from leaderboard.ingest.services import api_client_create
 from leaderboard.models import RebuildJob, ScoreEvent
-from leaderboard.services import api_client_create
 from seasons.models import Season
 from tests.staff_support import follow_messages
 from tests.support import TEST_ACTOR, fast_get

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from leaderboard.services import api_client_create
+from leaderboard.ingest.services import api_client_create
 from tests import browser
 from tests.support import TEST_ACTOR
 

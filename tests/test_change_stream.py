@@ -15,9 +15,9 @@ import pytest
 from django.db import connection
 
 from leaderboard.core.events import events_parse
+from leaderboard.ingest.selectors import ChangeCursor, ChangeRow, score_changes_after
+from leaderboard.ingest.services import score_events_apply
 from leaderboard.models import ScoreChange, StreamHead
-from leaderboard.selectors import ChangeCursor, ChangeRow, score_changes_after
-from leaderboard.services import score_events_apply
 from seasons.models import Season
 from tests.support import materialize
 

@@ -46,14 +46,14 @@ import django
 
 django.setup()
 from django.conf import settings
-from leaderboard.materializer import season_epoch_run
+from leaderboard.recovery.rebuild import season_epoch_advance
 from seasons.models import Season
 
 season = Season.objects.get(slug=sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
 while True:
-    season_epoch_run(season=season)
+    season_epoch_advance(season=season)
     time.sleep(settings.EPOCH_SECONDS)
 """
 

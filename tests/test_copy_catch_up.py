@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from leaderboard import materializer, rankview
-from leaderboard.materializer import season_idle_copy_catch_up
+from leaderboard.recovery.rebuild import season_epoch_advance
+from leaderboard.views import materializer, rankview
+from leaderboard.views.materializer import season_idle_copy_catch_up
 from seasons.models import Season
 from tests.support import (
     Events,
@@ -56,7 +57,7 @@ class EpochInBackground:
 
     def _run(self, season: Season) -> None:
         try:
-            self.results.append(materializer.season_epoch_run(season=season))
+            self.results.append(season_epoch_advance(season=season))
         finally:
             connection.close()
 
@@ -217,7 +218,7 @@ def test_an_epoch_due_while_the_lease_is_held_runs_when_the_holder_is_done(
     running.published()
     post_ok(post_scores, season, [ev.result("p1", 5)])
     # The next tick finds the season held: it leaves a note instead of waiting a period.
-    assert materializer.season_epoch_run(season=season).status == "skipped"
+    assert season_epoch_advance(season=season).status == "skipped"
     result = running.result()
     assert result.status == "published"
     assert result.version == before + 2, "the holder ran the epoch that came due"

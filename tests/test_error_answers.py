@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from leaderboard import live
 from leaderboard.api.errors import api_exception_handler
 from leaderboard.core.buckets import LayoutError
 from leaderboard.core.errors import DomainError
 from leaderboard.core.events import BatchTooLarge, EventValidationError
 from leaderboard.core.lifecycle import TransitionError
-from leaderboard.rebuild import RebuildError
+from leaderboard.live import hub as live
+from leaderboard.recovery.rebuild import RebuildError
 from seasons.models import Season
 from seasons.services import FinalNotReady, SeasonError
 from seasons.staff_services import StaffError

@@ -23,15 +23,22 @@ import pytest
 from django.db import connections
 from django.test import Client
 
-from leaderboard import rankview, rebuild
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Entry, Standings
-from leaderboard.materializer import season_epoch_run, season_epoch_run_locked, season_lease_acquire
 from leaderboard.models import LateResult, PlayerScore, RebuildJob
 from leaderboard.models import Manifest as ManifestRow
-from leaderboard.rebuild import rebuild_publish, rebuild_run, season_rebuild_start, season_split_propose
+from leaderboard.recovery import rebuild
+from leaderboard.recovery.rebuild import (
+    rebuild_publish,
+    rebuild_run,
+    season_epoch_advance,
+    season_rebuild_start,
+    season_split_propose,
+)
 from leaderboard.redis_client import redis_get
-from leaderboard.selectors import leaderboard_reader
+from leaderboard.views import rankview
+from leaderboard.views.materializer import season_epoch_run_locked, season_lease_acquire
+from leaderboard.views.selectors import leaderboard_reader
 from seasons.models import Season
 from seasons.services import season_seal_ingest
 from tests.support import (
@@ -236,7 +243,7 @@ def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
     # The dead coordinator's lease still blocks the season; the previous version serves
     # exactly the same answers, and its copy is intact.
     assert r.get(keys.lease) is not None
-    assert season_epoch_run(season=season).status == "skipped"
+    assert season_epoch_advance(season=season).status == "skipped"
     assert board_snapshot(season) == served
     full_check(season, before)
     # The lease expires (2 s); the next coordinator applies the rest and publishes.
@@ -419,7 +426,7 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
     def apply_(r_: Any, keys_: Any, token: int | None, meta: Any, old: Any, new: Any, *rest: Any) -> Any:
         if token == token_a and "b" not in seen:
             r_.delete(keys_.lease)
-            seen["b"] = season_epoch_run(season=season)
+            seen["b"] = season_epoch_advance(season=season)
         return real_apply(r_, keys_, token, meta, old, new, *rest)
 
     monkeypatch.setattr(rankview, "copy_apply", apply_)
@@ -819,7 +826,7 @@ class SplitLoad:
     def epoch_loop(self) -> None:
         try:
             while not self.stop.is_set():
-                result = season_epoch_run(season=self.season)
+                result = season_epoch_advance(season=self.season)
                 if result.status == "published":
                     with self.lock:
                         self.published.append(result.version)  # type: ignore[arg-type]

@@ -15,13 +15,13 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
 from audit.services import SYSTEM
-from leaderboard import rankview
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.core.ranking import Standings
-from leaderboard.materializer import season_keys
 from leaderboard.models import LateResult, PlayerScore
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.materializer import season_keys
 from seasons.models import FinalCandidate, FinalCorrection, FinalStanding, Season
 from seasons.services import (
     FinalNotReady,

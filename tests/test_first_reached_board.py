@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Standings
 from leaderboard.core.tiebreak import instant_ms
-from leaderboard.invariants import version_check
 from leaderboard.models import PlayerScore
-from leaderboard.rebuild import rebuild_publish, rebuild_run, season_rebuild_start, season_split_propose
-from leaderboard.reconcile import version_reconcile
+from leaderboard.recovery.rebuild import rebuild_publish, rebuild_run, season_rebuild_start, season_split_propose
+from leaderboard.recovery.reconcile import version_reconcile
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.invariants import version_check
 from seasons.models import Season
 from seasons.services import SeasonError, final_standings_hash
 from tests.reference import ReferenceLedger, season_rejection

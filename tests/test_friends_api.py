@@ -16,9 +16,9 @@ from django.db import connection, transaction
 from rest_framework.test import APIClient
 
 from leaderboard.core.profiles import StaleGraphVersion
+from leaderboard.ingest.services import KNOWN_SCOPES, api_client_create
 from leaderboard.models import FriendList
 from leaderboard.profiles import player_friends_put
-from leaderboard.services import KNOWN_SCOPES, api_client_create
 from tests.support import TEST_ACTOR
 
 

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from leaderboard import rankview
 from leaderboard.core.ranking import Standings, ranked_among
 from leaderboard.models import FriendList
+from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support import NARROW, Events, apply_events, db_scores, fast_get, post_ok, publish
 

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from leaderboard import materializer, rankview
+from leaderboard.recovery.rebuild import season_epoch_advance
 from leaderboard.redis_client import redis_get
+from leaderboard.views import materializer, rankview
 from seasons.models import Season
 from tests.support import Events, apply_events
 from tests.support.publication import assert_matches_ledger, keys_of, publish
@@ -40,7 +41,7 @@ def renewing(season: Season) -> Iterator[subprocess.Popen[bytes]]:
 
 def test_renewals_of_the_holders_own_lease_do_not_fail_an_epochs_chunks(
         season: Season, renewing: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rankview, "APPLY_CHUNK", 50)  # many chunks, each a fenced transaction
+    monkeypatch.setattr(rankview.copies, "APPLY_CHUNK", 50)  # many chunks, each a fenced transaction
     monkeypatch.setattr(rankview, "FENCE_ATTEMPTS", 100)  # renewals every 2 ms: retries must win
     events = Events(season.slug)
     apply_events(season, [events.result(f"p{i:04d}", i) for i in range(1500)])
@@ -69,8 +70,8 @@ def test_a_rebuild_gets_the_lease_from_epochs_running_back_to_back(
     asks for the lease (lease_wanted_mark) and the epochs step aside."""
     from django.db import connections
 
-    from leaderboard import rebuild
     from leaderboard.models import RebuildJob
+    from leaderboard.recovery import rebuild
     from tests.support import TEST_ACTOR
 
     monkeypatch.setattr(rebuild, "LEASE_WAIT_SECONDS", 3.0)
@@ -95,7 +96,7 @@ def test_a_rebuild_gets_the_lease_from_epochs_running_back_to_back(
     def epochs_back_to_back() -> None:
         try:
             while not stop.is_set():
-                epochs.append(materializer.season_epoch_run(season=season).status)
+                epochs.append(season_epoch_advance(season=season).status)
                 time.sleep(0.02)
         finally:
             connections.close_all()
@@ -112,5 +113,5 @@ def test_a_rebuild_gets_the_lease_from_epochs_running_back_to_back(
             thread.join()
     assert job.status == RebuildJob.Status.PUBLISHED, (job.error, job.report)
     assert "published" in epochs
-    assert materializer.season_epoch_run(season=season).status in ("published", "idle")
+    assert season_epoch_advance(season=season).status in ("published", "idle")
     assert_matches_ledger(season, exhaustive=False)

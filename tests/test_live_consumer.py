@@ -17,11 +17,12 @@ from channels.testing.websocket import WebsocketCommunicator
 from django.conf import settings
 
 from config.asgi import application
-from leaderboard import live, rankview
 from leaderboard.core.live import top_apply
 from leaderboard.core.ranking import Standings
+from leaderboard.live import hub as live
+from leaderboard.views import rankview
 from seasons.models import Season
-from tests.support import NARROW, Events, current_manifest, db_standings, keys_of, post_ok, publish
+from tests.support import NARROW, Events, announcements_muted, current_manifest, db_standings, keys_of, post_ok, publish
 
 # Epochs read the change stream below the oldest running transaction (PostgreSQL): every
 # test commits for real.
@@ -212,8 +213,7 @@ def test_a_missed_version_gets_the_full_top_and_a_snapshot_on_request(
         comm = await connect(season.slug, "player_id=p00")
         assert (await receive(comm))["leaderboard_version"] == 1
         # Version 2 is published but its announcement is lost.
-        with monkeypatch.context() as patched:
-            patched.setattr("leaderboard.materializer.live_version_published", lambda slug, version: None)
+        with announcements_muted():
             await apost(post_scores, season, [ev.result("p00", 500)])
             assert await apublish(season) == 2
         assert await comm.receive_nothing(timeout=0.3)
@@ -415,8 +415,7 @@ def test_announcements_during_a_round_are_coalesced_into_one_round_of_the_newest
         for comm in comms:
             assert (await receive(comm))["leaderboard_version"] == 1
         hub = live.registry().hubs[season.slug]
-        with monkeypatch.context() as patched:
-            patched.setattr("leaderboard.materializer.live_version_published", lambda slug, version: None)
+        with announcements_muted():
             for player_id, score in (("p00", 500), ("p01", 600)):
                 await sync_to_async(post_ok)(post_scores, season, [ev.result(player_id, score)])
                 await apublish(season)

@@ -232,9 +232,9 @@ def asgi_server_rejoining(transactional_db: Any) -> Iterator[str]:
 @pytest.mark.slow
 def test_during_a_recovery_the_page_shows_its_progress_then_the_recovered_board(
         season: Season, post_scores: Post, rank_views: Any, asgi_server_rejoining: str) -> None:
-    from leaderboard import rankview
     from leaderboard.models import RebuildJob
-    from leaderboard.rebuild import rebuild_run
+    from leaderboard.recovery.rebuild import rebuild_run
+    from leaderboard.views import rankview
     from tests.support import epoch
 
     ev = Events()

@@ -16,11 +16,23 @@ import pytest
 from asgiref.sync import sync_to_async
 from rest_framework.test import APIClient
 
-from leaderboard import live, rankview
+from leaderboard.live import hub as live
 from leaderboard.models import RebuildJob
-from leaderboard.rebuild import rebuild_run
+from leaderboard.recovery.rebuild import rebuild_run
+from leaderboard.views import rankview
 from seasons.models import Season
-from tests.support import Events, closing_season, db_standings, epoch, finalize, in_season, post_ok, publish, staff
+from tests.support import (
+    Events,
+    announcements_muted,
+    closing_season,
+    db_standings,
+    epoch,
+    finalize,
+    in_season,
+    post_ok,
+    publish,
+    staff,
+)
 from tests.test_live_consumer import board, connect, expected_player, expected_top, receive, run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -142,8 +154,7 @@ def test_a_lost_announcement_is_made_up_for_by_the_watcher(season: Season, post_
     async def body() -> None:
         comm = await connect(season.slug, "player_id=a")
         assert (await receive(comm))["leaderboard_version"] == 1
-        with monkeypatch.context() as patched:
-            patched.setattr("leaderboard.materializer.live_version_published", lambda slug, version: None)
+        with announcements_muted():
             await sync_to_async(post_ok)(post_scores, season, [ev.result("a", 9)])
             assert await sync_to_async(publish)(season) == 2
         pushed = await receive(comm)

@@ -16,7 +16,6 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import Client
 
-from leaderboard import live
 from leaderboard.core.live import (
     CLOSE_BAD_REQUEST,
     RADIUS_DEFAULT,
@@ -28,9 +27,10 @@ from leaderboard.core.live import (
     top_apply,
 )
 from leaderboard.core.ranking import Standings
+from leaderboard.live import hub as live
 from leaderboard.models import PlayerScore
 from leaderboard.redis_client import redis_get
-from leaderboard.selectors import leaderboard_reader
+from leaderboard.views.selectors import leaderboard_reader
 from seasons.models import Season
 from tests import browser
 from tests.support import NARROW, Events, Profiles, apply_events, current_manifest, keys_of, publish

@@ -14,14 +14,14 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditEntry
-from leaderboard import rankview
 from leaderboard.core.manifest import lookup_shards_for, lookup_shards_outgrown
 from leaderboard.core.ranking import Standings
-from leaderboard.materializer import SHARDS_OUTGROWN_REASON
 from leaderboard.models import RebuildJob
-from leaderboard.rebuild import rebuild_run
+from leaderboard.recovery.rebuild import rebuild_run
 from leaderboard.redis_client import redis_get
 from leaderboard.tasks import rebuild_run_task
+from leaderboard.views import rankview
+from leaderboard.views.materializer import SHARDS_OUTGROWN_REASON
 from seasons.models import Season
 from tests.support import Events, Profiles, apply_events, db_scores, db_standings, full_check, players
 from tests.support.publication import RoundTrips, current_manifest, keys_of, publish

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.manifest import Manifest
 from leaderboard.models import RebuildJob
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
 from seasons.models import Season
 from seasons.staff_services import score_revocation_approve, score_revocation_propose
 from tests.support import (
@@ -58,7 +58,8 @@ def test_the_current_manifest_has_no_expiry_and_the_one_it_replaced_has(season: 
 def test_a_quiet_season_stays_readable_past_the_manifest_ttl_without_a_recovery(
     season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rankview, "MANIFEST_TTL", 1)
+    monkeypatch.setattr(rankview.fence, "MANIFEST_TTL", 1)
+    monkeypatch.setattr(rankview.manifests, "MANIFEST_TTL", 1)
     ev = Events(tag="quiet")
     post_ok(post_scores, season, [ev.result("a", 10), ev.result("b", 20)])
     publish(season)
@@ -106,7 +107,7 @@ def test_the_final_version_keeps_its_manifest_after_a_correction_replaces_it(
 
 
 def test_the_manifest_cache_evicts_the_least_recently_used_entry_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rankview, "_MANIFEST_CACHE_MAX", 3)
+    monkeypatch.setattr(rankview.manifests, "_MANIFEST_CACHE_MAX", 3)
     r = redis_get()
     keys = rankview.Keys("lbtest-cache", "lru")
     layout = BucketLayout(layout_id=1, lower_bounds=(0,))

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from leaderboard import materializer, rankview
 from leaderboard.core.buckets import BucketLayout
-from leaderboard.invariants import version_check
-from leaderboard.materializer import EpochError
+from leaderboard.core.manifest import Manifest
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import RebuildJob
-from leaderboard.rebuild import rebuild_run
+from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
+from leaderboard.views import materializer, rankview
+from leaderboard.views.invariants import version_check
+from leaderboard.views.materializer import EpochError
 from seasons.models import Season
 from tests.support import (
     NARROW,
@@ -144,7 +145,7 @@ def test_idle_epoch_returns_without_waiting_for_the_grace_period(season: Season,
     post_ok(post_scores, season, [ev.result("a", 2)])
     publish(season)  # the second copy is built, nothing to wait for
     released = time.monotonic()
-    assert materializer.season_epoch_run(season=season).status == "idle"
+    assert season_epoch_advance(season=season).status == "idle"
     assert time.monotonic() - released < 0.6
     # With a change, the copy that stopped being current is touched only after the grace.
     r = materializer.redis_get()
@@ -317,7 +318,7 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
         rankview.pointer_publish(r, keys, token=stale, expected=1, version=2)
     assert rankview.pointer_get(r, keys) == 1
     # The manifest of a version is written only by the lease holder too.
-    forged = rankview.Manifest.from_dict({**current.to_dict(), "version": 2, "gen": 999})
+    forged = Manifest.from_dict({**current.to_dict(), "version": 2, "gen": 999})
     with pytest.raises(rankview.FenceLost):
         rankview.manifest_store(r, keys, forged, token=stale)
     assert r.get(keys.manifest(2)) is None
@@ -403,7 +404,7 @@ def test_a_crash_midway_through_apply_keeps_the_previous_version(season_factory:
     changes += [ev.correction(f"p{i:02d}", i) for i in range(30, 34)]
     changes += [ev.result("new1", 500), ev.result("new2", 0)]
     post_ok(post_scores, season, changes)
-    monkeypatch.setattr(rankview, "APPLY_CHUNK", 3)
+    monkeypatch.setattr(rankview.copies, "APPLY_CHUNK", 3)
     real_send = rankview._fenced_packed
     calls = {"n": 0}
 
@@ -413,10 +414,10 @@ def test_a_crash_midway_through_apply_keeps_the_previous_version(season_factory:
             raise RuntimeError("simulated crash")
         return real_send(*args)
 
-    monkeypatch.setattr(rankview, "_fenced_packed", crashing)
+    monkeypatch.setattr(rankview.copies, "_fenced_packed", crashing)
     with pytest.raises(RuntimeError, match="simulated crash"):
         epoch(season)
-    monkeypatch.setattr(rankview, "_fenced_packed", real_send)
+    monkeypatch.setattr(rankview.copies, "_fenced_packed", real_send)
 
     # The lease was released, version 3 still serves identical answers and is intact; the
     # half-applied copy is marked as being applied and held version 2, which is gone now.
@@ -447,7 +448,7 @@ def test_a_crash_between_pointer_swap_and_db_record_is_recorded_later(season: Se
     def die(**kwargs: Any) -> None:
         raise RuntimeError("crash after publication")
 
-    monkeypatch.setattr(materializer, "_manifest_record", die)
+    monkeypatch.setattr(materializer, "manifest_record", die)
     with pytest.raises(RuntimeError):
         epoch(season)
     monkeypatch.undo()

@@ -15,11 +15,11 @@ import redis
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from leaderboard import materializer, rankview
 from leaderboard.models import RebuildJob, ScoreChange
-from leaderboard.rebuild import rebuild_run, season_rebuild_start
-from leaderboard.reconcile import reconciliation_run
+from leaderboard.recovery.rebuild import rebuild_run, season_rebuild_start
+from leaderboard.recovery.reconcile import reconciliation_run
 from leaderboard.redis_client import redis_get
+from leaderboard.views import materializer, rankview
 from seasons.models import Season
 from tests.support import NARROW, TEST_ACTOR, Events, current_manifest, epoch, keys_of, post_ok, publish
 

@@ -20,9 +20,9 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from leaderboard.core.profiles import ProfileWrite
+from leaderboard.ingest.services import KNOWN_SCOPES, api_client_create
 from leaderboard.models import ApiClient, PlayerProfile, PlayerProfileChange
 from leaderboard.profiles import player_profiles_apply
-from leaderboard.services import KNOWN_SCOPES, api_client_create
 from tests.support import TEST_ACTOR
 
 URL = "/internal/v1/players/profiles:apply"

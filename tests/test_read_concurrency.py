@@ -17,12 +17,12 @@ from django.db import connections
 from django.test import Client
 from rest_framework.test import APIClient
 
-from leaderboard import rankview
 from leaderboard.core.ranking import Entry, Standings
-from leaderboard.materializer import season_epoch_run
 from leaderboard.models import Manifest as ManifestRow
+from leaderboard.recovery.rebuild import season_epoch_advance
 from leaderboard.redis_client import redis_get
-from leaderboard.selectors import leaderboard_reader
+from leaderboard.views import rankview
+from leaderboard.views.selectors import leaderboard_reader
 from seasons.models import Season
 from tests.support import (
     NARROW,
@@ -216,7 +216,7 @@ def epoch_loop(shared: Shared, season: Season) -> None:
     snapshot_reader = rankview.RankReader(redis_get(), keys_of(season), deadline=3600)
     try:
         while not shared.stop.is_set():
-            result = season_epoch_run(season=season)
+            result = season_epoch_advance(season=season)
             if result.status == "published":
                 version = int(result.version)  # type: ignore[arg-type]
                 pinned, board = board_read(snapshot_reader, version)

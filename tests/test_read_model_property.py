@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Standings
-from leaderboard.invariants import version_check
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.invariants import version_check
 from seasons.models import Season
 from tests.support import (
     NARROW,

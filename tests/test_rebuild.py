@@ -1,4 +1,4 @@
-"""Shadow rebuilds from the ledger (leaderboard/rebuild.py): persisted progress, one job per
+"""Shadow rebuilds from the ledger (leaderboard/recovery/rebuild.py): persisted progress, one job per
 season, an idempotent task, the foreground command, hot-bucket split proposals, publishing
 and discarding a split. Every published result is checked exactly against the ledger."""
 
@@ -12,22 +12,23 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from leaderboard import materializer, rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Standings
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import RebuildJob
-from leaderboard.rebuild import (
+from leaderboard.recovery.rebuild import (
     RebuildError,
     rebuild_discard,
     rebuild_publish,
     rebuild_run,
+    season_epoch_advance,
     season_rebuild_start,
     season_split_propose,
     season_split_recommendations,
 )
 from leaderboard.redis_client import redis_get
 from leaderboard.tasks import rebuild_run_task
+from leaderboard.views import materializer, rankview
 from seasons.models import Season
 from tests.support import (
     NARROW,
@@ -130,7 +131,11 @@ def test_one_active_job_per_season(season_factory: Callable[..., Season], post_s
     with pytest.raises(RebuildError, match="already running"):
         season_split_propose(season=season, actor=TEST_ACTOR, split_points=[150])
     # A lost view would start a recovery: it finds the slot taken and waits for it.
-    assert materializer._recovery_start(season).detail == "views lost; a rebuild is in flight"
+    r, ptr = redis_get(), materializer.season_keys(season).ptr
+    current = r.getdel(ptr)
+    assert current is not None
+    assert season_epoch_advance(season=season).detail == "views lost; a rebuild is in flight"
+    r.set(ptr, current)
     assert RebuildJob.objects.filter(season=season).count() == 1
     # Another season is independent.
     assert season_rebuild_start(season=other, actor=TEST_ACTOR, enqueue=False).status == "queued"
@@ -264,30 +269,30 @@ def test_a_failed_recovery_does_not_poison_the_next_one(season_factory: Callable
     keys = keys_of(season)
     served = board_snapshot(season)
     r.flushdb()
-    assert materializer.season_epoch_run(season=season).status == "lost"
+    assert season_epoch_advance(season=season).status == "lost"
     job = RebuildJob.objects.get(season=season, kind="recovery")
-    real_catch_up = __import__("leaderboard.rebuild", fromlist=["_catch_up"])._catch_up
+    real_catch_up = __import__("leaderboard.recovery.rebuild", fromlist=["_catch_up"])._catch_up
 
     def corrupting(**kwargs: Any) -> Any:
         shadow, replayed = real_catch_up(**kwargs)
         r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, 0), {"stray": 0})
         return shadow, replayed
 
-    monkeypatch.setattr("leaderboard.rebuild._catch_up", corrupting)
+    monkeypatch.setattr("leaderboard.recovery.rebuild._catch_up", corrupting)
     failed = rebuild_run(job_id=job.pk)
     assert failed.status == "failed" and "bucket_counts" in failed.error, failed.error
     assert rankview.pointer_get(r, keys) is None
     monkeypatch.undo()
     with pytest.raises(rankview.Unavailable):
         reader_of(season).rank("p001")
-    assert materializer.season_epoch_run(season=season).status == "lost"
+    assert season_epoch_advance(season=season).status == "lost"
     second = RebuildJob.objects.filter(season=season, kind="recovery").exclude(pk=job.pk).get()
     second = rebuild_run(job_id=second.pk)
     assert second.status == "published", (second.error, second.report)
     assert second.published_version == failed.report["version"] == 3  # type: ignore[index]
     assert board_snapshot(season) == (3, served[1], served[2])
     assert assert_matches_ledger(season) == 3
-    assert materializer.season_epoch_run(season=season).status == "idle"
+    assert season_epoch_advance(season=season).status == "idle"
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -450,7 +455,7 @@ def test_a_comparison_longer_than_the_lease_ttl_still_publishes(season_factory: 
     r = redis_get()
     keys = keys_of(season)
     settings.EPOCH_LEASE_SECONDS = 1.0
-    import leaderboard.rebuild as rebuild_module
+    import leaderboard.recovery.rebuild as rebuild_module
 
     name = "shadow_compare" if kind == "rebuild" else "recovery_reconcile"
     real = getattr(rebuild_module, name)
@@ -462,7 +467,7 @@ def test_a_comparison_longer_than_the_lease_ttl_still_publishes(season_factory: 
     monkeypatch.setattr(rebuild_module, name, slow)
     if kind == "recovery":
         r.flushdb()
-        assert materializer.season_epoch_run(season=season).status == "lost"
+        assert season_epoch_advance(season=season).status == "lost"
         job = RebuildJob.objects.get(season=season, kind="recovery")
     else:
         job = season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False)
@@ -471,7 +476,7 @@ def test_a_comparison_longer_than_the_lease_ttl_still_publishes(season_factory: 
     assert r.get(keys.lease) is None  # released at the end
     assert assert_matches_ledger(season) == 3
     # Nobody else could take the season meanwhile; afterwards epochs go on.
-    assert materializer.season_epoch_run(season=season).status == "idle"
+    assert season_epoch_advance(season=season).status == "idle"
 
 
 def test_a_score_the_build_saw_change_after_its_watermark_does_not_fail_the_comparison(
@@ -498,9 +503,9 @@ def test_a_recovery_under_writes_publishes(season_factory: Callable[..., Season]
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     season, ev = seeded(season_factory, post_scores, "recover-busy")
     redis_get().flushdb()
-    assert materializer.season_epoch_run(season=season).status == "lost"
+    assert season_epoch_advance(season=season).status == "lost"
     job = RebuildJob.objects.get(season=season, kind="recovery")
-    import leaderboard.rebuild as rebuild_module
+    import leaderboard.recovery.rebuild as rebuild_module
 
     real = rebuild_module.recovery_reconcile
 
@@ -523,17 +528,17 @@ def test_a_recovery_publishes_from_one_copy_and_the_next_epoch_builds_the_other(
     r = redis_get()
     keys = keys_of(season)
     r.flushdb()
-    assert materializer.season_epoch_run(season=season).status == "lost"
+    assert season_epoch_advance(season=season).status == "lost"
     job = rebuild_run(job_id=RebuildJob.objects.get(season=season, kind="recovery").pk)
     assert job.status == "published", (job.error, job.report)
     assert job.total == job.done == 60
     assert rankview.copies_get(r, keys) == [job.copy, f"{job.copy}b"]
     assert rankview.copy_meta_load(r, keys, f"{job.copy}b") is None
     assert assert_matches_ledger(season) == 3  # answered from the one copy
-    assert materializer.season_epoch_run(season=season).status == "idle"  # nothing new, nothing built
+    assert season_epoch_advance(season=season).status == "idle"  # nothing new, nothing built
     assert rankview.copy_meta_load(r, keys, f"{job.copy}b") is None
     post_ok(post_scores, season, [ev.result("p004", 996)])
-    assert materializer.season_epoch_run(season=season).status == "published"
+    assert season_epoch_advance(season=season).status == "published"
     assert current_manifest(season).copy == f"{job.copy}b"
     assert assert_matches_ledger(season) == 4
-    assert materializer.season_epoch_run(season=season).status == "idle"
+    assert season_epoch_advance(season=season).status == "idle"

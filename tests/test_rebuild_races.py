@@ -1,4 +1,4 @@
-"""Races and dead workers around shadow builds (leaderboard/rebuild.py): two people
+"""Races and dead workers around shadow builds (leaderboard/recovery/rebuild.py): two people
 publishing one READY split, a discard racing a publish, and a builder SIGKILLed mid-build.
 Real PostgreSQL or SQLite, real Redis, real threads and a real child process."""
 
@@ -20,11 +20,18 @@ from django.core.management import call_command
 from django.db import connections
 
 from audit.models import AuditEntry
-from leaderboard import rankview, rebuild
-from leaderboard.materializer import season_lease_acquire
 from leaderboard.models import RebuildJob
-from leaderboard.rebuild import RebuildError, rebuild_discard, rebuild_publish, rebuild_run, season_split_propose
+from leaderboard.recovery import rebuild
+from leaderboard.recovery.rebuild import (
+    RebuildError,
+    rebuild_discard,
+    rebuild_publish,
+    rebuild_run,
+    season_split_propose,
+)
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.materializer import season_lease_acquire
 from seasons.models import Season
 from tests.support import (
     NARROW,
@@ -207,8 +214,8 @@ import sys
 import django
 
 django.setup()
-from leaderboard import materializer
-from leaderboard.rebuild import rebuild_run
+from leaderboard.views import materializer
+from leaderboard.recovery.rebuild import rebuild_run
 
 materializer.BUILD_BATCH = 10
 materializer.BUILD_SHARD_FILL = 0

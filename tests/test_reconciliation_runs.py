@@ -1,4 +1,4 @@
-"""Continuous reconciliation (leaderboard/reconcile.py reconciliation_run): each run is recorded,
+"""Continuous reconciliation (leaderboard/recovery/reconcile.py reconciliation_run): each run is recorded,
 a correct version passes while the ledger moves on, a corrupted copy is caught with the
 failing check named, and the failure counters of /metrics go up."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from leaderboard.metrics import metrics_render
 from leaderboard.models import ReconciliationRun
-from leaderboard.reconcile import reconciliation_run
+from leaderboard.recovery.reconcile import reconciliation_run
 from leaderboard.redis_client import redis_get
 from leaderboard.tasks import season_reconcile
 from seasons.models import Season

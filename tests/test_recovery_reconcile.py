@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-import leaderboard.rebuild as rebuild_module
-from leaderboard import materializer, rankview
-from leaderboard.invariants import sampled_reads
+import leaderboard.recovery.rebuild as rebuild_module
 from leaderboard.models import PlayerScore, RebuildJob
-from leaderboard.rebuild import rebuild_run
-from leaderboard.reconcile import version_reconcile
+from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
+from leaderboard.recovery.reconcile import version_reconcile
 from leaderboard.redis_client import redis_get
+from leaderboard.views import materializer, rankview
+from leaderboard.views.invariants import sampled_reads
 from seasons.models import Season
 from tests import test_rebuild as rebuild_tests
 from tests.support import (
@@ -54,7 +54,7 @@ def flushed(season: Season) -> RebuildJob:
     """Redis lost the views; the epoch that notices starts the recovery."""
     redis_get().flushdb()
     rankview.manifest_cache_clear()
-    assert materializer.season_epoch_run(season=season).status == "lost"
+    assert season_epoch_advance(season=season).status == "lost"
     return RebuildJob.objects.get(season=season, kind="recovery", status="queued")
 
 
@@ -174,8 +174,8 @@ def test_a_change_the_catch_up_never_applied_is_refused(season_factory: Callable
     ledger's count and per-bucket counts do not."""
     settings.REBUILD_SAMPLE_SIZE = 1
     season, ev = seeded(season_factory, post_scores, "rr-missing")
-    real = rebuild_module._changes_upto
-    monkeypatch.setattr(rebuild_module, "_changes_upto",
+    real = rebuild_module.changes_upto
+    monkeypatch.setattr(rebuild_module, "changes_upto",
                         lambda **kwargs: (c for c in real(**kwargs) if c[2] != "newcomer"))
 
     def write() -> None:
@@ -251,7 +251,7 @@ def test_a_build_write_that_overwrote_a_member_fails_the_build(season_factory: C
     assert job.status == "failed" and rankview.pointer_get(r, keys) is None
     assert rankview.copy_meta_load(r, keys, job.copy) is None  # the shadows were dropped
     monkeypatch.undo()
-    assert materializer.season_epoch_run(season=season).status == "lost"
+    assert season_epoch_advance(season=season).status == "lost"
     again = rebuild_run(job_id=RebuildJob.objects.get(season=season, kind="recovery", status="queued").pk)
     assert again.status == "published", again.report
     assert_matches_ledger(season)

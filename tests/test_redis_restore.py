@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from leaderboard import rankview
-from leaderboard.materializer import season_lease_acquire
-from leaderboard.rebuild import rebuild_run, season_rebuild_start
+from leaderboard.recovery.rebuild import rebuild_run, season_rebuild_start
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.materializer import season_lease_acquire
 from seasons.models import Season
 from tests.support import NARROW, TEST_ACTOR, Events, assert_matches_ledger, epoch, keys_of, post_ok, publish
 

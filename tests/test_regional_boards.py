@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 import pytest
 
-from leaderboard import rankview
 from leaderboard.core.ranking import Standings
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.models import PlayerScore
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support import Events, Profiles, apply_events
 from tests.support.publication import NARROW, assert_board_equals, board_read, current_manifest, keys_of, publish

@@ -15,11 +15,11 @@ import orjson
 import pytest
 from rest_framework.test import APIClient
 
-from leaderboard import rankview
 from leaderboard.core.ranking import Standings
 from leaderboard.models import PlayerScore
-from leaderboard.rebuild import rebuild_run
+from leaderboard.recovery.rebuild import rebuild_run
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support import (
     NARROW,

@@ -13,14 +13,20 @@ from typing import Any
 
 import pytest
 
-from leaderboard import materializer, rankview
 from leaderboard.core.ranking import Entry
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED, TIE_BREAK_SHARED
-from leaderboard.invariants import version_check
 from leaderboard.models import PlayerScore, RebuildJob
-from leaderboard.rebuild import rebuild_publish, rebuild_run, season_rebuild_start, season_split_propose
-from leaderboard.reconcile import reconciliation_run, version_reconcile
+from leaderboard.recovery.rebuild import (
+    rebuild_publish,
+    rebuild_run,
+    season_epoch_advance,
+    season_rebuild_start,
+    season_split_propose,
+)
+from leaderboard.recovery.reconcile import reconciliation_run, version_reconcile
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.invariants import version_check
 from seasons.models import Season
 from seasons.services import season_final_candidate_build
 from tests.support import (
@@ -134,7 +140,7 @@ def test_a_recovery_after_a_flush_reproduces_every_board(season_factory: SeasonF
     before = every_board(season)
     assert all(before[region] for region in REGIONS)
     redis_get().flushdb()
-    assert materializer.season_epoch_run(season=season).status == "lost"
+    assert season_epoch_advance(season=season).status == "lost"
     job = rebuild_run(job_id=RebuildJob.objects.get(season=season, kind="recovery").pk)
     assert job.status == "published", (job.error, job.report)
     # Reconciled against the ledger board by board before it published.

@@ -127,7 +127,7 @@ import django
 
 django.setup()
 from channels.layers import get_channel_layer
-from leaderboard.live import season_group
+from leaderboard.live.hub import season_group
 
 async def main() -> None:
     layer = get_channel_layer()

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from rest_framework.test import APIClient
 
 from leaderboard.core.events import events_parse
+from leaderboard.ingest.services import api_token_hash, score_events_apply
 from leaderboard.models import ApiClient, LateResult, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
-from leaderboard.services import api_token_hash, score_events_apply
 from seasons.models import Season
 from tests.conftest import SEASON_CUTOFF, SEASON_START
 from tests.reference import Script, as_json, event_scripts, reference_run, season_rejection

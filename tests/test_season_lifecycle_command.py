@@ -156,8 +156,8 @@ def test_reject_takes_the_proposed_candidate_or_else_the_built_one(
 def test_a_failed_reconciliation_is_printed_with_the_failing_checks(
     season_factory: SeasonFactory, post_scores: Post, users: None
 ) -> None:
-    from leaderboard.materializer import season_keys
     from leaderboard.redis_client import redis_get
+    from leaderboard.views.materializer import season_keys
 
     season = closing_season(season_factory, "bad")
     post_ok(post_scores, season, [Events("bad", in_season(season)).result("x", 5)])

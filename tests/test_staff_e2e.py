@@ -21,7 +21,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
 from leaderboard.models import PlayerScore, RebuildJob
-from leaderboard.rebuild import rebuild_run
+from leaderboard.recovery.rebuild import rebuild_run
 from seasons.models import Dispute, ScoreRevocation, Season
 from seasons.staff_services import staff_user_create
 from tests import browser

@@ -21,7 +21,7 @@ from audit.models import AuditEntry
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.metrics import metrics_seasons_sample
 from leaderboard.models import LateResult, PlayerScore, RebuildJob, ReconciliationRun
-from leaderboard.rebuild import rebuild_run
+from leaderboard.recovery.rebuild import rebuild_run
 from seasons.models import Dispute, FinalCandidate, ScoreRevocation, Season
 from seasons.services import season_seal_ingest
 from seasons.staff_services import ROLE_PERMISSIONS, score_revocation_propose

@@ -10,7 +10,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from leaderboard.models import ApiClient
-from leaderboard.selectors import api_client_by_token
+from leaderboard.views.selectors import api_client_by_token
 
 
 class ClientPrincipal:

@@ -23,8 +23,8 @@ from rest_framework.views import APIView
 
 from leaderboard.api.params import player_id_param
 from leaderboard.api.reads import Answer
-from leaderboard.rankview import round_trip
 from leaderboard.redis_client import redis_get
+from leaderboard.views.rankview import round_trip
 
 
 def baseline_key(season_id: str) -> str:

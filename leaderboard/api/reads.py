@@ -31,8 +31,8 @@ from leaderboard.api.params import (
 from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked_among
-from leaderboard.rankview import RankReader, Unavailable, UnknownRegion, VersionExpired
-from leaderboard.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
+from leaderboard.views.rankview import RankReader, Unavailable, UnknownRegion, VersionExpired
+from leaderboard.views.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
 
 Query = Mapping[str, str]

@@ -16,8 +16,8 @@ from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.api.params import season_id_param, season_not_found
 from leaderboard.core.events import MAX_BATCH, BatchTooLarge, EventValidationError, check_player_id, events_parse
 from leaderboard.core.profiles import ProfileValidationError, friends_parse, profiles_parse
+from leaderboard.ingest.services import score_events_apply
 from leaderboard.profiles import player_friends_put, player_profiles_apply
-from leaderboard.services import score_events_apply
 from seasons.selectors import season_get
 
 

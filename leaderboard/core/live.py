@@ -4,7 +4,7 @@ What a live socket sends, independent of Django, Redis and Channels:
 
 - `top_diff` / `top_apply`: a version's top 100 as a change against the previous
   version's, that a client holding the previous top can apply and nobody else can
-  misapply (it names its base version; see leaderboard.live);
+  misapply (it names its base version; see leaderboard.live.hub);
 - `player_events`: what happened to a subscribed player between the state the socket
   last sent and the new version (entered_top_100, rank_changed, ...);
 - `subscription_parse` / `client_message_parse`: the query string and the only client

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.models import RebuildJob, ReconciliationRun
-from leaderboard.rebuild import (
+from leaderboard.recovery.rebuild import (
     RebuildError,
     rebuild_discard,
     rebuild_publish,

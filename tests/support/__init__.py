@@ -27,6 +27,7 @@ from tests.support.profiles import Profiles
 from tests.support.publication import (
     INVARIANT_CHECKS,
     NARROW,
+    announcements_muted,
     assert_board_equals,
     assert_idle_copy_caught_up,
     assert_matches_ledger,
@@ -59,6 +60,7 @@ from tests.support.writes import (
 )
 
 __all__ = [
+    "announcements_muted",
     "COMPLETED_AT", "INVARIANT_CHECKS", "NARROW", "RECONCILIATION_CHECKS", "ROOT", "TEST_ACTOR",
     "held_correction_approve",
     "Events", "Post", "Profiles",

@@ -61,15 +61,15 @@ import sys
 import django
 
 django.setup()
-from leaderboard import rankview
-from leaderboard.materializer import season_epoch_run
+from leaderboard.views import rankview
+from leaderboard.recovery.rebuild import season_epoch_advance
 from seasons.models import Season
 
 rankview.APPLY_CHUNK = int(sys.argv[2])
 season = Season.objects.get(slug=sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
-result = season_epoch_run(season=season)
+result = season_epoch_advance(season=season)
 print(result.status, result.version, flush=True)
 """
 

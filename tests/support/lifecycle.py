@@ -31,7 +31,7 @@ from tests.support.writes import TEST_ACTOR
 
 # Every check a FINAL candidate's reconciliation runs (docs/rules.md, "FINAL candidate and
 # approval"): the invariant checks of the version's own copy, then those against the ledger
-# (leaderboard/reconcile.py).
+# (leaderboard/recovery/reconcile.py).
 RECONCILIATION_CHECKS = INVARIANT_CHECKS | {
     "player_count", "bucket_count_sum", "top_100", "ledger_sampled_ranks", "ledger_bucket_checksums",
 }

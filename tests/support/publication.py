@@ -5,22 +5,24 @@ compared read by read with the brute-force `Standings` of the ledger (docs/rules
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 import redis
 
-from leaderboard import rankview
 from leaderboard.api.fastpath import ReadFastPath
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, Standings
-from leaderboard.invariants import version_check
-from leaderboard.materializer import EpochResult, season_epoch_run, season_keys
+from leaderboard.recovery.rebuild import season_epoch_advance
 from leaderboard.redis_client import redis_get
-from leaderboard.selectors import leaderboard_reader
+from leaderboard.views import rankview
+from leaderboard.views.invariants import version_check
+from leaderboard.views.materializer import EpochResult, season_keys
+from leaderboard.views.selectors import leaderboard_reader
 from seasons.models import Season
 from tests.support.writes import change_head, db_standings
 
@@ -56,7 +58,7 @@ def current_manifest(season: Season) -> Manifest:
 
 def epoch(season: Season) -> EpochResult:
     """One epoch over every change committed so far, whatever its outcome."""
-    return season_epoch_run(season=season)
+    return season_epoch_advance(season=season)
 
 
 def publish(season: Season) -> int:
@@ -234,3 +236,17 @@ def assert_matches_ledger(season: Season, *, exhaustive: bool = True, **kwargs: 
         assert reader.top(100, version)[1] == [e.as_dict() for e in expected.top(100)], f"top of v{version}"
     full_check(season, version)
     return version
+
+
+@contextlib.contextmanager
+def announcements_muted() -> Iterator[None]:
+    """Versions published in the block reach no live socket, as if their announcement were lost."""
+    from leaderboard.live.hub import live_version_published
+    from leaderboard.views.signals import version_published
+
+    uid = "leaderboard.live.version_published"
+    version_published.disconnect(dispatch_uid=uid)
+    try:
+        yield
+    finally:
+        version_published.connect(live_version_published, dispatch_uid=uid)

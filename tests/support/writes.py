@@ -12,8 +12,8 @@ from django.db import connection
 from audit.services import Actor
 from leaderboard.core.events import events_parse
 from leaderboard.core.ranking import Standings
+from leaderboard.ingest.services import score_events_apply
 from leaderboard.models import PlayerScore, ScoreChange
-from leaderboard.services import score_events_apply
 from seasons.models import Season
 
 Post = Callable[..., Any]

@@ -6,8 +6,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import Actor
 from leaderboard.core.errors import DomainError
+from leaderboard.ingest.services import api_client_create
 from leaderboard.models import ApiClient
-from leaderboard.services import api_client_create
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import Actor
 from leaderboard.core.errors import DomainError
-from leaderboard.services import api_client_deactivate
+from leaderboard.ingest.services import api_client_deactivate
 
 
 class Command(BaseCommand):

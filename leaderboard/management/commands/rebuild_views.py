@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import Actor
 from leaderboard.models import RebuildJob
-from leaderboard.rebuild import (
+from leaderboard.recovery.rebuild import (
     RebuildError,
     rebuild_jobs_fail_stale,
     rebuild_run,

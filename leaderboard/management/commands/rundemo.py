@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from audit.services import Actor
 from config import embedded_redis
+from leaderboard.ingest.services import api_client_create
 from leaderboard.management.commands.simulate_matches import TOKEN_ENV
-from leaderboard.services import api_client_create
 from leaderboard.simulation import player_ids
 from seasons.selectors import season_get
 from seasons.services import season_create

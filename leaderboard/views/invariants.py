@@ -22,11 +22,11 @@ from typing import TypeVar
 
 import redis
 
-from leaderboard import rankview
 from leaderboard.core.checksum import checksum_of
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, board_check, board_sample, stratified_positions, version_boards
 from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score, value_token
+from leaderboard.views import rankview
 
 # Sampled positions read at once: each costs a few round trips that mostly wait on Redis.
 SAMPLE_READERS = 8

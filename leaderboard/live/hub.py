@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
@@ -55,8 +54,8 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from leaderboard import rankview
 from leaderboard.core.epoch import locate_position
+from leaderboard.core.gc_pause import gc_paused
 from leaderboard.core.live import (
     TOP_LIMIT,
     PlayerMark,
@@ -71,7 +70,8 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked_values
 from leaderboard.core.tiebreak import IndexValue, index_key, index_value, lookup_value, value_score
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
-from leaderboard.selectors import leaderboard_reader, read_unavailable
+from leaderboard.views import rankview
+from leaderboard.views.selectors import leaderboard_reader, read_unavailable
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -120,20 +120,19 @@ def season_live_state(season_slug: str) -> tuple[str, int | None] | None:
     return None if row is None else (row[0], row[1])
 
 
-def live_version_published(season_slug: str, version: int) -> None:
+def live_version_published(season_slug: str, version: int, state: str | None = None,
+                           final_version: int | None = None, **_: object) -> None:
     """Tell every live socket of the season that `version` is published: one group_send.
 
-    Called by the epoch after the pointer swap (through transaction.on_commit). It must
-    never fail the epoch: the version is published whether or not anyone is told, and a
-    socket that misses it catches up with the next one (full top, events since what it
-    last sent).
+    Connected to the views' `version_published` signal (LeaderboardConfig.ready), sent
+    after the publishing transaction commits with the season's state. It must never fail
+    the epoch: the version is published whether or not anyone is told, and a socket that
+    misses it catches up with the next one (full top, events since what it last sent).
     """
     try:
         layer = get_channel_layer()
         if layer is None:
             return
-        found = season_live_state(season_slug)
-        state, final_version = found if found is not None else (None, None)
         async_to_sync(layer.group_send)(season_group(season_slug), {
             "type": VERSION_EVENT, "season": season_slug, "version": version,
             "state": state, "final_version": final_version,
@@ -417,32 +416,6 @@ def round_build(season_slug: str, state: str | None, final_version: int | None, 
 
 
 # ---------------------------------------------------------------------------- sending
-
-
-_gc_pauses = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def gc_paused() -> Generator[None, None, None]:
-    """The cyclic garbage collector off for the block, process-wide.
-
-    Nested and overlapping pauses (two seasons' rounds in one process) keep it off until
-    the last one ends, and it is turned back on only if it was on before the first. Only
-    for short, bounded blocks: cyclic garbage made meanwhile waits for the next
-    collection; everything else is freed by reference counting as usual.
-    """
-    global _gc_pauses, _gc_was_enabled
-    if _gc_pauses == 0:
-        _gc_was_enabled = gc.isenabled()
-        gc.disable()
-    _gc_pauses += 1
-    try:
-        yield
-    finally:
-        _gc_pauses -= 1
-        if _gc_pauses == 0 and _gc_was_enabled:
-            gc.enable()
 
 
 class _Rest:

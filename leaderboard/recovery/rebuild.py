@@ -12,6 +12,7 @@ compare with, so a recovery is reconciled against the ledger instead, board by b
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -24,8 +25,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from audit.services import Actor, audit_log
-from leaderboard import rankview
+from audit.services import SYSTEM, Actor, audit_log
 from leaderboard.core.buckets import BucketLayout, LayoutError
 from leaderboard.core.checksum import MODULUS
 from leaderboard.core.errors import DomainError
@@ -41,23 +41,25 @@ from leaderboard.core.reconciliation import (
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
 from leaderboard.core.tiebreak import first_reached_problem, index_value, value_score
-from leaderboard.invariants import IndexSizes, index_sizes, sampled_reads
-from leaderboard.live import live_version_published
-from leaderboard.materializer import (
+from leaderboard.ingest.selectors import ChangeCursor, score_change_heads_after
+from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
+from leaderboard.recovery.reconcile import recovery_reconcile, version_reconcile
+from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.invariants import IndexSizes, index_sizes, sampled_reads
+from leaderboard.views.materializer import (
     EpochError,
-    _changes_upto,
-    _copy_changes_apply,
-    _manifest_record,
+    EpochResult,
+    changes_upto,
+    copy_changes_apply,
     copy_regions_boards,
+    manifest_record,
     season_copies_build,
+    season_epoch_run,
     season_epoch_run_locked,
     season_keys,
     season_lease_acquire,
 )
-from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
-from leaderboard.reconcile import recovery_reconcile, version_reconcile
-from leaderboard.redis_client import redis_get
-from leaderboard.selectors import ChangeCursor, score_change_heads_after
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -413,8 +415,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             meta = rankview.copy_meta_load(r, keys, name)
             if meta is not None:
                 rankview.copy_drop(r, keys, meta)
-        _manifest_record(season=season, manifest=candidate, changed=0, epoch_ms=0.0)
-        transaction.on_commit(lambda: live_version_published(season.slug, version))  # live sockets
+        manifest_record(season=season, manifest=candidate, changed=0, epoch_ms=0.0)
         if job.kind == RebuildJob.Kind.SPLIT:
             Season.objects.filter(pk=season.pk).update(layout=shadow.layout.as_dict())
         job.published_version = version
@@ -441,12 +442,12 @@ def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season
     committed), on every board: a region move takes the player from one regional board to
     the other, as in an epoch. Returns the finished shadow and the players it replayed."""
     shadow = rankview.copy_begin_mutation(r, keys, token, shadow)
-    changes = list(_changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto, ties=shadow.ties,
+    changes = list(changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto, ties=shadow.ties,
                                  regions=bool(shadow.boards)))
     if changes:
         # Not exact: the build's paged scan may already hold values (and regions) newer than
         # its watermark, so the old ones are read from the shadow itself.
-        _copy_changes_apply(r=r, keys=keys, token=token, target=shadow, changes=changes, exact=False)
+        copy_changes_apply(r=r, keys=keys, token=token, target=shadow, changes=changes, exact=False)
     head = (changes[-1][0], changes[-1][1]) if changes else shadow.watermark
     watermark = upto if upto is not None and upto > head else head
     problems = rankview.copy_verify_counts(r, keys, shadow, range(shadow.layout.size), lookups=True)
@@ -610,3 +611,24 @@ def season_split_propose(*, season: Season, actor: Actor, split_points: list[obj
         raise RebuildError(str(exc)) from exc
     return season_rebuild_start(season=season, actor=actor, kind=RebuildJob.Kind.SPLIT, layout=layout,
                                 reason=reason or f"split at {', '.join(map(str, points))}")
+
+
+def season_epoch_advance(*, season: Season, r: redis.Redis | None = None, catch_up: bool | None = None) -> EpochResult:
+    """An epoch (views.materializer.season_epoch_run), then the shadow build it asked for:
+    a recovery of lost views, or a rebuild of a copy that outgrew its lookup shards. The
+    epoch tasks call this; the job row is the claim, so a build is started once whoever asks."""
+    result = season_epoch_run(season=season, r=r, catch_up=catch_up)
+    wanted = result.rebuild_wanted
+    if wanted is None:
+        return result
+    try:
+        job: RebuildJob | None = season_rebuild_start(season=season, actor=SYSTEM, kind=wanted.kind,
+                                                      layout=wanted.layout, reason=wanted.reason)
+    except RebuildError:
+        job = None
+    if result.status == "lost":
+        detail = "views lost; a rebuild is in flight" if job is None else f"views lost; recovery job {job.pk} started"
+        return dataclasses.replace(result, detail=detail)
+    if job is not None:
+        log.info("season %s: rebuild %s started: %s", season.slug, job.pk, wanted.reason)
+    return result

@@ -1,10 +1,10 @@
 """The live board socket, /ws/v1/seasons/{season_id}/live[?player_id=P&radius=R&region=G]
 (docs/api.md, Live board websocket).
 
-Thin: what to send is decided in leaderboard.core.live (pure) and leaderboard.live (reads,
+Thin: what to send is decided in leaderboard.core.live (pure) and leaderboard.live.hub (reads,
 rounds, the per-process registry, group listener and fan-out). This class admits the
-socket, registers it with its board's hub (the season's, or a region's; leaderboard.live.Socket holds what the socket
-last sent, the base of diffs and events), sends its snapshots, answers the client, and
+socket, registers it with its board's hub (the season's, or a region's; live.Socket holds
+what the socket last sent, the base of diffs and events), sends its snapshots, answers the client, and
 closes it when the hub finds its client too slow.
 
 The socket itself is not a member of the channel layer's group (its process is, once per
@@ -28,7 +28,6 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.utils import await_many_dispatch
 
-from leaderboard import live
 from leaderboard.core.events import id_is_valid
 from leaderboard.core.live import (
     CLOSE_SLOW_CONSUMER,
@@ -41,6 +40,7 @@ from leaderboard.core.live import (
     region_refusal,
     subscription_parse,
 )
+from leaderboard.live import hub as live
 from leaderboard.ratelimit import live_sockets, scope_address
 from seasons.selectors import season_get
 

@@ -24,11 +24,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Q
 
-from audit.services import SYSTEM
-from leaderboard import ledger_store, rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import MODULUS, checksum_add, pair_hash
 from leaderboard.core.epoch import newest_scores, scores_before
+from leaderboard.core.gc_pause import gc_paused
 from leaderboard.core.manifest import (
     LOOKUP_SHARD_OUTGROWN,
     Manifest,
@@ -38,17 +37,19 @@ from leaderboard.core.manifest import (
 )
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import FirstReached, IndexValue, first_reached_of, index_key, value_token
-from leaderboard.live import gc_paused, live_version_published
-from leaderboard.metrics import metrics_epoch_observe
-from leaderboard.models import ACTIVE_REBUILD_STATUSES, PlayerScore, RebuildJob, ScoreChange
-from leaderboard.models import Manifest as ManifestRow
-from leaderboard.redis_client import redis_get
-from leaderboard.selectors import (
+from leaderboard.ingest import ledger_store
+from leaderboard.ingest.selectors import (
     ChangeCursor,
     score_change_heads_after,
     score_change_reached_after,
     stream_head_committed,
 )
+from leaderboard.metrics import metrics_epoch_observe
+from leaderboard.models import ACTIVE_REBUILD_STATUSES, PlayerScore, RebuildJob, ScoreChange
+from leaderboard.models import Manifest as ManifestRow
+from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.signals import version_published_on_commit
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,17 @@ class EpochResult:
     detail: str = ""
     applied: int = 0  # players moved in the published copy before the swap
     catch_up_ms: float | None = None  # the other copy brought up to this version, after its grace period
+    # A shadow build the season needs (views lost, lookup shards outgrown). The epoch only
+    # asks: the caller starts it (recovery.rebuild.season_epoch_advance), so that the views
+    # never depend on the recovery that rebuilds them.
+    rebuild_wanted: RebuildWanted | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildWanted:
+    kind: str  # a RebuildJob.Kind
+    layout: BucketLayout
+    reason: str
 
 
 def season_keys(season: Season) -> rankview.Keys:
@@ -265,15 +277,15 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
     exact = idle.exact
     changes = read.between(idle.watermark, current.watermark) if read is not None else None
     if changes is None:
-        changes = list(_changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark,
+        changes = list(changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark,
                                      ties=idle.ties, regions=bool(idle.boards)))
     idle = rankview.copy_begin_mutation(r, keys, token, idle)
-    _copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes, exact=exact)
+    copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes, exact=exact)
     rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version, exact=exact)
     return (time.monotonic() - started) * 1000
 
 
-def _copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, target: rankview.CopyMeta,
+def copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, target: rankview.CopyMeta,
                         changes: list[Change], exact: bool) -> int:
     """Apply stream rows (oldest first) to a copy being mutated and verify its counts.
 
@@ -315,10 +327,12 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
         # (Redis flushed or restarted empty): reads answer 503 until a recovery build,
         # reconciled against the ledger, publishes again. Started once: the job row is
         # the claim.
-        return _recovery_start(season), None
+        return EpochResult(status="lost", detail="views lost", rebuild_wanted=RebuildWanted(
+            kind=RebuildJob.Kind.RECOVERY, layout=season.bucket_layout,
+            reason="views lost: no current version in Redis")), None
     if current is not None and current.version > season.published_version:
         # A coordinator died between the pointer swap and its database record.
-        _manifest_record(season=season, manifest=current, changed=0, epoch_ms=0.0)
+        manifest_record(season=season, manifest=current, changed=0, epoch_ms=0.0)
 
     copies = rankview.copies_get(r, keys)
     target_name = next(c for c in copies if current is None or c != current.copy)
@@ -365,7 +379,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     read = StreamRead(after=target.watermark, changes=changes)
     head = ChangeCursor(changes[-1][0], changes[-1][1]) if changes else ChangeCursor(*target.watermark)
 
-    applied = _copy_changes_apply(r=r, keys=keys, token=token, target=target, changes=changes, exact=exact)
+    applied = copy_changes_apply(r=r, keys=keys, token=token, target=target, changes=changes, exact=exact)
 
     version = max(current_version or 0, season.published_version) + 1
     # Exact now: it applied every change committed before this epoch read the stream,
@@ -392,14 +406,13 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     # Players whose entry differs from the previous version (every player of a first
     # one); the copy itself applied `newest`, the changes since it was last current.
     changed = len(fresh) if current is not None else manifest.total
-    _manifest_record(season=season, manifest=manifest, changed=changed, epoch_ms=epoch_ms)
-    transaction.on_commit(lambda: live_version_published(season.slug, version))  # live sockets (docs/api.md)
+    manifest_record(season=season, manifest=manifest, changed=changed, epoch_ms=epoch_ms)
     _metrics_observe(season=season, r=r, after=current.watermark if current is not None else None,
                      upto=manifest.watermark, published_at=published_at, epoch_ms=epoch_ms)
-    if lookup_shards_outgrown(players=manifest.total, shards=target.lookup_shards):
-        _shards_rebuild_start(season=season, manifest=manifest)
+    wanted = (_shards_rebuild_wanted(season=season, manifest=manifest)
+              if lookup_shards_outgrown(players=manifest.total, shards=target.lookup_shards) else None)
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms,
-                       applied=applied), read
+                       applied=applied, rebuild_wanted=wanted), read
 
 
 def copy_regions_boards(*, r: redis.Redis, keys: rankview.Keys, meta: rankview.CopyMeta) -> dict[str, RegionBoard]:
@@ -430,15 +443,7 @@ def _metrics_observe(*, season: Season, r: redis.Redis, after: tuple[int, int] |
         log.warning("season %s: epoch metrics not recorded", season.slug, exc_info=True)
 
 
-def _recovery_start(season: Season) -> EpochResult:
-    job = _rebuild_start(season=season, kind=RebuildJob.Kind.RECOVERY, layout=season.bucket_layout,
-                         reason="views lost: no current version in Redis")
-    if job is None:
-        return EpochResult(status="lost", detail="views lost; a rebuild is in flight")
-    return EpochResult(status="lost", detail=f"views lost; recovery job {job.pk} started")
-
-
-def _shards_rebuild_start(*, season: Season, manifest: Manifest) -> RebuildJob | None:
+def _shards_rebuild_wanted(*, season: Season, manifest: Manifest) -> RebuildWanted | None:
     """A background rebuild of a season whose copy outgrew its lookup shards (it grew
     through epochs since it was built): the rebuild counts the players again and sizes
     both new copies for them. None while a shadow build is in flight, or soon after such a
@@ -451,24 +456,10 @@ def _shards_rebuild_start(*, season: Season, manifest: Manifest) -> RebuildJob |
         return None
     reason = (f"{SHARDS_OUTGROWN_REASON}: copy {manifest.copy} holds {manifest.total:,} players in "
               f"{manifest.lookup_shards:,} lookup shards, more than {LOOKUP_SHARD_OUTGROWN} a shard")
-    job = _rebuild_start(season=season, kind=RebuildJob.Kind.REBUILD, layout=manifest.layout, reason=reason)
-    if job is not None:
-        log.info("season %s: rebuild %s started: %s", season.slug, job.pk, reason)
-    return job
+    return RebuildWanted(kind=RebuildJob.Kind.REBUILD, layout=manifest.layout, reason=reason)
 
 
-def _rebuild_start(*, season: Season, kind: str, layout: BucketLayout, reason: str) -> RebuildJob | None:
-    """A shadow build the epoch starts itself (its audit row names the system), or None
-    when the season's one slot is taken. Imported here: rebuild imports this module."""
-    from leaderboard.rebuild import RebuildError, season_rebuild_start
-
-    try:
-        return season_rebuild_start(season=season, actor=SYSTEM, kind=kind, layout=layout, reason=reason)
-    except RebuildError:
-        return None
-
-
-def _changes_upto(
+def changes_upto(
     *, season_id: int, after: tuple[int, int], upto: tuple[int, int] | None, ties: FirstReached | None = None,
     regions: bool = False,
 ) -> Iterator[Change]:
@@ -492,7 +483,7 @@ def _changes_after(*, season_id: int, cursor: ChangeCursor, ties: FirstReached |
         cursor = ChangeCursor(page[-1][0], page[-1][1])
 
 
-def _manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_ms: float) -> None:
+def manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_ms: float) -> None:
     with transaction.atomic():
         data = manifest.to_dict()
         ManifestRow.objects.get_or_create(
@@ -514,6 +505,10 @@ def _manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_
         Season.objects.filter(pk=season.pk, published_version__lt=manifest.version).update(
             published_version=manifest.version
         )
+        # The state as this transaction sees it (a FINAL approved during the epoch shows).
+        state, final_version = Season.objects.filter(pk=season.pk).values_list("state", "final_version").get()
+        version_published_on_commit(season_slug=season.slug, version=manifest.version, state=state,
+                                    final_version=final_version)
     season.published_version = max(season.published_version, manifest.version)
 
 

@@ -13,13 +13,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_log
-from leaderboard import ledger_store
 from leaderboard.core.errors import DomainError
 from leaderboard.core.events import ScoreEvent
 from leaderboard.core.ledger import HELD, REJECTED, BatchPlan, Outcome, batch_plan
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import reached_rejection
+from leaderboard.ingest import ledger_store
 from leaderboard.metrics import metrics_outcomes_count
 from leaderboard.models import ApiClient
 from seasons.models import FinalCorrection, Season

@@ -30,7 +30,6 @@ from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from leaderboard import rankview
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add
 from leaderboard.core.manifest import Manifest
@@ -44,9 +43,10 @@ from leaderboard.core.reconciliation import (
     version_boards,
 )
 from leaderboard.core.tiebreak import FirstReached, IndexValue, index_key, lookup_value, value_score, value_token
-from leaderboard.invariants import sampled_reads, version_check
 from leaderboard.models import PlayerScore, ReconciliationRun, ScoreChange
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
+from leaderboard.views.invariants import sampled_reads, version_check
 from seasons.models import Season
 
 _ORDER_PG = 'ORDER BY score DESC, player_id COLLATE "C"'
@@ -469,8 +469,8 @@ def reconciliation_run(*, season: Season, full: bool | None = None, sample: int 
     The ledger moves on while the version stands still, so a sampled player is compared
     only when the change stream has nothing newer for them than the version's watermark.
     """
-    from leaderboard.materializer import season_keys
     from leaderboard.metrics import metrics_failure_count
+    from leaderboard.views.materializer import season_keys
 
     full = settings.RECONCILE_FULL if full is None else full
     sample = settings.RECONCILE_SAMPLE_SIZE if sample is None else sample

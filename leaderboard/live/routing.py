@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from leaderboard.consumers import LiveBoardConsumer
+from leaderboard.live.consumers import LiveBoardConsumer
 
 websocket_urlpatterns = [
     path("ws/v1/seasons/<str:season_id>/live", LiveBoardConsumer.as_asgi(), name="season-live-socket"),

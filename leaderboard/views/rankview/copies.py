@@ -1,0 +1,560 @@
+"""A copy of the index in Redis: its meta hash, fenced writes of an epoch's changes, scans and verification."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis
+
+from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.checksum import checksum_of
+from leaderboard.core.epoch import EpochPlan, board_plan, epoch_plan, regional_values
+from leaderboard.core.ranking import ranked, ranked_values
+from leaderboard.core.tiebreak import (
+    FirstReached,
+    IndexValue,
+    index_key,
+    index_value,
+    lookup_value,
+    value_token,
+)
+from leaderboard.views.rankview.fence import _HLEN_SUM, _fenced, _fenced_packed, shards_hset, shards_hset_args
+from leaderboard.views.rankview.keys import (
+    COPY_NAMES,
+    DROP_BATCH,
+    LOOKUP_SHARDS,
+    SHARD_SCAN_BATCH,
+    STATE_APPLYING,
+    STATE_BROKEN,
+    STATE_READY,
+    Keys,
+    lookup_shard,
+    shards_of,
+)
+from leaderboard.views.rankview.wire import _script_call, _transaction, round_trip
+
+# ---------------------------------------------------------------------------- copies
+
+
+# Players per fenced chunk transaction of an epoch's apply.
+APPLY_CHUNK = 2000
+
+@dataclass(slots=True)
+class CopyMeta:
+    copy: str
+    gen: int
+    state: str
+    watermark: tuple[int, int]
+    layout: BucketLayout
+    counts: list[int]
+    checksums: list[int]
+    version: int
+    released_at: float
+    # Holds exactly the ledger at `watermark` (finished by an epoch, which reads every
+    # committed change): the next epoch may then take the old scores from the change
+    # stream instead of reading them from the copy's lookup.
+    exact: bool = False
+    # A first_reached copy's key encoding (core.tiebreak); None: a shared board.
+    ties: FirstReached | None = None
+    # A season with regions: each region's board, (counts, checksums) per bucket.
+    boards: dict[str, Board] = field(default_factory=dict)
+    # Lookup (and region) shards, fixed when the copy is built (core.manifest.lookup_shards_for).
+    lookup_shards: int = LOOKUP_SHARDS
+
+    def fields(self) -> dict[Any, Any]:
+        return {
+            "lookup_shards": self.lookup_shards,
+            **({} if self.ties is None else {"ties": orjson.dumps(self.ties.as_dict())}),
+            **({} if not self.boards else {"boards": boards_dumps(self.boards)}),
+            "gen": self.gen,
+            "state": self.state,
+            "watermark": f"{self.watermark[0]}:{self.watermark[1]}",
+            "layout": orjson.dumps(self.layout.as_dict()),
+            "counts": orjson.dumps(self.counts),
+            "checksums": orjson.dumps([f"{c:016x}" for c in self.checksums]),
+            "version": self.version,
+            "released_at": repr(self.released_at),
+            "exact": int(self.exact),
+        }
+
+    @classmethod
+    def parse(cls, copy: str, raw: dict[Any, Any]) -> CopyMeta:
+        txid, _, ident = raw[b"watermark"].decode().partition(":")
+        return cls(
+            copy=copy,
+            gen=int(raw[b"gen"]),
+            state=raw[b"state"].decode(),
+            watermark=(int(txid), int(ident)),
+            layout=BucketLayout.from_dict(orjson.loads(raw[b"layout"])),
+            counts=[int(c) for c in orjson.loads(raw[b"counts"])],
+            checksums=[int(c, 16) for c in orjson.loads(raw[b"checksums"])],
+            version=int(raw[b"version"]),
+            released_at=float(raw[b"released_at"]),
+            exact=raw.get(b"exact") == b"1",
+            ties=FirstReached.from_dict(orjson.loads(raw[b"ties"])) if b"ties" in raw else None,
+            boards={name: ([int(c) for c in b["counts"]], [int(c, 16) for c in b["checksums"]])
+                    for name, b in orjson.loads(raw[b"boards"]).items()} if b"boards" in raw else {},
+            lookup_shards=int(raw.get(b"lookup_shards", LOOKUP_SHARDS)),
+        )
+
+
+# A regional board's (counts, checksums), bucket by bucket.
+Board = tuple[list[int], list[int]]
+
+
+def boards_dumps(boards: Mapping[str, Board]) -> bytes:
+    return orjson.dumps({name: {"counts": counts, "checksums": [f"{c:016x}" for c in checksums]}
+                         for name, (counts, checksums) in boards.items()})
+
+
+def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
+    raw = r.hgetall(keys.copy_meta(copy))
+    if not raw or b"gen" not in raw:
+        return None
+    return CopyMeta.parse(copy, raw)
+
+
+def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
+                   ties: FirstReached | None = None, regions: Iterable[str] = (),
+                   lookup_shards: int = LOOKUP_SHARDS) -> CopyMeta:
+    meta = CopyMeta(
+        copy=copy, gen=0, state=STATE_READY, watermark=(0, 0), layout=layout,
+        counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
+        boards={region: ([0] * layout.size, [0] * layout.size) for region in regions}, lookup_shards=lookup_shards,
+    )
+    r.hset(keys.copy_meta(copy), mapping=meta.fields())
+    return meta
+
+
+def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None = None) -> None:
+    """Delete a copy's data keys (after a layout change or before a rebuild into it); with
+    `token`, only while that token holds the lease (an epoch rebuilding its target copy).
+
+    UNLINK, not DEL: the keys are gone at once either way, but DEL frees a big bucket
+    in the server's only thread (a 9M-member sorted set: seconds, every client stalls
+    and ours times out); UNLINK frees it in the background.
+    """
+    doomed = [keys.bucket(meta.copy, meta.layout.layout_id, b, board)
+              for board in ("", *meta.boards) for b in range(meta.layout.size)]
+    doomed += [keys.lookup(meta.copy, k) for k in range(meta.lookup_shards)]
+    if meta.boards:
+        doomed += [keys.region(meta.copy, k) for k in range(meta.lookup_shards)]
+    # A 10M-player copy has ~520,000 shards, each freed in the server's thread (too small
+    # for the lazy-free one): one UNLINK of them all would stall every client for a good
+    # part of a second, so they go DROP_BATCH at a time. The generation moves first (readers
+    # of the copy's versions retry from then on), and the meta goes last: a crash part-way
+    # leaves it, broken, naming the keys still to drop.
+    meta_key = keys.copy_meta(meta.copy)
+    steps: list[list[tuple[Any, ...]]] = [[("HINCRBY", meta_key, "gen", 1), ("HSET", meta_key, "state", STATE_BROKEN)]]
+    steps += [[("UNLINK", *doomed[i:i + DROP_BATCH])] for i in range(0, len(doomed), DROP_BATCH)]
+    steps.append([("UNLINK", meta_key)])
+    for commands in steps:
+        _fenced(r, keys, token, commands)
+
+
+def copies_get(r: redis.Redis, keys: Keys) -> list[str]:
+    """The season's R copies (R = 2): the current one and the one the next epoch updates.
+
+    "0" and "1" until a rebuild publishes a shadow copy in place of one of them.
+    """
+    raw = r.get(keys.copies)
+    return [str(c) for c in orjson.loads(raw)] if raw else list(COPY_NAMES)
+
+
+def copies_set(r: redis.Redis, keys: Keys, copies: list[str]) -> None:
+    r.set(keys.copies, orjson.dumps(copies))
+
+
+def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta) -> CopyMeta:
+    """Bump the copy's generation before touching it: readers of its old version retry."""
+    key = keys.copy_meta(meta.copy)
+    _fenced(r, keys, token, [("HINCRBY", key, "gen", 1), ("HSET", key, "state", STATE_APPLYING, "exact", 0)])
+    meta.gen += 1
+    meta.state = STATE_APPLYING
+    meta.exact = False
+    return meta
+
+
+def copy_scores_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: list[str]
+                    ) -> dict[str, IndexValue | None]:
+    """Each player's value in the copy's lookup (None: absent), in the copy's encoding."""
+    ties = meta.ties
+    return {player_id: lookup_value(ties, value) if value is not None else None
+            for player_id, value in _shard_fields_get(r, meta, keys.lookup, player_ids)}
+
+
+def copy_regions_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: list[str]) -> dict[str, str]:
+    """Each player's region in the copy ("" for none: no regional board holds them)."""
+    return {player_id: value.decode() if value is not None else ""
+            for player_id, value in _shard_fields_get(r, meta, keys.region, player_ids)}
+
+
+def _shard_fields_get(r: redis.Redis, meta: CopyMeta, key_of: Callable[[str, int], str], player_ids: list[str]
+                      ) -> Iterator[tuple[str, bytes | None]]:
+    """(player, raw field) of each player in the copy's lookup or region shards (`key_of`):
+    one HMGET per shard holding some of them, SHARD_SCAN_BATCH shards a round trip (an
+    epoch's 10,000 changes name ~10,000 shards of a 10M-player copy)."""
+    order = list(shards_of(player_ids, meta.lookup_shards).items())
+    for start in range(0, len(order), SHARD_SCAN_BATCH):
+        batch = order[start:start + SHARD_SCAN_BATCH]
+        replies = round_trip(r, [("HMGET", key_of(meta.copy, shard), *players) for shard, players in batch])
+        for (_, players), values in zip(batch, replies, strict=True):
+            yield from zip(players, values, strict=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RegionMoves:
+    """The changed players' regions before and after, for a copy with regional boards."""
+
+    old: Mapping[str, str]
+    new: Mapping[str, str]
+
+
+class CopyMismatch(RuntimeError):
+    """A chunk's replies show the copy did not hold the scores its plan assumed."""
+
+
+def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
+               old_scores: Mapping[str, IndexValue | None], new_scores: Mapping[str, IndexValue],
+               regions: RegionMoves | None = None) -> dict[str, set[int]]:
+    """Move each changed player to its new score, in fenced MULTI/EXEC chunks.
+
+    Each chunk is planned from the counts and checksums the previous one left and
+    writes them with its moves, so after a crash the copy is consistent at a chunk
+    boundary and re-planning from its lookup finishes the job. Returns the touched
+    buckets of each board ("" the global one).
+
+    `regions`: a copy with regional boards moves each player on their old and new
+    region's boards in the same chunk, with the region shards, so a player is never on
+    two boards, nor on none, at a chunk boundary.
+
+    With several chunks, a helper thread sends chunk i and waits for Redis while this
+    one plans and encodes chunk i+1, so the epoch's Python work hides behind Redis's (at
+    10M players Redis takes ~3x the Python time). Chunk i+1 is sent only once chunk i
+    succeeded: its counts assume chunk i's moves, so a failed chunk stops the rest.
+
+    Every chunk's replies are checked against its plan (members removed, members and
+    lookup entries inserted): a copy that did not hold the old scores the plan assumed
+    is marked broken, so the next epoch rebuilds it, and CopyMismatch is raised.
+    """
+    players = list(new_scores)
+    touched: dict[str, set[int]] = {"": set(), **{board: set() for board in meta.boards}}
+    counts, checksums = meta.counts, meta.checksums
+    boards = dict(meta.boards)
+    sender: ThreadPoolExecutor | None = None
+    in_flight: tuple[Future[list[Any]], _Chunk] | None = None
+
+    def landed(chunk: _Chunk, replies: list[Any]) -> None:
+        problem = _chunk_mismatch(chunk, replies)
+        if problem:
+            r.hset(keys.copy_meta(meta.copy), "state", STATE_BROKEN)
+            raise CopyMismatch(f"copy {meta.copy}: {problem}")
+        meta.counts = chunk.plan.counts
+        meta.checksums = chunk.plan.checksums
+        touched[""].update(chunk.plan.touched)
+        for board, plan in chunk.boards.items():
+            meta.boards[board] = (plan.counts, plan.checksums)
+            touched[board].update(plan.touched)
+
+    try:
+        for start in range(0, len(players), APPLY_CHUNK):
+            ids = players[start : start + APPLY_CHUNK]
+            olds = {p: old_scores.get(p) for p in ids}
+            news = {p: new_scores[p] for p in ids}
+            plan = epoch_plan(layout=meta.layout, counts=counts, checksums=checksums, old_scores=olds,
+                              new_scores=news)
+            chunk = _Chunk(plan=plan)
+            if regions is not None and meta.boards:
+                _regional_plans(chunk, meta, boards, olds, news, regions)
+            if not plan.lookups and not chunk.region_sets and not chunk.region_drops:
+                continue
+            counts, checksums = plan.counts, plan.checksums
+            boards.update({board: (p.counts, p.checksums) for board, p in chunk.boards.items()})
+            _chunk_commands(keys, meta, chunk, boards)
+            packed = _transaction(chunk.commands)
+            if in_flight is not None:
+                landed(in_flight[1], in_flight[0].result())
+                in_flight = None
+            if sender is None and start + APPLY_CHUNK < len(players):
+                sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"apply-{keys.season}")
+                # The sender needs the GIL for a moment when each reply arrives; with the
+                # default 5 ms switch interval it waits for this thread's planning and
+                # Redis sits idle (~10% of an epoch at 10M players).
+                switch_interval = sys.getswitchinterval()
+                sys.setswitchinterval(min(switch_interval, 0.0005))
+            if sender is None:
+                landed(chunk, _fenced_packed(r, keys, token, packed, len(chunk.commands)))
+            else:
+                in_flight = (sender.submit(_fenced_packed, r, keys, token, packed, len(chunk.commands)), chunk)
+                # Hand the GIL over now: otherwise the sender waits for it until this
+                # thread blocks, after planning the next chunk, and nothing overlaps.
+                time.sleep(0)
+        if in_flight is not None:
+            landed(in_flight[1], in_flight[0].result())
+    finally:
+        if sender is not None:
+            sender.shutdown(wait=True)
+            sys.setswitchinterval(switch_interval)
+    return touched
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """One chunk of `copy_apply`: the global plan, each regional board's, the region-shard
+    writes, and the commands they became (in that order; the copy-meta HSET last)."""
+
+    plan: EpochPlan
+    boards: dict[str, EpochPlan] = field(default_factory=dict)
+    region_sets: dict[str, str] = field(default_factory=dict)
+    # Players who left every regional board (their region is none now, or not the season's).
+    region_drops: list[str] = field(default_factory=list)
+    # Those of region_sets who had no region field before (HSET reports them as new).
+    region_new: int = 0
+    commands: list[tuple[Any, ...]] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)  # one per command but the last
+
+
+def _regional_plans(chunk: _Chunk, meta: CopyMeta, boards: Mapping[str, Board],
+                    olds: Mapping[str, IndexValue | None], news: Mapping[str, IndexValue],
+                    regions: RegionMoves) -> None:
+    for board, (old_values, new_values) in regional_values(
+            regions=meta.boards, old_values=olds, new_values=news, old_regions=regions.old,
+            new_regions=regions.new).items():
+        if new_values:
+            counts, checksums = boards[board]
+            chunk.boards[board] = board_plan(layout=meta.layout, counts=counts, checksums=checksums,
+                                             old_values=old_values, new_values=new_values)
+    # A region-shard entry exists exactly for the players the copy holds on a regional board.
+    for player_id in news:
+        was = regions.old.get(player_id, "")
+        now = regions.new.get(player_id, was)
+        had = olds.get(player_id) is not None and was in meta.boards
+        if now in meta.boards:
+            if not had or was != now:
+                chunk.region_sets[player_id] = now
+                chunk.region_new += not had
+        elif had:
+            chunk.region_drops.append(player_id)
+
+
+def _chunk_mismatch(chunk: _Chunk, replies: list[Any]) -> str:
+    """What a chunk's replies say that its plans did not expect. On each board ZREM counts
+    the members removed and ZADD the ones inserted; the lookup's shards_hset counts the
+    players new to the copy, the region shards' shards_hset and HDELs those new to or gone
+    from every regional board (the copy-meta HSET, last, only rewrites fields)."""
+    counted: dict[tuple[str, str], int] = {}
+    for command, label, reply in zip(chunk.commands[:-1], chunk.labels, replies[:-1], strict=True):
+        counted[command[0], label] = counted.get((command[0], label), 0) + int(reply)
+    for board, plan in (("", chunk.plan), *chunk.boards.items()):
+        name = f"region {board}" if board else "the global board"
+        removed = counted.get(("ZREM", f"board:{board}"), 0)
+        added = counted.get(("ZADD", f"board:{board}"), 0)
+        moved = len(plan.removals) - len(plan.departures)
+        if removed != len(plan.removals):
+            return f"{name}: removed {removed} members, the plan moved {len(plan.removals)} out of their buckets"
+        if added != moved + plan.arrivals:
+            return f"{name}: inserted {added} members, the plan expected {moved + plan.arrivals}"
+    arrived = counted.get(("EVAL", "lookup"), 0)
+    if arrived != chunk.plan.arrivals:
+        return f"inserted {arrived} lookup entries, the plan expected {chunk.plan.arrivals}"
+    placed, dropped = counted.get(("EVAL", "regions"), 0), counted.get(("HDEL", "regions"), 0)
+    if placed != chunk.region_new or dropped != len(chunk.region_drops):
+        return (f"inserted {placed} and removed {dropped} region entries, the plan expected "
+                f"{chunk.region_new} and {len(chunk.region_drops)}")
+    return ""
+
+
+def _chunk_commands(keys: Keys, meta: CopyMeta, chunk: _Chunk, boards: Mapping[str, Board]) -> None:
+    """The commands of one chunk, each labelled with what it writes (for _chunk_mismatch):
+    one per touched bucket, and one for all the lookup shards' writes (shards_hset), not
+    one per player (the MULTI/EXEC then costs ~100 commands to queue and parse, not
+    ~3,000). The copy-meta HSET comes last."""
+    plan = chunk.plan
+    commands = _board_commands(keys, meta, plan, "")
+    labels = ["board:"] * len(commands)
+    hsets: dict[int, list[Any]] = {}
+    shards = meta.lookup_shards
+    if meta.ties is None:
+        for player_id, score in plan.lookups.items():
+            hsets.setdefault(lookup_shard(player_id, shards), []).extend((player_id, score))
+    else:  # a first_reached board: "score:reached_ms" in the lookup
+        for player_id, value in plan.lookups.items():
+            hsets.setdefault(lookup_shard(player_id, shards), []).extend((player_id, value_token(value)))
+    if hsets:
+        commands.append(shards_hset([keys.lookup(meta.copy, shard) for shard in hsets], shards_hset_args(hsets)))
+    for board, board_plan_ in chunk.boards.items():
+        labels += ["lookup"] * (len(commands) - len(labels))
+        commands += _board_commands(keys, meta, board_plan_, board)
+        labels += [f"board:{board}"] * (len(commands) - len(labels))
+    labels += ["lookup"] * (len(commands) - len(labels))
+    regions: dict[int, list[Any]] = {}
+    for player_id, region in chunk.region_sets.items():
+        regions.setdefault(lookup_shard(player_id, shards), []).extend((player_id, region))
+    if regions:
+        commands.append(shards_hset([keys.region(meta.copy, shard) for shard in regions], shards_hset_args(regions)))
+    commands += [("HDEL", keys.region(meta.copy, lookup_shard(p, shards)), p) for p in chunk.region_drops]
+    labels += ["regions"] * (len(commands) - len(labels))
+    commands.append(("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(plan.counts),
+                     "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums]),
+                     *(("boards", boards_dumps(boards)) if meta.boards else ())))
+    chunk.commands, chunk.labels = commands, labels
+
+
+def _board_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan, board: str) -> list[tuple[Any, ...]]:
+    """One board's ZREMs and ZADDs of a chunk, a command per touched bucket."""
+    layout_id = meta.layout.layout_id
+    zrems: dict[int, list[str]] = {}
+    for bucket, player_id in plan.removals:
+        zrems.setdefault(bucket, []).append(player_id)
+    zadds: dict[int, list[Any]] = {}
+    if meta.ties is None:
+        for bucket, player_id, score in plan.additions:
+            zadds.setdefault(bucket, []).extend((-score, player_id))  # type: ignore[operator]
+    else:
+        for bucket, player_id, value in plan.additions:
+            zadds.setdefault(bucket, []).extend((index_key(meta.layout, meta.ties, value)[1], player_id))
+    return [*(("ZREM", keys.bucket(meta.copy, layout_id, b, board), *members) for b, members in zrems.items()),
+            *(("ZADD", keys.bucket(meta.copy, layout_id, b, board), *pairs) for b, pairs in zadds.items())]
+
+
+def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: tuple[int, int],
+                version: int, exact: bool = False) -> CopyMeta:
+    """Mark the copy ready at `watermark`; `exact` only when it applied every change committed so far."""
+    meta.watermark = watermark
+    meta.state = STATE_READY
+    meta.version = version
+    meta.exact = exact
+    _fenced(r, keys, token, [("HSET", keys.copy_meta(meta.copy), *itertools.chain(*meta.fields().items()))])
+    return meta
+
+
+def copy_release(r: redis.Redis, keys: Keys, copy: str, *, at: float) -> None:
+    """Record when a copy stopped being current: its grace period starts now."""
+    r.hset(keys.copy_meta(copy), "released_at", repr(at))
+
+
+def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
+                       buckets: Iterable[int] | Mapping[str, Iterable[int]], *, lookups: bool = False) -> list[str]:
+    """ZCARD of the given buckets against the copy's counts; with `lookups`, also the
+    lookup's size against them and the region shards' against the regional boards' total.
+    `buckets`: the global board's, or each board's ("" global) as copy_apply returns them;
+    a plain iterable checks every bucket of every regional board too.
+
+    `lookups` counts every shard (HLEN, SHARD_SCAN_BATCH a round trip): after a build,
+    not after each epoch, whose chunks checked their lookup and region-shard writes
+    against their plans already (copy_apply), and whose copy can have ~260,000 shards."""
+    wanted = {"": sorted(set(buckets))} if not isinstance(buckets, Mapping) else {
+        board: sorted(set(bs)) for board, bs in buckets.items()}
+    if not isinstance(buckets, Mapping):
+        wanted.update({board: list(range(meta.layout.size)) for board in meta.boards})
+    checks = [(board, bucket) for board, bs in wanted.items() for bucket in bs]
+    replies = round_trip(r, [("ZCARD", keys.bucket(meta.copy, meta.layout.layout_id, bucket, board))
+                             for board, bucket in checks]) if checks else []
+    problems = []
+    for (board, bucket), actual in zip(checks, replies, strict=True):
+        counted = meta.boards[board][0][bucket] if board else meta.counts[bucket]
+        if actual != counted:
+            where = f"region {board} bucket {bucket}" if board else f"bucket {bucket}"
+            problems.append(f"{where}: {actual} members, counted {counted}")
+    if not lookups:
+        return problems
+    lookup_total, placed = copy_shard_sizes(r, keys, meta.copy, meta.lookup_shards, regions=bool(meta.boards))
+    if lookup_total != sum(meta.counts):
+        problems.append(f"lookup holds {lookup_total} players, buckets {sum(meta.counts)}")
+    if meta.boards:
+        regional = sum(sum(counts) for counts, _ in meta.boards.values())
+        if placed != regional:
+            problems.append(f"region shards hold {placed} players, regional boards {regional}")
+    return problems
+
+
+def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool) -> tuple[int, int]:
+    """(players in the lookup, players in the region shards: 0 without `regions`) of a copy
+    of `shards` shards: their HLEN summed by a script, SHARD_SCAN_BATCH shards a call (a
+    reply per shard would cost the client more than the server)."""
+    key_of = [keys.lookup, *((keys.region,) if regions else ())]
+    sizes = [0, 0]
+    for which, key in enumerate(key_of):
+        calls = [[key(copy, shard) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
+                 for start in range(0, shards, SHARD_SCAN_BATCH)]
+        sizes[which] = sum(int(n) for n in round_trip(r, [_script_call(_HLEN_SUM, batch, []) for batch in calls]))
+    return sizes[0], sizes[1]
+
+
+def copy_shards_scan(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool = False
+                     ) -> Iterator[tuple[bytes, bytes]]:
+    """Every (player, value) of a copy's lookup shards (`regions`: its region shards).
+
+    One HSCAN from cursor 0 per shard, SHARD_SCAN_BATCH shards a round trip: it answers a
+    listpack shard whole at once; a bigger shard (a copy built with 16 before the shards
+    were sized) goes on by HSCAN, so no reply holds a whole big hash."""
+    key_of = keys.region if regions else keys.lookup
+    for start in range(0, shards, SHARD_SCAN_BATCH):
+        batch = [key_of(copy, shard) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
+        replies = round_trip(r, [("HSCAN", key, 0, "COUNT", 1000) for key in batch])
+        for key, (cursor, flat) in zip(batch, replies, strict=True):
+            yield from zip(flat[::2], flat[1::2], strict=True)
+            while int(cursor) != 0:
+                cursor, flat = round_trip(r, [("HSCAN", key, cursor, "COUNT", 5000)])[0]
+                yield from zip(flat[::2], flat[1::2], strict=True)
+
+
+def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board: str = "") -> list[dict[str, Any]]:
+    """The first `limit` entries of a board in display order, from its few highest non-empty buckets."""
+    counts = meta.boards[board][0] if board else meta.counts
+    plan: list[tuple[int, int]] = []
+    needed = limit
+    for bucket in range(meta.layout.size - 1, -1, -1):
+        if needed <= 0:
+            break
+        if counts[bucket]:
+            take = min(needed, counts[bucket])
+            plan.append((bucket, take))
+            needed -= take
+    with r.pipeline(transaction=False) as pipe:
+        for bucket, take in plan:
+            pipe.zrange(keys.bucket(meta.copy, meta.layout.layout_id, bucket, board), 0, take - 1, withscores=True)
+        replies = pipe.execute()
+    if meta.ties is None:
+        pairs = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
+        return [entry.as_dict() for entry in ranked(pairs)]
+    values = [(m.decode(), index_value(meta.layout, meta.ties, bucket, s))
+              for (bucket, _), reply in zip(plan, replies, strict=True) for m, s in reply]
+    return [entry.as_dict() for entry in ranked_values(values)]
+
+
+def bucket_scan(r: redis.Redis, key: str, batch: int = 5000) -> Iterator[tuple[str, int]]:
+    """A shared board's bucket, member by member: (player_id, score) in display order."""
+    for member, score in _bucket_members(r, key, batch):
+        yield member.decode(), -int(score)
+
+
+def bucket_values_scan(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout, ties: FirstReached | None,
+                       bucket: int, batch: int = 5000, board: str = "") -> Iterator[tuple[str, IndexValue]]:
+    """Any board's bucket as (player_id, value): scores, or first_reached (score, reached_ms)."""
+    for member, score in _bucket_members(r, keys.bucket(copy, layout.layout_id, bucket, board), batch):
+        yield member.decode(), index_value(layout, ties, bucket, score)
+
+
+def _bucket_members(r: redis.Redis, key: str, batch: int) -> Iterator[tuple[bytes, float]]:
+    start = 0
+    while True:
+        chunk: list[tuple[bytes, float]] = r.zrange(key, start, start + batch - 1, withscores=True)  # type: ignore[assignment]
+        yield from chunk
+        if len(chunk) < batch:
+            return
+        start += batch
+
+
+def bucket_checksum_scan(r: redis.Redis, keys: Keys, meta: CopyMeta, bucket: int, board: str = "") -> tuple[int, int]:
+    """(count, checksum) of a bucket of a board of a copy by a full scan."""
+    pairs = [(p, value_token(v))
+             for p, v in bucket_values_scan(r, keys, meta.copy, meta.layout, meta.ties, bucket, board=board)]
+    return len(pairs), checksum_of(pairs)

@@ -1,0 +1,260 @@
+"""The season's lease, fencing tokens, fenced transactions and the atomic pointer swap."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import redis
+
+from leaderboard.views.rankview.keys import MANIFEST_TTL, Keys
+from leaderboard.views.rankview.wire import _pack, _script_call, _transaction
+
+
+class FenceLost(RuntimeError):
+    """Another coordinator holds the season now; this one must stop writing."""
+
+
+def lease_acquire(r: redis.Redis, keys: Keys, *, token: int, ttl_ms: int) -> int | None:
+    """The season's fenced lease under `token`, or None while someone holds it.
+
+    The caller takes the token from the database (materializer.season_lease_acquire),
+    larger than every one issued before: a counter kept in Redis would go back with a
+    Redis restarted from an old snapshot, and issue again a token that a stalled
+    coordinator still holds, whose fenced writes would then pass.
+    """
+    if r.set(keys.lease, token, nx=True, px=ttl_ms):
+        return token
+    return None
+
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# Publication: one atomic pointer swap, only by the lease holder, only from the version
+# it built on. KEYS: lease, ptr, copies, the new version's manifest, the replaced one's.
+# ARGV: token, expected current ('' = none), new version, the season's new copy names
+# ('' = unchanged: a rebuild publishing its shadow names them in the same step, so the
+# pointer never names a copy the list lacks), the replaced manifest's TTL ('' = keep it).
+# The manifests' expiry moves in the same step: the current one never expires, so no
+# crash between two commands can leave the current version with a clock on it.
+_PUBLISH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local cur = redis.call('GET', KEYS[2])
+if (cur or '') ~= ARGV[2] then return -2 end
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('PERSIST', KEYS[4])
+if cur and ARGV[5] ~= '' then redis.call('EXPIRE', KEYS[5], ARGV[5]) end
+if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4]) end
+return 1
+"""
+
+
+def lease_release(r: redis.Redis, keys: Keys, token: int) -> None:
+    r.eval(_RELEASE, 1, keys.lease, str(token))
+
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+def epoch_due_mark(r: redis.Redis, keys: Keys, *, ttl_ms: int) -> None:
+    """Leave a note for the lease holder: an epoch came due while it held the season."""
+    r.set(keys.due, 1, px=ttl_ms)
+
+
+def epoch_due_take(r: redis.Redis, keys: Keys) -> bool:
+    """Whether an epoch came due since the last take (and clear the note)."""
+    return r.getdel(keys.due) is not None
+
+
+def lease_wanted_mark(r: redis.Redis, keys: Keys, *, ttl_ms: int) -> None:
+    """Ask the epochs to leave the season's lease free for a while: a rebuild or split waiting
+    to compare and publish would otherwise wait as long as writes keep epochs coming back
+    to back. Expires by itself, so a waiter that died blocks nothing for long."""
+    r.set(keys.wanted, 1, px=ttl_ms)
+
+
+def lease_wanted(r: redis.Redis, keys: Keys) -> bool:
+    return bool(r.exists(keys.wanted))
+
+
+def lease_wanted_clear(r: redis.Redis, keys: Keys) -> None:
+    r.delete(keys.wanted)
+
+
+def lease_renew(r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int) -> bool:
+    """Extend a lease this token still holds; False once it is lost."""
+    return bool(r.eval(_RENEW, 1, keys.lease, str(token), str(ttl_ms)))
+
+
+class LeaseKeeper:
+    """Renews a held lease every third of its TTL from a daemon thread, for work under the
+    lease that can outlast one TTL (an epoch, a rebuild's comparison, a recovery's
+    reconciliation): the TTL can then be short, so a dead holder is replaced quickly.
+
+    A dead process stops renewing, so the lease still expires after one TTL; a live one
+    that hangs keeps it at most `max_seconds`. Fencing is unchanged: the renewal extends
+    the lease only while it still holds this token, a lost lease is never renewed again
+    (`lost`), and the holder's next fenced write raises FenceLost.
+    """
+
+    def __init__(self, r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int, max_seconds: float):
+        self.r, self.keys, self.token, self.ttl_ms = r, keys, token, ttl_ms
+        self.deadline = time.monotonic() + max_seconds
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{keys.season}", daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> LeaseKeeper:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ttl_ms / 3000) and time.monotonic() < self.deadline:
+            try:
+                if not lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms):
+                    self.lost = True
+                    return
+            except redis.RedisError:
+                continue  # try again at the next tick; the TTL covers two more
+
+
+def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | None, version: int,
+                    copies: list[str] | None = None, keep_replaced: bool = False) -> None:
+    """Make `version` current; the manifest it replaces expires after MANIFEST_TTL.
+
+    keep_replaced: the replaced version keeps its manifest for good (the FINAL version,
+    readable by number for as long as a copy still holds it).
+    """
+    result = r.eval(_PUBLISH, 5, keys.lease, keys.ptr, keys.copies, keys.manifest(version),
+                    keys.manifest(expected or 0), str(token),
+                    "" if expected is None else str(expected), str(version),
+                    orjson.dumps(copies) if copies else "", "" if keep_replaced else str(MANIFEST_TTL))
+    if result == -1:
+        raise FenceLost("the lease moved to another coordinator before publication")
+    if result == -2:
+        raise FenceLost("the current version moved before publication")
+
+
+# HSET into many small hashes (lookup or region shards) as one command. A 10M-player copy
+# has ~260,000 shards, so an epoch's chunk or a build's batch names about as many shards as
+# players; a command each would cost more to queue and to answer (a reply each, parsed by
+# the client) than the writes themselves. KEYS: the shards; ARGV: for each, its number of
+# pairs, then the pairs. Returns the fields new to their shard, as HSET counts them.
+_HSET_SHARDS = """
+local added, at = 0, 1
+for i = 1, #KEYS do
+  local last = at + 2 * tonumber(ARGV[at])
+  at = at + 1
+  while at <= last do
+    local stop = math.min(at + 999, last)
+    added = added + redis.call('HSET', KEYS[i], unpack(ARGV, at, stop))
+    at = stop + 1
+  end
+end
+return added
+"""
+_HLEN_SUM = """
+local n = 0
+for i = 1, #KEYS do n = n + redis.call('HLEN', KEYS[i]) end
+return n
+"""
+
+
+def shards_hset_args(pairs: Mapping[int, list[Any]]) -> list[Any]:
+    """The ARGV of `shards_hset` for field/value pairs by shard (in the shards' order)."""
+    argv: list[Any] = []
+    for fields in pairs.values():
+        argv.append(len(fields) // 2)
+        argv.extend(fields)
+    return argv
+
+
+def shards_hset(shard_keys: list[str], argv: list[Any]) -> tuple[Any, ...]:
+    """One command writing `shards_hset_args` into `shard_keys`: its reply is the fields new
+    to their shard."""
+    return _script_call(_HSET_SHARDS, shard_keys, argv)
+
+
+
+
+
+
+
+
+def _fenced(r: redis.Redis, keys: Keys, token: int | None, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Run `commands` as one MULTI/EXEC that happens only while `token` holds the lease; their replies."""
+    return _fenced_packed(r, keys, token, _transaction(commands), len(commands))
+
+
+def transaction_pack(commands: list[tuple[Any, ...]]) -> bytes:
+    """`commands` encoded as one MULTI/EXEC, for `fenced_packed_write` (a copy build encodes
+    batch i+1 while batch i is sent)."""
+    return _transaction(commands)
+
+
+def fenced_packed_write(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
+    return _fenced_packed(r, keys, token, packed, count)
+
+
+# Transactions refused by a renewal of the holder's own lease are sent again (at most this
+# many tries in all): a renewal comes every third of the lease, a chunk takes milliseconds.
+FENCE_ATTEMPTS = 5
+
+
+def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
+    """`_fenced` for a MULTI/EXEC already encoded (`count` commands between them).
+
+    token None: a shadow copy that no published manifest names yet, written only by the
+    rebuild job that claimed it in the database; it needs atomic chunks, not a fence.
+
+    Encoding apart lets copy_apply encode the next chunk while a helper thread waits on
+    Redis with this one. Any error drops the connection, so a half-read reply or a
+    pending WATCH never goes back to the pool.
+    """
+    conn = r.connection_pool.get_connection()
+    try:
+        for _ in range(FENCE_ATTEMPTS):
+            if token is not None:
+                conn.send_packed_command([_pack([("WATCH", keys.lease), ("GET", keys.lease)])])
+                conn.read_response()
+                held = conn.read_response()
+                if held is None or int(held) != token:
+                    raise FenceLost("the lease is no longer ours")
+            conn.send_packed_command([packed])
+            for _ in range(count + 1):  # +OK for MULTI, then QUEUED for each command
+                conn.read_response()
+            replies = conn.read_response()
+            if replies is None:
+                # EXEC refused: the watched lease key was touched. The holder's own
+                # LeaseKeeper renewal (PEXPIRE) touches it too, and then the token is
+                # still ours: nothing of the transaction ran, so it is sent again. A
+                # takeover changed the value, and the next GET says so.
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies  # type: ignore[no-any-return]
+        raise FenceLost("the lease kept changing while applying")
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        r.connection_pool.release(conn)

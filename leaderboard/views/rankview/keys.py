@@ -1,0 +1,116 @@
+"""The rank views in Redis: R copies of a bucketed index, manifests, a fenced pointer.
+
+No Django here: callers pass a redis client and the key prefix. Layout of the keys
+(hash tags keep each bucket of each copy in its own Redis Cluster slot, and the small
+per-season control keys together in one):
+
+    {P}:{season}:ptr                 current version number
+    {P}:{season}:m:{version}         manifest JSON (no expiry while current; MANIFEST_TTL s once superseded)
+    {P}:{season}:lease               the coordinator's fencing token (issued by the database)
+    {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums
+    {P}:{season:c:L:b}:z             bucket b (layout L) of copy c: member player_id, score -score
+    {P}:{season:c:h:k}:h             lookup shard k of copy c: player_id -> score
+    {P}:{season:c:r:g:L:b}:z         bucket b of region g's board in copy c (a season with regions)
+    {P}:{season:c:g:k}:h             region shard k of copy c: player_id -> region (players with one)
+
+A player's lookup (and region) shard is crc32(player_id) % S, where S, the copy's
+`lookup_shards`, is chosen when the copy is built from the scores: a power of two >=
+max(16, players / 48), recorded in the copy meta and in every manifest of the copy. Small
+shards stay listpack-encoded hashes (~15 bytes a player instead of ~56 in a hashtable),
+and the rank read's first round trip still names one shard per copy. A copy that grows
+past 96 players a shard through epochs is rebuilt with more (materializer).
+
+Scores are stored negated, so ascending ZRANGE order is score descending, then member
+ascending by bytes: the display order (docs/rules.md, Ranking) in one range call, and
+ZCOUNT(-inf, (-s) counts the strictly higher scores in a bucket.
+
+A first_reached season (docs/rules.md, Ties decided by who got there first) stores instead
+the 53-bit key of core.tiebreak, (bucket high - score) << bits | reached_ms, and its
+lookup holds "score:reached_ms": the same single range call and single ZCOUNT, with
+equal scores ordered by who reached them first. The encoding rides in the copy meta and
+the manifest ("ties"/"tie_break"), so a reader needs nothing else.
+
+A season with regions keeps, in each copy, one more bucketed board per region beside the
+global one: the same layout and member encoding, holding only that region's players. A
+player's value is read from the global lookup and their region from the region shards,
+so a regional board costs its sorted-set members and one small hash field per player.
+The epoch moves a player between regional boards in the same chunk transactions that
+move them on the global board, and the copy meta and manifest carry every board's counts
+and checksums: one version, one copy generation, all boards.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+
+from leaderboard.core.manifest import LOOKUP_SHARDS_DEFAULT
+
+# The fewest lookup shards a copy has, and the count of copies and manifests that predate
+# the count's recording (core.manifest.lookup_shards_for sizes a copy).
+LOOKUP_SHARDS = LOOKUP_SHARDS_DEFAULT
+# Lookup shards read per round trip when every shard of a copy is scanned or counted.
+SHARD_SCAN_BATCH = 1024
+# Keys a dropped copy unlinks per command.
+DROP_BATCH = 8192
+# The copies of the index (R = 2): the materializer alternates between them, and a rank
+# read fetches the player's lookup score in each with the pointer, in one round trip.
+COPY_NAMES = ("0", "1")
+# How long a manifest outlives its currency: a candidate never published, or a version
+# the pointer swap replaced (pinned readers then get 410). The current version's manifest
+# never expires: a quiet season (no match overnight, a FINAL awaiting its approver) must
+# stay readable, and an expired one would read as lost views and start a recovery.
+MANIFEST_TTL = 3600
+
+STATE_READY = "ready"
+STATE_APPLYING = "applying"
+# A copy whose contents cannot be trusted (a chunk reply or its verification disagreed):
+# the next epoch rebuilds it from the scores instead of applying changes to it.
+STATE_BROKEN = "broken"
+
+
+def lookup_shard(player_id: str, shards: int) -> int:
+    """The player's lookup (and region) shard in a copy of `shards` shards."""
+    return zlib.crc32(player_id.encode()) % shards
+
+
+def shards_of(player_ids: Iterable[str], shards: int) -> dict[int, list[str]]:
+    """The players grouped by their shard in a copy of `shards` shards."""
+    out: dict[int, list[str]] = {}
+    crc32 = zlib.crc32
+    for player_id in player_ids:  # lookup_shard, inlined: a friends board groups 1,000
+        out.setdefault(crc32(player_id.encode()) % shards, []).append(player_id)
+    return out
+
+
+class Keys:
+    def __init__(self, prefix: str, season: str):
+        self.prefix = prefix
+        self.season = season
+        base = f"{prefix}:{{{season}}}"
+        self.ptr = f"{base}:ptr"
+        self.lease = f"{base}:lease"
+        self.copies = f"{base}:copies"
+        self.due = f"{base}:due"
+        self.wanted = f"{base}:wanted"
+        self._base = base
+
+    def manifest(self, version: int) -> str:
+        return f"{self._base}:m:{version}"
+
+    def copy_meta(self, copy: str) -> str:
+        return f"{self._base}:copy:{copy}"
+
+    def bucket(self, copy: str, layout_id: int, bucket: int, board: str = "") -> str:
+        if board:
+            return f"{self.prefix}:{{{self.season}:{copy}:r:{board}:{layout_id}:{bucket}}}:z"
+        return f"{self.prefix}:{{{self.season}:{copy}:{layout_id}:{bucket}}}:z"
+
+    def region(self, copy: str, shard: int) -> str:
+        return f"{self.prefix}:{{{self.season}:{copy}:g:{shard}}}:h"
+
+    def lookup(self, copy: str, shard: int) -> str:
+        return f"{self.prefix}:{{{self.season}:{copy}:h:{shard}}}:h"
+
+    def lookup_of(self, copy: str, player_id: str, shards: int) -> str:
+        return self.lookup(copy, lookup_shard(player_id, shards))

@@ -1,0 +1,110 @@
+"""Manifests in Redis: stored under the lease, read through a small per-process cache."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import redis
+
+from leaderboard.core.manifest import Manifest
+from leaderboard.views.rankview.fence import _fenced
+from leaderboard.views.rankview.keys import MANIFEST_TTL, Keys
+
+# -------------------------------------------------------------------------- manifests
+
+
+def manifest_store(r: redis.Redis, keys: Keys, manifest: Manifest, *, token: int | None = None) -> None:
+    """Store a candidate manifest; with `token`, only while that token holds the lease.
+
+    A coordinator that stalls after building a version can find its version number
+    published by its successor: unfenced, its late write would replace the successor's
+    manifest with one naming a stale copy generation. It expires after MANIFEST_TTL
+    unless pointer_publish makes it current (a candidate that fails is not left behind).
+    """
+    raw = manifest.to_json()
+    if token is None:
+        r.set(keys.manifest(manifest.version), raw, ex=MANIFEST_TTL)
+        return
+    _fenced(r, keys, token, [("SET", keys.manifest(manifest.version), raw, "EX", MANIFEST_TTL)])
+
+
+def copy_holds(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
+    """Whether the manifest's copy still holds exactly its version.
+
+    The generation alone is not enough: a dropped and rebuilt copy (or one rebuilt after
+    Redis lost it) counts its generations again from the start, so an old manifest could
+    match it. Version numbers are never reused; (generation, version) is unique.
+    """
+    gen, version = r.hmget(keys.copy_meta(manifest.copy), ["gen", "version"])
+    return _holds(manifest, gen, version)
+
+
+def _holds(manifest: Manifest, gen: bytes | str | None, version: bytes | str | None) -> bool:
+    return gen is not None and version is not None and int(gen) == manifest.gen and int(version) == manifest.version
+
+
+def pointer_get(r: redis.Redis, keys: Keys) -> int | None:
+    raw = r.get(keys.ptr)
+    return int(raw) if raw is not None else None
+
+
+# Least recently used first. Clearing it when full would send every season's readers to
+# Redis at once; evicting the oldest keeps the current versions the reads actually use.
+_manifest_cache: OrderedDict[tuple[str, str, int], Manifest] = OrderedDict()
+# Taken by writers of the cache only: a hit, the hot path of every read, stays lock-free
+# (each OrderedDict call is atomic under the GIL; a hit evicted meanwhile is just a hit).
+_manifest_cache_lock = threading.Lock()
+_MANIFEST_CACHE_MAX = 256
+
+
+def manifest_get(r: redis.Redis, keys: Keys, version: int) -> Manifest | None:
+    """A manifest is immutable once published, so each process caches it by version."""
+    cache_key = (keys.prefix, keys.season, version)
+    cached = _manifest_cache.get(cache_key)
+    if cached is not None:
+        try:  # noqa: SIM105 - contextlib.suppress would cost more than the hit itself
+            _manifest_cache.move_to_end(cache_key)
+        except KeyError:
+            pass
+        return cached
+    raw = r.get(keys.manifest(version))
+    if raw is None:
+        return None
+    manifest = Manifest.from_json(raw)
+    with _manifest_cache_lock:
+        _manifest_cache[cache_key] = manifest
+        while len(_manifest_cache) > _MANIFEST_CACHE_MAX:
+            _manifest_cache.popitem(last=False)
+    return manifest
+
+
+def manifest_cache_clear() -> None:
+    """Forget every manifest, and the copies' shard counts learned from them: a process
+    started afresh."""
+    with _manifest_cache_lock:
+        _manifest_cache.clear()
+        _learned_shards.clear()
+
+
+def manifest_cache_forget(keys: Keys, version: int) -> None:
+    """Forget a cached manifest that was never published (a failed candidate's number is reused)."""
+    with _manifest_cache_lock:
+        _manifest_cache.pop((keys.prefix, keys.season, version), None)
+
+
+# The copy names each process has seen current, per season: readers pipeline the lookup
+# of every one of them with the pointer read.
+_learned_copies: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
+# Seasons seen with regional boards: their rank reads pipeline the player's region-shard
+# entry with the lookup (a season without regions never pays for it).
+_learned_regional: set[tuple[str, str]] = set()
+
+
+# Each copy's lookup shards as this process last saw them, per (prefix, season, copy): the
+# first round trip of a rank read names the player's shard in every copy before it knows
+# which manifest it reads. A copy whose manifest says another count (built again since)
+# costs one more round trip, which learns the count of every copy of the season.
+_learned_shards: dict[tuple[str, str, str], int] = {}

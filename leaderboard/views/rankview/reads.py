@@ -1,0 +1,468 @@
+"""Reads of a published version: pointer + lookup in one round trip, then the bucket's counts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from leaderboard.core.epoch import locate_position
+from leaderboard.core.manifest import Manifest
+from leaderboard.core.ranking import Entry, ranked, ranked_values
+from leaderboard.core.tiebreak import (
+    IndexValue,
+    index_key,
+    index_value,
+    lookup_parse,
+    lookup_value,
+    value_score,
+)
+from leaderboard.views.rankview.keys import COPY_NAMES, LOOKUP_SHARDS, Keys, lookup_shard, shards_of
+from leaderboard.views.rankview.manifests import (
+    _holds,
+    _learned_copies,
+    _learned_regional,
+    _learned_shards,
+    copy_holds,
+    manifest_get,
+    pointer_get,
+)
+from leaderboard.views.rankview.wire import round_trip
+
+# ------------------------------------------------------------------------------ reads
+
+
+class Unavailable(Exception):
+    """No complete version can be served right now (none published, or the view is lost)."""
+
+
+class VersionExpired(Exception):
+    def __init__(self, current: int | None):
+        super().__init__("version expired")
+        self.current = current
+
+
+class UnknownRegion(Exception):
+    """The version has no board for the region asked for (not one of the season's regions)."""
+
+    def __init__(self, region: str, manifest: Manifest):
+        super().__init__(f"unknown region {region!r}")
+        self.region = region
+        self.manifest = manifest
+
+
+class _Torn(Exception):
+    """The copy under a read was mutated (or the read outlived its deadline): retry."""
+
+
+Torn = _Torn  # for the invariant checker, which reports it instead of retrying
+
+
+@dataclass(frozen=True, slots=True)
+class PlayerView:
+    manifest: Manifest
+    entry: Entry | None
+    total: int
+    # The player's region in this version (a season with regions; None: no regional board
+    # holds them, or the season has none).
+    region: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlayersView:
+    """Some players' scores in one version and each one's season rank: only those the
+    version holds are in `scores` and `ranks`."""
+
+    manifest: Manifest
+    scores: dict[str, int]
+    ranks: dict[str, int]
+    # On a first_reached board: each player's reached_ms, which orders equal scores.
+    reached: dict[str, int] | None = None
+
+
+
+
+
+
+
+
+
+
+def _window_values(manifest: Manifest, reads: list[tuple[int, int, int]], replies: list[Any]
+                   ) -> list[tuple[str, IndexValue]]:
+    """The (player_id, value) of raw ZRANGE ... WITHSCORES replies, one per read range."""
+    ties = manifest.ties
+    out: list[tuple[str, IndexValue]] = []
+    for (bucket, _, _), reply in zip(reads, replies, strict=True):
+        pairs = reply if not reply or isinstance(reply[0], list) else list(zip(reply[::2], reply[1::2], strict=True))
+        if ties is None:
+            out += [(m.decode(), -int(float(s))) for m, s in pairs]
+        else:
+            out += [(m.decode(), index_value(manifest.layout, ties, bucket, float(s))) for m, s in pairs]
+    return out
+
+
+class RankReader:
+    """Reads of one published version. Every answer comes from exactly one manifest.
+
+    A read takes the manifest first, does all its sub-queries against that manifest's
+    copy, and checks afterwards that the copy's generation did not move (a seqlock)
+    and that it finished within its deadline; otherwise it retries on the current
+    version, or answers 410 when the caller pinned a version.
+    """
+
+    def __init__(self, r: redis.Redis, keys: Keys, *, deadline: float, attempts: int = 3,
+                 copies: tuple[str, ...] | None = None, region: str | None = None):
+        self.r = r
+        self.keys = keys
+        self.deadline = deadline
+        self.attempts = attempts
+        self.copies = copies or _learned_copies.get((keys.prefix, keys.season), COPY_NAMES)
+        # A regional reader: every read is on that region's board of the version
+        # (Manifest.board_of), and a player of another region is not ranked on it.
+        self.region = region
+
+    # -- manifest selection
+    def _manifest(self, version: int | None) -> Manifest:
+        return self._select(pointer_get(self.r, self.keys), version)
+
+    def _select(self, current: int | None, version: int | None) -> Manifest:
+        """The manifest a read uses, given the current pointer and the version asked for:
+        on a regional reader, that version's board of the region."""
+        manifest = self._select_version(current, version)
+        if self.region is None:
+            return manifest
+        board = manifest.board_of(self.region)
+        if board is None:
+            raise UnknownRegion(self.region, manifest)
+        return board
+
+    def _select_version(self, current: int | None, version: int | None) -> Manifest:
+        if version is None:
+            if current is None:
+                raise Unavailable()
+            manifest = manifest_get(self.r, self.keys, current)
+            if manifest is None:
+                raise Unavailable()
+            return manifest
+        if current is None:
+            raise Unavailable()
+        if version > current or version < 1:
+            raise VersionExpired(current)
+        manifest = manifest_get(self.r, self.keys, version)
+        if manifest is None:
+            raise VersionExpired(current)
+        return manifest
+
+    def _validate(self, manifest: Manifest, started: float) -> None:
+        if not copy_holds(self.r, self.keys, manifest):
+            raise _Torn()
+        if time.monotonic() - started > self.deadline:
+            raise _Torn()
+
+    def _bucket_key(self, manifest: Manifest, bucket: int) -> str:
+        return self.keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board)
+
+    # -- the reads
+    def top(self, limit: int, version: int | None = None) -> tuple[Manifest, list[dict[str, Any]]]:
+        def body(manifest: Manifest) -> list[dict[str, Any]]:
+            return manifest.top[:limit]
+        # The top 100 is built once per version and lives in the manifest itself: no
+        # copy is read, so there is nothing to validate.
+        manifest = self._manifest(version)
+        return manifest, body(manifest)
+
+    def locate(self, manifest: Manifest, player_id: str) -> tuple[IndexValue, int, int] | None:
+        """(value, position, rank) of a player in this version, or None; the value is the
+        score, or (score, reached_ms) on a first_reached board."""
+        shard = lookup_shard(player_id, manifest.lookup_shards)
+        if manifest.board:
+            score_raw, region = round_trip(self.r, [("HGET", self.keys.lookup(manifest.copy, shard), player_id),
+                                                    ("HGET", self.keys.region(manifest.copy, shard), player_id)])
+            if region is None or region.decode() != manifest.board:
+                return None
+        else:
+            score_raw = self.r.hget(self.keys.lookup(manifest.copy, shard), player_id)
+        if score_raw is None:
+            return None
+        score = lookup_value(manifest.ties, score_raw)
+        bucket, sort_key = index_key(manifest.layout, manifest.ties, score)
+        key = self._bucket_key(manifest, bucket)
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.zcount(key, "-inf", f"({sort_key}")
+            pipe.zrank(key, player_id)
+            higher_in_bucket, index = pipe.execute()
+        if index is None:
+            # The lookup and the index disagree: only possible mid-mutation.
+            raise _Torn()
+        before = manifest.higher[bucket]
+        return score, before + int(index) + 1, before + int(higher_in_bucket) + 1
+
+    def rank(self, player_id: str, version: int | None = None) -> PlayerView:
+        """The player's entry in one version, in two round trips.
+
+        The same reads and the same seqlock as `_run` + `locate`, pipelined: (1) the
+        pointer, then the player's lookup score in every copy (read after the pointer,
+        so the current version's copy already held it); (2) ZCOUNT and ZRANK in the
+        score's bucket, then the copy's (generation, version), which Redis executes
+        after them, so an unchanged pair proves no mutation began before the reads.
+        """
+        for _ in range(self.attempts):
+            manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
+            try:
+                return self._rank_of(manifest, player_id, score_raw, region_raw, started)
+            except _Torn:
+                current = pointer_get(self.r, self.keys)
+                if version is not None:
+                    raise VersionExpired(current) from None
+        raise Unavailable()
+
+    def _player_lookup(self, player_id: str, version: int | None
+                       ) -> tuple[Manifest, bytes | None, bytes | None, float]:
+        """The first round trip of a player's reads: the pointer, and the player's lookup
+        value (and region, in a season with regions) in every copy this process has seen
+        current, each in its shard by the copy's learned shard count. (manifest, value,
+        region, when the read started)."""
+        prefix, slug = season = (self.keys.prefix, self.keys.season)
+        started = time.monotonic()
+        regional = self.region is not None or season in _learned_regional
+        copies = self.copies
+        learned = [_learned_shards.get((prefix, slug, copy), LOOKUP_SHARDS) for copy in copies]
+        shards = [lookup_shard(player_id, count) for count in learned]
+        commands: list[tuple[Any, ...]] = [("GET", self.keys.ptr)]
+        commands += [("HGET", self.keys.lookup(copy, shard), player_id)
+                     for copy, shard in zip(copies, shards, strict=True)]
+        if regional:
+            commands += [("HGET", self.keys.region(copy, shard), player_id)
+                         for copy, shard in zip(copies, shards, strict=True)]
+        raw_ptr, *replies = round_trip(self.r, commands)
+        manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
+        shard = lookup_shard(player_id, manifest.lookup_shards)
+        at = copies.index(manifest.copy) if manifest.copy in copies else None
+        if at is not None and learned[at] == manifest.lookup_shards:
+            score_raw = replies[at]
+            region_raw = replies[len(copies) + at] if regional else None
+        else:
+            if at is None:
+                # A rebuild published a copy under a new name: pipeline it from now on.
+                copies = self.copies = (manifest.copy, *copies[:1])
+                _learned_copies[season] = copies
+            # Not the shard this process learned for the copy (built again since with
+            # another count, or never read here): learn its count, and the other copies'
+            # from their meta in the same round trip.
+            others = [copy for copy in copies if copy != manifest.copy]
+            score_raw, region_raw, *counts = round_trip(self.r, [
+                ("HGET", self.keys.lookup(manifest.copy, shard), player_id),
+                ("HGET", self.keys.region(manifest.copy, shard), player_id),
+                *(("HGET", self.keys.copy_meta(copy), "lookup_shards") for copy in others)])
+            regional = True
+            _learned_shards[(prefix, slug, manifest.copy)] = manifest.lookup_shards
+            for copy, count in zip(others, counts, strict=True):
+                if count is not None:
+                    _learned_shards[(prefix, slug, copy)] = int(count)
+        if not regional and manifest.regions:
+            # The first read of a season with regions in this process: from now on the
+            # region comes with the lookup.
+            region_raw = self.r.hget(self.keys.region(manifest.copy, shard), player_id)
+            _learned_regional.add(season)
+        return manifest, score_raw, region_raw, started
+
+    def _rank_of(self, manifest: Manifest, player_id: str, score_raw: bytes | None, region_raw: bytes | None,
+                 started: float) -> PlayerView:
+        region = region_raw.decode() if region_raw is not None else None
+        if score_raw is None or (manifest.board and region != manifest.board):
+            self._validate(manifest, started)
+            return PlayerView(manifest=manifest, entry=None, total=manifest.total, region=region)
+        if manifest.ties is None:
+            score = int(score_raw)
+            bucket = manifest.layout.bucket_of(score)
+            sort_key = -score
+        else:
+            value = lookup_parse(score_raw)
+            score = value[0]
+            bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
+        key = self._bucket_key(manifest, bucket)
+        higher_in_bucket, index, (gen, held) = round_trip(self.r, [
+            ("ZCOUNT", key, "-inf", f"({sort_key}"), ("ZRANK", key, player_id),
+            ("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"),
+        ])
+        if index is None:
+            # The lookup and the index disagree: only possible mid-mutation.
+            raise _Torn()
+        if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
+            raise _Torn()
+        before = manifest.higher[bucket]
+        entry = Entry(position=before + int(index) + 1, rank=before + int(higher_in_bucket) + 1,
+                      player_id=player_id, score=score)
+        return PlayerView(manifest=manifest, entry=entry, total=manifest.total, region=region)
+
+    def players(self, player_ids: Iterable[str], version: int | None = None) -> PlayersView:
+        """Scores and season ranks of a set of players (a friends board) in one version.
+
+        Two round trips after the pointer, whatever the number of players: (1) one HMGET
+        per lookup shard holding some of them; (2) one ZCOUNT per distinct score in its
+        bucket (the season rank is the manifest's count above that bucket + 1 + the higher
+        scores in it), then the copy's (generation, version), checked as `_rank_of` does,
+        so every score and rank comes from the one version. Nothing is kept per player:
+        the cost is this request's, never a score change's.
+        """
+        wanted = list(dict.fromkeys(player_ids))
+        for _ in range(self.attempts):
+            manifest = self._manifest(version)
+            # By shard of the manifest's copy, whose count can differ from another copy's.
+            groups = list(shards_of(wanted, manifest.lookup_shards).items())
+            started = time.monotonic()
+            try:
+                return self._players_of(manifest, groups, started)
+            except _Torn:
+                current = pointer_get(self.r, self.keys)
+                if version is not None:
+                    raise VersionExpired(current) from None
+        raise Unavailable()
+
+    def _players_of(self, manifest: Manifest, groups: list[tuple[int, list[str]]], started: float) -> PlayersView:
+        ties = manifest.ties
+        values: dict[str, IndexValue] = {}
+        if groups:
+            replies = round_trip(self.r, [("HMGET", self.keys.lookup(manifest.copy, shard), *ids)
+                                          for shard, ids in groups])
+            for (_, ids), reply in zip(groups, replies, strict=True):
+                for player_id, raw in zip(ids, reply, strict=True):
+                    if raw is not None:
+                        values[player_id] = int(raw) if ties is None else lookup_parse(raw)
+        # A season rank depends on the value alone (the score, or the score and when it
+        # was reached): one ZCOUNT per distinct value.
+        distinct = [(value, *index_key(manifest.layout, ties, value)) for value in set(values.values())]
+        *higher, (gen, held) = round_trip(self.r, [
+            *(("ZCOUNT", self._bucket_key(manifest, bucket), "-inf", f"({key}") for _, bucket, key in distinct),
+            ("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"),
+        ])
+        if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
+            raise _Torn()
+        rank_of = {value: manifest.higher[bucket] + int(count) + 1
+                   for (value, bucket, _), count in zip(distinct, higher, strict=True)}
+        ranks = {player_id: rank_of[value] for player_id, value in values.items()}
+        if ties is None:
+            return PlayersView(manifest=manifest, scores=values, ranks=ranks)  # type: ignore[arg-type]
+        return PlayersView(manifest=manifest, scores={p: value_score(v) for p, v in values.items()}, ranks=ranks,
+                           reached={p: v[1] for p, v in values.items() if not isinstance(v, int)})
+
+    def entries_at(self, manifest: Manifest, first: int, limit: int,
+                   known: tuple[int, IndexValue, int] | None = None) -> list[Entry]:
+        """Entries at positions first..first+limit-1; `known` = (position, value, rank) of one
+        of them. Not validated: the caller checks the copy still holds the version."""
+        return self._entries(manifest, first, limit, known, None)
+
+    def _entries(self, manifest: Manifest, first: int, limit: int, known: tuple[int, IndexValue, int] | None,
+                 started: float | None) -> list[Entry]:
+        """`entries_at`, and with `started` validated in the same round trip as its reads
+        (the copy's generation and version read after them, and the read's deadline).
+
+        One member more is read above the window: when it differs from the first entry,
+        that entry's rank is its position, and no ZCOUNT is needed; only a first entry
+        tied with players above the window (and not the known player's value) costs one
+        more round trip."""
+        if limit <= 0 or first > manifest.total:
+            if started is not None:
+                self._validate(manifest, started)
+            return []
+        start = first - 1 if first > 1 else first
+        reads = self._window_reads(manifest, start, limit + first - start)
+        commands: list[tuple[Any, ...]] = [("ZRANGE", self._bucket_key(manifest, b), low, high, "WITHSCORES")
+                                           for b, low, high in reads]
+        if started is not None:
+            commands.append(("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"))
+        replies = round_trip(self.r, commands)
+        if started is not None:
+            gen, held = replies.pop()
+            if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
+                raise _Torn()
+        values = _window_values(manifest, reads, replies)
+        if len(values) != min(limit + first - start, manifest.total - start + 1):
+            raise _Torn()
+        rank_of_first: int | None = 1
+        if start < first:
+            above, values = values[0], values[1:]
+            if above[1] != values[0][1]:
+                rank_of_first = first
+            elif known is not None and known[1] == values[0][1]:
+                rank_of_first = known[2]
+            else:
+                rank_of_first = None
+        if rank_of_first is None:
+            b, sort_key = index_key(manifest.layout, manifest.ties, values[0][1])
+            check = [("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version")] if started is not None else []
+            higher, *held_now = round_trip(self.r, [("ZCOUNT", self._bucket_key(manifest, b), "-inf", f"({sort_key}"),
+                                                    *check])
+            if held_now and not _holds(manifest, *held_now[0]):
+                raise _Torn()
+            rank_of_first = manifest.higher[b] + int(higher) + 1
+        if manifest.ties is None:
+            return ranked(values, first_position=first, rank_of_first=rank_of_first)  # type: ignore[arg-type]
+        return ranked_values(values, first_position=first, rank_of_first=rank_of_first)
+
+    def _window_reads(self, manifest: Manifest, first: int, limit: int) -> list[tuple[int, int, int]]:
+        """(bucket, first index, last index) ranges holding positions first..first+limit-1:
+        the walk down the buckets from the one holding `first`."""
+        located = locate_position(manifest.counts, first)
+        assert located is not None
+        bucket, index = located
+        reads: list[tuple[int, int, int]] = []
+        remaining = limit
+        while remaining > 0 and bucket >= 0:
+            available = manifest.counts[bucket] - index
+            if available > 0:
+                take = min(available, remaining)
+                reads.append((bucket, index, index + take - 1))
+                remaining -= take
+            bucket -= 1
+            index = 0
+        return reads
+
+    def window(self, from_position: int, limit: int, version: int | None = None) -> tuple[Manifest, list[Entry]]:
+        """Two round trips: the pointer, then the window's ranges with the copy's generation."""
+        for _ in range(self.attempts):
+            manifest = self._manifest(version)
+            try:
+                return manifest, self._entries(manifest, from_position, limit, None, time.monotonic())
+            except _Torn:
+                current = pointer_get(self.r, self.keys)
+                if version is not None:
+                    raise VersionExpired(current) from None
+        raise Unavailable()
+
+    def neighbors(
+        self, player_id: str, radius: int, version: int | None = None
+    ) -> tuple[Manifest, Entry | None, list[Entry]]:
+        """The player's entry and the entries `radius` positions around it, in three round
+        trips: the pointer with the player's lookup (as `rank`), ZCOUNT and ZRANK in their
+        bucket, then the window's ranges with the copy's generation (which validates all)."""
+        for _ in range(self.attempts):
+            manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
+            try:
+                region = region_raw.decode() if region_raw is not None else None
+                if score_raw is None or (manifest.board and region != manifest.board):
+                    self._validate(manifest, started)
+                    return manifest, None, []
+                value = lookup_value(manifest.ties, score_raw)
+                bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
+                key = self._bucket_key(manifest, bucket)
+                higher_in_bucket, index = round_trip(self.r, [("ZCOUNT", key, "-inf", f"({sort_key}"),
+                                                              ("ZRANK", key, player_id)])
+                if index is None:
+                    raise _Torn()
+                before = manifest.higher[bucket]
+                position, rank = before + int(index) + 1, before + int(higher_in_bucket) + 1
+                first = max(1, position - radius)
+                entries = self._entries(manifest, first, position + radius - first + 1, (position, value, rank),
+                                        started)
+                return manifest, Entry(position=position, rank=rank, player_id=player_id,
+                                       score=value_score(value)), entries
+            except _Torn:
+                current = pointer_get(self.r, self.keys)
+                if version is not None:
+                    raise VersionExpired(current) from None
+        raise Unavailable()

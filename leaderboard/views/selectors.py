@@ -1,0 +1,82 @@
+"""Reads for the API: readers of the published rank views, pending scores, friends, API clients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from leaderboard.core.errors import ReadUnavailable, retry_after_seconds
+from leaderboard.core.ranking import Entry
+from leaderboard.ingest.services import api_token_hash
+from leaderboard.models import ApiClient, FriendList, PlayerScore
+from leaderboard.redis_client import redis_get
+from leaderboard.views.rankview import Keys, RankReader
+
+# reached_at is stored to the millisecond, so the product is a whole number.
+
+
+def api_client_by_token(*, token: str) -> ApiClient | None:
+    return ApiClient.objects.filter(token_hash=api_token_hash(token), active=True).first()
+
+
+def leaderboard_reader(*, season_slug: str, region: str | None = None) -> RankReader:
+    """A reader of the season's global board, or with `region` of that region's board."""
+    return RankReader(
+        redis_get(), Keys(settings.REDIS_KEY_PREFIX, season_slug), deadline=settings.READ_DEADLINE_SECONDS,
+        region=region,
+    )
+
+
+def read_unavailable() -> ReadUnavailable:
+    """Why a read of a season with no complete version fails, for the read API and the live
+    boards alike: the next version may come one epoch later."""
+    return ReadUnavailable(retry_after=retry_after_seconds(settings.EPOCH_SECONDS))
+
+
+@dataclass(frozen=True, slots=True)
+class PendingScore:
+    score: int
+    score_version: int
+    pending_version: int
+
+
+def player_pending_score(*, season_slug: str, player_id: str, published: Entry | None,
+                         version: int, region: str | None = None) -> PendingScore | None:
+    """The ledger's committed score when the published version does not have it yet.
+
+    `region`: on that region's board, so only while the ledger has the player in it (a
+    player the ledger has moved elsewhere has nothing pending on this board)."""
+    scores = PlayerScore.objects.filter(season__slug=season_slug, player_id=player_id)
+    if region is not None:
+        scores = scores.filter(region=region)
+    row = (
+        scores
+        .values_list("score", "score_version", "season__published_version")
+        .first()
+    )
+    if row is None:
+        return None
+    score, score_version, published_version = row
+    if published is not None and published.score == score:
+        return None
+    return PendingScore(score=score, score_version=score_version,
+                        pending_version=max(version, published_version) + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Friends:
+    player_ids: list[str]
+    # 0: the social service never wrote a list for this player (its versions start at 1).
+    graph_version: int
+
+
+def player_friends_get(*, player_id: str) -> Friends:
+    """A player's friend list as the social service last wrote it: one primary-key row."""
+    row = FriendList.objects.filter(player_id=player_id).values_list("friends", "graph_version").first()
+    if row is None:
+        return Friends(player_ids=[], graph_version=0)
+    friends, graph_version = row
+    # The social service's writes keep it distinct and without the player; a read relies on neither.
+    return Friends(player_ids=[f for f in dict.fromkeys(map(str, friends)) if f != player_id],
+                   graph_version=graph_version)
