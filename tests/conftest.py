@@ -21,6 +21,56 @@ from tests.support import TEST_ACTOR, is_postgres
 
 SEASON_START = datetime(2026, 11, 1, tzinfo=UTC)
 SEASON_CUTOFF = datetime.now(UTC) + timedelta(days=30)
+# The cluster this session started (TEST_REDIS_CLUSTER), for pytest_unconfigure to stop.
+SESSION_CLUSTER = pytest.StashKey[Any]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """TEST_REDIS_CLUSTER=1 puts the rank views on a Redis Cluster of 3 masters that this
+    session starts on free ports (tests/support/cluster.py) and stops at its end;
+    TEST_REDIS_CLUSTER_URL=redis://host:port names a node of a running cluster instead
+    (flushed between tests like the single Redis: keep nothing there). The Celery broker
+    and the channel layer stay on REDIS_URL's plain Redis, as a cluster deployment must
+    have them. Without either variable nothing changes."""
+    url = os.environ.get("TEST_REDIS_CLUSTER_URL", "")
+    if not url and os.environ.get("TEST_REDIS_CLUSTER", "").lower() in {"1", "true", "yes", "on"}:
+        from tests.support.cluster import cluster_start
+
+        started = cluster_start(masters=3)
+        config.stash[SESSION_CLUSTER] = started
+        url = started.url
+    if url:
+        rank_views_on_cluster(url)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    started = config.stash.get(SESSION_CLUSTER, None)
+    if started is not None:
+        from tests.support.cluster import cluster_stop
+
+        cluster_stop(started)
+
+
+def rank_views_on_cluster(url: str) -> None:
+    """Settings, and the environment child processes inherit, as a cluster deployment's."""
+    from django.conf import settings
+
+    from leaderboard.redis_client import redis_get
+
+    os.environ.update({
+        "REDIS_CLUSTER": "true", "REDIS_URL": url,
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CHANNEL_LAYER_URL": ",".join(settings.CHANNEL_LAYER_URLS),
+    })
+    settings.REDIS_CLUSTER = True
+    settings.REDIS_URL = url
+    redis_get.cache_clear()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    from django.conf import settings
+
+    return f"rank views on the Redis Cluster of {settings.REDIS_URL}" if settings.REDIS_CLUSTER else None
 
 
 
@@ -118,9 +168,21 @@ def redis_flushed() -> Iterator[Any]:
     from leaderboard.redis_client import redis_get
 
     client = redis_get()
-    client.flushdb()
+    redis_flush(client)
     yield client
-    client.flushdb()
+    redis_flush(client)
+
+
+def redis_flush(client: Any) -> None:
+    """The rank views' Redis emptied: FLUSHDB on a single Redis (its other databases may be
+    someone else's), FLUSHALL on every master of a cluster (a cluster has only database 0)."""
+    from leaderboard.redis_client import redis_cluster_of
+
+    cluster = redis_cluster_of(client)
+    if cluster is None:
+        client.flushdb()
+    else:
+        cluster.flushall(target_nodes=cluster.PRIMARIES)
 
 
 @pytest.fixture
