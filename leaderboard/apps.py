@@ -8,6 +8,10 @@ class LeaderboardConfig(AppConfig):
     def ready(self) -> None:
         # The live boards subscribe to publications; the views never import them.
         from leaderboard.live.hub import live_version_published
+        from leaderboard.recovery.rebuild import rebuild_job_queued
+        from leaderboard.tasks import rebuild_job_enqueue
         from leaderboard.views.signals import version_published
 
         version_published.connect(live_version_published, dispatch_uid="leaderboard.live.version_published")
+        # Shadow builds run on the Celery workers.
+        rebuild_job_queued.connect(rebuild_job_enqueue, dispatch_uid="leaderboard.tasks.rebuild_job_enqueue")

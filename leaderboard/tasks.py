@@ -60,6 +60,11 @@ def rebuild_run_task(job_id: int) -> str:
     return rebuild_run(job_id=job_id).status
 
 
+def rebuild_job_enqueue(job_id: int, **_: object) -> None:
+    """Receiver of recovery.rebuild.rebuild_job_queued: the job runs on a worker."""
+    rebuild_run_task.delay(job_id)
+
+
 @shared_task(ignore_result=True)
 def metrics_sample() -> int:
     """Every METRICS_SAMPLE_SECONDS (beat): one health sample per live season; a repeat of a tick writes nothing."""

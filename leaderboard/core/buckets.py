@@ -12,7 +12,10 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from leaderboard.core.errors import DomainError
-from leaderboard.core.events import MAX_SCORE, MIN_SCORE
+
+# The score domain: every valid best_score (core.events checks it), split into buckets here.
+MIN_SCORE = 0
+MAX_SCORE = 1_000_000
 
 DEFAULT_BUCKET_WIDTH = 10_000
 

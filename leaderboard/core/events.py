@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
+from leaderboard.core.buckets import MAX_SCORE, MIN_SCORE
 from leaderboard.core.errors import DomainError
 from leaderboard.core.tiebreak import truncate_ms
 
-MIN_SCORE = 0
-MAX_SCORE = 1_000_000
 MAX_BATCH = 1000
 MAX_ID_LENGTH = 64
 MAX_REASON_LENGTH = 500

@@ -23,6 +23,7 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Q
+from django.dispatch import Signal
 from django.utils import timezone
 
 from audit.services import SYSTEM, Actor, audit_log
@@ -65,6 +66,11 @@ from seasons.models import Season
 log = logging.getLogger(__name__)
 
 LEASE_WAIT_SECONDS = 30.0
+# Sent with job_id once a started shadow build's row commits: the Celery tasks run it
+# (connected in LeaderboardConfig.ready), so that this module never imports the tasks
+# that import it.
+rebuild_job_queued = Signal()
+
 LEASE_KEEP_MAX_SECONDS = 3600.0  # a hung comparison gives the season back after this long
 # The statuses in which a process works on the job and keeps its heartbeat moving.
 WORKED_STATUSES = (*ACTIVE_REBUILD_STATUSES, RebuildJob.Status.PUBLISHING)
@@ -99,9 +105,7 @@ def season_rebuild_start(
             audit_log(actor=actor, action=action, target_type="rebuild_job", target_id=str(job.pk),
                       season_slug=season.slug, after={"kind": kind, "layout": layout.as_dict()}, reason=reason)
             if enqueue:
-                from leaderboard.tasks import rebuild_run_task
-
-                transaction.on_commit(lambda: rebuild_run_task.delay(job.pk))
+                transaction.on_commit(lambda: rebuild_job_queued.send(sender=None, job_id=job.pk))
     except IntegrityError:
         raise RebuildError(f"a shadow build is already running for {season.slug}") from None
     return job
