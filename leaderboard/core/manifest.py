@@ -10,6 +10,7 @@ import orjson
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.epoch import higher_counts
+from leaderboard.core.slots import SLOT_GROUPS_DEFAULT
 from leaderboard.core.tiebreak import FirstReached
 
 # The lookup shards of a manifest written before the copies sized them by their players,
@@ -90,6 +91,9 @@ class Manifest:
     # How many lookup (and region) shards the copy has: a player's shard is
     # crc32(player_id) % lookup_shards, so every reader takes it from here.
     lookup_shards: int = LOOKUP_SHARDS_DEFAULT
+    # How many slot groups the copy's data keys are spread over (core.slots): a bucket's or
+    # shard's key, and the fence whose `gen` a reader checks, are named from it.
+    groups: int = SLOT_GROUPS_DEFAULT
 
     def board_of(self, region: str) -> Manifest | None:
         """This version seen as one regional board (the same copy, generation and watermark),
@@ -125,6 +129,7 @@ class Manifest:
             "total_players": self.total,
             "top": self.top,
             "lookup_shards": self.lookup_shards,
+            "groups": self.groups,
             # Only on first_reached boards: a shared season's manifest is as it always was.
             **({} if self.ties is None else {"tie_break": self.ties.as_dict()}),
             **({} if not self.regions else
@@ -151,6 +156,7 @@ class Manifest:
             ties=FirstReached.from_dict(data["tie_break"]) if "tie_break" in data else None,
             regions={name: RegionBoard.from_dict(b) for name, b in data.get("regions", {}).items()},
             lookup_shards=int(data.get("lookup_shards", LOOKUP_SHARDS_DEFAULT)),
+            groups=int(data.get("groups", SLOT_GROUPS_DEFAULT)),
         )
 
     @classmethod

@@ -384,6 +384,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             counts=list(shadow.counts), checksums=list(shadow.checksums),
             top=rankview.copy_top(r, keys, shadow, limit=100), ties=shadow.ties,
             regions=copy_regions_boards(r=r, keys=keys, meta=shadow), lookup_shards=shadow.lookup_shards,
+            groups=shadow.groups,
         )
         if live is not None:
             report = shadow_compare(r=r, keys=keys, live=live, shadow=candidate, sample=settings.REBUILD_SAMPLE_SIZE,

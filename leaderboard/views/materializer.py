@@ -393,6 +393,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
         counts=list(target.counts), checksums=list(target.checksums),
         top=rankview.copy_top(r, keys, target, limit=100), ties=target.ties,
         regions=copy_regions_boards(r=r, keys=keys, meta=target), lookup_shards=target.lookup_shards,
+        groups=target.groups,
     )
     rankview.manifest_store(r, keys, manifest, token=token)
     # The FINAL version keeps its manifest when a correction replaces it (the catch-up

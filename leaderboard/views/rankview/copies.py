@@ -31,6 +31,7 @@ from leaderboard.views.rankview.keys import (
     DROP_BATCH,
     LOOKUP_SHARDS,
     SHARD_SCAN_BATCH,
+    SLOT_GROUPS,
     STATE_APPLYING,
     STATE_BROKEN,
     STATE_READY,
@@ -67,10 +68,13 @@ class CopyMeta:
     boards: dict[str, Board] = field(default_factory=dict)
     # Lookup (and region) shards, fixed when the copy is built (core.manifest.lookup_shards_for).
     lookup_shards: int = LOOKUP_SHARDS
+    # Slot groups the copy's data keys are spread over (core.slots), fixed when it is made.
+    groups: int = SLOT_GROUPS
 
     def fields(self) -> dict[Any, Any]:
         return {
             "lookup_shards": self.lookup_shards,
+            "groups": self.groups,
             **({} if self.ties is None else {"ties": orjson.dumps(self.ties.as_dict())}),
             **({} if not self.boards else {"boards": boards_dumps(self.boards)}),
             "gen": self.gen,
@@ -102,6 +106,7 @@ class CopyMeta:
             boards={name: ([int(c) for c in b["counts"]], [int(c, 16) for c in b["checksums"]])
                     for name, b in orjson.loads(raw[b"boards"]).items()} if b"boards" in raw else {},
             lookup_shards=int(raw.get(b"lookup_shards", LOOKUP_SHARDS)),
+            groups=int(raw.get(b"groups", SLOT_GROUPS)),
         )
 
 
@@ -123,11 +128,12 @@ def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
 
 def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
                    ties: FirstReached | None = None, regions: Iterable[str] = (),
-                   lookup_shards: int = LOOKUP_SHARDS) -> CopyMeta:
+                   lookup_shards: int = LOOKUP_SHARDS, groups: int = SLOT_GROUPS) -> CopyMeta:
     meta = CopyMeta(
         copy=copy, gen=0, state=STATE_READY, watermark=(0, 0), layout=layout,
         counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
         boards={region: ([0] * layout.size, [0] * layout.size) for region in regions}, lookup_shards=lookup_shards,
+        groups=groups,
     )
     r.hset(keys.copy_meta(copy), mapping=meta.fields())
     return meta
@@ -141,11 +147,11 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
     in the server's only thread (a 9M-member sorted set: seconds, every client stalls
     and ours times out); UNLINK frees it in the background.
     """
-    doomed = [keys.bucket(meta.copy, meta.layout.layout_id, b, board)
+    doomed = [keys.bucket(meta.copy, meta.layout.layout_id, b, board, groups=meta.groups)
               for board in ("", *meta.boards) for b in range(meta.layout.size)]
-    doomed += [keys.lookup(meta.copy, k) for k in range(meta.lookup_shards)]
+    doomed += [keys.lookup(meta.copy, k, groups=meta.groups) for k in range(meta.lookup_shards)]
     if meta.boards:
-        doomed += [keys.region(meta.copy, k) for k in range(meta.lookup_shards)]
+        doomed += [keys.region(meta.copy, k, groups=meta.groups) for k in range(meta.lookup_shards)]
     # A 10M-player copy has ~520,000 shards, each freed in the server's thread (too small
     # for the lazy-free one): one UNLINK of them all would stall every client for a good
     # part of a second, so they go DROP_BATCH at a time. The generation moves first (readers
@@ -388,7 +394,8 @@ def _chunk_commands(keys: Keys, meta: CopyMeta, chunk: _Chunk, boards: Mapping[s
         for player_id, value in plan.lookups.items():
             hsets.setdefault(lookup_shard(player_id, shards), []).extend((player_id, value_token(value)))
     if hsets:
-        commands.append(shards_hset([keys.lookup(meta.copy, shard) for shard in hsets], shards_hset_args(hsets)))
+        commands.append(shards_hset([keys.lookup(meta.copy, shard, groups=meta.groups) for shard in hsets],
+                                    shards_hset_args(hsets)))
     for board, board_plan_ in chunk.boards.items():
         labels += ["lookup"] * (len(commands) - len(labels))
         commands += _board_commands(keys, meta, board_plan_, board)
@@ -398,8 +405,10 @@ def _chunk_commands(keys: Keys, meta: CopyMeta, chunk: _Chunk, boards: Mapping[s
     for player_id, region in chunk.region_sets.items():
         regions.setdefault(lookup_shard(player_id, shards), []).extend((player_id, region))
     if regions:
-        commands.append(shards_hset([keys.region(meta.copy, shard) for shard in regions], shards_hset_args(regions)))
-    commands += [("HDEL", keys.region(meta.copy, lookup_shard(p, shards)), p) for p in chunk.region_drops]
+        commands.append(shards_hset([keys.region(meta.copy, shard, groups=meta.groups) for shard in regions],
+                                    shards_hset_args(regions)))
+    commands += [("HDEL", keys.region(meta.copy, lookup_shard(p, shards), groups=meta.groups), p)
+                 for p in chunk.region_drops]
     labels += ["regions"] * (len(commands) - len(labels))
     commands.append(("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(plan.counts),
                      "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums]),
@@ -420,8 +429,11 @@ def _board_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan, board: str) -> 
     else:
         for bucket, player_id, value in plan.additions:
             zadds.setdefault(bucket, []).extend((index_key(meta.layout, meta.ties, value)[1], player_id))
-    return [*(("ZREM", keys.bucket(meta.copy, layout_id, b, board), *members) for b, members in zrems.items()),
-            *(("ZADD", keys.bucket(meta.copy, layout_id, b, board), *pairs) for b, pairs in zadds.items())]
+    groups = meta.groups
+    return [*(("ZREM", keys.bucket(meta.copy, layout_id, b, board, groups=groups), *members)
+              for b, members in zrems.items()),
+            *(("ZADD", keys.bucket(meta.copy, layout_id, b, board, groups=groups), *pairs)
+              for b, pairs in zadds.items())]
 
 
 def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: tuple[int, int],
@@ -455,7 +467,7 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
     if not isinstance(buckets, Mapping):
         wanted.update({board: list(range(meta.layout.size)) for board in meta.boards})
     checks = [(board, bucket) for board, bs in wanted.items() for bucket in bs]
-    replies = round_trip(r, [("ZCARD", keys.bucket(meta.copy, meta.layout.layout_id, bucket, board))
+    replies = round_trip(r, [("ZCARD", keys.bucket(meta.copy, meta.layout.layout_id, bucket, board, groups=meta.groups))
                              for board, bucket in checks]) if checks else []
     problems = []
     for (board, bucket), actual in zip(checks, replies, strict=True):
@@ -520,7 +532,8 @@ def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board
             needed -= take
     with r.pipeline(transaction=False) as pipe:
         for bucket, take in plan:
-            pipe.zrange(keys.bucket(meta.copy, meta.layout.layout_id, bucket, board), 0, take - 1, withscores=True)
+            pipe.zrange(keys.bucket(meta.copy, meta.layout.layout_id, bucket, board, groups=meta.groups),
+                        0, take - 1, withscores=True)
         replies = pipe.execute()
     if meta.ties is None:
         pairs = [(m.decode(), -int(s)) for reply in replies for m, s in reply]

@@ -1,17 +1,26 @@
 """The rank views in Redis: R copies of a bucketed index, manifests, a fenced pointer.
 
 No Django here: callers pass a redis client and the key prefix. Layout of the keys
-(hash tags keep each bucket of each copy in its own Redis Cluster slot, and the small
-per-season control keys together in one):
+(hash tags put the small per-season control keys in one Redis Cluster slot, and each
+slot group of each copy in a slot of its own):
 
     {P}:{season}:ptr                 current version number
     {P}:{season}:m:{version}         manifest JSON (no expiry while current; MANIFEST_TTL s once superseded)
     {P}:{season}:lease               the coordinator's fencing token (issued by the database)
-    {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums
-    {P}:{season:c:L:b}:z             bucket b (layout L) of copy c: member player_id, score -score
-    {P}:{season:c:h:k}:h             lookup shard k of copy c: player_id -> score
-    {P}:{season:c:r:g:L:b}:z         bucket b of region g's board in copy c (a season with regions)
-    {P}:{season:c:g:k}:h             region shard k of copy c: player_id -> region (players with one)
+    {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums, groups
+    {P}:{season:c:g}:z:L:b           bucket b (layout L) of copy c: member player_id, score -score
+    {P}:{season:c:g}:r:REG:L:b       bucket b of region REG's board in copy c (a season with regions)
+    {P}:{season:c:g}:h:k             lookup shard k of copy c: player_id -> score
+    {P}:{season:c:g}:rg:k            region shard k of copy c: player_id -> region (players with one)
+    {P}:{season:c:g}:f               fence of group g of copy c: `token` (the highest fencing
+                                     token that wrote the group) and `gen` (the copy's
+                                     generation at the group's last write)
+
+The control keys (pointer, manifests, lease, copy metas) share the season's one slot, so
+the pointer swap stays one script. A copy's data keys are spread over G slot groups (G,
+`groups`, in the copy meta and every manifest; core.slots maps a bucket or shard to its
+group g, and only Keys turns that into a key name): one slot per group, spread over every
+master of a cluster, one script per group for each fenced write.
 
 A player's lookup (and region) shard is crc32(player_id) % S, where S, the copy's
 `lookup_shards`, is chosen when the copy is built from the scores: a power of two >=
@@ -45,10 +54,13 @@ import zlib
 from collections.abc import Iterable
 
 from leaderboard.core.manifest import LOOKUP_SHARDS_DEFAULT
+from leaderboard.core.slots import SLOT_GROUPS_DEFAULT, bucket_group, shard_group
 
 # The fewest lookup shards a copy has, and the count of copies and manifests that predate
 # the count's recording (core.manifest.lookup_shards_for sizes a copy).
 LOOKUP_SHARDS = LOOKUP_SHARDS_DEFAULT
+# The slot groups of a copy whose meta or manifest predates their recording.
+SLOT_GROUPS = SLOT_GROUPS_DEFAULT
 # Lookup shards read per round trip when every shard of a copy is scanned or counted.
 SHARD_SCAN_BATCH = 1024
 # Keys a dropped copy unlinks per command.
@@ -101,16 +113,25 @@ class Keys:
     def copy_meta(self, copy: str) -> str:
         return f"{self._base}:copy:{copy}"
 
-    def bucket(self, copy: str, layout_id: int, bucket: int, board: str = "") -> str:
+    def group(self, copy: str, group: int) -> str:
+        """The hash-tagged base of every key of slot group `group` of copy `copy`."""
+        return f"{self.prefix}:{{{self.season}:{copy}:{group}}}"
+
+    def fence(self, copy: str, group: int) -> str:
+        """The fence hash of a slot group (`token`, `gen`)."""
+        return f"{self.group(copy, group)}:f"
+
+    def bucket(self, copy: str, layout_id: int, bucket: int, board: str = "", *, groups: int = SLOT_GROUPS) -> str:
+        base = self.group(copy, bucket_group(bucket=bucket, groups=groups, board=board))
         if board:
-            return f"{self.prefix}:{{{self.season}:{copy}:r:{board}:{layout_id}:{bucket}}}:z"
-        return f"{self.prefix}:{{{self.season}:{copy}:{layout_id}:{bucket}}}:z"
+            return f"{base}:r:{board}:{layout_id}:{bucket}"
+        return f"{base}:z:{layout_id}:{bucket}"
 
-    def region(self, copy: str, shard: int) -> str:
-        return f"{self.prefix}:{{{self.season}:{copy}:g:{shard}}}:h"
+    def region(self, copy: str, shard: int, *, groups: int = SLOT_GROUPS) -> str:
+        return f"{self.group(copy, shard_group(shard=shard, groups=groups))}:rg:{shard}"
 
-    def lookup(self, copy: str, shard: int) -> str:
-        return f"{self.prefix}:{{{self.season}:{copy}:h:{shard}}}:h"
+    def lookup(self, copy: str, shard: int, *, groups: int = SLOT_GROUPS) -> str:
+        return f"{self.group(copy, shard_group(shard=shard, groups=groups))}:h:{shard}"
 
-    def lookup_of(self, copy: str, player_id: str, shards: int) -> str:
-        return self.lookup(copy, lookup_shard(player_id, shards))
+    def lookup_of(self, copy: str, player_id: str, shards: int, *, groups: int = SLOT_GROUPS) -> str:
+        return self.lookup(copy, lookup_shard(player_id, shards), groups=groups)
