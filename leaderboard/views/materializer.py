@@ -64,8 +64,12 @@ STREAM_PAGE = 50_000
 # 200,000). It is sent in transactions of at most BUILD_TRANSACTION_WRITES members and
 # fields, since Redis serves nobody else while one runs (~0.1 s at 10M players, against
 # ~0.15 s for the 20,000 unsorted players a transaction held before).
+# And at most BUILD_BATCH_MAX: the fill grows with the players (a 50M-player copy has
+# 2,097,152 shards, so 4 a shard is 8.4M rows), and two batches are in Python at once
+# (one encoded while the other is sent), beside the Redis that receives them.
 BUILD_BATCH = 200_000
 BUILD_SHARD_FILL = 4
+BUILD_BATCH_MAX = 1 << 20
 BUILD_TRANSACTION_WRITES = 50_000
 MAX_CURSOR_ID = 2**63 - 1
 # A coordinator runs the epochs noted while it held the season back to back for at most
@@ -573,7 +577,7 @@ def season_copies_build(
     in_flight: Future[None] | None = None
     try:
         for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards),
-                                             size=max(BUILD_BATCH, BUILD_SHARD_FILL * shards)):
+                                             size=min(BUILD_BATCH_MAX, max(BUILD_BATCH, BUILD_SHARD_FILL * shards))):
             with gc_paused():  # tuples and lists by the hundred thousand, none in a cycle
                 per_copy = _build_commands(keys, first, batch, counts, checksums, regions, copies, shard_keys)
                 # Each transaction with the members and fields it must add (all of them).
