@@ -30,6 +30,7 @@ from __future__ import annotations
 import _thread
 import argparse
 import json
+import resource
 import sys
 import threading
 import time
@@ -42,10 +43,6 @@ import loader  # noqa: E402
 
 KIND = "50m"
 STEPS = ("load", "memory", "epoch", "reads", "fresh", "final", "recovery")
-# The build's batch is at least BUILD_SHARD_FILL players per lookup shard; at 50M players
-# (2,097,152 shards) that is 8.4M rows a batch, two in flight: gigabytes of Python beside
-# a 14 GB Redis. The 10M size's batch (1,048,576) is kept.
-BUILD_BATCH_MAX = 1 << 20
 GIB = 1024**3
 
 
@@ -120,7 +117,6 @@ def version_published(season: Any) -> int:
 
 def step_load(args: argparse.Namespace, players: int, season: Any | None, out: dict[str, Any]) -> Any:
     """COPY (resumed where it stopped) and both copies built and published, unless done."""
-    from leaderboard.views import materializer
     from seasons.models import Season
 
     started = time.perf_counter()
@@ -143,9 +139,6 @@ def step_load(args: argparse.Namespace, players: int, season: Any | None, out: d
     if version_published(season):
         print(f"# season {season.slug} already published: build skipped", flush=True)
         return season
-    materializer.BUILD_BATCH = min(max(materializer.BUILD_BATCH,
-                                       materializer.BUILD_SHARD_FILL * _shards(players)), BUILD_BATCH_MAX)
-    materializer.BUILD_SHARD_FILL = 0
     result = loader.LoadResult(season=season, players=players, scores=scores, copy_seconds=0.0)
     del scores
     loader.views_build(result, verbose=True)
@@ -153,16 +146,226 @@ def step_load(args: argparse.Namespace, players: int, season: Any | None, out: d
     out["publish_seconds"] = result.publish_seconds
     out["used_memory_before"] = result.memory_before
     out["used_memory_after_copy"] = result.memory_after_copy
+    out["python_max_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"# built: copies {', '.join(f'{s:.0f}s' for s in result.build_seconds)}, "
           f"publish {result.publish_seconds:.1f}s; Redis {result.memory_after_copy[-1] / GIB:.2f} GiB "
           f"({result.memory_per_player:.0f} bytes/player)", flush=True)
     return season
 
 
-def _shards(players: int) -> int:
-    from leaderboard.core.manifest import lookup_shards_for
+# ----------------------------------------------------------------------------- memory
 
-    return lookup_shards_for(players=players)
+
+def step_memory(args: argparse.Namespace, players: int, season: Any, out: dict[str, Any], env: dict[str, str]
+                ) -> None:
+    """used_memory and RSS per player (the whole server holds this season only), MEMORY USAGE
+    of each copy's sorted sets and lookup shards, and the tables' size in PostgreSQL."""
+    import memory
+    from django.db import connection
+
+    from leaderboard.redis_client import redis_get
+    from leaderboard.views import rankview
+    from leaderboard.views.materializer import COPIES, season_keys
+
+    r = redis_get()
+    info = r.info("memory")
+    out["used_memory"] = used = loader.redis_used_memory(r)
+    out["used_memory_rss"] = rss = int(info["used_memory_rss"])
+    out["bytes_per_player"] = used / players
+    out["rss_bytes_per_player"] = rss / players
+    out["keys"] = int(r.dbsize())
+    keys = season_keys(season)
+    layout = season.bucket_layout
+    started = time.perf_counter()
+    for copy in COPIES:
+        meta = rankview.copy_meta_load(r, keys, copy)
+        if meta is None:
+            out[f"copy_{copy}"] = "absent"
+            continue
+        buckets = [keys.bucket(copy, layout.layout_id, b) for b in range(layout.size)]
+        lookups = [keys.lookup(copy, k) for k in range(meta.lookup_shards)]
+        out[f"zsets_{copy}_per_player"] = memory.keys_usage(r, buckets, args.samples) / players
+        out[f"hashes_{copy}_per_player"] = memory.keys_usage(r, lookups, args.samples) / players
+        out[f"shards_{copy}"] = meta.lookup_shards
+        out[f"listpacks_{copy}"] = memory.keys_listpacks(r, lookups)
+        print(f"#   copy {copy}: sorted sets {out[f'zsets_{copy}_per_player']:.1f} + lookup "
+              f"{out[f'hashes_{copy}_per_player']:.1f} bytes/player (MEMORY USAGE), {meta.lookup_shards:,} shards, "
+              f"{out[f'listpacks_{copy}']:,} listpacks", flush=True)
+    out["usage_seconds"] = time.perf_counter() - started
+    with connection.cursor() as cursor:
+        for table in ("leaderboard_playerscore", "leaderboard_scoreevent", "leaderboard_scorechange"):
+            cursor.execute("SELECT pg_total_relation_size(%s)", [table])
+            out[f"pg_{table}_bytes"] = int(cursor.fetchone()[0])
+    print(f"# Redis used_memory {used / GIB:.2f} GiB ({used / players:.0f} bytes/player), RSS {rss / GIB:.2f} GiB "
+          f"({rss / players:.0f}); PostgreSQL: scores {out['pg_leaderboard_playerscore_bytes'] / GIB:.1f} GiB, "
+          f"ledger {out['pg_leaderboard_scoreevent_bytes'] / GIB:.1f} GiB", flush=True)
+
+
+# ------------------------------------------------------------------------------ epoch
+
+
+def change_maker(players: int, seed: int) -> Any:
+    """bench/epoch.py's ChangeMaker, safe to run again on the same season: event ids and
+    score versions start past those of any earlier run (a clock-based base), since a
+    reused season already holds the earlier runs' events."""
+    import epoch
+
+    maker = epoch.ChangeMaker(loader.scores_generate(players, seed=seed), seed=seed + int(time.time()))
+    maker.round = int(time.time())
+    base = int(time.time()) - 1_700_000_000
+    maker.versions = epoch.array("q", [base]) * players
+    return maker
+
+
+def step_epoch(args: argparse.Namespace, players: int, season: Any, out: dict[str, Any], env: dict[str, str]
+               ) -> None:
+    """bench/epoch.py's cells (real writes, every change crossing buckets, catch-up mode)."""
+    import epoch
+
+    from leaderboard.redis_client import redis_get
+
+    maker = change_maker(players, args.seed)
+    r = redis_get()
+    cell_args = argparse.Namespace(warmup=1, repeats=args.epoch_repeats)
+    for k in benchenv.parse_counts(args.changes):
+        cell = epoch.run_cell(season, maker, r, epoch.Cell(players=players, changes=k, mode="catch-up"),
+                              cell_args, None)
+        out[f"{k}"] = {
+            "publish_ms": cell.epoch_ms, "catch_up_ms": cell.catch_up_ms, "task_ms": cell.task_ms,
+            "cpu_ms": cell.cpu_ms, "redis_cpu_ms": cell.redis_ms, "ingest_s": cell.ingest_s,
+            "publish_median_ms": cell.median_ms, "publish_p90_ms": benchenv.percentile(cell.epoch_ms, 90),
+        }
+
+
+# ------------------------------------------------------------------------------ reads
+
+
+def step_reads(args: argparse.Namespace, players: int, season: Any, out: dict[str, Any], env: dict[str, str]
+               ) -> None:
+    """bench/reads.py's closed-loop peak and paced p99 for rank, neighbors and top.
+
+    Without its one-sorted-set baseline: 50M members in one more sorted set are ~6 GB of
+    Redis (121 bytes a member at 10M), which this machine does not have beside the views."""
+    import tempfile
+
+    import reads
+
+    server = benchenv.UvicornServer(workers=args.workers, port=args.port, env=env)
+    endpoints = ("rank", "neighbors", "top")
+    samples: dict[str, list[Any]] = {name: [] for name in endpoints}
+    paced: list[Any] = []
+    server.start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            seed = args.seed
+            for run in range(args.read_runs):
+                for name in endpoints[run % 3:] + endpoints[: run % 3]:
+                    path = reads.ENDPOINTS[name].format(season=season.slug)
+                    seed += 1
+                    reads.wrk_run(url=server.url, path=path, players=players, connections=args.connections,
+                                  duration=2, rate=None, workdir=workdir, seed=seed)
+                    sample = reads.measured(server, url=server.url, path=path, players=players,
+                                            connections=args.connections, duration=args.read_seconds, rate=None,
+                                            workdir=workdir, seed=seed)
+                    if sample is None:
+                        continue
+                    samples[name].append(sample)
+                    print(f"# run {run + 1} {name:>9}: {sample.rps:7,.0f} req/s, p50 {sample.p50:5.1f} ms, p99 "
+                          f"{sample.p99:6.1f} ms, errors {sample.errors}; CPU/request: server "
+                          f"{sample.server_cpu_us:,.0f} us, redis {sample.redis_cpu_us:,.0f} us; "
+                          f"load {load_average():.1f}", flush=True)
+            peak = benchenv.median([s.rps for s in samples["rank"]])
+            rate = peak * 0.8
+            for run in range(args.read_runs):
+                seed += 1
+                sample = reads.wrk_run(url=server.url, path=reads.ENDPOINTS["rank"].format(season=season.slug),
+                                       players=players, connections=args.connections, duration=args.read_seconds,
+                                       rate=rate, workdir=workdir, seed=seed)
+                if sample is not None:
+                    paced.append(sample)
+                    print(f"# paced run {run + 1} rank at {rate:,.0f} req/s offered: {sample.rps:,.0f} req/s, "
+                          f"p50 {sample.p50:.1f} ms, p99 {sample.p99:.1f} ms", flush=True)
+    finally:
+        server.stop()
+    for name, cell in samples.items():
+        out[name] = {"rps": benchenv.median([s.rps for s in cell]), "p50_ms": benchenv.median([s.p50 for s in cell]),
+                     "p99_ms": benchenv.median([s.p99 for s in cell]),
+                     "server_cpu_us": benchenv.median([s.server_cpu_us for s in cell]),
+                     "redis_cpu_us": benchenv.median([s.redis_cpu_us for s in cell]),
+                     "errors": sum(s.errors for s in cell), "runs": len(cell)}
+    out["paced"] = {"offered": peak * 0.8, "rps": benchenv.median([s.rps for s in paced]),
+                    "p50_ms": benchenv.median([s.p50 for s in paced]),
+                    "p99_ms": benchenv.median([s.p99 for s in paced]),
+                    "p99_worst_ms": max((s.p99 for s in paced), default=float("nan"))}
+
+
+# -------------------------------------------------------------------------- freshness
+
+
+def step_fresh(args: argparse.Namespace, players: int, season: Any, out: dict[str, Any], env: dict[str, str]
+               ) -> None:
+    """bench/freshness.py's writers and epoch loop against this season."""
+    import freshness
+
+    out.update(freshness.measure(season=season, players=players, rate=args.fresh_rate, writers=2,
+                                 duration=args.fresh_seconds, warmup=5.0, drain=5.0, vacuum_seconds=5.0,
+                                 epoch_seconds=1.0, seed=args.seed, env=env))
+
+
+# ------------------------------------------------------------------------------ final
+
+
+def step_final(args: argparse.Namespace, players: int, season: Any, out: dict[str, Any], env: dict[str, str]
+               ) -> None:
+    """A FINAL candidate's reconciliation (every check, the full scans: what the lifecycle
+    tick runs before a candidate can be proposed), then the approval's INSERT ... SELECT and
+    hash and page reads in a transaction rolled back (bench/final.py; FINAL rows refuse
+    DELETE, so the season stays measurable)."""
+    import final
+
+    from leaderboard.recovery.reconcile import version_reconcile
+    from leaderboard.redis_client import redis_get
+    from leaderboard.views import rankview
+    from leaderboard.views.materializer import season_keys
+
+    r = redis_get()
+    keys = season_keys(season)
+    version = rankview.pointer_get(r, keys)
+    assert version is not None
+    started = time.perf_counter()
+    report = version_reconcile(r=r, keys=keys, season_id=season.pk, version=version, sample=1000)
+    out["candidate_reconcile_s"] = time.perf_counter() - started
+    out["candidate_ok"] = report.ok
+    out["candidate_failures"] = [f.check for f in report.failures()]
+    out["python_max_rss_after_reconcile"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"# FINAL candidate reconciliation of v{version}: {out['candidate_reconcile_s']:.0f}s, "
+          f"{'ok' if report.ok else report.failures()}", flush=True)
+    out.update(final.run_once(season, players, explain=False))
+    print(f"# FINAL standings write {out['write_s']:.0f}s (hash alone {out['hash_s']:.0f}s), rolled back", flush=True)
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+def step_recovery(args: argparse.Namespace, players: int, season: Any, out: dict[str, Any], env: dict[str, str]
+                  ) -> None:
+    """bench/rebuild.py's recovery: Redis flushed, the epoch finds the views lost, the
+    recovery builds one copy, reconciles and publishes it; then one write and the epoch
+    that builds the second copy under the lease."""
+    import rebuild
+
+    total, lost, build, reconcile, second = rebuild.recovery_once(season, 1)
+    out.update(flush_to_published_s=total, lost_s=lost, build_s=build, reconcile_publish_s=reconcile,
+               second_copy_epoch_s=second)
+    print(f"# recovery: flush -> published {total:.0f}s (build {build:.0f}s, reconcile+publish {reconcile:.1f}s); "
+          f"the second copy's epoch {second:.0f}s", flush=True)
+
+
+STEP_RUNNERS: dict[str, Any] = {
+    "memory": step_memory, "epoch": step_epoch, "reads": step_reads, "fresh": step_fresh, "final": step_final,
+    "recovery": step_recovery,
+}
 
 
 # ------------------------------------------------------------------------------ main
@@ -182,6 +385,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     parser.add_argument("--redis-max-gb", type=float, default=16.0)
     parser.add_argument("--min-free-gb", type=float, default=2.0)
+    parser.add_argument("--samples", type=int, default=5, help="MEMORY USAGE ... SAMPLES")
+    parser.add_argument("--changes", default="1k,10k", help="changed players per epoch (epoch step)")
+    parser.add_argument("--epoch-repeats", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=32, help="wrk connections (reads step)")
+    parser.add_argument("--read-runs", type=int, default=3)
+    parser.add_argument("--read-seconds", type=float, default=8.0)
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn workers (reads step)")
+    parser.add_argument("--port", type=int, default=8795)
+    parser.add_argument("--fresh-rate", type=float, default=15_000, help="offered events/s (fresh step)")
+    parser.add_argument("--fresh-seconds", type=float, default=30.0)
     parser.add_argument("--results", default="/tmp/fifty_million.json",
                         help="each step's figures are merged into this JSON file as it finishes")
     benchenv.add_common_args(parser)
@@ -217,9 +430,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# step {step}: {out['seconds']:.0f}s, load {out['load_average_before']:.1f} -> "
                   f"{out['load_average_after']:.1f}", flush=True)
     return 0
-
-
-STEP_RUNNERS: dict[str, Any] = {}
 
 
 if __name__ == "__main__":

@@ -107,7 +107,8 @@ def random_batches(args: argparse.Namespace) -> Callable[[int, datetime], tuple[
     from leaderboard.core.events import ScoreEvent
 
     scores = loader.scores_generate(args.players, seed=args.seed)
-    mine = list(range(args.writer_index, args.players, args.writers))
+    # A range, not a list: at 50M players a list of a writer's share is ~1 GB per writer.
+    mine = range(args.writer_index, args.players, args.writers)
     versions: dict[int, int] = {}
     rng = random.Random(args.seed * 1000 + args.writer_index)
 
@@ -115,13 +116,13 @@ def random_batches(args: argparse.Namespace) -> Callable[[int, datetime], tuple[
         events = []
         for j in range(BATCH):
             i = rng.choice(mine)
-            version = versions.get(i, 1) + 1
+            version = versions.get(i, args.version_base) + 1
             versions[i] = version
             # 85% of results raise the best score; the rest repeat it (unchanged).
             if rng.random() < 0.85:
                 scores[i] = min(loader.MAX_SCORE, scores[i] + rng.randint(10, 20_000))
             events.append(ScoreEvent(
-                event_id=f"w{args.writer_index}-b{n}-{j}", match_id=f"m{args.writer_index}-{n}-{j}",
+                event_id=f"w{args.writer_index}-b{args.batch_base + n}-{j}", match_id=f"m{args.writer_index}-{n}-{j}",
                 player_id=loader.player_id(i), best_score=scores[i], score_version=version,
                 completed_at=completed,
             ))
@@ -171,7 +172,7 @@ def role_writer(args: argparse.Namespace) -> int:
         result = score_events_apply(season=season, events=events, client=None)
         committed = time.time()
         applied = sum(1 for o in result.outcomes if o.status == "applied")
-        batches.append([n, sent, committed, applied, upto])
+        batches.append([args.batch_base + n, sent, committed, applied, upto])
         n += 1
     Path(args.out).write_text(json.dumps({"writer": args.writer_index, "batches": batches}))
     return 0
@@ -210,7 +211,9 @@ def lags_compute(season_id: int, writers: list[dict[str, Any]], warmup_until: fl
         if len(parts) == 3:  # random workload: w<writer>-b<batch>-<index>
             key = (int(parts[0][1:]), int(parts[1][1:]))
         else:  # matches: w<writer>-<sequence>, in the first batch whose highest sequence reaches it
-            writer = int(parts[0][1:])
+            writer = int(parts[0][1:]) if parts[0][1:].isdigit() else -1
+            if writer not in uptos:
+                continue  # another benchmark's change in a reused season
             key = (writer, bisect.bisect_left(uptos[writer], int(parts[1])))
         committed = commit_at.get(key)
         if committed is None or committed < warmup_until:
@@ -299,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-base", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--version-base", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     benchenv.add_common_args(parser)
     args = parser.parse_args(argv)
@@ -311,39 +316,71 @@ def main(argv: list[str] | None = None) -> int:
         return role_epoch_loop(args) if args.role == "epoch-loop" else role_writer(args)
 
     env = benchenv.environment_prepare(args)
-    env["EPOCH_SECONDS"] = str(args.epoch_seconds)
     print(benchenv.machine_line())
     # The matches workload starts from one loaded player (the loader publishes version 1).
     result = loader.load_season(players=args.players if args.workload == "random" else 1, seed=args.seed,
                                 kind="fresh", verbose=True)
     season = result.season
     del result
+    try:
+        figures = measure(season=season, players=args.players, rate=args.rate, writers=args.writers,
+                          duration=args.duration, warmup=args.warmup, drain=args.drain,
+                          vacuum_seconds=args.vacuum_seconds, epoch_seconds=args.epoch_seconds, seed=args.seed,
+                          env=env, workload=args.workload)
+    finally:
+        benchenv.season_cleanup(season, keep=args.keep)
+
+    print()
+    print(f"## freshness: {args.workload} workload, {args.players:,} players, {args.writers} writers"
+          f", offered {args.rate:,.0f} events/s, "
+          f"epoch loop every {args.epoch_seconds} s, {args.duration:.0f} s measured")
+    print()
+    print(report(figures))
+    if figures["first_error"]:
+        print(f"\nfirst epoch error: {figures['first_error']}")
+    if figures["changes_measured"] > figures["never_published"]:
+        p99 = figures["lag_p99_s"]
+        print(f"\nlag p99 {p99:.2f} s at {figures['events_per_s']:,.0f} events/s (target < {TARGET_P99_S:.0f} s: "
+              f"{'met' if p99 < TARGET_P99_S and not figures['never_published'] else 'MISSED'})")
+    return 0
+
+
+def measure(*, season: Any, players: int, rate: float, writers: int, duration: float, warmup: float, drain: float,
+            vacuum_seconds: float, epoch_seconds: float, seed: int, env: dict[str, str],
+            workload: str = "random") -> dict[str, Any]:
+    """Writers at `rate` and an epoch loop against `season` (already loaded, version 1
+    published); the figures of the run. In a season written to before (a reused one), the
+    event ids and score versions start past any earlier run's (clock-based bases)."""
+    env = {**env, "EPOCH_SECONDS": str(epoch_seconds)}
+    batch_base = int(time.time()) * 100 if workload == "random" else 0
+    version_base = int(time.time()) - 1_700_000_000 if workload == "random" else 1
     tmp = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
     procs: list[subprocess.Popen[bytes]] = []
     epoch_loop: subprocess.Popen[bytes] | None = None
-    vacuumer = Vacuumer(args.vacuum_seconds)
+    vacuumer = Vacuumer(vacuum_seconds)
     try:
         epoch_loop = child("epoch-loop", ["--season-id", str(season.pk), "--out", str(tmp / "epochs.jsonl")], env)
-        start_at = time.time() + 3.0 + 0.5 * args.writers  # the writers' set-up (score generation) first
-        seconds = args.warmup + args.duration
-        for w in range(args.writers):
+        # The writers' set-up first (score generation: ~12 s at 50M players).
+        start_at = time.time() + 3.0 + 0.5 * writers + players / 4e6
+        seconds = warmup + duration
+        for w in range(writers):
             procs.append(child("writer", [
-                "--season-id", str(season.pk), "--writer-index", str(w), "--writers", str(args.writers),
-                "--rate", str(args.rate), "--players", str(args.players), "--seed", str(args.seed),
-                "--workload", args.workload,
+                "--season-id", str(season.pk), "--writer-index", str(w), "--writers", str(writers),
+                "--rate", str(rate), "--players", str(players), "--seed", str(seed), "--workload", workload,
+                "--batch-base", str(batch_base), "--version-base", str(version_base),
                 "--start-at", repr(start_at), "--seconds", str(seconds), "--out", str(tmp / f"writer-{w}.json"),
             ], env))
         pg_before = pg_buffer_stats()
         vacuumer.start()
-        print(f"# {args.writers} writers at {args.rate:,.0f} events/s for {seconds:.0f} s "
-              f"(first {args.warmup:.0f} s not measured); epochs every {args.epoch_seconds} s", flush=True)
+        print(f"# {writers} writers at {rate:,.0f} events/s for {seconds:.0f} s "
+              f"(first {warmup:.0f} s not measured); epochs every {epoch_seconds} s", flush=True)
         for proc in procs:
             proc.wait(timeout=seconds + 600)
             if proc.returncode != 0:
                 raise SystemExit(f"a writer failed ({proc.returncode})")
         pg_after = pg_buffer_stats()
         vacuumer.stop()
-        time.sleep(args.drain)
+        time.sleep(drain)
     finally:
         vacuumer.stop()
         for proc in procs:
@@ -357,59 +394,65 @@ def main(argv: list[str] | None = None) -> int:
                 os.killpg(epoch_loop.pid, signal.SIGKILL)
 
     try:
-        writers = [json.loads((tmp / f"writer-{w}.json").read_text()) for w in range(args.writers)]
+        runs = [json.loads((tmp / f"writer-{w}.json").read_text()) for w in range(writers)]
         epochs = [json.loads(line) for line in (tmp / "epochs.jsonl").read_text().splitlines() if line]
-        warmup_until = start_at + args.warmup
-        measured = [b for w in writers for b in w["batches"] if b[2] >= warmup_until]
-        span = max(b[2] for b in measured) - min(b[1] for b in measured) if measured else float("nan")
-        events = len(measured) * BATCH
-        applied = sum(b[3] for b in measured)
-        commit_ms = [(b[2] - b[1]) * 1000 for b in measured]
-        lags, counted, unpublished = lags_compute(season.pk, writers, warmup_until)
-        published = [e for e in epochs if e["status"] == "published" and e["start"] >= warmup_until]
-        errors = [e for e in epochs if e["status"] == "error"]
-        vacuums = vacuumer.runs
     finally:
-        benchenv.season_cleanup(season, keep=args.keep)
         shutil.rmtree(tmp, ignore_errors=True)
+    warmup_until = start_at + warmup
+    measured = [b for w in runs for b in w["batches"] if b[2] >= warmup_until]
+    span = max(b[2] for b in measured) - min(b[1] for b in measured) if measured else float("nan")
+    commit_ms = [(b[2] - b[1]) * 1000 for b in measured]
+    lags, counted, unpublished = lags_compute(season.pk, runs, warmup_until)
+    published = [e for e in epochs if e["status"] == "published" and e["start"] >= warmup_until]
+    errors = [e for e in epochs if e["status"] == "error"]
+    return {
+        "events_per_s": len(measured) * BATCH / span,
+        "changes_per_s": sum(b[3] for b in measured) / span,
+        "commit_ms_p50": benchenv.percentile(commit_ms, 50),
+        "commit_ms_p99": benchenv.percentile(commit_ms, 99),
+        "versions_published": len(published),
+        "epoch_ms_p50": benchenv.percentile([e["ms"] for e in published], 50),
+        "epoch_ms_p99": benchenv.percentile([e["ms"] for e in published], 99),
+        "catch_up_ms_p50": benchenv.percentile([e["catch_up_ms"] for e in published
+                                                if e.get("catch_up_ms") is not None], 50),
+        "changed_per_version_p50": benchenv.percentile([e["changed"] for e in published], 50),
+        "epoch_errors": len(errors),
+        "first_error": errors[0]["error"] if errors else "",
+        "changes_measured": counted,
+        "never_published": unpublished,
+        "lag_p50_s": benchenv.percentile(lags, 50),
+        "lag_p90_s": benchenv.percentile(lags, 90),
+        "lag_p99_s": benchenv.percentile(lags, 99),
+        "lag_max_s": max(lags) if lags else float("nan"),
+        "pg_buffers_alloc": pg_after[0] - pg_before[0],
+        "pg_buffers_backend": pg_after[1] - pg_before[1],
+        "pg_checkpoints_req": pg_after[2] - pg_before[2],
+        "vacuums": vacuumer.runs,
+    }
 
-    print()
-    print(f"## freshness: {args.workload} workload, {args.players:,} players, {args.writers} writers"
-          f", offered {args.rate:,.0f} events/s, "
-          f"epoch loop every {args.epoch_seconds} s, {args.duration:.0f} s measured")
-    print()
-    print(benchenv.table(["figure", "value"], [
-        ("events/s achieved", events / span),
-        ("changes/s (score raised)", applied / span),
-        ("batch commit ms p50 / p99", f"{benchenv.percentile(commit_ms, 50):.0f} / "
-                                      f"{benchenv.percentile(commit_ms, 99):.0f}"),
-        ("versions published (measured window)", len(published)),
-        ("epoch ms p50 / p99", f"{benchenv.percentile([e['ms'] for e in published], 50):.0f} / "
-                               f"{benchenv.percentile([e['ms'] for e in published], 99):.0f}"),
-        ("catch-up ms p50 (after the swap)", benchenv.percentile([e["catch_up_ms"] for e in published
-                                                                 if e.get("catch_up_ms") is not None], 50)),
-        ("changed players per version p50", benchenv.percentile([e['changed'] for e in published], 50)),
-        ("epoch errors", len(errors)),
-        ("changes measured", counted),
-        ("never published", unpublished),
-        ("lag p50 s", benchenv.percentile(lags, 50)),
-        ("lag p90 s", benchenv.percentile(lags, 90)),
-        ("lag p99 s", benchenv.percentile(lags, 99)),
-        ("lag max s", max(lags) if lags else float("nan")),
+
+def report(figures: dict[str, Any]) -> str:
+    f = figures
+    return benchenv.table(["figure", "value"], [
+        ("events/s achieved", f["events_per_s"]),
+        ("changes/s (score raised)", f["changes_per_s"]),
+        ("batch commit ms p50 / p99", f"{f['commit_ms_p50']:.0f} / {f['commit_ms_p99']:.0f}"),
+        ("versions published (measured window)", f["versions_published"]),
+        ("epoch ms p50 / p99", f"{f['epoch_ms_p50']:.0f} / {f['epoch_ms_p99']:.0f}"),
+        ("catch-up ms p50 (after the swap)", f["catch_up_ms_p50"]),
+        ("changed players per version p50", f["changed_per_version_p50"]),
+        ("epoch errors", f["epoch_errors"]),
+        ("changes measured", f["changes_measured"]),
+        ("never published", f["never_published"]),
+        ("lag p50 s", f["lag_p50_s"]),
+        ("lag p90 s", f["lag_p90_s"]),
+        ("lag p99 s", f["lag_p99_s"]),
+        ("lag max s", f["lag_max_s"]),
         ("PostgreSQL buffers allocated / written by backends",
-         f"{pg_after[0] - pg_before[0]:,} / {pg_after[1] - pg_before[1]:,}"),
-        ("PostgreSQL checkpoints requested (WAL full)", pg_after[2] - pg_before[2]),
-        ("VACUUMs of the current scores while writing", vacuums),
-    ]))
-    if errors:
-        print(f"\nfirst epoch error: {errors[0]['error']}")
-    if lags:
-        p99 = benchenv.percentile(lags, 99)
-        achieved = events / span
-        print(f"\nlag p99 {p99:.2f} s at {achieved:,.0f} events/s (target < {TARGET_P99_S:.0f} s: "
-              f"{'met' if p99 < TARGET_P99_S and not unpublished else 'MISSED'})")
-    return 0
-
+         f"{f['pg_buffers_alloc']:,} / {f['pg_buffers_backend']:,}"),
+        ("PostgreSQL checkpoints requested (WAL full)", f["pg_checkpoints_req"]),
+        ("VACUUMs of the current scores while writing", f["vacuums"]),
+    ])
 
 if __name__ == "__main__":
     raise SystemExit(main())
