@@ -16,14 +16,19 @@ from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, BucketLayout, LayoutE
 from leaderboard.core.checksum import MODULUS, checksum_add, checksum_of, checksum_remove, pair_hash
 from leaderboard.core.epoch import (
     StreamChange,
+    bucket_place,
+    bucket_ranges,
+    bucket_rank,
     changes_newest,
     epoch_plan,
     higher_counts,
     locate_position,
+    rank_after,
     scores_before,
 )
 from leaderboard.core.events import MAX_SCORE
 from leaderboard.core.manifest import Manifest
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import Entry, Standings, display_key, ranked
 from leaderboard.core.reconciliation import Report, first_mismatch, stratified_positions
 
@@ -508,7 +513,8 @@ def test_standings_property_rank_is_one_plus_count_higher(scores: dict[str, int]
 def test_manifest_json_round_trip() -> None:
     layout = BucketLayout.uniform(width=250_000)
     manifest = Manifest(
-        season="s", version=4, as_of="2026-11-30T00:00:00.000+00:00", watermark=(12, 345), copy="1", gen=7,
+        season="s", version=4, as_of="2026-11-30T00:00:00.000+00:00", watermark=Watermark.single(12, 345), copy="1",
+        gen=7,
         layout=layout, counts=[1, 0, 2, 0, 1], checksums=[1, 0, 2**64 - 1, 0, 5],
         top=[{"position": 1, "rank": 1, "player_id": "a", "score": 1_000_000}],
     )
@@ -561,3 +567,19 @@ def test_report_and_first_mismatch() -> None:
     assert first_mismatch([1, 2, 3], [1, 2, 3]) == ""
     assert "index 1" in first_mismatch([1, 2, 3], [1, 5, 3])
     assert "length" in first_mismatch([1, 2], [1, 2, 3])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=8), st.integers(1, 45), st.integers(0, 45))
+def test_bucket_ranges_and_places_agree_with_a_flattened_board(counts: list[int], first: int, limit: int) -> None:
+    flat = [(bucket, index) for bucket in range(len(counts) - 1, -1, -1) for index in range(counts[bucket])]
+    spans = bucket_ranges(counts, first, limit)
+    read = [(bucket, index) for bucket, start, stop in spans for index in range(start, stop + 1)]
+    assert read == flat[first - 1:first - 1 + limit]
+    higher = higher_counts(counts)
+    for position, (bucket, index) in enumerate(flat, start=1):
+        # Every member of a bucket with `index` members ahead of it in the bucket (all
+        # distinct values): its rank is its position.
+        assert bucket_place(higher, bucket, index=index, ahead=index) == (position, position)
+        assert bucket_rank(higher, bucket, 0) == position - index
+    assert rank_after(0) == 1

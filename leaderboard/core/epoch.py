@@ -8,7 +8,7 @@ operations and the new counts and checksums. Work is proportional to the changes
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -227,7 +227,7 @@ def higher_counts(counts: list[int]) -> list[int]:
     return out
 
 
-def locate_position(counts: list[int], position: int) -> tuple[int, int] | None:
+def locate_position(counts: Sequence[int], position: int) -> tuple[int, int] | None:
     """The bucket holding display position `position` (1-based) and the 0-based index in it."""
     remaining = position - 1
     for bucket in range(len(counts) - 1, -1, -1):
@@ -235,3 +235,42 @@ def locate_position(counts: list[int], position: int) -> tuple[int, int] | None:
             return bucket, remaining
         remaining -= counts[bucket]
     return None
+
+
+def bucket_ranges(counts: Sequence[int], first: int, limit: int) -> list[tuple[int, int, int]]:
+    """(bucket, start, stop) index ranges holding display positions first..first+limit-1:
+    the walk down the buckets from the one holding `first` (a range read of each)."""
+    located = locate_position(counts, first)
+    if located is None or limit <= 0:
+        return []
+    bucket, index = located
+    out: list[tuple[int, int, int]] = []
+    remaining = limit
+    while remaining > 0 and bucket >= 0:
+        available = counts[bucket] - index
+        if available > 0:
+            take = min(available, remaining)
+            out.append((bucket, index, index + take - 1))
+            remaining -= take
+        bucket -= 1
+        index = 0
+    return out
+
+
+def rank_after(ahead: int) -> int:
+    """Competition rank of a value with `ahead` players ranked strictly ahead of it
+    (docs/rules.md, Ranking)."""
+    return ahead + 1
+
+
+def bucket_place(higher: Sequence[int], bucket: int, *, index: int, ahead: int) -> tuple[int, int]:
+    """(position, rank) of the member at 0-based `index` of `bucket`, `ahead` of the
+    bucket's members ranked strictly ahead of it: every player of the buckets above
+    (`higher`, from higher_counts) precedes it in both."""
+    before = higher[bucket]
+    return before + index + 1, rank_after(before + ahead)
+
+
+def bucket_rank(higher: Sequence[int], bucket: int, ahead: int) -> int:
+    """The rank of a value in `bucket` with `ahead` of the bucket's members strictly ahead."""
+    return rank_after(higher[bucket] + ahead)

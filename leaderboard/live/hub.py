@@ -54,7 +54,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from leaderboard.core.epoch import locate_position
+from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
 from leaderboard.core.gc_pause import gc_paused
 from leaderboard.core.live import (
     TOP_LIMIT,
@@ -271,8 +271,10 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     value_of: dict[str, IndexValue] = {}
     if found:
         calls: list[Call] = []
+        buckets: list[int] = []
         for player_id, value in found:
             bucket, sort_key = index_key(layout, ties, value)
+            buckets.append(bucket)
             calls.append(("ZCOUNT", bucket_key(bucket), "-inf", f"({sort_key}"))
             calls.append(("ZRANK", bucket_key(bucket), player_id))
         replies = yield calls
@@ -280,10 +282,9 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
             higher, index = replies[2 * i], replies[2 * i + 1]
             if index is None:
                 raise rankview.Torn()  # the lookup and the index disagree: mid-mutation
-            before = manifest.higher[layout.bucket_of(value_score(value))]
+            position, rank = bucket_place(manifest.higher, buckets[i], index=int(index), ahead=int(higher))
             value_of[player_id] = value
-            located[player_id] = Entry(position=before + int(index) + 1, rank=before + int(higher) + 1,
-                                       player_id=player_id, score=value_score(value))
+            located[player_id] = Entry(position=position, rank=rank, player_id=player_id, score=value_score(value))
 
     # 3. Each player's window of positions, as ranges of buckets; identical ranges (players
     #    near each other) are read once.
@@ -293,7 +294,7 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         radius = wanted[player_id]
         first = max(1, me.position - radius)
         last = min(manifest.total, me.position + radius)
-        spans = _bucket_ranges(manifest.counts, first, last - first + 1)
+        spans = bucket_ranges(manifest.counts, first, last - first + 1)
         windows[player_id] = (first, last, spans)
         for span in spans:
             ranges.setdefault(span, len(ranges))
@@ -325,7 +326,7 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     if gen is None or version is None or int(gen) != manifest.gen or int(version) != manifest.version:
         raise rankview.Torn()
     rank_of_score = {
-        value: manifest.higher[keyed[value][0]] + int(replies[index]) + 1
+        value: bucket_rank(manifest.higher, keyed[value][0], int(replies[index]))
         for value, index in rank_queries.items()
     }
 
@@ -358,25 +359,6 @@ def _score_pairs(reply: list[Any]) -> list[tuple[bytes, Any]]:
     if reply and isinstance(reply[0], list):
         return [(member, score) for member, score in reply]
     return list(zip(reply[::2], reply[1::2], strict=True))
-
-
-def _bucket_ranges(counts: list[int], first: int, limit: int) -> list[tuple[int, int, int]]:
-    """(bucket, start, stop) index ranges holding display positions first..first+limit-1."""
-    located = locate_position(counts, first)
-    if located is None or limit <= 0:
-        return []
-    bucket, index = located
-    out: list[tuple[int, int, int]] = []
-    remaining = limit
-    while remaining > 0 and bucket >= 0:
-        available = counts[bucket] - index
-        if available > 0:
-            take = min(available, remaining)
-            out.append((bucket, index, index + take - 1))
-            remaining -= take
-        bucket -= 1
-        index = 0
-    return out
 
 
 # ------------------------------------------------------------------------------ rounds

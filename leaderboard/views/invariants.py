@@ -23,6 +23,7 @@ from typing import TypeVar
 import redis
 
 from leaderboard.core.checksum import checksum_of
+from leaderboard.core.epoch import rank_after
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, board_check, board_sample, stratified_positions, version_boards
 from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score, value_token
@@ -246,7 +247,7 @@ def _check_sampled_ranks(
         replies = rankview.round_trip(r, [("ZCOUNT", _bucket_key(keys, manifest, bucket), "-inf",
                                            f"({_key_in(manifest, bucket, value)}")
                                           for bucket in range(manifest.layout.size)])
-        brute_rank = 1 + sum(int(n) for n in replies)
+        brute_rank = rank_after(sum(int(n) for n in replies))
         if brute_rank != entry.rank:
             wrong.append(f"{entry.player_id} at {position}: rank {entry.rank}, 1+count(higher) = {brute_rank}")
         try:

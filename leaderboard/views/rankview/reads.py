@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from leaderboard.core.epoch import locate_position
+from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked, ranked_values
 from leaderboard.core.tiebreak import (
@@ -198,8 +198,8 @@ class RankReader:
         if index is None:
             # The lookup and the index disagree: only possible mid-mutation.
             raise _Torn()
-        before = manifest.higher[bucket]
-        return score, before + int(index) + 1, before + int(higher_in_bucket) + 1
+        position, rank = bucket_place(manifest.higher, bucket, index=int(index), ahead=int(higher_in_bucket))
+        return score, position, rank
 
     def rank(self, player_id: str, version: int | None = None) -> PlayerView:
         """The player's entry in one version, in two round trips.
@@ -294,9 +294,8 @@ class RankReader:
             raise _Torn()
         if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
             raise _Torn()
-        before = manifest.higher[bucket]
-        entry = Entry(position=before + int(index) + 1, rank=before + int(higher_in_bucket) + 1,
-                      player_id=player_id, score=score)
+        position, rank = bucket_place(manifest.higher, bucket, index=int(index), ahead=int(higher_in_bucket))
+        entry = Entry(position=position, rank=rank, player_id=player_id, score=score)
         return PlayerView(manifest=manifest, entry=entry, total=manifest.total, region=region)
 
     def players(self, player_ids: Iterable[str], version: int | None = None) -> PlayersView:
@@ -342,7 +341,7 @@ class RankReader:
         ])
         if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
             raise _Torn()
-        rank_of = {value: manifest.higher[bucket] + int(count) + 1
+        rank_of = {value: bucket_rank(manifest.higher, bucket, int(count))
                    for (value, bucket, _), count in zip(distinct, higher, strict=True)}
         ranks = {player_id: rank_of[value] for player_id, value in values.items()}
         if ties is None:
@@ -370,7 +369,7 @@ class RankReader:
                 self._validate(manifest, started)
             return []
         start = first - 1 if first > 1 else first
-        reads = self._window_reads(manifest, start, limit + first - start)
+        reads = bucket_ranges(manifest.counts, start, limit + first - start)
         commands: list[tuple[Any, ...]] = [("ZRANGE", self._bucket_key(manifest, b), low, high, "WITHSCORES")
                                            for b, low, high in reads]
         if started is not None:
@@ -399,28 +398,10 @@ class RankReader:
                                                     *check])
             if held_now and not _holds(manifest, *held_now[0]):
                 raise _Torn()
-            rank_of_first = manifest.higher[b] + int(higher) + 1
+            rank_of_first = bucket_rank(manifest.higher, b, int(higher))
         if manifest.ties is None:
             return ranked(values, first_position=first, rank_of_first=rank_of_first)  # type: ignore[arg-type]
         return ranked_values(values, first_position=first, rank_of_first=rank_of_first)
-
-    def _window_reads(self, manifest: Manifest, first: int, limit: int) -> list[tuple[int, int, int]]:
-        """(bucket, first index, last index) ranges holding positions first..first+limit-1:
-        the walk down the buckets from the one holding `first`."""
-        located = locate_position(manifest.counts, first)
-        assert located is not None
-        bucket, index = located
-        reads: list[tuple[int, int, int]] = []
-        remaining = limit
-        while remaining > 0 and bucket >= 0:
-            available = manifest.counts[bucket] - index
-            if available > 0:
-                take = min(available, remaining)
-                reads.append((bucket, index, index + take - 1))
-                remaining -= take
-            bucket -= 1
-            index = 0
-        return reads
 
     def window(self, from_position: int, limit: int, version: int | None = None) -> tuple[Manifest, list[Entry]]:
         """Two round trips: the pointer, then the window's ranges with the copy's generation."""
@@ -454,8 +435,7 @@ class RankReader:
                                                               ("ZRANK", key, player_id)])
                 if index is None:
                     raise _Torn()
-                before = manifest.higher[bucket]
-                position, rank = before + int(index) + 1, before + int(higher_in_bucket) + 1
+                position, rank = bucket_place(manifest.higher, bucket, index=int(index), ahead=int(higher_in_bucket))
                 first = max(1, position - radius)
                 entries = self._entries(manifest, first, position + radius - first + 1, (position, value, rank),
                                         started)
