@@ -17,6 +17,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Mapping
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -25,7 +26,7 @@ from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from leaderboard.api.errors import ApiError
-from leaderboard.redis_client import redis_get
+from leaderboard.redis_client import redis_cluster_of, redis_get
 from leaderboard.views.rankview import round_trip
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,27 @@ _TAKE_SHA = hashlib.sha1(_TAKE.encode()).hexdigest()
 
 Rate = tuple[float, int]  # tokens per second, bucket size (config.env.env_rate)
 
+# What leaves a bucket unchecked: Redis down, or a cluster with a slot unserved (between a
+# master's loss and its replica's promotion), which the cluster client raises as its own.
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+                redis.exceptions.ClusterError, redis.exceptions.SlotNotCoveredError)
+
+
+def _take(r: redis.Redis, key: str, per_second: float, size: int) -> Any:
+    """The take script's reply for the bucket `key`. A cluster client runs it on the key's
+    master, following redirections; a single Redis on this thread's own connection."""
+    cluster = redis_cluster_of(r)
+    if cluster is not None:
+        try:
+            return cluster.evalsha(_TAKE_SHA, 1, key, repr(per_second), size)
+        except redis.exceptions.NoScriptError:
+            return cluster.eval(_TAKE, 1, key, repr(per_second), size)
+    try:
+        (reply,) = round_trip(r, [("EVALSHA", _TAKE_SHA, 1, key, repr(per_second), size)])
+    except redis.exceptions.NoScriptError:
+        (reply,) = round_trip(r, [("EVAL", _TAKE, 1, key, repr(per_second), size)])
+    return reply
+
 
 def _key(kind: str, name: str) -> str:
     # Hashed: a user name or address of any length and alphabet is one short, safe key.
@@ -65,13 +87,9 @@ def rate_take(*, kind: str, name: str, rate: Rate | None) -> float:
         return 0.0
     per_second, size = rate
     key = _key(kind, name)
-    r = redis_get()
     try:
-        try:
-            (reply,) = round_trip(r, [("EVALSHA", _TAKE_SHA, 1, key, repr(per_second), size)])
-        except redis.exceptions.NoScriptError:
-            (reply,) = round_trip(r, [("EVAL", _TAKE, 1, key, repr(per_second), size)])
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+        reply = _take(redis_get(), key, per_second, size)
+    except _UNREACHABLE:
         log.warning("rate limit %s not checked: Redis unreachable", kind)
         return 0.0
     if isinstance(reply, Exception):

@@ -2,9 +2,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from typing import cast
+from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from redis.exceptions import RedisClusterException
 
 # A read waits this long for a reply: big-key deletes elsewhere on the server must not fail small reads.
 SOCKET_TIMEOUT = 5.0
@@ -21,16 +24,31 @@ def redis_get() -> redis.Redis:
     of one hash slot; what only a plain client has (its `connection_pool`, transactions
     and scripts over keys of several slots) must check `redis_cluster_of()` first."""
     if settings.REDIS_CLUSTER:
-        # health_check_interval is not among the options a cluster client passes to its
-        # node connections; a broken one is replaced when a command fails on it.
-        cluster = redis.RedisCluster.from_url(
-            settings.REDIS_URL, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_CONNECT_TIMEOUT
-        )
-        return cast(redis.Redis, cluster)
+        return cast(redis.Redis, _cluster_connect(settings.REDIS_URL))
     return redis.Redis.from_url(
         settings.REDIS_URL, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_CONNECT_TIMEOUT,
         health_check_interval=30,
     )
+
+
+def _cluster_connect(url: str) -> redis.RedisCluster:
+    parts = urlsplit(url)
+    if parts.scheme not in {"redis", "rediss"} or parts.path.strip("/") not in {"", "0"}:
+        raise ImproperlyConfigured(
+            f"REDIS_CLUSTER is true: REDIS_URL must be redis://host:port or rediss://host:port of a node "
+            f"(a cluster has only database 0), not {parts.scheme}://...{parts.path}")
+    try:
+        # health_check_interval is not among the options a cluster client passes to its
+        # node connections; a broken one is replaced when a command fails on it.
+        return redis.RedisCluster.from_url(
+            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_CONNECT_TIMEOUT
+        )
+    except RedisClusterException as exc:
+        if isinstance(exc.__cause__, RedisClusterException):
+            raise  # the node answered, but is no cluster node: a configuration error
+        # Not a RedisError: raised as one, so that a cluster with no node answering (or
+        # slots left uncovered) is the outage every caller already answers (503, fail open).
+        raise redis.exceptions.ConnectionError(f"Redis Cluster at {parts.hostname}:{parts.port}: {exc}") from exc
 
 
 def redis_cluster_of(r: redis.Redis) -> redis.RedisCluster | None:

@@ -157,7 +157,8 @@ def test_failed_sign_ins_are_counted_outside_the_audit_chain(settings: Any, make
     for _ in range(5):
         assert Client().post("/staff/login/", {"username": "vic", "password": "nope"}).status_code == 200
     assert AuditEntry.objects.count() == before  # no chained row per failure
-    (key,) = redis_flushed.keys(f"{settings.REDIS_KEY_PREFIX}:auth:failed:*")
+    # SCAN, not KEYS: a cluster client sends KEYS to one node, SCAN to every master.
+    (key,) = redis_flushed.scan_iter(match=f"{settings.REDIS_KEY_PREFIX}:auth:failed:*")
     assert key.decode() == login_failures_key(int(time.time()) // 3600)
     assert redis_flushed.hgetall(key) == {b"127.0.0.1|vic": b"5"}
     assert redis_flushed.ttl(key) > 0

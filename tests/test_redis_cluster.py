@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
+from django.core.exceptions import ImproperlyConfigured
 
 from leaderboard.redis_client import redis_cluster_of, redis_get
 from tests.conftest import redis_flush
@@ -97,3 +99,28 @@ def test_reads_and_writes_go_on_across_a_failover(replicated: LocalCluster, on_c
     replicated.node_restart(victim)
     assert {node.port: node.role for node in replicated.nodes()}[victim] == "slave"
     assert replicated.master_ports() == sorted({*keys} - {victim} | {promoted})
+
+
+def cluster_client_of(url: str, settings: Any) -> redis.Redis:
+    settings.REDIS_CLUSTER = True
+    settings.REDIS_URL = url
+    redis_get.cache_clear()
+    try:
+        return redis_get()
+    finally:
+        redis_get.cache_clear()
+
+
+def test_no_node_answering_is_a_connection_error(settings: Any) -> None:
+    """The outage every caller answers already (503, rate limits failing open), not the
+    cluster client's own exception class, which is no RedisError."""
+    with pytest.raises(redis.exceptions.ConnectionError, match="Redis Cluster at 127.0.0.1:1"):
+        cluster_client_of("redis://127.0.0.1:1", settings)
+
+
+def test_a_url_no_cluster_can_serve_is_refused(settings: Any) -> None:
+    with pytest.raises(ImproperlyConfigured, match="only database 0"):
+        cluster_client_of("redis://127.0.0.1:6379/2", settings)
+    plain = urlsplit(settings.CHANNEL_LAYER_URLS[0])  # a plain Redis, in a cluster session too
+    with pytest.raises(redis.exceptions.RedisClusterException, match="not enabled"):
+        cluster_client_of(f"redis://{plain.hostname}:{plain.port}", settings)
