@@ -272,11 +272,11 @@ def test_a_global_rank_read_of_a_season_without_regions_costs_what_it_did(
     fast_get(url("plain", "rank", player="b"))  # warm: the manifest is cached per process
     trips = RoundTrips(monkeypatch, plain).during(lambda: fast_get(url("plain", "rank", player="b")))
     assert len(trips) == 2, trips
-    # Region shards are {season:copy:g:shard}: none is named.
-    assert not any(f"{{plain:{copy}:g:".encode() in trip for trip in trips for copy in rankview.COPY_NAMES), trips
+    # Region shards are {season:copy:group}:rg:shard: none is named.
+    assert not any(b"}:rg:" in trip for trip in trips), trips
     assert trips[1].count(b"ZCOUNT") == trips[1].count(b"ZRANK") == 1
 
     fast_get(url(regional.slug, "rank", player="p00"))
     trips = RoundTrips(monkeypatch, regional).during(lambda: fast_get(url(regional.slug, "rank", player="p00")))
     assert len(trips) == 2, trips
-    assert f"{{rr:{current_manifest(regional).copy}:g:".encode() in trips[0], trips
+    assert f"{{rr:{current_manifest(regional).copy}:".encode() in trips[0] and b"}:rg:" in trips[0], trips

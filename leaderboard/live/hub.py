@@ -44,7 +44,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
@@ -53,6 +53,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from redis.crc import key_slot
 
 from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
 from leaderboard.core.gc_pause import gc_paused
@@ -68,9 +69,11 @@ from leaderboard.core.live import (
 )
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked_values
+from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import IndexValue, index_key, index_value, lookup_value, value_score
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.views import rankview
+from leaderboard.views.rankview.reads import groups_hold
 from leaderboard.views.selectors import leaderboard_reader, read_unavailable
 from seasons.models import Season
 
@@ -169,10 +172,7 @@ def players_read(r: redis.Redis, keys: rankview.Keys, manifest: Manifest,
     try:
         calls = next(plan)
         while True:
-            with r.pipeline(transaction=False) as pipe:
-                for command in calls:
-                    pipe.execute_command(*command)
-                replies = pipe.execute()
+            replies = rankview.round_trip(r, calls)
             trips += 1
             calls = plan.send(replies)
     except StopIteration as done:
@@ -205,8 +205,11 @@ async def pipeline_raw(r: redis.asyncio.Redis, commands: list[Call]) -> list[Any
     redis-py's pipeline packs each command and runs each reply through its callbacks in
     Python: with a few thousand commands per round that was half the cost of reading a
     version's players. A reply that is an error raises (the connection is dropped, since
-    the replies after it are unread), like the pipeline's execute.
+    the replies after it are unread), like the pipeline's execute. On a cluster client the
+    commands go to their slots' masters, all at once (`_nodes_pipeline_raw`).
     """
+    if isinstance(r, redis.asyncio.RedisCluster):
+        return await _nodes_pipeline_raw(r, commands)
     pool = r.connection_pool
     connection = await pool.get_connection()
     try:
@@ -217,6 +220,43 @@ async def pipeline_raw(r: redis.asyncio.Redis, commands: list[Call]) -> list[Any
         raise
     finally:
         await pool.release(connection)
+
+
+async def _nodes_pipeline_raw(r: redis.asyncio.RedisCluster, commands: list[Call]) -> list[Any]:
+    """`pipeline_raw` on a cluster: the commands grouped by the master of their slot (in
+    order within a node, so the seqlock's reads of a slot group run after the group's
+    data reads), every node's batch written before any reply is read. A stale slot map
+    (a failover) drops the connections, refreshes the map and fails the round: the
+    round's caller reads the next version or retries."""
+    await r.initialize()
+    nodes = r.nodes_manager
+    batches: dict[str, list[int]] = {}
+    for at, command in enumerate(commands):
+        key = command[1]
+        slot = key_slot(key if isinstance(key, bytes) else str(key).encode())
+        batches.setdefault(nodes.get_node_from_slot(slot).name, []).append(at)
+    taken = []
+    try:
+        for name, ats in batches.items():
+            node = r.get_node(node_name=name)
+            assert node is not None
+            connection = node.acquire_connection()
+            taken.append((node, connection, ats))
+            await connection.send_packed_command(resp_pack([commands[at] for at in ats]), check_health=False)
+        replies: list[Any] = [None] * len(commands)
+        for _, connection, ats in taken:
+            for at in ats:
+                replies[at] = await connection.read_response()
+        return replies
+    except BaseException as exc:
+        for _, connection, _ in taken:
+            await connection.disconnect()
+        if isinstance(exc, redis.exceptions.RedisError):
+            await nodes.initialize()
+        raise
+    finally:
+        for node, connection, _ in taken:
+            node.release(connection)
 
 
 def resp_pack(commands: list[Call]) -> bytes:
@@ -248,16 +288,21 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         return out
     layout = manifest.layout
     copy = manifest.copy
+    groups = manifest.groups
+    # The slot groups read, whose `gen` the last round trip checks (the seqlock).
+    touched: set[int] = set()
 
     def bucket_key(bucket: int) -> str:
-        return keys.bucket(copy, layout.layout_id, bucket, manifest.board)
+        touched.add(bucket_group(bucket=bucket, groups=groups, board=manifest.board))
+        return keys.bucket(copy, layout.layout_id, bucket, manifest.board, groups=groups)
 
     # 1. Scores from the copy's lookup: one HMGET per lookup shard (the copy's count).
     shards = list(rankview.shards_of(wanted, manifest.lookup_shards).items())
-    lookups: list[Call] = [("HMGET", keys.lookup(copy, shard), *players) for shard, players in shards]
+    touched.update(shard_group(shard=shard, groups=groups) for shard, _ in shards)
+    lookups: list[Call] = [("HMGET", keys.lookup(copy, shard, groups=groups), *players) for shard, players in shards]
     if manifest.board:
         # The players' regions in the same round trip; the global board never asks.
-        lookups += [("HMGET", keys.region(copy, shard), *players) for shard, players in shards]
+        lookups += [("HMGET", keys.region(copy, shard, groups=groups), *players) for shard, players in shards]
     replies = yield lookups
     if manifest.board:
         replies = _board_members(manifest.board, len(shards), replies)
@@ -320,10 +365,17 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         if first != 1 and first_score != value_of[player_id]:
             rank_queries.setdefault(first_score, len(rank_queries))
     keyed = {value: index_key(layout, ties, value) for value in rank_queries}
-    replies = yield [("ZCOUNT", bucket_key(keyed[value][0]), "-inf", f"({keyed[value][1]}")
-                     for value in rank_queries] + [("HMGET", keys.copy_meta(copy), "gen", "version")]
+    counts: list[Call] = [("ZCOUNT", bucket_key(keyed[value][0]), "-inf", f"({keyed[value][1]}")
+                          for value in rank_queries]
+    # Each group's `gen` on its node after every read of it (the earlier round trips
+    # answered before this one was sent), and the copy meta's (generation, version).
+    fences = sorted(touched)
+    replies = yield [*counts, *(("HGET", keys.fence(copy, group), "gen") for group in fences),
+                     ("HMGET", keys.copy_meta(copy), "gen", "version")]
     gen, version = replies[-1]
     if gen is None or version is None or int(gen) != manifest.gen or int(version) != manifest.version:
+        raise rankview.Torn()
+    if not groups_hold(manifest, replies[len(counts):-1]):
         raise rankview.Torn()
     rank_of_score = {
         value: bucket_rank(manifest.higher, keyed[value][0], int(replies[index]))
@@ -1006,6 +1058,11 @@ class LiveRegistry:
         waits for a connection instead of failing (redis-py's default pool raises). No
         socket_timeout: redis-py would wrap every reply of a pipeline in a timer of its
         own; its callers bound each read as a whole (REDIS_READ_TIMEOUT_SECONDS)."""
+        if self._redis is None and settings.REDIS_CLUSTER:
+            # Per node: a pool of up to ASYNC_REDIS_CONNECTIONS each (pipeline_raw).
+            self._redis = cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(
+                settings.REDIS_URL, max_connections=ASYNC_REDIS_CONNECTIONS, socket_timeout=None,
+                socket_connect_timeout=2.0))
         if self._redis is None:
             pool = redis.asyncio.BlockingConnectionPool.from_url(
                 settings.REDIS_URL, max_connections=ASYNC_REDIS_CONNECTIONS, timeout=10,

@@ -28,6 +28,7 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, board_check, board_sample, stratified_positions, version_boards
 from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score, value_token
 from leaderboard.views import rankview
+from leaderboard.views.rankview.reads import copy_groups_hold
 
 # Sampled positions read at once: each costs a few round trips that mostly wait on Redis.
 SAMPLE_READERS = 8
@@ -73,13 +74,13 @@ def version_check(
         _check_sampled_ranks(r, keys, board, report, sample=board_sample(sample, board=board, regions=len(boards) - 1),
                              seed=seed)
 
-    if not rankview.copy_holds(r, keys, manifest):
+    if not rankview.copy_holds(r, keys, manifest) or not copy_groups_hold(r, keys, manifest):
         report.add("copy", False, "the copy was mutated during the check; its results are void")
     return report
 
 
 def _bucket_key(keys: rankview.Keys, manifest: Manifest, bucket: int) -> str:
-    return keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board)
+    return keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board, groups=manifest.groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +238,8 @@ def _check_sampled_ranks(
         if not entries:
             return [f"position {position}: no entry"]
         entry = entries[0]
-        lookup = r.hget(keys.lookup_of(manifest.copy, entry.player_id, manifest.lookup_shards), entry.player_id)
+        lookup = r.hget(keys.lookup_of(manifest.copy, entry.player_id, manifest.lookup_shards,
+                                       groups=manifest.groups), entry.player_id)
         value = lookup_value(manifest.ties, lookup) if lookup is not None else None
         if value is None or value_score(value) != entry.score:
             return [f"{entry.player_id}: lookup {lookup!r}, index {entry.score}"]

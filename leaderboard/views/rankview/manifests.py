@@ -85,6 +85,7 @@ def manifest_cache_clear() -> None:
     with _manifest_cache_lock:
         _manifest_cache.clear()
         _learned_shards.clear()
+        _learned_groups.clear()
 
 
 def manifest_cache_forget(keys: Keys, version: int) -> None:
@@ -108,3 +109,6 @@ _learned_regional: set[tuple[str, str]] = set()
 # which manifest it reads. A copy whose manifest says another count (built again since)
 # costs one more round trip, which learns the count of every copy of the season.
 _learned_shards: dict[tuple[str, str, str], int] = {}
+# Each copy's slot groups (core.slots), learned like its lookup shards: the first round trip
+# names the player's lookup group and its fence in every copy.
+_learned_groups: dict[tuple[str, str, str], int] = {}

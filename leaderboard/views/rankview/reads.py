@@ -12,6 +12,7 @@ import redis
 from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked, ranked_values
+from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import (
     IndexValue,
     index_key,
@@ -20,10 +21,11 @@ from leaderboard.core.tiebreak import (
     lookup_value,
     value_score,
 )
-from leaderboard.views.rankview.keys import COPY_NAMES, LOOKUP_SHARDS, Keys, lookup_shard, shards_of
+from leaderboard.views.rankview.keys import COPY_NAMES, LOOKUP_SHARDS, SLOT_GROUPS, Keys, lookup_shard, shards_of
 from leaderboard.views.rankview.manifests import (
     _holds,
     _learned_copies,
+    _learned_groups,
     _learned_regional,
     _learned_shards,
     copy_holds,
@@ -109,9 +111,12 @@ class RankReader:
     """Reads of one published version. Every answer comes from exactly one manifest.
 
     A read takes the manifest first, does all its sub-queries against that manifest's
-    copy, and checks afterwards that the copy's generation did not move (a seqlock)
-    and that it finished within its deadline; otherwise it retries on the current
-    version, or answers 410 when the caller pinned a version.
+    copy, and checks afterwards that the copy did not move under it (a seqlock): in the
+    same round trip as the data reads, after them, the `gen` of each slot group read
+    (on the group's node, so Redis runs it after the group's reads; a group written
+    since the version names a later generation) and the copy meta's (generation,
+    version); and that it finished within its deadline. Otherwise it retries on the
+    current version, or answers 410 when the caller pinned a version.
     """
 
     def __init__(self, r: redis.Redis, keys: Keys, *, deadline: float, attempts: int = 3,
@@ -163,8 +168,28 @@ class RankReader:
         if time.monotonic() - started > self.deadline:
             raise _Torn()
 
+    # -- keys and the seqlock
     def _bucket_key(self, manifest: Manifest, bucket: int) -> str:
-        return self.keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board)
+        return self.keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board,
+                                groups=manifest.groups)
+
+    def _bucket_group(self, manifest: Manifest, bucket: int) -> int:
+        return bucket_group(bucket=bucket, groups=manifest.groups, board=manifest.board)
+
+    def _checked(self, manifest: Manifest, commands: list[tuple[Any, ...]], groups: Iterable[int],
+                 started: float | None) -> list[Any]:
+        """The replies of `commands`, sent in one round trip with the seqlock's reads after
+        them: the `gen` of each slot group in `groups` and the copy's (generation, version).
+        Raises _Torn when the copy moved, or with `started` when the read is past its deadline."""
+        fences = [("HGET", self.keys.fence(manifest.copy, group), "gen") for group in dict.fromkeys(groups)]
+        replies = round_trip(self.r, [*commands, *fences, ("HMGET", self.keys.copy_meta(manifest.copy), "gen",
+                                                           "version")])
+        gen, held = replies.pop()
+        if not _holds(manifest, gen, held) or not groups_hold(manifest, replies[len(commands):]):
+            raise _Torn()
+        if started is not None and time.monotonic() - started > self.deadline:
+            raise _Torn()
+        return replies[:len(commands)]
 
     # -- the reads
     def top(self, limit: int, version: int | None = None) -> tuple[Manifest, list[dict[str, Any]]]:
@@ -177,24 +202,21 @@ class RankReader:
 
     def locate(self, manifest: Manifest, player_id: str) -> tuple[IndexValue, int, int] | None:
         """(value, position, rank) of a player in this version, or None; the value is the
-        score, or (score, reached_ms) on a first_reached board."""
+        score, or (score, reached_ms) on a first_reached board. Not validated: the caller
+        checks the copy still holds the version."""
         shard = lookup_shard(player_id, manifest.lookup_shards)
-        if manifest.board:
-            score_raw, region = round_trip(self.r, [("HGET", self.keys.lookup(manifest.copy, shard), player_id),
-                                                    ("HGET", self.keys.region(manifest.copy, shard), player_id)])
-            if region is None or region.decode() != manifest.board:
-                return None
-        else:
-            score_raw = self.r.hget(self.keys.lookup(manifest.copy, shard), player_id)
+        score_raw, region = round_trip(self.r, [
+            ("HGET", self.keys.lookup(manifest.copy, shard, groups=manifest.groups), player_id),
+            ("HGET", self.keys.region(manifest.copy, shard, groups=manifest.groups), player_id)])
+        if manifest.board and (region is None or region.decode() != manifest.board):
+            return None
         if score_raw is None:
             return None
         score = lookup_value(manifest.ties, score_raw)
         bucket, sort_key = index_key(manifest.layout, manifest.ties, score)
         key = self._bucket_key(manifest, bucket)
-        with self.r.pipeline(transaction=False) as pipe:
-            pipe.zcount(key, "-inf", f"({sort_key}")
-            pipe.zrank(key, player_id)
-            higher_in_bucket, index = pipe.execute()
+        higher_in_bucket, index = round_trip(self.r, [("ZCOUNT", key, "-inf", f"({sort_key}"),
+                                                      ("ZRANK", key, player_id)])
         if index is None:
             # The lookup and the index disagree: only possible mid-mutation.
             raise _Torn()
@@ -204,15 +226,16 @@ class RankReader:
     def rank(self, player_id: str, version: int | None = None) -> PlayerView:
         """The player's entry in one version, in two round trips.
 
-        The same reads and the same seqlock as `_run` + `locate`, pipelined: (1) the
-        pointer, then the player's lookup score in every copy (read after the pointer,
-        so the current version's copy already held it); (2) ZCOUNT and ZRANK in the
-        score's bucket, then the copy's (generation, version), which Redis executes
-        after them, so an unchanged pair proves no mutation began before the reads.
+        The same reads and the same seqlock as `locate` + `_checked`, pipelined: (1) the
+        pointer, then the player's lookup value in every copy (read after the pointer, so
+        the current version's copy already held it) with its slot group's `gen`; (2)
+        ZCOUNT and ZRANK in the value's bucket, then that bucket's group `gen` and the
+        copy's (generation, version). On a cluster each round trip goes to every node it
+        names at once (wire.round_trip).
         """
         for _ in range(self.attempts):
-            manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
             try:
+                manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
                 return self._rank_of(manifest, player_id, score_raw, region_raw, started)
             except _Torn:
                 current = pointer_get(self.r, self.keys)
@@ -224,51 +247,77 @@ class RankReader:
                        ) -> tuple[Manifest, bytes | None, bytes | None, float]:
         """The first round trip of a player's reads: the pointer, and the player's lookup
         value (and region, in a season with regions) in every copy this process has seen
-        current, each in its shard by the copy's learned shard count. (manifest, value,
-        region, when the read started)."""
+        current, each in its shard and slot group by the copy's learned counts, with that
+        group's `gen` after them. (manifest, value, region, when the read started); raises
+        _Torn when the manifest's copy wrote the group since the version."""
         prefix, slug = season = (self.keys.prefix, self.keys.season)
         started = time.monotonic()
         regional = self.region is not None or season in _learned_regional
         copies = self.copies
-        learned = [_learned_shards.get((prefix, slug, copy), LOOKUP_SHARDS) for copy in copies]
-        shards = [lookup_shard(player_id, count) for count in learned]
+        learned = [(_learned_shards.get((prefix, slug, copy), LOOKUP_SHARDS),
+                    _learned_groups.get((prefix, slug, copy), SLOT_GROUPS)) for copy in copies]
+        shards = [lookup_shard(player_id, count) for count, _ in learned]
         commands: list[tuple[Any, ...]] = [("GET", self.keys.ptr)]
-        commands += [("HGET", self.keys.lookup(copy, shard), player_id)
-                     for copy, shard in zip(copies, shards, strict=True)]
-        if regional:
-            commands += [("HGET", self.keys.region(copy, shard), player_id)
-                         for copy, shard in zip(copies, shards, strict=True)]
+        for copy, shard, (_, groups) in zip(copies, shards, learned, strict=True):
+            commands.append(("HGET", self.keys.lookup(copy, shard, groups=groups), player_id))
+            if regional:
+                commands.append(("HGET", self.keys.region(copy, shard, groups=groups), player_id))
+            commands.append(("HGET", self.keys.fence(copy, shard_group(shard=shard, groups=groups)), "gen"))
         raw_ptr, *replies = round_trip(self.r, commands)
         manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
         shard = lookup_shard(player_id, manifest.lookup_shards)
         at = copies.index(manifest.copy) if manifest.copy in copies else None
-        if at is not None and learned[at] == manifest.lookup_shards:
-            score_raw = replies[at]
-            region_raw = replies[len(copies) + at] if regional else None
+        if at is not None and learned[at] == (manifest.lookup_shards, manifest.groups):
+            if regional:
+                score_raw, region_raw, gen = replies[3 * at:3 * at + 3]
+            else:
+                (score_raw, gen), region_raw = replies[2 * at:2 * at + 2], None
         else:
             if at is None:
                 # A rebuild published a copy under a new name: pipeline it from now on.
                 copies = self.copies = (manifest.copy, *copies[:1])
                 _learned_copies[season] = copies
             # Not the shard this process learned for the copy (built again since with
-            # another count, or never read here): learn its count, and the other copies'
+            # another count, or never read here): learn its counts, and the other copies'
             # from their meta in the same round trip.
             others = [copy for copy in copies if copy != manifest.copy]
-            score_raw, region_raw, *counts = round_trip(self.r, [
-                ("HGET", self.keys.lookup(manifest.copy, shard), player_id),
-                ("HGET", self.keys.region(manifest.copy, shard), player_id),
-                *(("HGET", self.keys.copy_meta(copy), "lookup_shards") for copy in others)])
+            score_raw, region_raw, gen, *counts = round_trip(self.r, [
+                ("HGET", self.keys.lookup(manifest.copy, shard, groups=manifest.groups), player_id),
+                ("HGET", self.keys.region(manifest.copy, shard, groups=manifest.groups), player_id),
+                ("HGET", self.keys.fence(manifest.copy, shard_group(shard=shard, groups=manifest.groups)), "gen"),
+                *(("HMGET", self.keys.copy_meta(copy), "lookup_shards", "groups") for copy in others)])
             regional = True
             _learned_shards[(prefix, slug, manifest.copy)] = manifest.lookup_shards
-            for copy, count in zip(others, counts, strict=True):
+            _learned_groups[(prefix, slug, manifest.copy)] = manifest.groups
+            for copy, (count, groups) in zip(others, counts, strict=True):
                 if count is not None:
                     _learned_shards[(prefix, slug, copy)] = int(count)
+                    _learned_groups[(prefix, slug, copy)] = int(groups) if groups is not None else SLOT_GROUPS
+        if not groups_hold(manifest, [gen]):
+            raise _Torn()
         if not regional and manifest.regions:
             # The first read of a season with regions in this process: from now on the
             # region comes with the lookup.
-            region_raw = self.r.hget(self.keys.region(manifest.copy, shard), player_id)
+            region_raw = round_trip(self.r, [
+                ("HGET", self.keys.region(manifest.copy, shard, groups=manifest.groups), player_id)])[0]
             _learned_regional.add(season)
         return manifest, score_raw, region_raw, started
+
+    def _player_place(self, manifest: Manifest, player_id: str, score_raw: bytes, started: float
+                      ) -> tuple[IndexValue, int, int, int]:
+        """The second round trip of a player's reads: ZCOUNT and ZRANK in the bucket of the
+        player's value, checked. (value, bucket, position, rank)."""
+        value = lookup_value(manifest.ties, score_raw)
+        bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
+        key = self._bucket_key(manifest, bucket)
+        higher_in_bucket, index = self._checked(manifest, [("ZCOUNT", key, "-inf", f"({sort_key}"),
+                                                           ("ZRANK", key, player_id)],
+                                                [self._bucket_group(manifest, bucket)], started)
+        if index is None:
+            # The lookup and the index disagree: only possible mid-mutation.
+            raise _Torn()
+        position, rank = bucket_place(manifest.higher, bucket, index=int(index), ahead=int(higher_in_bucket))
+        return value, bucket, position, rank
 
     def _rank_of(self, manifest: Manifest, player_id: str, score_raw: bytes | None, region_raw: bytes | None,
                  started: float) -> PlayerView:
@@ -276,26 +325,8 @@ class RankReader:
         if score_raw is None or (manifest.board and region != manifest.board):
             self._validate(manifest, started)
             return PlayerView(manifest=manifest, entry=None, total=manifest.total, region=region)
-        if manifest.ties is None:
-            score = int(score_raw)
-            bucket = manifest.layout.bucket_of(score)
-            sort_key = -score
-        else:
-            value = lookup_parse(score_raw)
-            score = value[0]
-            bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
-        key = self._bucket_key(manifest, bucket)
-        higher_in_bucket, index, (gen, held) = round_trip(self.r, [
-            ("ZCOUNT", key, "-inf", f"({sort_key}"), ("ZRANK", key, player_id),
-            ("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"),
-        ])
-        if index is None:
-            # The lookup and the index disagree: only possible mid-mutation.
-            raise _Torn()
-        if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
-            raise _Torn()
-        position, rank = bucket_place(manifest.higher, bucket, index=int(index), ahead=int(higher_in_bucket))
-        entry = Entry(position=position, rank=rank, player_id=player_id, score=score)
+        value, _, position, rank = self._player_place(manifest, player_id, score_raw, started)
+        entry = Entry(position=position, rank=rank, player_id=player_id, score=value_score(value))
         return PlayerView(manifest=manifest, entry=entry, total=manifest.total, region=region)
 
     def players(self, player_ids: Iterable[str], version: int | None = None) -> PlayersView:
@@ -304,9 +335,9 @@ class RankReader:
         Two round trips after the pointer, whatever the number of players: (1) one HMGET
         per lookup shard holding some of them; (2) one ZCOUNT per distinct score in its
         bucket (the season rank is the manifest's count above that bucket + 1 + the higher
-        scores in it), then the copy's (generation, version), checked as `_rank_of` does,
-        so every score and rank comes from the one version. Nothing is kept per player:
-        the cost is this request's, never a score change's.
+        scores in it); each checked as `_checked` does, so every score and rank comes from
+        the one version. Nothing is kept per player: the cost is this request's, never a
+        score change's.
         """
         wanted = list(dict.fromkeys(player_ids))
         for _ in range(self.attempts):
@@ -322,25 +353,25 @@ class RankReader:
                     raise VersionExpired(current) from None
         raise Unavailable()
 
-    def _players_of(self, manifest: Manifest, groups: list[tuple[int, list[str]]], started: float) -> PlayersView:
+    def _players_of(self, manifest: Manifest, shards: list[tuple[int, list[str]]], started: float) -> PlayersView:
         ties = manifest.ties
         values: dict[str, IndexValue] = {}
-        if groups:
-            replies = round_trip(self.r, [("HMGET", self.keys.lookup(manifest.copy, shard), *ids)
-                                          for shard, ids in groups])
-            for (_, ids), reply in zip(groups, replies, strict=True):
+        if shards:
+            replies = self._checked(
+                manifest, [("HMGET", self.keys.lookup(manifest.copy, shard, groups=manifest.groups), *ids)
+                           for shard, ids in shards],
+                [shard_group(shard=shard, groups=manifest.groups) for shard, _ in shards], None)
+            for (_, ids), reply in zip(shards, replies, strict=True):
                 for player_id, raw in zip(ids, reply, strict=True):
                     if raw is not None:
                         values[player_id] = int(raw) if ties is None else lookup_parse(raw)
         # A season rank depends on the value alone (the score, or the score and when it
         # was reached): one ZCOUNT per distinct value.
         distinct = [(value, *index_key(manifest.layout, ties, value)) for value in set(values.values())]
-        *higher, (gen, held) = round_trip(self.r, [
-            *(("ZCOUNT", self._bucket_key(manifest, bucket), "-inf", f"({key}") for _, bucket, key in distinct),
-            ("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"),
-        ])
-        if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
-            raise _Torn()
+        higher = self._checked(
+            manifest,
+            [("ZCOUNT", self._bucket_key(manifest, bucket), "-inf", f"({key}") for _, bucket, key in distinct],
+            [self._bucket_group(manifest, bucket) for _, bucket, _ in distinct], started)
         rank_of = {value: bucket_rank(manifest.higher, bucket, int(count))
                    for (value, bucket, _), count in zip(distinct, higher, strict=True)}
         ranks = {player_id: rank_of[value] for player_id, value in values.items()}
@@ -355,10 +386,17 @@ class RankReader:
         of them. Not validated: the caller checks the copy still holds the version."""
         return self._entries(manifest, first, limit, known, None)
 
+    def _window_trip(self, manifest: Manifest, commands: list[tuple[Any, ...]], buckets: Iterable[int],
+                     started: float | None) -> list[Any]:
+        """One round trip of a window's reads: checked with `started`, else as they come."""
+        if started is None:
+            return round_trip(self.r, commands)
+        return self._checked(manifest, commands, [self._bucket_group(manifest, b) for b in buckets], started)
+
     def _entries(self, manifest: Manifest, first: int, limit: int, known: tuple[int, IndexValue, int] | None,
                  started: float | None) -> list[Entry]:
         """`entries_at`, and with `started` validated in the same round trip as its reads
-        (the copy's generation and version read after them, and the read's deadline).
+        (`_checked`).
 
         One member more is read above the window: when it differs from the first entry,
         that entry's rank is its position, and no ZCOUNT is needed; only a first entry
@@ -370,15 +408,8 @@ class RankReader:
             return []
         start = first - 1 if first > 1 else first
         reads = bucket_ranges(manifest.counts, start, limit + first - start)
-        commands: list[tuple[Any, ...]] = [("ZRANGE", self._bucket_key(manifest, b), low, high, "WITHSCORES")
-                                           for b, low, high in reads]
-        if started is not None:
-            commands.append(("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version"))
-        replies = round_trip(self.r, commands)
-        if started is not None:
-            gen, held = replies.pop()
-            if not _holds(manifest, gen, held) or time.monotonic() - started > self.deadline:
-                raise _Torn()
+        replies = self._window_trip(manifest, [("ZRANGE", self._bucket_key(manifest, b), low, high, "WITHSCORES")
+                                               for b, low, high in reads], [b for b, _, _ in reads], started)
         values = _window_values(manifest, reads, replies)
         if len(values) != min(limit + first - start, manifest.total - start + 1):
             raise _Torn()
@@ -393,18 +424,15 @@ class RankReader:
                 rank_of_first = None
         if rank_of_first is None:
             b, sort_key = index_key(manifest.layout, manifest.ties, values[0][1])
-            check = [("HMGET", self.keys.copy_meta(manifest.copy), "gen", "version")] if started is not None else []
-            higher, *held_now = round_trip(self.r, [("ZCOUNT", self._bucket_key(manifest, b), "-inf", f"({sort_key}"),
-                                                    *check])
-            if held_now and not _holds(manifest, *held_now[0]):
-                raise _Torn()
+            (higher,) = self._window_trip(manifest, [("ZCOUNT", self._bucket_key(manifest, b), "-inf", f"({sort_key}")],
+                                          [b], started)
             rank_of_first = bucket_rank(manifest.higher, b, int(higher))
         if manifest.ties is None:
             return ranked(values, first_position=first, rank_of_first=rank_of_first)  # type: ignore[arg-type]
         return ranked_values(values, first_position=first, rank_of_first=rank_of_first)
 
     def window(self, from_position: int, limit: int, version: int | None = None) -> tuple[Manifest, list[Entry]]:
-        """Two round trips: the pointer, then the window's ranges with the copy's generation."""
+        """Two round trips: the pointer, then the window's ranges with the seqlock's reads."""
         for _ in range(self.attempts):
             manifest = self._manifest(version)
             try:
@@ -420,22 +448,15 @@ class RankReader:
     ) -> tuple[Manifest, Entry | None, list[Entry]]:
         """The player's entry and the entries `radius` positions around it, in three round
         trips: the pointer with the player's lookup (as `rank`), ZCOUNT and ZRANK in their
-        bucket, then the window's ranges with the copy's generation (which validates all)."""
+        bucket, then the window's ranges, each checked."""
         for _ in range(self.attempts):
-            manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
             try:
+                manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
                 region = region_raw.decode() if region_raw is not None else None
                 if score_raw is None or (manifest.board and region != manifest.board):
                     self._validate(manifest, started)
                     return manifest, None, []
-                value = lookup_value(manifest.ties, score_raw)
-                bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
-                key = self._bucket_key(manifest, bucket)
-                higher_in_bucket, index = round_trip(self.r, [("ZCOUNT", key, "-inf", f"({sort_key}"),
-                                                              ("ZRANK", key, player_id)])
-                if index is None:
-                    raise _Torn()
-                position, rank = bucket_place(manifest.higher, bucket, index=int(index), ahead=int(higher_in_bucket))
+                value, _, position, rank = self._player_place(manifest, player_id, score_raw, started)
                 first = max(1, position - radius)
                 entries = self._entries(manifest, first, position + radius - first + 1, (position, value, rank),
                                         started)
@@ -446,3 +467,18 @@ class RankReader:
                 if version is not None:
                     raise VersionExpired(current) from None
         raise Unavailable()
+
+
+def groups_hold(manifest: Manifest, gens: Iterable[bytes | None]) -> bool:
+    """Whether no slot group read names a later generation than the version's: a group
+    is written only in a mutation of the copy, which takes a new generation first, so a
+    group that still names the version's (or an older one, untouched since) holds what
+    the version holds. A group never written has no fence yet."""
+    return all(gen is None or int(gen) <= manifest.gen for gen in gens)
+
+
+def copy_groups_hold(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
+    """Whether every slot group of the manifest's copy still holds the version (`groups_hold`),
+    read in one round trip (on a cluster, every node at once)."""
+    gens = round_trip(r, [("HGET", keys.fence(manifest.copy, group), "gen") for group in range(manifest.groups)])
+    return groups_hold(manifest, gens)
