@@ -405,7 +405,7 @@ def test_a_crash_midway_through_apply_keeps_the_previous_version(season_factory:
     changes += [ev.result("new1", 500), ev.result("new2", 0)]
     post_ok(post_scores, season, changes)
     monkeypatch.setattr(rankview.copies, "APPLY_CHUNK", 3)
-    real_send = rankview._fenced_packed
+    real_send = rankview.copies._chunk_send
     calls = {"n": 0}
 
     def crashing(*args: Any) -> list[Any]:
@@ -414,20 +414,22 @@ def test_a_crash_midway_through_apply_keeps_the_previous_version(season_factory:
             raise RuntimeError("simulated crash")
         return real_send(*args)
 
-    monkeypatch.setattr(rankview.copies, "_fenced_packed", crashing)
+    monkeypatch.setattr(rankview.copies, "_chunk_send", crashing)
     with pytest.raises(RuntimeError, match="simulated crash"):
         epoch(season)
-    monkeypatch.setattr(rankview.copies, "_fenced_packed", real_send)
+    monkeypatch.setattr(rankview.copies, "_chunk_send", real_send)
 
     # The lease was released, version 3 still serves identical answers and is intact; the
-    # half-applied copy is marked as being applied and held version 2, which is gone now.
+    # half-applied copy reads as broken (a chunk's slot groups are written one by one, so
+    # no chunk boundary is known to re-plan from: the next epoch rebuilds it) and held
+    # version 2, which is gone now.
     assert r.get(keys.lease) is None
     assert rankview.pointer_get(r, keys) == 3
     assert board_read(reader) == served
     assert {p: reader.rank(p).entry for p in ranks} == ranks
     full_check(season, 3)
     half = rankview.copy_meta_load(r, keys, "1" if current_manifest(season).copy == "0" else "0")
-    assert half is not None and half.state == rankview.STATE_APPLYING
+    assert half is not None and half.state == rankview.STATE_BROKEN
     with pytest.raises(rankview.VersionExpired):
         reader.rank("p01", 2)
 

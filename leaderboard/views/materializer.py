@@ -157,8 +157,17 @@ def change_regions(changes: list[Change], *, exact: bool) -> tuple[dict[str, str
 def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int | None:
     """The season's coordinator lease under a fencing token issued by the database, or None
     while someone holds it. Tokens never go back, whatever Redis lost or restored."""
+    keys = season_keys(season)
     token = ledger_store.fence_token_issue(season_id=season.pk)
-    return rankview.lease_acquire(r, season_keys(season), token=token, ttl_ms=ttl_ms)
+    if rankview.lease_acquire(r, keys, token=token, ttl_ms=ttl_ms) is None:
+        return None
+    # Before anything is written or trusted: from here on no older coordinator writes into
+    # any slot group of the season's copies (rankview.copy_groups_stamp).
+    for copy in rankview.copies_get(r, keys):
+        meta = rankview.copy_meta_load(r, keys, copy)
+        rankview.copy_groups_stamp(r, keys, copy, meta.groups if meta is not None else rankview.SLOT_GROUPS,
+                                   token=token)
+    return token
 
 
 def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: bool | None = None) -> EpochResult:

@@ -17,6 +17,7 @@ from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_of
 from leaderboard.core.epoch import EpochPlan, board_plan, epoch_plan, regional_values
 from leaderboard.core.ranking import ranked, ranked_values
+from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import (
     FirstReached,
     IndexValue,
@@ -25,7 +26,15 @@ from leaderboard.core.tiebreak import (
     lookup_value,
     value_token,
 )
-from leaderboard.views.rankview.fence import _HLEN_SUM, _fenced, _fenced_packed, shards_hset, shards_hset_args
+from leaderboard.views.rankview.fence import (
+    _HLEN_SUM,
+    GroupOp,
+    _fenced,
+    copy_groups_stamp,
+    group_unlink_call,
+    group_write_call,
+    groups_send,
+)
 from leaderboard.views.rankview.keys import (
     COPY_NAMES,
     DROP_BATCH,
@@ -39,7 +48,7 @@ from leaderboard.views.rankview.keys import (
     lookup_shard,
     shards_of,
 )
-from leaderboard.views.rankview.wire import _script_call, _transaction, round_trip
+from leaderboard.views.rankview.wire import _script_call, round_trip
 
 # ---------------------------------------------------------------------------- copies
 
@@ -141,28 +150,39 @@ def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
 
 def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None = None) -> None:
     """Delete a copy's data keys (after a layout change or before a rebuild into it); with
-    `token`, only while that token holds the lease (an epoch rebuilding its target copy).
+    `token`, only while that token holds the lease (an epoch rebuilding its target copy)
+    and only in groups no newer token stamped.
 
     UNLINK, not DEL: the keys are gone at once either way, but DEL frees a big bucket
     in the server's only thread (a 9M-member sorted set: seconds, every client stalls
-    and ours times out); UNLINK frees it in the background.
+    and ours times out); UNLINK frees it in the background. The group fences stay: they
+    keep the tokens that fence the copy's next contents.
     """
-    doomed = [keys.bucket(meta.copy, meta.layout.layout_id, b, board, groups=meta.groups)
-              for board in ("", *meta.boards) for b in range(meta.layout.size)]
-    doomed += [keys.lookup(meta.copy, k, groups=meta.groups) for k in range(meta.lookup_shards)]
-    if meta.boards:
-        doomed += [keys.region(meta.copy, k, groups=meta.groups) for k in range(meta.lookup_shards)]
+    doomed: dict[int, list[str]] = {}
+    layout_id, groups = meta.layout.layout_id, meta.groups
+    for board in ("", *meta.boards):
+        for b in range(meta.layout.size):
+            doomed.setdefault(bucket_group(bucket=b, groups=groups, board=board), []).append(
+                keys.bucket(meta.copy, layout_id, b, board, groups=groups))
+    for k in range(meta.lookup_shards):
+        group = doomed.setdefault(shard_group(shard=k, groups=groups), [])
+        group.append(keys.lookup(meta.copy, k, groups=groups))
+        if meta.boards:
+            group.append(keys.region(meta.copy, k, groups=groups))
     # A 10M-player copy has ~520,000 shards, each freed in the server's thread (too small
     # for the lazy-free one): one UNLINK of them all would stall every client for a good
-    # part of a second, so they go DROP_BATCH at a time. The generation moves first (readers
-    # of the copy's versions retry from then on), and the meta goes last: a crash part-way
-    # leaves it, broken, naming the keys still to drop.
+    # part of a second, so each group's go DROP_BATCH at a time, one script per group and
+    # round, every master at once. The generation moves first (readers of the copy's
+    # versions retry from then on), and the meta goes last: a crash part-way leaves it,
+    # broken, naming the keys still to drop.
     meta_key = keys.copy_meta(meta.copy)
-    steps: list[list[tuple[Any, ...]]] = [[("HINCRBY", meta_key, "gen", 1), ("HSET", meta_key, "state", STATE_BROKEN)]]
-    steps += [[("UNLINK", *doomed[i:i + DROP_BATCH])] for i in range(0, len(doomed), DROP_BATCH)]
-    steps.append([("UNLINK", meta_key)])
-    for commands in steps:
-        _fenced(r, keys, token, commands)
+    _fenced(r, keys, token, [("HINCRBY", meta_key, "gen", 1), ("HSET", meta_key, "state", STATE_BROKEN)])
+    per_round = max(1, DROP_BATCH // max(1, len(doomed)))
+    for start in range(0, max((len(names) for names in doomed.values()), default=0), per_round):
+        groups_send(r, [(fence, group_unlink_call(fence, token, None, names[start:start + per_round]))
+                        for fence, names in ((keys.fence(meta.copy, g), names) for g, names in doomed.items())
+                        if names[start:start + per_round]])
+    _fenced(r, keys, token, [("UNLINK", meta_key)])
 
 
 def copies_get(r: redis.Redis, keys: Keys) -> list[str]:
@@ -256,6 +276,7 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
     boards = dict(meta.boards)
     sender: ThreadPoolExecutor | None = None
     in_flight: tuple[Future[list[Any]], _Chunk] | None = None
+    opened = False
 
     def landed(chunk: _Chunk, replies: list[Any]) -> None:
         problem = _chunk_mismatch(chunk, replies)
@@ -281,10 +302,15 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
                 _regional_plans(chunk, meta, boards, olds, news, regions)
             if not plan.lookups and not chunk.region_sets and not chunk.region_drops:
                 continue
+            if not opened:
+                # A chunk spans slot groups, each written on its own: a crash between two
+                # leaves no chunk boundary to re-plan from. Until every chunk landed the
+                # copy reads as broken (the next epoch rebuilds it), never as applying.
+                _fenced(r, keys, token, [("HSET", keys.copy_meta(meta.copy), "state", STATE_BROKEN)])
+                opened = True
             counts, checksums = plan.counts, plan.checksums
             boards.update({board: (p.counts, p.checksums) for board, p in chunk.boards.items()})
-            _chunk_commands(keys, meta, chunk, boards)
-            packed = _transaction(chunk.commands)
+            _chunk_commands(keys, token, meta, chunk, boards)
             if in_flight is not None:
                 landed(in_flight[1], in_flight[0].result())
                 in_flight = None
@@ -296,19 +322,29 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
                 switch_interval = sys.getswitchinterval()
                 sys.setswitchinterval(min(switch_interval, 0.0005))
             if sender is None:
-                landed(chunk, _fenced_packed(r, keys, token, packed, len(chunk.commands)))
+                landed(chunk, _chunk_send(r, keys, token, chunk))
             else:
-                in_flight = (sender.submit(_fenced_packed, r, keys, token, packed, len(chunk.commands)), chunk)
+                in_flight = (sender.submit(_chunk_send, r, keys, token, chunk), chunk)
                 # Hand the GIL over now: otherwise the sender waits for it until this
                 # thread blocks, after planning the next chunk, and nothing overlaps.
                 time.sleep(0)
         if in_flight is not None:
             landed(in_flight[1], in_flight[0].result())
+        if opened:
+            _fenced(r, keys, token, [("HSET", keys.copy_meta(meta.copy), "state", STATE_APPLYING)])
     finally:
         if sender is not None:
             sender.shutdown(wait=True)
             sys.setswitchinterval(switch_interval)
     return touched
+
+
+def _chunk_send(r: redis.Redis, keys: Keys, token: int | None, chunk: _Chunk) -> list[Any]:
+    """A chunk's group writes, every master at once, then its counts in the copy meta: the
+    group writes' replies."""
+    replies = groups_send(r, chunk.calls)
+    _fenced(r, keys, token, [chunk.meta_command])
+    return replies
 
 
 @dataclass(slots=True)
@@ -323,8 +359,11 @@ class _Chunk:
     region_drops: list[str] = field(default_factory=list)
     # Those of region_sets who had no region field before (HSET reports them as new).
     region_new: int = 0
-    commands: list[tuple[Any, ...]] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)  # one per command but the last
+    # One fenced write per slot group the chunk touches: (fence key, EVAL), and each of its
+    # ops' (command, label) for _chunk_mismatch; then the copy meta's counts (control slot).
+    calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
+    labels: list[list[tuple[str, str]]] = field(default_factory=list)
+    meta_command: tuple[Any, ...] = ()
 
 
 def _regional_plans(chunk: _Chunk, meta: CopyMeta, boards: Mapping[str, Board],
@@ -352,12 +391,13 @@ def _regional_plans(chunk: _Chunk, meta: CopyMeta, boards: Mapping[str, Board],
 
 def _chunk_mismatch(chunk: _Chunk, replies: list[Any]) -> str:
     """What a chunk's replies say that its plans did not expect. On each board ZREM counts
-    the members removed and ZADD the ones inserted; the lookup's shards_hset counts the
-    players new to the copy, the region shards' shards_hset and HDELs those new to or gone
-    from every regional board (the copy-meta HSET, last, only rewrites fields)."""
+    the members removed and ZADD the ones inserted; the lookup shards' HSETs count the
+    players new to the copy, the region shards' HSETs and HDELs those new to or gone from
+    every regional board. `replies`: each group write's list of op replies."""
     counted: dict[tuple[str, str], int] = {}
-    for command, label, reply in zip(chunk.commands[:-1], chunk.labels, replies[:-1], strict=True):
-        counted[command[0], label] = counted.get((command[0], label), 0) + int(reply)
+    for labels, reply in zip(chunk.labels, replies, strict=True):
+        for label, n in zip(labels, reply, strict=True):
+            counted[label] = counted.get(label, 0) + int(n)
     for board, plan in (("", chunk.plan), *chunk.boards.items()):
         name = f"region {board}" if board else "the global board"
         removed = counted.get(("ZREM", f"board:{board}"), 0)
@@ -367,24 +407,38 @@ def _chunk_mismatch(chunk: _Chunk, replies: list[Any]) -> str:
             return f"{name}: removed {removed} members, the plan moved {len(plan.removals)} out of their buckets"
         if added != moved + plan.arrivals:
             return f"{name}: inserted {added} members, the plan expected {moved + plan.arrivals}"
-    arrived = counted.get(("EVAL", "lookup"), 0)
+    arrived = counted.get(("HSET", "lookup"), 0)
     if arrived != chunk.plan.arrivals:
         return f"inserted {arrived} lookup entries, the plan expected {chunk.plan.arrivals}"
-    placed, dropped = counted.get(("EVAL", "regions"), 0), counted.get(("HDEL", "regions"), 0)
+    placed, dropped = counted.get(("HSET", "regions"), 0), counted.get(("HDEL", "regions"), 0)
     if placed != chunk.region_new or dropped != len(chunk.region_drops):
         return (f"inserted {placed} and removed {dropped} region entries, the plan expected "
                 f"{chunk.region_new} and {len(chunk.region_drops)}")
     return ""
 
 
-def _chunk_commands(keys: Keys, meta: CopyMeta, chunk: _Chunk, boards: Mapping[str, Board]) -> None:
-    """The commands of one chunk, each labelled with what it writes (for _chunk_mismatch):
-    one per touched bucket, and one for all the lookup shards' writes (shards_hset), not
-    one per player (the MULTI/EXEC then costs ~100 commands to queue and parse, not
-    ~3,000). The copy-meta HSET comes last."""
+def _chunk_commands(keys: Keys, token: int | None, meta: CopyMeta, chunk: _Chunk, boards: Mapping[str, Board]
+                    ) -> None:
+    """The group writes of one chunk, each op labelled with what it writes (for
+    _chunk_mismatch): per slot group a ZREM and a ZADD per touched bucket, an HSET per
+    touched lookup or region shard and an HDEL per region shard losing players, all in
+    the group's one fenced script (~64 scripts for ~3,000 commands, not a command each).
+    The copy meta's new counts go to the control slot after every group landed."""
     plan = chunk.plan
-    commands = _board_commands(keys, meta, plan, "")
-    labels = ["board:"] * len(commands)
+    copy, groups = meta.copy, meta.groups
+    ops: dict[str, list[GroupOp]] = {}
+    labels: dict[str, list[tuple[str, str]]] = {}
+
+    def add(group: int, op: GroupOp, label: str) -> None:
+        fence = keys.fence(copy, group)
+        ops.setdefault(fence, []).append(op)
+        labels.setdefault(fence, []).append((op[0], label))
+
+    for board, board_plan_ in (("", plan), *chunk.boards.items()):
+        for bucket, command, args in _board_ops(meta, board_plan_):
+            add(bucket_group(bucket=bucket, groups=groups, board=board),
+                (command, keys.bucket(copy, meta.layout.layout_id, bucket, board, groups=groups), args),
+                f"board:{board}")
     hsets: dict[int, list[Any]] = {}
     shards = meta.lookup_shards
     if meta.ties is None:
@@ -393,33 +447,29 @@ def _chunk_commands(keys: Keys, meta: CopyMeta, chunk: _Chunk, boards: Mapping[s
     else:  # a first_reached board: "score:reached_ms" in the lookup
         for player_id, value in plan.lookups.items():
             hsets.setdefault(lookup_shard(player_id, shards), []).extend((player_id, value_token(value)))
-    if hsets:
-        commands.append(shards_hset([keys.lookup(meta.copy, shard, groups=meta.groups) for shard in hsets],
-                                    shards_hset_args(hsets)))
-    for board, board_plan_ in chunk.boards.items():
-        labels += ["lookup"] * (len(commands) - len(labels))
-        commands += _board_commands(keys, meta, board_plan_, board)
-        labels += [f"board:{board}"] * (len(commands) - len(labels))
-    labels += ["lookup"] * (len(commands) - len(labels))
+    for shard, pairs in hsets.items():
+        add(shard_group(shard=shard, groups=groups), ("HSET", keys.lookup(copy, shard, groups=groups), pairs),
+            "lookup")
     regions: dict[int, list[Any]] = {}
     for player_id, region in chunk.region_sets.items():
         regions.setdefault(lookup_shard(player_id, shards), []).extend((player_id, region))
-    if regions:
-        commands.append(shards_hset([keys.region(meta.copy, shard, groups=meta.groups) for shard in regions],
-                                    shards_hset_args(regions)))
-    commands += [("HDEL", keys.region(meta.copy, lookup_shard(p, shards), groups=meta.groups), p)
-                 for p in chunk.region_drops]
-    labels += ["regions"] * (len(commands) - len(labels))
-    commands.append(("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(plan.counts),
-                     "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums]),
-                     *(("boards", boards_dumps(boards)) if meta.boards else ())))
-    chunk.commands, chunk.labels = commands, labels
+    for shard, pairs in regions.items():
+        add(shard_group(shard=shard, groups=groups), ("HSET", keys.region(copy, shard, groups=groups), pairs),
+            "regions")
+    for shard, players in shards_of(chunk.region_drops, shards).items():
+        add(shard_group(shard=shard, groups=groups), ("HDEL", keys.region(copy, shard, groups=groups), players),
+            "regions")
+    chunk.calls = [(fence, group_write_call(fence, token, meta.gen, group_ops))
+                   for fence, group_ops in ops.items()]
+    chunk.labels = list(labels.values())
+    chunk.meta_command = ("HSET", keys.copy_meta(copy), "counts", orjson.dumps(plan.counts),
+                          "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums]),
+                          *(("boards", boards_dumps(boards)) if meta.boards else ()))
 
 
-def _board_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan, board: str) -> list[tuple[Any, ...]]:
-    """One board's ZREMs and ZADDs of a chunk, a command per touched bucket."""
-    layout_id = meta.layout.layout_id
-    zrems: dict[int, list[str]] = {}
+def _board_ops(meta: CopyMeta, plan: EpochPlan) -> Iterator[tuple[int, str, list[Any]]]:
+    """One board's (bucket, ZREM or ZADD, arguments) of a chunk, a ZREM and a ZADD per touched bucket."""
+    zrems: dict[int, list[Any]] = {}
     for bucket, player_id in plan.removals:
         zrems.setdefault(bucket, []).append(player_id)
     zadds: dict[int, list[Any]] = {}
@@ -429,16 +479,19 @@ def _board_commands(keys: Keys, meta: CopyMeta, plan: EpochPlan, board: str) -> 
     else:
         for bucket, player_id, value in plan.additions:
             zadds.setdefault(bucket, []).extend((index_key(meta.layout, meta.ties, value)[1], player_id))
-    groups = meta.groups
-    return [*(("ZREM", keys.bucket(meta.copy, layout_id, b, board, groups=groups), *members)
-              for b, members in zrems.items()),
-            *(("ZADD", keys.bucket(meta.copy, layout_id, b, board, groups=groups), *pairs)
-              for b, pairs in zadds.items())]
+    for bucket, members in zrems.items():
+        yield bucket, "ZREM", members
+    for bucket, pairs in zadds.items():
+        yield bucket, "ZADD", pairs
 
 
 def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: tuple[int, int],
                 version: int, exact: bool = False) -> CopyMeta:
-    """Mark the copy ready at `watermark`; `exact` only when it applied every change committed so far."""
+    """Mark the copy ready at `watermark`; `exact` only when it applied every change committed so far.
+
+    Every group fence gets the copy's generation first (the one its manifests carry), so
+    a reader of a group this mutation did not write still finds the generation it expects."""
+    copy_groups_stamp(r, keys, meta.copy, meta.groups, token=token, gen=meta.gen)
     meta.watermark = watermark
     meta.state = STATE_READY
     meta.version = version

@@ -10,7 +10,7 @@ import orjson
 import redis
 
 from leaderboard.views.rankview.keys import MANIFEST_TTL, Keys
-from leaderboard.views.rankview.wire import _pack, _script_call, _transaction
+from leaderboard.views.rankview.wire import _pack, _script_call, _transaction, nodes_round_trip, slot_client
 
 
 class FenceLost(RuntimeError):
@@ -229,7 +229,10 @@ def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes,
     Redis with this one. Any error drops the connection, so a half-read reply or a
     pending WATCH never goes back to the pool.
     """
-    conn = r.connection_pool.get_connection()
+    # On a cluster, the node of the season's control slot: the lease and every key a
+    # fenced transaction writes (pointer, manifests, copy metas) are in that slot.
+    pool = slot_client(r, keys.lease).connection_pool
+    conn = pool.get_connection()
     try:
         for _ in range(FENCE_ATTEMPTS):
             if token is not None:
@@ -257,4 +260,97 @@ def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes,
         conn.disconnect()
         raise
     finally:
-        r.connection_pool.release(conn)
+        pool.release(conn)
+
+
+# A fenced write to one slot group of a copy, the only way a copy's data keys are written:
+# one script on the group's slot, so it needs no other slot and is atomic on its master.
+# KEYS: the group's fence hash, then the data keys the ops write. ARGV: the fencing token
+# ('' = none: a shadow copy, claimed in the database), the copy generation to record
+# ('' = keep), then each op as its command name, the index of its key in KEYS, its
+# argument count and the arguments (sent 1,000 at a time: Lua's unpack has a limit).
+# Refused, with nothing written, when the group holds a higher token: a coordinator that
+# took the season over stamped it there (copy_groups_stamp). Replies: each op's reply,
+# summed over its pieces (members or fields added or removed).
+_GROUP_FENCE = """
+if ARGV[1] ~= '' then
+  local held = redis.call('HGET', KEYS[1], 'token')
+  if held and tonumber(held) > tonumber(ARGV[1]) then return redis.error_reply('FENCED ' .. held) end
+  redis.call('HSET', KEYS[1], 'token', ARGV[1])
+end
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'gen', ARGV[2]) end
+"""
+_GROUP_WRITE = _GROUP_FENCE + """
+local out, at = {}, 3
+while at <= #ARGV do
+  local op, key, last = ARGV[at], KEYS[tonumber(ARGV[at + 1])], at + 2 + tonumber(ARGV[at + 2])
+  at = at + 3
+  local n = 0
+  while at <= last do
+    local stop = math.min(at + 999, last)
+    n = n + redis.call(op, key, unpack(ARGV, at, stop))
+    at = stop + 1
+  end
+  out[#out + 1] = n
+end
+return out
+"""
+# UNLINK a group's keys (KEYS after the fence), under the same fence.
+_GROUP_UNLINK = _GROUP_FENCE + """
+local n = 0
+for at = 2, #KEYS, 1000 do n = n + redis.call('UNLINK', unpack(KEYS, at, math.min(at + 999, #KEYS))) end
+return n
+"""
+
+# One write of a group: (command, key, arguments), e.g. ("ZADD", bucket key, [score, member, ...]).
+GroupOp = tuple[str, str, list[Any]]
+
+
+def group_write_call(fence: str, token: int | None, gen: int | None, ops: list[GroupOp]) -> tuple[Any, ...]:
+    """The EVAL of one fenced group write (`_GROUP_WRITE`); `fence` the group's fence key."""
+    script_keys = [fence]
+    at: dict[str, int] = {}
+    argv: list[Any] = ["" if token is None else token, "" if gen is None else gen]
+    for command, key, args in ops:
+        index = at.get(key)
+        if index is None:
+            script_keys.append(key)
+            index = at[key] = len(script_keys)
+        argv += [command, index, len(args), *args]
+    return _script_call(_GROUP_WRITE, script_keys, argv)
+
+
+def group_unlink_call(fence: str, token: int | None, gen: int | None, doomed: list[str]) -> tuple[Any, ...]:
+    return _script_call(_GROUP_UNLINK, [fence, *doomed], ["" if token is None else token, "" if gen is None else gen])
+
+
+def groups_send(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    """Fenced group writes (fence key, call), every master at once; their replies in order.
+
+    Every reply is read before anything is raised: FenceLost when a group refused the
+    token (a newer coordinator stamped it: nothing of that call was written), else the
+    first error."""
+    replies = nodes_round_trip(r, calls)
+    errors = [reply for reply in replies if isinstance(reply, redis.ResponseError)]
+    for error in errors:
+        if str(error).startswith("FENCED"):
+            raise FenceLost(f"a slot group holds a newer fencing token ({error})")
+    if errors:
+        raise errors[0]
+    return replies
+
+
+def copy_groups_stamp(r: redis.Redis, keys: Keys, copy: str, groups: int, *, token: int | None,
+                      gen: int | None = None) -> None:
+    """Write `token` (and `gen`, when given) into every group fence of a copy, all masters at once.
+
+    A coordinator that takes a season over stamps its token into every group of every copy
+    before it writes or trusts one: from then on no older token writes anything anywhere
+    in the cluster (each group refuses a lower token), and whatever an older one wrote
+    before lay inside a mutation it had opened in the control slot under the lease, which
+    the copy meta shows. Raises FenceLost when a newer token got there first. `gen`: a
+    copy made ready stamps its generation, the one its manifests carry, into every group,
+    so a reader that finds another in the group it read knows the copy moved under it."""
+    calls = [(fence, group_write_call(fence, token, gen, []))
+             for fence in (keys.fence(copy, group) for group in range(groups))]
+    groups_send(r, calls)
