@@ -18,6 +18,7 @@ from leaderboard.redis_client import redis_get
 from leaderboard.views import materializer, rankview
 from seasons.models import Season
 from tests.support import Events, apply_events
+from tests.support.cluster import redis_cli_target
 from tests.support.publication import assert_matches_ledger, keys_of, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -29,10 +30,8 @@ def renewing(season: Season) -> Iterator[subprocess.Popen[bytes]]:
     often) from another process while a test runs, whatever this process's GIL does."""
     r = redis_get()
     keys = keys_of(season)
-    url = r.connection_pool.connection_kwargs
     renewer = subprocess.Popen(
-        ["redis-cli", "-h", str(url.get("host", "127.0.0.1")), "-p", str(url.get("port", 6379)),
-         "-n", str(url.get("db", 0)), "-r", "-1", "-i", "0.001", "PEXPIRE", keys.lease, "30000"],
+        ["redis-cli", *redis_cli_target(r, keys.lease), "-r", "-1", "-i", "0.001", "PEXPIRE", keys.lease, "30000"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield renewer
     renewer.kill()

@@ -319,3 +319,13 @@ def cluster_flush(url: str, **client_options: Any) -> None:
         client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
     finally:
         client.close()
+
+
+def redis_cli_target(r: redis.Redis, key: str) -> list[str]:
+    """redis-cli's options reaching the server that holds `key` through the client `r`: its
+    own server, or the master of the key's slot when `r` is a cluster client."""
+    if isinstance(r, redis.RedisCluster):
+        node = r.get_node_from_key(key)
+        return ["-h", str(node.host), "-p", str(node.port)]
+    server = r.connection_pool.connection_kwargs
+    return ["-h", str(server.get("host", HOST)), "-p", str(server.get("port", 6379)), "-n", str(server.get("db", 0))]
