@@ -85,6 +85,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--phases", default="http,service", help="comma-separated subset of: http,service"
     )
     parser.add_argument(
+        "--partitions", default="1",
+        help="comma-separated ledger partition counts: each phase runs once per count in every run, "
+             "each on a season of its own (e.g. 1,2,4,8)",
+    )
+    parser.add_argument(
+        "--service-partitions", default=None,
+        help="partition counts the in-process service phase runs at (default: those of --partitions)",
+    )
+    parser.add_argument(
         "--server-env", action="append", default=[], metavar="KEY=VALUE",
         help="extra environment for the server only (e.g. DB_CONN_MAX_AGE=0); repeatable",
     )
@@ -97,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.players < args.clients:
         parser.error("--players must be >= --clients")
     args.phase_list = [p.strip() for p in args.phases.split(",") if p.strip()]
+    args.partition_list = [int(p) for p in args.partitions.split(",") if p.strip()]
+    args.service_partition_list = ([int(p) for p in args.service_partitions.split(",") if p.strip()]
+                                   if args.service_partitions else args.partition_list)
     if not args.phase_list or set(args.phase_list) - {"http", "service"}:
         parser.error("--phases takes http and/or service")
     return args
@@ -192,6 +204,42 @@ class PostgresBackends:
         return {row[0] for row in rows}
 
     def close(self) -> None:
+        self.conn.close()
+
+
+class LockWaits:
+    """Time the benchmark database's backends spend waiting for advisory locks (the
+    partition write locks): pg_stat_activity sampled every INTERVAL seconds on a
+    connection of its own; each backend seen waiting counts for one interval."""
+
+    INTERVAL = 0.005
+
+    def __init__(self, url: str):
+        import threading
+
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.stop_event = threading.Event()
+        self.waited = 0.0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                 "AND wait_event_type = 'Lock' AND wait_event = 'advisory'")
+        while not self.stop_event.is_set():
+            started = time.perf_counter()
+            row = self.conn.execute(query).fetchone()
+            self.waited += (row[0] if row else 0) * self.INTERVAL
+            time.sleep(max(0.0, self.INTERVAL - (time.perf_counter() - started)))
+
+    def __enter__(self) -> LockWaits:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        self.thread.join()
         self.conn.close()
 
 
@@ -358,6 +406,15 @@ class PhaseResult:
     outcomes: Counter[str]
     errors: Counter[str]
     cpu: dict[str, Any]
+    partitions: int = 1
+    # Seconds batches spent waiting for the season's partition locks, summed over batches
+    # (LockWaits: sampled from pg_stat_activity).
+    lock_wait: float = 0.0
+    batches: int = 0
+
+    @property
+    def lock_wait_ms_per_batch(self) -> float:
+        return 1000 * self.lock_wait / self.batches if self.batches else 0.0
 
     @property
     def rate(self) -> float:
@@ -457,36 +514,38 @@ class Bench:
     tag: str
     backends: PostgresBackends
 
-    def season_new(self, run: int, phase: str) -> Any:
+    def season_new(self, run: int, phase: str, partitions: int) -> Any:
         from audit.services import Actor
         from seasons.services import season_create
 
         now = datetime.now(UTC)
         return season_create(
-            slug=f"bench-{self.tag}-r{run}-{phase}",
-            name=f"bench {self.tag} run {run} {phase}",
+            slug=f"bench-{self.tag}-r{run}-{phase}-p{partitions}",
+            name=f"bench {self.tag} run {run} {phase} {partitions} partitions",
             starts_at=now - timedelta(days=1),
             cutoff=now + timedelta(days=30),
             actor=Actor(kind="system", id="", label="bench/ingest.py"),
+            partitions=partitions,
         )
 
-    def phase_http(self, run: int) -> PhaseResult:
+    def phase_http(self, run: int, partitions: int = 1) -> PhaseResult:
         assert self.server is not None
-        season = self.season_new(run, "http")
-        with CpuMeter(self.server.pids(), self.backends) as meter:
+        season = self.season_new(run, "http", partitions)
+        with CpuMeter(self.server.pids(), self.backends) as meter, LockWaits(os.environ["DATABASE_URL"]) as waits:
             wall, latencies, outcomes, errors, events = asyncio_run(
                 http_post_all(url=self.server.url, token=self.token, slug=season.slug, shards=self.shards)
             )
             cpu = meter.stop(wall)
-        result = PhaseResult(run, "http", events, wall, latencies, outcomes, errors, cpu)
+        result = PhaseResult(run, "http", events, wall, latencies, outcomes, errors, cpu, partitions=partitions,
+                             lock_wait=waits.waited, batches=len(latencies))
         self.ledger_check(season, result)
         return result
 
-    def phase_service(self, run: int) -> PhaseResult:
+    def phase_service(self, run: int, partitions: int = 1) -> PhaseResult:
         from leaderboard.core.events import events_parse
         from leaderboard.ingest.services import score_events_apply
 
-        season = self.season_new(run, "service")
+        season = self.season_new(run, "service", partitions)
         bodies = interleaved(self.shards)
         latencies: list[float] = []
         outcomes: Counter[str] = Counter()
@@ -503,7 +562,8 @@ class Bench:
                 outcomes.update(o.status for o in result.outcomes)
             wall = time.perf_counter() - started
             cpu = meter.stop(wall)
-        phase = PhaseResult(run, "service", events, wall, latencies, outcomes, Counter(), cpu)
+        phase = PhaseResult(run, "service", events, wall, latencies, outcomes, Counter(), cpu, partitions=partitions,
+                            batches=len(latencies))
         self.ledger_check(season, phase)
         return phase
 
@@ -561,7 +621,7 @@ def report(args: argparse.Namespace, results: list[PhaseResult], calibration: li
     print("-" * len(header))
     for r in results:
         print(
-            f"{r.run:>3}  {r.phase:<7}  {r.events:>7}  {r.seconds:>7.2f}  {r.rate:>9,.0f}  "
+            f"{r.run:>3}  {r.phase + '/' + str(r.partitions):<7}  {r.events:>7}  {r.seconds:>7.2f}  {r.rate:>9,.0f}  "
             f"{1000 * r.percentile(50):>7.1f}  {1000 * r.percentile(99):>7.1f}  "
             f"{r.cpu['client_pct']:>7.0f}  {r.cpu['server_pct']:>7.0f}  "
             f"{r.cpu['our_pg_pct']:>5.0f}  {r.cpu['postgres_pct']:>7.0f}  {r.cpu['other_pct']:>6.0f}  "
@@ -625,6 +685,33 @@ def report(args: argparse.Namespace, results: list[PhaseResult], calibration: li
         ratio = http_rate / service_rate
         ok = ratio >= TARGET_RATIO
         print(f"  ratio http/service = {ratio:.2f} (target >= {TARGET_RATIO}): {'PASS' if ok else 'FAIL'}")
+    partitions_report(results)
+
+
+def partitions_report(results: list[PhaseResult]) -> None:
+    """Medians per phase and partition count, each against the same run's 1-partition
+    (or smallest) http phase: events/s, the time a batch waited for partition locks, and
+    the CPU per 1,000 events on each side."""
+    counts = sorted({r.partitions for r in results})
+    if len(counts) < 2:
+        return
+    print("\nby ledger partitions (medians over runs; x base: events/s over the same run's "
+          f"{counts[0]}-partition http phase)")
+    print(f"  {'phase':<7} {'P':>3} {'events/s':>9} {'x base':>7} {'lock wait ms/batch':>18} {'batch p50 ms':>12} "
+          f"{'py ms/1k':>8} {'pg ms/1k':>8}")
+    base = {r.run: r.rate for r in results if r.phase == "http" and r.partitions == counts[0]}
+    for phase in ("http", "service"):
+        for p in counts:
+            rs = [r for r in results if r.phase == phase and r.partitions == p]
+            if not rs:
+                continue
+            ratios = [r.rate / base[r.run] for r in rs if r.run in base]
+            print(f"  {phase:<7} {p:>3} {statistics.median(r.rate for r in rs):>9,.0f} "
+                  f"{statistics.median(ratios) if ratios else float('nan'):>7.2f} "
+                  f"{statistics.median(r.lock_wait_ms_per_batch for r in rs):>18.1f} "
+                  f"{1000 * statistics.median(r.percentile(50) for r in rs):>12.1f} "
+                  f"{statistics.median(r.python_ms_per_k for r in rs):>8.1f} "
+                  f"{statistics.median(r.pg_ms_per_k for r in rs):>8.1f}")
 
 
 # --------------------------------------------------------------------------- main
@@ -680,10 +767,14 @@ def main(argv: list[str] | None = None) -> int:
             if run % 2 == 0:
                 order.reverse()  # ABBA: drift (table growth, caches) hits both phases alike
             for phase in order:
-                result = bench.phase_http(run) if phase == "http" else bench.phase_service(run)
-                results.append(result)
-                print(f"run {run} {phase:<7} {result.rate:>9,.0f} events/s "
-                      f"({result.events} events in {result.seconds:.2f}s)", flush=True)
+                counts = args.partition_list if phase == "http" else args.service_partition_list
+                for partitions in counts if run % 2 else list(reversed(counts)):
+                    result = (bench.phase_http(run, partitions) if phase == "http"
+                              else bench.phase_service(run, partitions))
+                    results.append(result)
+                    print(f"run {run} {phase:<7} P={partitions:<2} {result.rate:>9,.0f} events/s "
+                          f"({result.events} events in {result.seconds:.2f}s, lock wait "
+                          f"{result.lock_wait_ms_per_batch:.1f} ms/batch, load {os.getloadavg()[0]:.1f})", flush=True)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         if results:

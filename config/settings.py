@@ -187,6 +187,11 @@ if COPY_GRACE_SECONDS <= READ_DEADLINE_SECONDS:
 # Ingest is sealed automatically this long after the cutoff (staff can seal earlier);
 # pre-cutoff results that arrive later go to the late-results queue.
 SEAL_AFTER_CUTOFF_SECONDS = env_float("SEAL_AFTER_CUTOFF_SECONDS", 600.0, minimum=0.0)
+# Ledger partitions of a new season (docs/operations.md, Sizing ledger partitions): its
+# players are split into this many partitions, each with its own write lock, so batches on
+# disjoint partitions commit in parallel. Fixed at creation; `manage.py season_repartition`
+# moves a season to another count.
+SEASON_PARTITIONS = env_int("SEASON_PARTITIONS", 8, minimum=1)
 # Stratified sample of ranks and neighbour windows a shadow build is compared on.
 REBUILD_SAMPLE_SIZE = env_int("REBUILD_SAMPLE_SIZE", 1000, minimum=1)
 # A shadow build whose worker has not moved its heartbeat (every quarter of this, at most

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from django.conf import settings
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.utils import timezone
 
 from leaderboard.core.lifecycle import MATERIALIZED_STATES, SeasonState
+from leaderboard.core.partitions import Watermark
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 
@@ -206,16 +207,11 @@ def metrics_counters_read(*, r: redis.Redis | None = None) -> dict[str, SeasonCo
     }
 
 
-def season_backlog_seconds(*, season: Season, watermark: tuple[int, int], now: datetime) -> float:
+def season_backlog_seconds(*, season: Season, watermark: Watermark, now: datetime) -> float:
     """Age of the oldest committed change after `watermark` (the published version's): 0 when none waits."""
-    from leaderboard.models import ScoreChange
+    from leaderboard.ingest.selectors import stream_oldest_after
 
-    # The change stream's cursor index answers this with one short index scan.
-    oldest = (
-        ScoreChange.objects.filter(season=season)
-        .filter(Q(txid__gt=watermark[0]) | Q(txid=watermark[0], id__gt=watermark[1]))
-        .order_by("txid", "id").values_list("committed_at", flat=True).first()
-    )
+    oldest = stream_oldest_after(season_id=season.pk, watermark=watermark)
     return max((now - oldest).total_seconds(), 0.0) if oldest is not None else 0.0
 
 
@@ -251,7 +247,7 @@ def metrics_seasons_sample(*, now: datetime | None = None) -> int:
     rows = []
     for season in Season.objects.filter(state__in=SAMPLED_STATES).order_by("pk"):
         latest = (Manifest.objects.filter(season=season).order_by("-version")
-                  .values_list("version", "published_at", "watermark_txid", "watermark_id").first())
+                  .values_list("version", "published_at", "watermark_txid", "watermark_id", "watermark_vector").first())
         before: SeasonSample | None = (SeasonSample.objects.filter(season=season, slot__lt=slot)
                                        .order_by("-slot").first())
         c = counters.get(season.slug, SeasonCounters()) if counters is not None else None
@@ -267,7 +263,7 @@ def metrics_seasons_sample(*, now: datetime | None = None) -> int:
             epoch_ms=_per(c.epoch_ms_sum if c else None, before.epoch_ms_sum if before else None,
                           _per(c.epoch_count if c else None, before.epoch_count if before else None, 1.0)),
             backlog_seconds=season_backlog_seconds(
-                season=season, watermark=(latest[2], latest[3]) if latest else (0, 0), now=now),
+                season=season, watermark=Watermark.from_columns(*latest[2:5]) if latest else Watermark(), now=now),
             version=latest[0] if latest else 0,
             version_age_seconds=(now - latest[1]).total_seconds() if latest else None,
         ))

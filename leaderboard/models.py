@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.db import models
 
 from leaderboard.core.ledger import RECORDED_STATUSES
+from leaderboard.core.partitions import Watermark
 
 
 class ApiClient(models.Model):
@@ -112,9 +113,10 @@ class PlayerScore(models.Model):
 class ScoreChange(models.Model):
     """The durable change stream (ScoreChanged, docs/rules.md: The change stream), written with the ledger.
 
-    `txid` numbers the writing transaction in its season's commit order (StreamHead; 0 on
-    SQLite, where writers are serialized and ids are in commit order): readers walk
-    (txid, id), and a change that commits out of id order is never skipped
+    `txid` numbers the writing transaction in its ledger partition's commit order
+    (StreamHead; the partition in its high bits, core.partitions; on SQLite, where writers
+    are serialized and ids are in commit order, just the partition's bits): readers walk
+    each partition's (txid, id), and a change that commits out of id order is never skipped
     (selectors.score_changes_after).
     """
 
@@ -150,20 +152,21 @@ class ScoreChange(models.Model):
 
 
 class StreamHead(models.Model):
-    """The last commit number handed out in a season's change stream.
+    """The last commit number handed out in one ledger partition of a season's change stream.
 
     A writer takes the next number by updating this row in its own transaction, so the
-    row lock orders the season's writers: a number is handed out only after every smaller
-    one has committed (or rolled back). A reader that sees the changes of number N has
-    therefore seen every change below N, and nothing it has not seen can sort before what
-    it has: the stream's visibility depends on this season's writers alone, never on
-    transactions of other seasons or other databases on the same server (as a snapshot's
-    xmin would).
+    row lock orders the partition's writers: a number is handed out only after every
+    smaller one has committed (or rolled back). A reader that sees the changes of number N
+    has therefore seen every change of the partition below N, and nothing it has not seen
+    can sort before what it has: the stream's visibility depends on this partition's
+    writers alone, never on transactions of other partitions, seasons or databases on the
+    same server (as a snapshot's xmin would). `head` carries the partition in its high bits
+    (core.partitions); partition 0's numbers are plain.
     """
 
-    season = models.OneToOneField(
-        "seasons.Season", on_delete=models.PROTECT, primary_key=True, related_name="+", db_constraint=False
-    )
+    pk = models.CompositePrimaryKey("season_id", "partition")
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+", db_constraint=False)
+    partition = models.PositiveSmallIntegerField(default=0)
     head = models.BigIntegerField(default=0)
 
 
@@ -173,8 +176,11 @@ class Manifest(models.Model):
     season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="manifests")
     version = models.BigIntegerField()
     as_of = models.DateTimeField()
+    # Partition 0's cursor; the whole watermark, one cursor per ledger partition, when it
+    # names more (core.partitions.Watermark.columns).
     watermark_txid = models.BigIntegerField()
     watermark_id = models.BigIntegerField()
+    watermark_vector = models.JSONField(null=True, blank=True)
     copy = models.CharField(max_length=16)
     layout = models.JSONField()
     # [{"bucket", "low", "high", "count", "checksum"}] as in the Redis manifest.
@@ -196,6 +202,10 @@ class Manifest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.season_id} v{self.version}"
+
+    @property
+    def watermark(self) -> Watermark:
+        return Watermark.from_columns(self.watermark_txid, self.watermark_id, self.watermark_vector)
 
 
 class LeaseFence(models.Model):
@@ -273,6 +283,7 @@ class RebuildJob(models.Model):
     eta_seconds = models.FloatField(null=True, blank=True)
     watermark_txid = models.BigIntegerField(null=True, blank=True)
     watermark_id = models.BigIntegerField(null=True, blank=True)
+    watermark_vector = models.JSONField(null=True, blank=True)
     compared_version = models.BigIntegerField(null=True, blank=True)
     published_version = models.BigIntegerField(null=True, blank=True)
     report = models.JSONField(null=True, blank=True)

@@ -14,6 +14,7 @@ from audit.services import staff_public_ref
 from leaderboard.api import schema as api_schema
 from leaderboard.api.errors import ApiError
 from leaderboard.api.params import int_param, player_id_param, region_param, season_id_param, season_not_found
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.tiebreak import reached_text
 from leaderboard.ratelimit import ReadRateThrottle
 from seasons.models import FinalStanding, Season
@@ -84,7 +85,8 @@ class FinalView(APIView):
             "manifest": {
                 "version": manifest.version,
                 "as_of": manifest.as_of,
-                "watermark": [manifest.watermark_txid, manifest.watermark_id],
+                "watermark": Watermark.from_columns(manifest.watermark_txid, manifest.watermark_id,
+                                                    manifest.watermark_vector).as_json(),
                 "layout": manifest.layout,
                 "buckets": manifest.buckets,
             },

@@ -5,6 +5,7 @@ from django.db import models
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.lifecycle import SeasonState
+from leaderboard.core.partitions import Watermark
 
 
 def default_layout() -> dict[str, object]:
@@ -35,6 +36,15 @@ class Season(models.Model):
     sealed_at = models.DateTimeField(null=True, blank=True)
     ingest_watermark_txid = models.BigIntegerField(null=True, blank=True)
     ingest_watermark_id = models.BigIntegerField(null=True, blank=True)
+    # The whole seal watermark, one cursor per ledger partition, when it names more than
+    # partition 0 (whose cursor the two columns above keep).
+    ingest_watermark_vector = models.JSONField(null=True, blank=True)
+    # Ledger partitions (docs/architecture.md, Partitions): a player's ledger rows, score
+    # and changes belong to partition partition_base + partition_of(player_id, partitions),
+    # each with its own write lock and change-stream cursor. Chosen at creation; the
+    # season_repartition command moves a season to a new layout numbered above this one.
+    partitions = models.PositiveSmallIntegerField(default=1)
+    partition_base = models.PositiveSmallIntegerField(default=0)
     final_version = models.BigIntegerField(null=True, blank=True)
     finalized_at = models.DateTimeField(null=True, blank=True)
     # The season's fixed set of regions (docs/rules.md, Regional and friends boards): each
@@ -62,6 +72,19 @@ class Season(models.Model):
     @property
     def bucket_layout(self) -> BucketLayout:
         return BucketLayout.from_dict(self.layout)
+
+    @property
+    def partition_ids(self) -> range:
+        """The ids of the partitions new writes go to."""
+        return range(self.partition_base, self.partition_base + self.partitions)
+
+    @property
+    def ingest_watermark(self) -> Watermark | None:
+        """The seal's watermark (None before the seal)."""
+        if self.ingest_watermark_txid is None:
+            return None
+        return Watermark.from_columns(self.ingest_watermark_txid, self.ingest_watermark_id,
+                                      self.ingest_watermark_vector)
 
 
 class FinalCandidate(models.Model):

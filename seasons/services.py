@@ -9,7 +9,6 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from audit.selectors import staff_role_granters
@@ -25,6 +24,7 @@ from leaderboard.core.lifecycle import (
     transition_check,
 )
 from leaderboard.core.manifest import Manifest
+from leaderboard.core.partitions import MAX_PARTITIONS, Watermark, layout_check
 from leaderboard.core.season_options import (
     TIE_BREAK_FIRST_REACHED,
     TIE_BREAK_SHARED,
@@ -33,6 +33,7 @@ from leaderboard.core.season_options import (
 )
 from leaderboard.core.tiebreak import first_reached_problem, reached_text
 from leaderboard.ingest import ledger_store
+from leaderboard.ingest.selectors import changes_after_q, stream_last_watermark
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import ScoreChange
 from leaderboard.recovery.reconcile import display_order_sql, version_reconcile
@@ -59,12 +60,18 @@ def season_create(
     layout: BucketLayout | None = None,
     regions: Sequence[str] = (),
     tie_break: str = TIE_BREAK_SHARED,
+    partitions: int | None = None,
 ) -> Season:
     """A new season in the state its dates call for. `regions`: its fixed set of regions
     (0..16 distinct names by the region rule; each gets its own board), changeable only
-    while it is SCHEDULED; `tie_break`: how equal scores are ordered, fixed for good."""
+    while it is SCHEDULED; `tie_break`: how equal scores are ordered, fixed for good;
+    `partitions`: its ledger partitions (default SEASON_PARTITIONS), changed only by
+    season_repartition."""
     if cutoff <= starts_at:
         raise SeasonError("the cutoff must be after the start")
+    partitions = settings.SEASON_PARTITIONS if partitions is None else partitions
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise SeasonError(f"partitions must be 1..{MAX_PARTITIONS}")
     if problem := regions_problem(regions) or tie_break_problem(tie_break):
         raise SeasonError(problem)
     if tie_break == TIE_BREAK_FIRST_REACHED and (problem := first_reached_problem(
@@ -77,6 +84,7 @@ def season_create(
         season = Season.objects.create(
             slug=slug, name=name, starts_at=starts_at, cutoff=cutoff, state=state.value,
             layout=(layout or BucketLayout.uniform()).as_dict(), regions=list(regions), tie_break=tie_break,
+            partitions=partitions,
         )
         audit_log(
             actor=actor,
@@ -88,10 +96,40 @@ def season_create(
                 "name": name, "state": season.state,
                 "starts_at": starts_at.isoformat(), "cutoff": cutoff.isoformat(),
                 "buckets": len(season.layout["lower_bounds"]),
-                "regions": season.regions, "tie_break": season.tie_break,
+                "regions": season.regions, "tie_break": season.tie_break, "partitions": partitions,
             },
         )
     return season
+
+
+def season_repartition(*, season: Season, partitions: int, actor: Actor, reason: str = "") -> Season:
+    """Move a season to `partitions` ledger partitions, in any state, open included
+    (audited `season.repartitioned`; docs/operations.md, Repartitioning a season).
+
+    Under every partition's write lock, so no batch is in flight and every later batch
+    reads the new layout under its own locks. The new partitions are numbered above every
+    old one and nothing already written moves: the old partitions' changes keep their
+    commit numbers, so every watermark keeps its meaning and nothing is read twice or
+    skipped; an epoch reads partitions in ascending order, so a player's changes in the
+    old layout come before their changes in the new one. The old partitions only stop
+    receiving changes.
+    """
+    with transaction.atomic():
+        locked = _locked_season(season)
+        if partitions == locked.partitions:
+            raise SeasonError(f"season {locked.slug} already has {partitions} ledger partitions")
+        base = locked.partition_base + locked.partitions
+        try:
+            layout_check(base=base, partitions=partitions)
+        except ValueError as exc:
+            raise SeasonError(str(exc)) from exc
+        before = {"partitions": locked.partitions, "partition_base": locked.partition_base}
+        locked.partitions, locked.partition_base = partitions, base
+        locked.save(update_fields=["partitions", "partition_base"])
+        audit_log(actor=actor, action="season.repartitioned", target_type="season", target_id=locked.slug,
+                  season_slug=locked.slug, before=before,
+                  after={"partitions": partitions, "partition_base": base}, reason=reason)
+    return locked
 
 
 def season_regions_set(*, season: Season, regions: Sequence[str], actor: Actor, reason: str = "") -> Season:
@@ -130,10 +168,7 @@ def _season_snapshot(season: Season) -> dict[str, object]:
         "tie_break": season.tie_break,
         "published_version": season.published_version,
         "final_version": season.final_version,
-        "ingest_watermark": (
-            None if season.ingest_watermark_txid is None
-            else f"{season.ingest_watermark_txid}:{season.ingest_watermark_id}"
-        ),
+        "ingest_watermark": None if season.ingest_watermark is None else season.ingest_watermark.dump(),
     }
 
 
@@ -170,13 +205,13 @@ def season_seal_ingest(*, season: Season, actor: Actor, reason: str = "") -> Sea
                                       cutoff=locked.cutoff)
         except TransitionError as exc:
             raise SeasonError(str(exc)) from exc
-        head = (
-            ScoreChange.objects.filter(season_id=locked.pk).order_by("-txid", "-id").values_list("txid", "id").first()
-        )
-        locked.ingest_watermark_txid, locked.ingest_watermark_id = head if head is not None else (0, 0)
+        # Every partition's newest change: under all the partitions' locks, nothing is in flight.
+        txid, ident, vector = stream_last_watermark(season_id=locked.pk).columns()
+        locked.ingest_watermark_txid, locked.ingest_watermark_id, locked.ingest_watermark_vector = txid, ident, vector
         locked.sealed_at = timezone.now()
         locked.state = SeasonState.FINALIZING.value
-        locked.save(update_fields=["state", "sealed_at", "ingest_watermark_txid", "ingest_watermark_id"])
+        locked.save(update_fields=["state", "sealed_at", "ingest_watermark_txid", "ingest_watermark_id",
+                                   "ingest_watermark_vector"])
         audit_log(actor=actor, action=action, target_type="season", target_id=locked.slug, season_slug=locked.slug,
                   before=before, after=_season_snapshot(locked), reason=reason)
     return locked
@@ -238,8 +273,8 @@ def season_final_candidate_build(*, season: Season, actor: Actor, sample: int | 
     manifest = _current_manifest(season)
     if manifest is None:
         raise FinalNotReady("no published version yet")
-    sealed = (season.ingest_watermark_txid or 0, season.ingest_watermark_id or 0)
-    if manifest.watermark < sealed:
+    sealed = season.ingest_watermark or Watermark()
+    if not manifest.watermark >= sealed:
         raise FinalNotReady(
             f"version {manifest.version} covers the change stream up to {manifest.watermark}, "
             f"the seal is at {sealed}: waiting for the materializer"
@@ -334,10 +369,8 @@ def season_final_approve(*, candidate: FinalCandidate, actor: Actor, reason: str
         if not check.ok:
             raise SeasonError(check.reason)
         manifest_row = ManifestRow.objects.get(season=season, version=locked.version)
-        newer = ScoreChange.objects.filter(season_id=season.pk).filter(
-            Q(txid__gt=manifest_row.watermark_txid)
-            | Q(txid=manifest_row.watermark_txid, id__gt=manifest_row.watermark_id)
-        )
+        newer = ScoreChange.objects.filter(season_id=season.pk).filter(changes_after_q(Watermark.from_columns(
+            manifest_row.watermark_txid, manifest_row.watermark_id, manifest_row.watermark_vector)))
         if newer.exists():
             raise SeasonError("the ledger changed after the candidate version: build a new candidate")
         digest, total = final_standings_write(season=season)

@@ -20,6 +20,7 @@ from django.utils import timezone
 from audit.models import AuditEntry
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.lifecycle import ACCEPTING_STATES
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.splits import SplitProposal
 from leaderboard.metrics import LAG_BOUNDS, season_backlog_seconds
 from leaderboard.models import (
@@ -112,7 +113,7 @@ def seasons_overview(*, now: datetime | None = None, window_seconds: int = DEFAU
     for season in Season.objects.order_by("-starts_at", "slug"):
         manifests = list(Manifest.objects.filter(season=season).order_by("-version")
                          .values_list("version", "published_at", "total_players", "changed_players",
-                                      "watermark_txid", "watermark_id")[:60])
+                                      "watermark_txid", "watermark_id", "watermark_vector")[:60])
         latest = manifests[0] if manifests else None
         lag_mean, lag_p99 = lags.get(season.slug, (None, None))
         charts = season_charts(season=season, now=now, window_seconds=window_seconds)
@@ -121,7 +122,8 @@ def seasons_overview(*, now: datetime | None = None, window_seconds: int = DEFAU
             version=season.published_version,
             version_age_seconds=(now - latest[1]).total_seconds() if latest else None,
             players=latest[2] if latest else 0,
-            lag_seconds=season_backlog_seconds(season=season, watermark=latest[4:6] if latest else (0, 0), now=now),
+            lag_seconds=season_backlog_seconds(
+                season=season, watermark=Watermark.from_columns(*latest[4:7]) if latest else Watermark(), now=now),
             lag_mean_seconds=lag_mean,
             lag_p99_bound=lag_p99,
             ingest_per_second=_ingest_rate(season=season, now=now),

@@ -98,6 +98,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+# Ledger partitions of the seasons tests create (unless a test names its own): 1, so the
+# suite's commit numbers are the plain ones; TEST_SEASON_PARTITIONS=8 runs it partitioned.
+TEST_SEASON_PARTITIONS = int(os.environ.get("TEST_SEASON_PARTITIONS", "1"))
+
+
 @pytest.fixture
 def season_factory(db: Any) -> Callable[..., Season]:
     counter = itertools.count(1)
@@ -109,6 +114,7 @@ def season_factory(db: Any) -> Callable[..., Season]:
             "starts_at": SEASON_START,
             "cutoff": SEASON_CUTOFF,
             "actor": TEST_ACTOR,
+            "partitions": TEST_SEASON_PARTITIONS,
         }
         params.update(overrides)
         return season_create(**params)

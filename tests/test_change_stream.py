@@ -210,11 +210,11 @@ def pg_connections() -> Iterator[Callable[[], psycopg.Connection[Any]]]:
 
 
 def insert_change(conn: psycopg.Connection[Any], season: Season, player_id: str, new_score: int) -> tuple[int, int]:
-    """Insert one ScoreChanged row the way the write path numbers it (the season's next
+    """Insert one ScoreChanged row the way the write path numbers it (partition 0's next
     commit number, taken by updating its StreamHead row); returns (id, txid)."""
     row = conn.execute(
-        "WITH head AS (INSERT INTO leaderboard_streamhead (season_id, head) VALUES (%s, 1) "
-        "ON CONFLICT (season_id) DO UPDATE SET head = leaderboard_streamhead.head + 1 RETURNING head) "
+        "WITH head AS (INSERT INTO leaderboard_streamhead (season_id, partition, head) VALUES (%s, 0, 1) "
+        "ON CONFLICT (season_id, partition) DO UPDATE SET head = leaderboard_streamhead.head + 1 RETURNING head) "
         "INSERT INTO leaderboard_scorechange "
         "(season_id, player_id, old_score, new_score, score_version, event_id, committed_at, txid) "
         "SELECT %s, %s, NULL, %s, 1, %s, now(), head FROM head RETURNING id, txid",

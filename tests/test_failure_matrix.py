@@ -24,6 +24,7 @@ from django.db import connections
 from django.test import Client
 
 from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import Entry, Standings
 from leaderboard.models import LateResult, PlayerScore, RebuildJob
 from leaderboard.models import Manifest as ManifestRow
@@ -450,7 +451,7 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
     attempts: list[Callable[[], Any]] = [
         lambda: rankview.copy_begin_mutation(r, keys, token_a, stale_meta),
         lambda: rankview.copy_apply(r, keys, token_a, stale_meta, {"p05": None}, {"p05": 5}),
-        lambda: rankview.copy_finish(r, keys, token_a, stale_meta, watermark=(0, 10**9), version=99),
+        lambda: rankview.copy_finish(r, keys, token_a, stale_meta, watermark=Watermark.single(0, 10**9), version=99),
         lambda: rankview.manifest_store(r, keys, candidate, token=token_a),
         lambda: rankview.pointer_publish(r, keys, token=token_a, expected=manifest.version,
                                          version=manifest.version + 1),
@@ -695,7 +696,8 @@ def test_late_results_around_the_cutoff_and_the_seal(season_factory: Callable[..
     # A pre-cutoff result still arriving before the seal is accepted.
     post_ok(post_scores, season, [event("straggler", 650, 1, completed_at=before)])
     season = season_seal_ingest(season=season, actor=TEST_ACTOR, reason="test")
-    sealed = (season.ingest_watermark_txid, season.ingest_watermark_id)
+    sealed = season.ingest_watermark
+    assert sealed is not None
     version = publish(season)
     assert current_manifest(season).watermark >= sealed
     assert_matches_ledger(season, absent=["too-late", "early"])
@@ -791,7 +793,7 @@ class SplitLoad:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.errors: list[str] = []
-        self.boards: dict[int, tuple[tuple[int, int], list[Entry]]] = {}
+        self.boards: dict[int, tuple[Watermark, list[Entry]]] = {}
         self.reads = 0
         self.writes = 0
         self.published: list[int] = []

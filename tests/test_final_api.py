@@ -85,7 +85,7 @@ def test_final_describes_the_approved_version_and_its_hash(final_season: Season)
     manifest = body["manifest"]
     assert set(manifest) == {"version", "as_of", "watermark", "layout", "buckets"}
     assert manifest["version"] == final_season.final_version
-    assert manifest["watermark"] == [row.watermark_txid, row.watermark_id]
+    assert manifest["watermark"] == row.watermark.as_json()
     assert manifest["layout"] == final_season.layout
     assert len(manifest["buckets"]) == 101
     assert sum(b["count"] for b in manifest["buckets"]) == PLAYERS

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.manifest import Manifest
+from leaderboard.core.partitions import Watermark
 from leaderboard.models import RebuildJob
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
@@ -114,7 +115,7 @@ def test_the_manifest_cache_evicts_the_least_recently_used_entry_when_full(monke
 
     def stored(version: int) -> None:
         manifest = Manifest(season="lru", version=version, as_of="2026-11-15T12:00:00.000+00:00",
-                            watermark=(0, 0), copy="0", gen=1, layout=layout, counts=[0], checksums=[0])
+                            watermark=Watermark(), copy="0", gen=1, layout=layout, counts=[0], checksums=[0])
         r.set(keys.manifest(version), manifest.to_json())
 
     for version in (1, 2, 3, 4):

@@ -12,6 +12,7 @@ import pytest
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.manifest import Manifest
+from leaderboard.core.partitions import Watermark
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
@@ -213,7 +214,7 @@ def test_manifest_row_records_each_published_version(season: Season, post_scores
     row = rows[-1]
     assert row.total_players == 4 == manifest.total
     assert row.copy == manifest.copy
-    assert (row.watermark_txid, row.watermark_id) == manifest.watermark
+    assert row.watermark == manifest.watermark
     assert row.layout == manifest.layout.as_dict()
     assert row.buckets == manifest.to_dict()["buckets"]
     assert sum(b["count"] for b in row.buckets) == 4
@@ -313,7 +314,7 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
     assert r.hget(keys.lookup_of("1", "x", target.lookup_shards), "x") is None
     assert r.zcard(keys.bucket("1", current.layout.layout_id, 0)) == 0
     with pytest.raises(rankview.FenceLost):
-        rankview.copy_finish(r, keys, stale, target, watermark=(0, 99), version=2)
+        rankview.copy_finish(r, keys, stale, target, watermark=Watermark.single(0, 99), version=2)
     with pytest.raises(rankview.FenceLost):
         rankview.pointer_publish(r, keys, token=stale, expected=1, version=2)
     assert rankview.pointer_get(r, keys) == 1

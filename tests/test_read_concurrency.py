@@ -301,7 +301,7 @@ def test_reads_are_consistent_while_versions_are_published(
     # replayed up to it, independently of Redis.
     for version, board in shared.snapshots.items():
         row = ManifestRow.objects.get(season=season, version=version)
-        expected = Standings(scores_at_watermark(season, (row.watermark_txid, row.watermark_id)))
+        expected = Standings(scores_at_watermark(season, row.watermark))
         assert board == expected.window(from_position=1, limit=len(expected) + 1), f"v{version}"
         assert row.total_players == len(board)
 

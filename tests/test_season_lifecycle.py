@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from audit.models import AuditEntry
 from audit.services import SYSTEM
 from leaderboard.core.lifecycle import SeasonState
+from leaderboard.core.partitions import Watermark
 from leaderboard.models import ApiClient, LateResult, PlayerScore, ScoreChange, ScoreEvent
 from seasons.models import FinalCandidate, FinalStanding, Season
 from seasons.services import (
@@ -109,7 +110,7 @@ def test_opening_closing_and_sealing_each_write_an_audit_row_with_before_and_aft
     sealed = reload(season)
     assert sealed.state == SeasonState.FINALIZING
     assert sealed.sealed_at is not None
-    assert (sealed.ingest_watermark_txid, sealed.ingest_watermark_id) == (0, 0)  # nothing was ever written
+    assert sealed.ingest_watermark == Watermark()  # nothing was ever written
 
     assert audit_actions(season) == ["season.created", "season.opened", "season.closing", "season.ingest.sealed"]
     rows = {e.action: e for e in AuditEntry.objects.filter(season_slug="audited")}
@@ -238,7 +239,7 @@ def test_after_the_seal_late_results_and_api_corrections_wait_in_the_queue_for_s
     watermark = change_head(season)
     season_seal_ingest(season=season, actor=SYSTEM)
     sealed = reload(season)
-    assert (sealed.ingest_watermark_txid, sealed.ingest_watermark_id) == watermark
+    assert sealed.ingest_watermark == watermark
 
     late = events.result("alice", 5000)
     new_player = events.result("dave", 700)
@@ -274,7 +275,7 @@ def test_after_the_seal_late_results_and_api_corrections_wait_in_the_queue_for_s
     assert LateResult.objects.filter(season=season).count() == 3
     # Nothing after the seal moved the change stream, nor the seal itself.
     assert change_head(season) == watermark
-    assert (reload(season).ingest_watermark_txid, reload(season).ingest_watermark_id) == watermark
+    assert reload(season).ingest_watermark == watermark
 
 
 @pytest.mark.django_db
@@ -289,7 +290,7 @@ def test_the_seal_records_the_newest_change_of_its_own_season_only(
     head = change_head(season)
     post_ok(post_scores, other, [theirs.result("x", 9)])  # newer, but another season's
     sealed = season_seal_ingest(season=season, actor=SYSTEM)
-    assert (sealed.ingest_watermark_txid, sealed.ingest_watermark_id) == head
+    assert sealed.ingest_watermark == head
     assert head < change_head(other)  # a newer change, but not this season's
     # The other season is untouched and still accepts results.
     assert reload(other).state == SeasonState.OPEN
@@ -347,7 +348,7 @@ def test_the_tick_seals_ingest_the_configured_delay_after_the_cutoff(
     assert done[0] == "tick-seal: sealed"
     sealed = reload(season)
     assert sealed.state == SeasonState.FINALIZING
-    assert (sealed.ingest_watermark_txid, sealed.ingest_watermark_id) == change_head(season)
+    assert sealed.ingest_watermark == change_head(season)
     entry = AuditEntry.objects.get(action="season.ingest.sealed", season_slug="tick-seal")
     assert (entry.actor_type, entry.reason) == ("system", "automatic seal after the cutoff")
 
@@ -557,11 +558,12 @@ def test_race_every_result_is_either_in_the_final_or_in_the_late_queue_exactly_o
 
     # Every accepted change is at or below the watermark; nothing entered the board after it.
     season.refresh_from_db()
-    watermark = (season.ingest_watermark_txid, season.ingest_watermark_id)
+    watermark = season.ingest_watermark
+    assert watermark is not None
     changes = list(ScoreChange.objects.filter(season=season).values_list("txid", "id", "event_id"))
-    above = [(txid, ident, event_id) for txid, ident, event_id in changes if (txid, ident) > watermark]
+    above = [(txid, ident, event_id) for txid, ident, event_id in changes if not watermark.covers(txid, ident)]
     assert not above, f"accepted after the watermark {watermark}: {above[:5]}"
-    assert max((txid, ident) for txid, ident, _ in changes) == watermark
+    assert Watermark().advanced(sorted((txid, ident) for txid, ident, _ in changes)) == watermark
     changed_events = [event_id for _, _, event_id in changes]
     assert len(changed_events) == len(set(changed_events))
     assert set(changed_events) <= set(accepted)

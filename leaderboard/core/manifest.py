@@ -10,6 +10,7 @@ import orjson
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.epoch import higher_counts
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.slots import SLOT_GROUPS_DEFAULT
 from leaderboard.core.tiebreak import FirstReached
 
@@ -71,8 +72,9 @@ class Manifest:
     season: str
     version: int
     as_of: str
-    # Everything in the change stream up to this (txid, id) cursor is in the version.
-    watermark: tuple[int, int]
+    # Everything in the change stream up to this watermark (a (txid, id) cursor per ledger
+    # partition) is in the version.
+    watermark: Watermark
     copy: str
     # The copy's generation when the version was published; a reader that sees another
     # generation after its reads knows the copy was mutated under it.
@@ -121,7 +123,7 @@ class Manifest:
             "season": self.season,
             "version": self.version,
             "as_of": self.as_of,
-            "watermark": list(self.watermark),
+            "watermark": self.watermark.as_json(),
             "copy": self.copy,
             "gen": self.gen,
             "layout": self.layout.as_dict(),
@@ -146,7 +148,7 @@ class Manifest:
             season=data["season"],
             version=int(data["version"]),
             as_of=data["as_of"],
-            watermark=(int(data["watermark"][0]), int(data["watermark"][1])),
+            watermark=Watermark.from_json(data["watermark"]),
             copy=str(data["copy"]),
             gen=int(data["gen"]),
             layout=BucketLayout.from_dict(data["layout"]),

@@ -14,10 +14,15 @@ from datetime import UTC, datetime
 from django.db import connection
 
 from leaderboard.core.ledger import BatchPlan, LedgerRow, PlayerState, RecordedEvent
+from leaderboard.core.partitions import TXID_PARTITION_SHIFT, layout_partition
 from leaderboard.models import LateResult, PlayerProfile, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
+from seasons.models import Season
 
-# Namespace of the per-season advisory lock (pg_advisory_xact_lock(int, int)).
+# Namespace of the per-partition advisory locks (pg_advisory_xact_lock(int, int)): a
+# season's partition 0 keeps the key the single per-season lock had, (0x5C0E, season);
+# partition p > 0 is (_PARTITION_LOCK_BASE + p, season), above every other namespace.
 _SEASON_WRITE_LOCK = 0x5C0E
+_PARTITION_LOCK_BASE = _SEASON_WRITE_LOCK << 15
 
 
 def _text_array(values: Iterable[str | None]) -> str:
@@ -51,16 +56,44 @@ def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
-def season_write_lock(*, season_id: int) -> None:
-    """Serialize writers of one season until the transaction ends.
+def partition_lock_key(partition: int) -> int:
+    return _SEASON_WRITE_LOCK if partition == 0 else _PARTITION_LOCK_BASE + partition
 
-    Events of a batch take effect in order and a player's version only moves forward;
-    serializing per season keeps that exact without row-lock ordering or retry loops.
-    On SQLite, BEGIN IMMEDIATE (settings) already serializes every writer.
+
+def partition_write_locks(*, season_id: int, partitions: Iterable[int]) -> None:
+    """Serialize the writers of these ledger partitions of one season until the transaction ends.
+
+    Events of a batch take effect in order and a player's version only moves forward; a
+    player's rows all live in one partition, so serializing per partition keeps that
+    exact without row-lock ordering or retry loops, while batches on disjoint partitions
+    commit in parallel. The locks are taken in ascending order, in one statement, so two
+    batches sharing partitions never deadlock. On SQLite, BEGIN IMMEDIATE (settings)
+    already serializes every writer.
     """
     if is_postgres():
+        keys = [partition_lock_key(p) for p in sorted(set(partitions))]
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_SEASON_WRITE_LOCK, season_id])
+            # A function scan returns the array in order: the locks are taken in that order.
+            cursor.execute("SELECT count(pg_advisory_xact_lock(k, %s)) FROM unnest(%s::int[]) AS u(k)",
+                           [season_id, _int_array(keys)])
+
+
+def season_write_lock(*, season_id: int) -> None:
+    """Serialize every writer of one season until the transaction ends: the locks of all
+    its partitions (lifecycle transitions, region moves, repartitions).
+
+    A repartition changes the layout under these same locks, and numbers the new
+    partitions above the old ones: the layout is read again once they are held, and the
+    locks of a newer layout taken too (still in ascending order).
+    """
+    held: set[int] = set()
+    while True:
+        base, count = Season.objects.filter(pk=season_id).values_list("partition_base", "partitions").get()
+        wanted = set(range(base, base + count)) - held
+        if not wanted:
+            return
+        partition_write_locks(season_id=season_id, partitions=wanted)
+        held |= wanted
 
 
 def fence_token_issue(*, season_id: int) -> int:
@@ -158,7 +191,9 @@ def season_players_region_move(*, season_id: int, season_regions: list[str], mov
     (region, profile_version), region "" for none); returns how many moved. Only players
     with a score in the season move, to the region if the season has it, else to none;
     each move is a change-stream row with the score unchanged and both regions, numbered
-    like a score batch. Call under the season's write lock (season_write_lock)."""
+    like a score batch in the player's ledger partition. Call under the season's write lock
+    (season_write_lock)."""
+    base, count = Season.objects.filter(pk=season_id).values_list("partition_base", "partitions").get()
     wanted = {player_id: region if region in season_regions else "" for player_id, (region, _) in moves.items()}
     held = list(PlayerScore.objects.select_for_update().filter(season_id=season_id, player_id__in=list(wanted)))
     moved = [(score, score.region) for score in held if score.region != wanted[score.player_id]]
@@ -167,34 +202,45 @@ def season_players_region_move(*, season_id: int, season_regions: list[str], mov
     for score, _ in moved:
         score.region, score.updated_at = wanted[score.player_id], now
     PlayerScore.objects.bulk_update([score for score, _ in moved], ["region", "updated_at"])
-    txid = _stream_number_take(season_id=season_id)
+    partition = {score.player_id: layout_partition(score.player_id, base=base, partitions=count)
+                 for score, _ in moved}
+    txids = stream_numbers_take(season_id=season_id, partitions=set(partition.values()))
     ScoreChange.objects.bulk_create(
         ScoreChange(
             season_id=season_id, player_id=score.player_id, old_score=score.score, new_score=score.score,
             score_version=score.score_version, reached_at=score.reached_at, old_reached_at=score.reached_at,
             region=score.region, old_region=old_region, event_id=f"region:{moves[score.player_id][1]}",
-            committed_at=now, txid=txid,
+            committed_at=now, txid=txids[partition[score.player_id]],
         )
         for score, old_region in moved
     )
     return len(moved)
 
 
-def _stream_number_take(*, season_id: int) -> int:
-    """The season's next commit number (models.StreamHead), as the score write statement
-    takes it; 0 on SQLite, where writers are serialized and ids are in commit order."""
+def stream_numbers_take(*, season_id: int, partitions: Iterable[int]) -> dict[int, int]:
+    """Each partition's next commit number (models.StreamHead), as the score write
+    statement takes them; on SQLite, where writers are serialized and ids are in commit
+    order, the partition's bits alone."""
+    ids = sorted(set(partitions))
     if not is_postgres():
-        return 0
+        return {p: p << TXID_PARTITION_SHIFT for p in ids}
     with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO leaderboard_streamhead (season_id, head) VALUES (%s, 1) "
-            "ON CONFLICT (season_id) DO UPDATE SET head = leaderboard_streamhead.head + 1 RETURNING head",
-            [season_id],
-        )
-        return int(cursor.fetchone()[0])
+        cursor.execute(f"WITH {_HEADS_TAKE} SELECT partition, head FROM head",
+                       {"season": season_id, "parts": _int_array(ids)})
+        return dict(cursor.fetchall())
 
 
-_PG_WRITE = """
+# Partition p's first number is p << 48 | 1 (core.partitions): partition 0's are the plain
+# numbers of a season without partitions.
+_HEADS_TAKE = """head AS (
+    INSERT INTO leaderboard_streamhead (season_id, partition, head)
+    SELECT %(season)s, p, (p::bigint << 48) + 1 FROM unnest(%(parts)s::int[]) AS u(p)
+    ON CONFLICT (season_id, partition) DO UPDATE SET head = leaderboard_streamhead.head + 1
+    RETURNING partition, head
+)"""
+
+
+_PG_WRITE = f"""
 WITH ledger AS (
     INSERT INTO leaderboard_scoreevent (
         season_id, client_id, received_at, event_id, match_id, player_id, best_score,
@@ -215,29 +261,32 @@ WITH ledger AS (
     ON CONFLICT (season_id, player_id) DO UPDATE
         SET score = EXCLUDED.score, score_version = EXCLUDED.score_version,
             reached_at = EXCLUDED.reached_at, updated_at = EXCLUDED.updated_at
-), head AS (
-    INSERT INTO leaderboard_streamhead (season_id, head) VALUES (%(season)s, 1)
-    ON CONFLICT (season_id) DO UPDATE SET head = leaderboard_streamhead.head + 1
-    RETURNING head
-), changes AS (
+), {_HEADS_TAKE}, changes AS (
     INSERT INTO leaderboard_scorechange (
         season_id, committed_at, txid, player_id, old_score, new_score, score_version, event_id,
         reached_at, old_reached_at, region, old_region)
-    SELECT %(season)s, %(now)s, (SELECT head FROM head), c.*, c.region
+    -- A subquery, not a join: the rows keep the arrays' order, so a player's changes
+    -- within the batch take ids in the order they happened.
+    SELECT %(season)s, %(now)s, (SELECT h.head FROM head h WHERE h.partition = c.part),
+           c.player_id, c.o, c.n, c.v, c.e, c.r, c.orr, c.region, c.region
     FROM unnest(%(c_player)s::text[], %(c_old)s::int[], %(c_new)s::int[],
                 %(c_version)s::bigint[], %(c_event)s::text[], %(c_reached)s::timestamptz[],
-                %(c_old_reached)s::timestamptz[], %(c_region)s::text[]) AS c(player_id, o, n, v, e, r, orr, region)
+                %(c_old_reached)s::timestamptz[], %(c_region)s::text[], %(c_part)s::int[])
+         AS c(player_id, o, n, v, e, r, orr, region, part)
 )
 SELECT 1
 """
 
 
 def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-                     regions: Mapping[str, str] | None = None) -> None:
+                     regions: Mapping[str, str] | None = None, partitions: Mapping[str, int] | None = None) -> None:
     """Write the plan; `regions` are the batch's players' regions in the season
     (player_regions_fetch; none for a season without regions). A score write never moves
-    a player's region: a new player takes it, an existing one keeps its own."""
+    a player's region: a new player takes it, an existing one keeps its own. `partitions`:
+    each changed player's ledger partition (none: all in partition 0); each partition's
+    changes take that partition's next commit number."""
     regions = regions or {}
+    partitions = partitions or {}
     if plan.conflicts:
         ScoreEventConflict.objects.bulk_create(
             ScoreEventConflict(
@@ -260,13 +309,15 @@ def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, 
     if not plan.ledger_rows:
         return
     if is_postgres():
-        _pg_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions)
+        _pg_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions,
+                  partitions=partitions)
     else:
-        _orm_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions)
+        _orm_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions,
+                   partitions=partitions)
 
 
 def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-              regions: Mapping[str, str]) -> None:
+              regions: Mapping[str, str], partitions: Mapping[str, int]) -> None:
     rows = plan.ledger_rows
     states = plan.player_states
     changes = plan.changes
@@ -315,13 +366,15 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "c_reached": _text_array([utc(c.reached_at) for c in changes]),
         "c_old_reached": _text_array([utc(c.old_reached_at) for c in changes]),
         "c_region": _text_array([regions.get(c.player_id, "") for c in changes]),
+        "c_part": _int_array(change_parts := [partitions.get(c.player_id, 0) for c in changes]),
+        "parts": _int_array(sorted(set(change_parts))),
     }
     with connection.cursor() as cursor:
         cursor.execute(_PG_WRITE, params)
 
 
 def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-               regions: Mapping[str, str]) -> None:
+               regions: Mapping[str, str], partitions: Mapping[str, int]) -> None:
     ScoreEvent.objects.bulk_create(
         ScoreEvent(
             season_id=season_id,
@@ -364,7 +417,8 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
             ScoreChange(
                 season_id=season_id, player_id=c.player_id, old_score=c.old_score,
                 new_score=c.new_score, score_version=c.score_version, event_id=c.event_id,
-                reached_at=c.reached_at, old_reached_at=c.old_reached_at, committed_at=now, txid=0,
+                reached_at=c.reached_at, old_reached_at=c.old_reached_at, committed_at=now,
+                txid=partitions.get(c.player_id, 0) << TXID_PARTITION_SHIFT,
                 region=regions.get(c.player_id, ""), old_region=regions.get(c.player_id, ""),
             )
             for c in plan.changes

@@ -8,8 +8,19 @@ from datetime import datetime
 from django.db import connection
 from django.db.models import Q
 
+from leaderboard.core.partitions import (
+    Watermark,
+    partition_end,
+    partition_start,
+    stream_heads_watermark,
+    txid_partition,
+)
 from leaderboard.core.tiebreak import instant_ms
 from leaderboard.models import ScoreChange, StreamHead
+
+# Larger than any row id: a watermark at (head, MAX_CURSOR_ID) covers every change of its
+# partition numbered at or below head.
+MAX_CURSOR_ID = 2**63 - 1
 
 _EPOCH_MS = "(extract(epoch FROM {0}) * 1000)::bigint"
 
@@ -41,15 +52,16 @@ class ChangeRow:
     committed_at: datetime
 
 
-def score_changes_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10_000) -> list[ChangeRow]:
+def score_changes_after(*, season_id: int, cursor: ChangeCursor | Watermark, limit: int = 10_000) -> list[ChangeRow]:
     """Committed changes after `cursor`, in cursor order, that no later read can precede.
 
     Sequence ids are handed out before commit, so concurrent writers can commit ids out
     of order: reading "id > last id" would skip the slower one forever. On PostgreSQL
-    each change carries its season's commit number (models.StreamHead), handed out in
-    commit order: a transaction that can still commit holds a larger number than any
-    committed change, so it sorts after whatever this read returns. On SQLite writers
-    are serialized (BEGIN IMMEDIATE), so ids are in commit order.
+    each change carries its ledger partition's commit number (models.StreamHead), handed
+    out in commit order: a transaction that can still commit holds a larger number than
+    any committed change of its partition, so it sorts after whatever this read returns
+    there. On SQLite writers are serialized (BEGIN IMMEDIATE), so ids are in commit order.
+    `cursor`: a watermark (a cursor per partition), or a ChangeCursor of partition 0.
     """
     rows = _change_rows(
         season_id=season_id, cursor=cursor, limit=limit,
@@ -69,7 +81,7 @@ def score_changes_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10
     ]
 
 
-def score_change_heads_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10_000,
+def score_change_heads_after(*, season_id: int, cursor: ChangeCursor | Watermark, limit: int = 10_000,
                              regions: bool = False) -> list[tuple[int, int, str, int, int, int | None]]:
     """The page `score_changes_after` returns, as (txid, id, player_id, new_score, score_version, old_score).
 
@@ -88,7 +100,8 @@ def _regions(regions: bool) -> tuple[str, ...]:
     return ("region", "old_region") if regions else ()
 
 
-def score_change_reached_after(*, season_id: int, cursor: ChangeCursor, limit: int = 10_000, regions: bool = False,
+def score_change_reached_after(*, season_id: int, cursor: ChangeCursor | Watermark, limit: int = 10_000,
+                               regions: bool = False,
                                ) -> list[tuple[int, int, str, int, int, int | None, int | None, int | None]]:
     """`score_change_heads_after` for a first_reached season: each row also carries its
     reached_at and old_reached_at as milliseconds since 1970 (None: not recorded), read as
@@ -106,26 +119,108 @@ def score_change_reached_after(*, season_id: int, cursor: ChangeCursor, limit: i
     return [(*row[:6], *(None if t is None else instant_ms(t) for t in row[6:8]), *row[8:]) for row in rows]
 
 
-def stream_head_committed(*, season_id: int) -> int:
-    """The season's last committed commit number: every change numbered at or below it
-    is committed and visible to any read that starts now."""
-    return StreamHead.objects.filter(season_id=season_id).values_list("head", flat=True).first() or 0
+def stream_committed_watermark(*, season_id: int) -> Watermark:
+    """Each ledger partition's last committed commit number, as a watermark: every change
+    at or below it is committed and visible to any read that starts now."""
+    if connection.vendor != "postgresql":
+        # SQLite serializes writers (BEGIN IMMEDIATE): ids are in commit order, and each
+        # partition's changes carry its bits alone as their txid.
+        last = ScoreChange.objects.filter(season_id=season_id).order_by("-id").values_list("id", flat=True).first()
+        partitions = _stream_partitions(season_id=season_id, watermark=Watermark())
+        return Watermark.of_partitions({p: (partition_start(p)[0], last or 0) for p in partitions})
+    heads = dict(StreamHead.objects.filter(season_id=season_id).values_list("partition", "head"))
+    return stream_heads_watermark(heads, last_id=MAX_CURSOR_ID)
 
 
-def _change_rows(*, season_id: int, cursor: ChangeCursor, limit: int, columns: tuple[str, ...]) -> list[tuple]:  # type: ignore[type-arg]
+def stream_last_watermark(*, season_id: int) -> Watermark:
+    """The watermark of the newest change of each partition (one index probe each): under
+    the season's write lock, everything the season ever committed and nothing more."""
+    last = {}
+    for partition in _stream_partitions(season_id=season_id, watermark=Watermark()):
+        start = partition_start(partition)
+        row = (ScoreChange.objects.filter(season_id=season_id, txid__gte=start[0], txid__lt=partition_end(partition))
+               .order_by("-txid", "-id").values_list("txid", "id").first())
+        if row is not None:
+            last[partition] = row
+    return Watermark.of_partitions(last)
+
+
+def stream_oldest_after(*, season_id: int, watermark: Watermark) -> datetime | None:
+    """The commit time of the oldest change after `watermark`: the first change of each
+    partition after its cursor (one short scan of the cursor index each)."""
+    firsts = [
+        ScoreChange.objects.filter(season_id=season_id, txid__lt=partition_end(p))
+        .filter(Q(txid__gt=txid) | Q(txid=txid, id__gt=ident))
+        .order_by("txid", "id").values_list("committed_at", flat=True).first()
+        for p in _stream_partitions(season_id=season_id, watermark=watermark)
+        for txid, ident in [watermark.cursor(p)]
+    ]
+    return min((f for f in firsts if f is not None), default=None)
+
+
+def changes_after_q(watermark: Watermark) -> Q:
+    """The season's changes after `watermark` (a filter of ScoreChange rows)."""
+    q = Q(txid__gte=partition_start(watermark.partitions)[0])
+    for p, (txid, ident) in enumerate(watermark.cursors):
+        q |= Q(txid__lt=partition_end(p)) & (Q(txid__gt=txid) | Q(txid=txid, id__gt=ident))
+    return q
+
+
+def changes_covered_q(watermark: Watermark) -> Q:
+    """The season's changes at or before `watermark` (a filter of ScoreChange rows)."""
+    q = Q(pk__in=[])
+    for p, (txid, ident) in enumerate(watermark.cursors):
+        q |= Q(txid__gte=partition_start(p)[0]) & (Q(txid__lt=txid) | Q(txid=txid, id__lte=ident))
+    return q
+
+
+def stream_changes_between(*, season_id: int, after: Watermark, upto: Watermark) -> bool:
+    """Whether the stream holds a change after `after` and at or before `upto`."""
+    return ScoreChange.objects.filter(season_id=season_id).filter(
+        changes_after_q(after) & changes_covered_q(upto)).exists()
+
+
+def _as_watermark(cursor: ChangeCursor | Watermark) -> Watermark:
+    return cursor if isinstance(cursor, Watermark) else Watermark.single(cursor.txid, cursor.id)
+
+
+def _stream_partitions(*, season_id: int, watermark: Watermark) -> list[int]:
+    """The partitions to read: every one the season's stream has (a stream head), and
+    those the watermark names."""
     if connection.vendor == "postgresql":
-        with connection.cursor() as db:
-            db.execute(
-                f"SELECT {', '.join(columns)} "
-                "FROM leaderboard_scorechange "
-                "WHERE season_id = %s AND (txid, id) > (%s, %s) "
-                "ORDER BY txid, id LIMIT %s",
-                [season_id, cursor.txid, cursor.id, limit],
-            )
-            return db.fetchall()
-    return list(
-        ScoreChange.objects.filter(season_id=season_id)
-        .filter(Q(txid__gt=cursor.txid) | Q(txid=cursor.txid, id__gt=cursor.id))
-        .order_by("txid", "id")
-        .values_list(*columns)[:limit]
-    )
+        heads = set(StreamHead.objects.filter(season_id=season_id).values_list("partition", flat=True))
+    else:
+        # SQLite: no stream heads; a partition's changes all carry its bits as their txid.
+        txids = ScoreChange.objects.filter(season_id=season_id).values_list("txid", flat=True).distinct()
+        heads = {txid_partition(txid) for txid in txids}
+    return sorted(heads | set(range(watermark.partitions)))
+
+
+def _change_rows(*, season_id: int, cursor: ChangeCursor | Watermark, limit: int,
+                 columns: tuple[str, ...]) -> list[tuple]:  # type: ignore[type-arg]
+    """Up to `limit` changes after `cursor`, partition after partition (ascending), each
+    partition's in (txid, id) order: the next page starts after `cursor.advanced(page)`.
+    A player's changes are in one partition, or (after a repartition) in partitions read
+    in the order the player's changes were made."""
+    watermark = _as_watermark(cursor)
+    rows: list[tuple] = []  # type: ignore[type-arg]
+    for partition in _stream_partitions(season_id=season_id, watermark=watermark):
+        txid, ident = watermark.cursor(partition)
+        want = limit - len(rows)
+        if connection.vendor == "postgresql":
+            with connection.cursor() as db:
+                db.execute(
+                    f"SELECT {', '.join(columns)} "
+                    "FROM leaderboard_scorechange "
+                    "WHERE season_id = %s AND (txid, id) > (%s, %s) AND txid < %s "
+                    "ORDER BY txid, id LIMIT %s",
+                    [season_id, txid, ident, partition_end(partition), want],
+                )
+                rows += db.fetchall()
+        else:
+            rows += ScoreChange.objects.filter(
+                season_id=season_id, txid__lt=partition_end(partition)).filter(
+                Q(txid__gt=txid) | Q(txid=txid, id__gt=ident)).order_by("txid", "id").values_list(*columns)[:want]
+        if len(rows) >= limit:
+            break
+    return rows

@@ -7,9 +7,10 @@ import logging
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import redis
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_log
@@ -17,6 +18,7 @@ from leaderboard.core.errors import DomainError
 from leaderboard.core.events import ScoreEvent
 from leaderboard.core.ledger import HELD, REJECTED, BatchPlan, Outcome, batch_plan
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
+from leaderboard.core.partitions import layout_partition
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import reached_rejection
 from leaderboard.ingest import ledger_store
@@ -62,16 +64,67 @@ def score_events_apply(
     from the seal on, only such a correction changes the board; one from the write API
     (`client`) is recorded as `held` and queued for staff review. `public_reason` is what
     the public FINAL corrections list says of a change to a FINAL season.
+
+    The locks are those of the batch's ledger partitions only (docs/architecture.md,
+    Partitions): batches on disjoint partitions run in parallel. An event id is unique in
+    the season across partitions; when a batch on another partition inserts the same new
+    event id at the same moment, the unique index makes this one wait for it and fail,
+    and the whole batch runs again: its event then sees the other's and is a duplicate or
+    a conflict, and nothing of the first attempt was kept.
     """
-    now = timezone.now()
-    # Hashing needs no database state: do it before taking the season lock.
+    # Hashing needs no database state: do it before taking any lock.
     digests = [event.payload_hash() for event in events]
+    for attempt in range(1, EVENT_ID_RACE_ATTEMPTS + 1):
+        try:
+            return _batch_apply(season=season, events=events, client=client, actor=actor,
+                                public_reason=public_reason, digests=digests)
+        except IntegrityError as exc:
+            if attempt == EVENT_ID_RACE_ATTEMPTS or not _event_id_race(exc):
+                raise
+            log.info("season %s: an event id of the batch was inserted concurrently; applying it again", season.slug)
+    raise AssertionError("unreachable")
+
+
+# A batch that lost an event-id race runs again; a third loss in a row is an error.
+EVENT_ID_RACE_ATTEMPTS = 3
+
+
+def _event_id_race(exc: IntegrityError) -> bool:
+    diag = getattr(exc.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None) == "score_event_unique_event_id"
+
+
+def _partitions_lock(*, season: Season, events: list[ScoreEvent]) -> tuple[tuple[Any, ...], dict[str, int]]:
+    """Take the locks of the batch's partitions and read the season under them: its row
+    (state, starts_at, cutoff, published_version, tie_break, regions) and each player's
+    partition. A repartition changes the layout under the locks of every partition, so
+    the layout read once the locks are held is the one the batch commits against; when
+    it moved since the caller read the season, the new layout's partitions (numbered
+    above the old ones: still ascending) are locked too."""
+    base, count = season.partition_base, season.partitions
+    held: set[int] = set()
+    while True:
+        players = {e.player_id for e in events}
+        parts = {p: layout_partition(p, base=base, partitions=count) for p in players}
+        if wanted := set(parts.values()) - held:
+            ledger_store.partition_write_locks(season_id=season.pk, partitions=wanted)
+            held |= wanted
+        *row, base_now, count_now = Season.objects.filter(pk=season.pk).values_list(
+            "state", "starts_at", "cutoff", "published_version", "tie_break", "regions", "partition_base",
+            "partitions").get()
+        if (base_now, count_now) == (base, count):
+            return tuple(row), parts
+        base, count = base_now, count_now
+
+
+def _batch_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient | None, actor: Actor | None,
+                 public_reason: str, digests: list[str]) -> ApplyResult:
+    now = timezone.now()
     with transaction.atomic():
-        ledger_store.season_write_lock(season_id=season.pk)
-        # Re-read under the lock: a lifecycle transition takes the same lock, so the
+        # Read under the locks: a lifecycle transition takes every partition's lock, so the
         # state that admits these events is the one they commit against.
-        state, starts_at, cutoff, published, tie_break, season_regions = Season.objects.filter(
-            pk=season.pk).values_list("state", "starts_at", "cutoff", "published_version", "tie_break", "regions").get()
+        row, partitions = _partitions_lock(season=season, events=events)
+        state, starts_at, cutoff, published, tie_break, season_regions = row
         first_reached = tie_break == TIE_BREAK_FIRST_REACHED
         recorded = ledger_store.recorded_events_fetch(
             season_id=season.pk, event_ids=(e.event_id for e in events)
@@ -103,7 +156,8 @@ def score_events_apply(
             season_id=season.pk, season_regions=season_regions, player_ids=plan.player_states,
         ) if season_regions and plan.player_states else None
         ledger_store.batch_plan_write(
-            season_id=season.pk, plan=plan, client_id=client.pk if client else None, now=now, regions=regions
+            season_id=season.pk, plan=plan, client_id=client.pk if client else None, now=now, regions=regions,
+            partitions=partitions,
         )
         # Both wait in one queue for staff: pre-cutoff results that arrived after the seal,
         # and corrections held since the seal.

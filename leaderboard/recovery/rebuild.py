@@ -31,6 +31,7 @@ from leaderboard.core.buckets import BucketLayout, LayoutError
 from leaderboard.core.checksum import MODULUS
 from leaderboard.core.errors import DomainError
 from leaderboard.core.manifest import Manifest
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.reconciliation import (
     Report,
     board_check,
@@ -42,7 +43,7 @@ from leaderboard.core.reconciliation import (
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
 from leaderboard.core.tiebreak import first_reached_problem, index_value, value_score
-from leaderboard.ingest.selectors import ChangeCursor, score_change_heads_after
+from leaderboard.ingest.selectors import score_change_heads_after, stream_changes_between
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.recovery.reconcile import recovery_reconcile, version_reconcile
 from leaderboard.redis_client import redis_get
@@ -65,12 +66,12 @@ from seasons.models import Season
 
 log = logging.getLogger(__name__)
 
-LEASE_WAIT_SECONDS = 30.0
 # Sent with job_id once a started shadow build's row commits: the Celery tasks run it
 # (connected in LeaderboardConfig.ready), so that this module never imports the tasks
 # that import it.
 rebuild_job_queued = Signal()
 
+LEASE_WAIT_SECONDS = 30.0
 LEASE_KEEP_MAX_SECONDS = 3600.0  # a hung comparison gives the season back after this long
 # The statuses in which a process works on the job and keeps its heartbeat moving.
 WORKED_STATUSES = (*ACTIVE_REBUILD_STATUSES, RebuildJob.Status.PUBLISHING)
@@ -195,8 +196,9 @@ def _run(*, job: RebuildJob, on_progress: Callable[[RebuildJob], None] | None) -
     copies = [job.copy] if job.kind == RebuildJob.Kind.RECOVERY else [job.copy, _second(job)]
     shadow = season_copies_build(season=season, copies=copies, layout=layout, r=r, token=None,
                                  progress=_JobProgress(job, on_progress))[0]
+    txid, ident, vector = shadow.watermark.columns()
     RebuildJob.objects.filter(pk=job.pk).update(
-        status=RebuildJob.Status.COMPARING, watermark_txid=shadow.watermark[0], watermark_id=shadow.watermark[1]
+        status=RebuildJob.Status.COMPARING, watermark_txid=txid, watermark_id=ident, watermark_vector=vector
     )
     job.status = RebuildJob.Status.COMPARING
     if on_progress is not None:
@@ -368,12 +370,12 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
             live_version = rankview.pointer_get(r, keys)
             live = rankview.manifest_get(r, keys, live_version or 0)
-            if live is None or (shadow.watermark > live.watermark
-                                and _changes_between(season, live.watermark, shadow.watermark)):
+            if live is None or stream_changes_between(season_id=season.pk, after=live.watermark,
+                                                      upto=shadow.watermark):
                 raise RebuildError("the live version could not be brought up to the shadow's watermark")
         # Catch the shadow up to the live version; a shadow whose snapshot cursor is past
         # the live watermark with no change in between already shows the same state.
-        upto = None if live is None else max(live.watermark, shadow.watermark)
+        upto = None if live is None else live.watermark.merge(shadow.watermark)
         season.refresh_from_db(fields=["published_version"])
         version = max(live_version or 0, season.published_version) + 1
         shadow, replayed = _catch_up(r=r, keys=keys, token=token, season=season, shadow=shadow, upto=upto,
@@ -442,7 +444,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
 
 
 def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season, shadow: rankview.CopyMeta,
-              upto: tuple[int, int] | None, version: int) -> tuple[rankview.CopyMeta, set[str]]:
+              upto: Watermark | None, version: int) -> tuple[rankview.CopyMeta, set[str]]:
     """Apply the changes after the shadow's watermark, up to `upto` (None: everything
     committed), on every board: a region move takes the player from one regional board to
     the other, as in an epoch. Returns the finished shadow and the players it replayed."""
@@ -453,8 +455,8 @@ def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season
         # Not exact: the build's paged scan may already hold values (and regions) newer than
         # its watermark, so the old ones are read from the shadow itself.
         copy_changes_apply(r=r, keys=keys, token=token, target=shadow, changes=changes, exact=False)
-    head = (changes[-1][0], changes[-1][1]) if changes else shadow.watermark
-    watermark = upto if upto is not None and upto > head else head
+    head = shadow.watermark.advanced(changes)
+    watermark = head if upto is None else upto.merge(head)
     problems = rankview.copy_verify_counts(r, keys, shadow, range(shadow.layout.size), lookups=True)
     if problems:
         raise EpochError(f"shadow {shadow.copy} failed verification: {'; '.join(problems)}")
@@ -462,15 +464,14 @@ def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season
             {change[2] for change in changes})
 
 
-def _changes_after(season: Season, cursor: tuple[int, int]) -> bool:
-    return bool(score_change_heads_after(season_id=season.pk, cursor=ChangeCursor(*cursor), limit=1))
+def _changes_after(season: Season, cursor: Watermark) -> bool:
+    return bool(score_change_heads_after(season_id=season.pk, cursor=cursor, limit=1))
 
 
-def _changes_between(season: Season, a: tuple[int, int], b: tuple[int, int]) -> bool:
-    """Whether the change stream holds anything between two cursors (either order)."""
-    low, high = min(a, b), max(a, b)
-    first = score_change_heads_after(season_id=season.pk, cursor=ChangeCursor(*low), limit=1)
-    return bool(first) and (first[0][0], first[0][1]) <= high
+def _changes_between(season: Season, a: Watermark, b: Watermark) -> bool:
+    """Whether the change stream holds anything between two watermarks (covered by one, not the other)."""
+    return (stream_changes_between(season_id=season.pk, after=a, upto=b)
+            or stream_changes_between(season_id=season.pk, after=b, upto=a))
 
 
 def shadow_compare(*, r: redis.Redis, keys: rankview.Keys, live: Manifest, shadow: Manifest, sample: int,

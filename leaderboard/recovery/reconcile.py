@@ -27,12 +27,13 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.utils import timezone
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_add
 from leaderboard.core.manifest import Manifest
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import Entry
 from leaderboard.core.reconciliation import (
     Report,
@@ -43,6 +44,7 @@ from leaderboard.core.reconciliation import (
     version_boards,
 )
 from leaderboard.core.tiebreak import FirstReached, IndexValue, index_key, lookup_value, value_score, value_token
+from leaderboard.ingest.selectors import changes_after_q
 from leaderboard.models import PlayerScore, ReconciliationRun, ScoreChange
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
@@ -139,20 +141,23 @@ class ScoreHistogram:
         return counts
 
 
-def ledger_moved_since(*, season_id: int, watermark: tuple[int, int], ties: FirstReached | None = None,
+def ledger_moved_since(*, season_id: int, watermark: Watermark, ties: FirstReached | None = None,
                        regions: bool = False) -> LedgerMoves:
     """Players changed after `watermark`, with their values (and with `regions`, their
     regions) now and at the watermark.
 
     The first change after the watermark carries the value before it (old_score, and
     old_reached_at) and the region before it (old_region), so the ledger as of any
-    retained watermark is the current table plus these few rows.
+    retained watermark is the current table plus these few rows. Read in (txid, id)
+    order: partition after partition, each in commit order, which is every player's
+    order (a player's changes are in one partition, or after a repartition in partitions
+    numbered in the order they were used).
     """
     moved: dict[str, IndexValue | None] = {}
     was_in: dict[str, str] = {}
     after = (
         ScoreChange.objects.filter(season_id=season_id)
-        .filter(Q(txid__gt=watermark[0]) | Q(txid=watermark[0], id__gt=watermark[1]))
+        .filter(changes_after_q(watermark))
         .order_by("txid", "id")
         .values_list("player_id", "old_score", "old_reached_at", "old_region")
     )
@@ -511,7 +516,7 @@ def _ledger_spot_check(*, r: redis.Redis, keys: rankview.Keys, season: Season, m
     players = list({e.player_id for _, entries in sampled for e in entries})
     moved = set(
         ScoreChange.objects.filter(season_id=season.pk, player_id__in=players)
-        .filter(Q(txid__gt=manifest.watermark[0]) | Q(txid=manifest.watermark[0], id__gt=manifest.watermark[1]))
+        .filter(changes_after_q(manifest.watermark))
         .values_list("player_id", flat=True)
     )
     ledger = {p: (score, region) for p, score, region in PlayerScore.objects.filter(

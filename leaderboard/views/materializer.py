@@ -35,14 +35,16 @@ from leaderboard.core.manifest import (
     lookup_shards_for,
     lookup_shards_outgrown,
 )
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import FirstReached, IndexValue, first_reached_of, index_key, value_token
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import (
-    ChangeCursor,
+    changes_after_q,
+    changes_covered_q,
     score_change_heads_after,
     score_change_reached_after,
-    stream_head_committed,
+    stream_committed_watermark,
 )
 from leaderboard.metrics import metrics_epoch_observe
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, PlayerScore, RebuildJob, ScoreChange
@@ -71,7 +73,6 @@ BUILD_BATCH = 200_000
 BUILD_SHARD_FILL = 4
 BUILD_BATCH_MAX = 1 << 20
 BUILD_TRANSACTION_WRITES = 50_000
-MAX_CURSOR_ID = 2**63 - 1
 # A coordinator runs the epochs noted while it held the season back to back for at most
 # this long, then leaves the note to the next tick's task (another worker may take it).
 EPOCH_HOLD_SECONDS = 15.0
@@ -238,14 +239,15 @@ class StreamRead:
     """The change-stream rows an epoch read (cursor after `after`, oldest first), handed to
     the catch-up that follows it so the same rows are not read from the database twice."""
 
-    after: tuple[int, int]
+    after: Watermark
     changes: list[Change]
 
-    def between(self, after: tuple[int, int], upto: tuple[int, int]) -> list[Change] | None:
-        """The rows with a cursor in (after, upto]; None when this read began later than `after`."""
-        if self.after > after:
+    def between(self, after: Watermark, upto: Watermark) -> list[Change] | None:
+        """The rows after `after` and at or before `upto`; None when this read began later
+        than `after` (in any partition)."""
+        if not self.after <= after:
             return None
-        return [c for c in self.changes if after < (c[0], c[1]) <= upto]
+        return [c for c in self.changes if not after.covers(c[0], c[1]) and upto.covers(c[0], c[1])]
 
 
 def _grace_wait(meta: rankview.CopyMeta) -> None:
@@ -363,14 +365,14 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     # without applying them would lose them from every later version built on it.
     changes = []
     if target is not None and not rebuild:
-        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark), ties=ties,
+        changes = list(_changes_after(season_id=season.pk, cursor=target.watermark, ties=ties,
                                       regions=regional))
     fresh: set[str] = set()  # players changed since the current version
     if current is not None:
         if target is not None and not rebuild and target.watermark <= current.watermark:
-            fresh = {c[2] for c in changes if (c[0], c[1]) > current.watermark}
+            fresh = {c[2] for c in changes if not current.watermark.covers(c[0], c[1])}
         else:
-            fresh = {c[2] for c in _changes_after(season_id=season.pk, cursor=ChangeCursor(*current.watermark),
+            fresh = {c[2] for c in _changes_after(season_id=season.pk, cursor=current.watermark,
                                                   ties=ties)}
         if not fresh and current.version >= season.published_version:
             return EpochResult(status="idle", version=current.version), None
@@ -382,27 +384,27 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     exact = target is not None and not rebuild and target.exact and target.state == rankview.STATE_READY
     if target is None or rebuild:
         target = season_copy_build(season=season, copy=target_name, layout=layout, r=r, token=token)
-        changes = list(_changes_after(season_id=season.pk, cursor=ChangeCursor(*target.watermark), ties=ties,
+        changes = list(_changes_after(season_id=season.pk, cursor=target.watermark, ties=ties,
                                       regions=regional))
         if current is not None:
-            fresh.update(c[2] for c in changes if (c[0], c[1]) > current.watermark)
+            fresh.update(c[2] for c in changes if not current.watermark.covers(c[0], c[1]))
     else:
         _grace_wait(target)
         target = rankview.copy_begin_mutation(r, keys, token, target)
     read = StreamRead(after=target.watermark, changes=changes)
-    head = ChangeCursor(changes[-1][0], changes[-1][1]) if changes else ChangeCursor(*target.watermark)
+    head = target.watermark.advanced(changes)
 
     applied = copy_changes_apply(r=r, keys=keys, token=token, target=target, changes=changes, exact=exact)
 
     version = max(current_version or 0, season.published_version) + 1
     # Exact now: it applied every change committed before this epoch read the stream,
     # which is after any scan that built it.
-    target = rankview.copy_finish(r, keys, token, target, watermark=(head.txid, head.id), version=version,
+    target = rankview.copy_finish(r, keys, token, target, watermark=head, version=version,
                                   exact=True)
     as_of = datetime.now(UTC)
     manifest = Manifest(
         season=season.slug, version=version, as_of=as_of.isoformat(timespec="milliseconds"),
-        watermark=(head.txid, head.id), copy=target.copy, gen=target.gen, layout=target.layout,
+        watermark=head, copy=target.copy, gen=target.gen, layout=target.layout,
         counts=list(target.counts), checksums=list(target.checksums),
         top=rankview.copy_top(r, keys, target, limit=100), ties=target.ties,
         regions=copy_regions_boards(r=r, keys=keys, meta=target), lookup_shards=target.lookup_shards,
@@ -436,7 +438,7 @@ def copy_regions_boards(*, r: redis.Redis, keys: rankview.Keys, meta: rankview.C
             for region, (counts, checksums) in meta.boards.items()}
 
 
-def _metrics_observe(*, season: Season, r: redis.Redis, after: tuple[int, int] | None, upto: tuple[int, int],
+def _metrics_observe(*, season: Season, r: redis.Redis, after: Watermark | None, upto: Watermark,
                      published_at: datetime, epoch_ms: float) -> None:
     """The epoch's duration and the event-to-publish lag of the changes it published.
 
@@ -446,10 +448,9 @@ def _metrics_observe(*, season: Season, r: redis.Redis, after: tuple[int, int] |
     """
     try:
         rows = ScoreChange.objects.filter(season_id=season.pk).filter(
-            Q(txid__lt=upto[0]) | Q(txid=upto[0], id__lte=upto[1])
-        )
+            changes_covered_q(upto))
         if after is not None:
-            rows = rows.filter(Q(txid__gt=after[0]) | Q(txid=after[0], id__gt=after[1]))
+            rows = rows.filter(changes_after_q(after))
         batches = rows.values("committed_at").annotate(n=Count("id")).order_by().values_list("committed_at", "n")
         lags = [((published_at - committed_at).total_seconds(), int(n)) for committed_at, n in batches]
         metrics_epoch_observe(season_slug=season.slug, duration_ms=epoch_ms, lags=lags, r=r)
@@ -474,17 +475,16 @@ def _shards_rebuild_wanted(*, season: Season, manifest: Manifest) -> RebuildWant
 
 
 def changes_upto(
-    *, season_id: int, after: tuple[int, int], upto: tuple[int, int] | None, ties: FirstReached | None = None,
+    *, season_id: int, after: Watermark, upto: Watermark | None, ties: FirstReached | None = None,
     regions: bool = False,
 ) -> Iterator[Change]:
-    """Changes with cursor in (after, upto]; upto None: everything committed."""
-    for change in _changes_after(season_id=season_id, cursor=ChangeCursor(*after), ties=ties, regions=regions):
-        if upto is not None and (change[0], change[1]) > upto:
-            return
-        yield change
+    """Changes after `after` and at or before `upto`; upto None: everything committed."""
+    for change in _changes_after(season_id=season_id, cursor=after, ties=ties, regions=regions):
+        if upto is None or upto.covers(change[0], change[1]):
+            yield change
 
 
-def _changes_after(*, season_id: int, cursor: ChangeCursor, ties: FirstReached | None = None,
+def _changes_after(*, season_id: int, cursor: Watermark, ties: FirstReached | None = None,
                    regions: bool = False) -> Iterator[Change]:
     # Only a first_reached board reads the reached_at columns, only regional boards the regions.
     read = score_change_heads_after if ties is None else score_change_reached_after
@@ -494,7 +494,7 @@ def _changes_after(*, season_id: int, cursor: ChangeCursor, ties: FirstReached |
         yield from page
         if len(page) < STREAM_PAGE:
             return
-        cursor = ChangeCursor(page[-1][0], page[-1][1])
+        cursor = cursor.advanced(page)
 
 
 def manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_ms: float) -> None:
@@ -505,8 +505,9 @@ def manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_m
             version=manifest.version,
             defaults={
                 "as_of": datetime.fromisoformat(manifest.as_of),
-                "watermark_txid": manifest.watermark[0],
-                "watermark_id": manifest.watermark[1],
+                "watermark_txid": manifest.watermark.columns()[0],
+                "watermark_id": manifest.watermark.columns()[1],
+                "watermark_vector": manifest.watermark.columns()[2],
                 "copy": manifest.copy,
                 "layout": data["layout"],
                 "buckets": data["buckets"],
@@ -572,12 +573,7 @@ def season_copies_build(
     first = metas[0]
     counts = [0] * layout.size
     checksums = [0] * layout.size
-    if connection.vendor == "postgresql":
-        watermark = (stream_head_committed(season_id=season.pk), MAX_CURSOR_ID)
-    else:
-        # SQLite serializes writers (BEGIN IMMEDIATE): ids are in commit order.
-        last = ScoreChange.objects.filter(season_id=season.pk).order_by("-id").values_list("id", flat=True).first()
-        watermark = (0, last or 0)
+    watermark = stream_committed_watermark(season_id=season.pk)
     done = 0
     if progress is not None:
         progress.start(total)

@@ -69,7 +69,7 @@ def season_lifecycle(request: HttpRequest, slug: str) -> HttpResponse:
     def move(data: dict[str, Any]) -> str:
         if data["target"] == "seal":
             sealed = season_seal_ingest(season=season, actor=actor, reason=data["reason"])
-            return f"Ingest sealed at {sealed.ingest_watermark_txid}:{sealed.ingest_watermark_id}; season FINALIZING"
+            return f"Ingest sealed at {sealed.ingest_watermark}; season FINALIZING"
         moved = season_transition(season=season, target=SeasonState(data["target"]), actor=actor,
                                   reason=data["reason"])
         return f"Season is now {moved.state}"

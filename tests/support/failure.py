@@ -65,7 +65,7 @@ from leaderboard.views import rankview
 from leaderboard.recovery.rebuild import season_epoch_advance
 from seasons.models import Season
 
-rankview.APPLY_CHUNK = int(sys.argv[2])
+rankview.copies.APPLY_CHUNK = int(sys.argv[2])
 season = Season.objects.get(slug=sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()

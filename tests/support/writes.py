@@ -11,7 +11,9 @@ from django.db import connection
 
 from audit.services import Actor
 from leaderboard.core.events import events_parse
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import Standings
+from leaderboard.ingest.selectors import stream_last_watermark
 from leaderboard.ingest.services import score_events_apply
 from leaderboard.models import PlayerScore, ScoreChange
 from seasons.models import Season
@@ -97,21 +99,20 @@ def db_standings(season: Season) -> Standings:
     return Standings(db_scores(season))
 
 
-def change_head(season: Season) -> tuple[int, int]:
-    """The (txid, id) cursor of the season's newest committed change; (0, 0), the cursor
-    before every change, when it has none."""
-    row = ScoreChange.objects.filter(season=season).order_by("-txid", "-id").values_list("txid", "id").first()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+def change_head(season: Season) -> Watermark:
+    """The watermark of the season's newest committed change in each ledger partition;
+    the start of the stream when it has none."""
+    return stream_last_watermark(season_id=season.pk)
 
 
-def scores_at_watermark(season: Season, watermark: tuple[int, int]) -> dict[str, int]:
+def scores_at_watermark(season: Season, watermark: Watermark) -> dict[str, int]:
     """The board a version with this watermark must hold, replayed from the change stream
     alone: per player, the newest (highest score_version) change at or below the cursor."""
     newest: dict[str, tuple[int, int]] = {}
     for txid, ident, player_id, score, version in ScoreChange.objects.filter(season=season).values_list(
         "txid", "id", "player_id", "new_score", "score_version"
     ):
-        if (txid, ident) > watermark:
+        if not watermark.covers(txid, ident):
             continue
         seen = newest.get(player_id)
         if seen is None or version > seen[1]:

@@ -16,6 +16,7 @@ import redis
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_of
 from leaderboard.core.epoch import EpochPlan, board_plan, epoch_plan, regional_values
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import ranked, ranked_values
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import (
@@ -61,7 +62,7 @@ class CopyMeta:
     copy: str
     gen: int
     state: str
-    watermark: tuple[int, int]
+    watermark: Watermark
     layout: BucketLayout
     counts: list[int]
     checksums: list[int]
@@ -88,7 +89,7 @@ class CopyMeta:
             **({} if not self.boards else {"boards": boards_dumps(self.boards)}),
             "gen": self.gen,
             "state": self.state,
-            "watermark": f"{self.watermark[0]}:{self.watermark[1]}",
+            "watermark": self.watermark.dump(),
             "layout": orjson.dumps(self.layout.as_dict()),
             "counts": orjson.dumps(self.counts),
             "checksums": orjson.dumps([f"{c:016x}" for c in self.checksums]),
@@ -99,12 +100,11 @@ class CopyMeta:
 
     @classmethod
     def parse(cls, copy: str, raw: dict[Any, Any]) -> CopyMeta:
-        txid, _, ident = raw[b"watermark"].decode().partition(":")
         return cls(
             copy=copy,
             gen=int(raw[b"gen"]),
             state=raw[b"state"].decode(),
-            watermark=(int(txid), int(ident)),
+            watermark=Watermark.parse(raw[b"watermark"].decode()),
             layout=BucketLayout.from_dict(orjson.loads(raw[b"layout"])),
             counts=[int(c) for c in orjson.loads(raw[b"counts"])],
             checksums=[int(c, 16) for c in orjson.loads(raw[b"checksums"])],
@@ -139,7 +139,7 @@ def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
                    ties: FirstReached | None = None, regions: Iterable[str] = (),
                    lookup_shards: int = LOOKUP_SHARDS, groups: int = SLOT_GROUPS) -> CopyMeta:
     meta = CopyMeta(
-        copy=copy, gen=0, state=STATE_READY, watermark=(0, 0), layout=layout,
+        copy=copy, gen=0, state=STATE_READY, watermark=Watermark(), layout=layout,
         counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
         boards={region: ([0] * layout.size, [0] * layout.size) for region in regions}, lookup_shards=lookup_shards,
         groups=groups,
@@ -485,7 +485,7 @@ def _board_ops(meta: CopyMeta, plan: EpochPlan) -> Iterator[tuple[int, str, list
         yield bucket, "ZADD", pairs
 
 
-def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: tuple[int, int],
+def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: Watermark,
                 version: int, exact: bool = False) -> CopyMeta:
     """Mark the copy ready at `watermark`; `exact` only when it applied every change committed so far.
 

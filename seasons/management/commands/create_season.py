@@ -29,6 +29,8 @@ class Command(BaseCommand):
         parser.add_argument("--tie-break", choices=TIE_BREAKS, default=TIE_BREAK_SHARED,
                             help="equal scores: shared (share a rank; default) or first_reached (who reached the "
                                  "score first ranks ahead)")
+        parser.add_argument("--partitions", type=int, default=None,
+                            help="ledger partitions (default SEASON_PARTITIONS); see manage.py season_repartition")
 
     def handle(self, *args: Any, **options: Any) -> None:
         slug = options["slug"]
@@ -46,12 +48,12 @@ class Command(BaseCommand):
         try:
             season = season_create(
                 layout=layout, regions=[r.strip() for r in options["regions"].split(",") if r.strip()],
-                tie_break=options["tie_break"],
+                tie_break=options["tie_break"], partitions=options["partitions"],
                 slug=slug, name=options["name"], starts_at=starts_at, cutoff=cutoff,
                 actor=Actor(kind="system", id="", label="manage.py create_season"),
             )
         except SeasonError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(f"season {season.slug} created, state {season.state}")
+        self.stdout.write(f"season {season.slug} created, state {season.state}, {season.partitions} ledger partitions")
         if season.regions or season.tie_break != TIE_BREAK_SHARED:
             self.stdout.write(f"regions: {', '.join(season.regions) or 'none'}; tie-break: {season.tie_break}")
