@@ -208,15 +208,17 @@ class LocalCluster:
         if sum(last - first + 1 for _, slots in owners[0] for first, last in slots) != SLOTS:
             return False
         for node in views[0]:
-            if node.role == "slave" and node.port in live:
-                info = self.node(node.port).info("replication")
-                if info.get("master_link_status") != "up":
-                    return False
+            if node.port not in live:
+                continue
+            if node.role == "master" and not node.slots:
+                return False  # a replica-to-be that `--cluster create` has not attached yet
+            if node.role == "slave" and self.node(node.port).info("replication").get("master_link_status") != "up":
+                return False
         return True
 
     def ready_wait(self, *, timeout: float = 60) -> None:
         """Until every living node reports cluster_state:ok, they all agree on the slots'
-        masters, and every living replica's link to its master is up."""
+        masters, and every other living node is a replica whose link to its master is up."""
         _wait(self._ready, timeout=timeout, what="cluster_state:ok on every node")
 
     def master_ports(self) -> list[int]:
