@@ -1,0 +1,204 @@
+"""Reads of the rank views on a real local Redis Cluster of 3 masters (tests/support/cluster.py).
+
+A version is published by the epoch on the Redis this session serves its rank views from:
+on a cluster session (TEST_REDIS_CLUSTER=1) directly on the cluster; otherwise on the single
+Redis, and its keys are then copied key by key (DUMP/RESTORE) onto a cluster this module
+starts, the same names landing in their own slots. Every read is then compared with the
+single Redis's answer (or the ledger's), and counted at the socket: a rank read is at most
+two sequential round trips, each sent to every node it needs at once; a slot group written
+between a read's round trips makes it retry."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.connection import AbstractConnection
+
+from leaderboard.core.slots import bucket_group
+from leaderboard.live import hub as live
+from leaderboard.redis_client import redis_cluster_of, redis_get
+from leaderboard.views import rankview
+from leaderboard.views.invariants import version_check
+from leaderboard.views.rankview import reads as rank_reads
+from seasons.models import Season
+from tests.conftest import redis_flush
+from tests.support.cluster import LocalCluster, cluster_start, cluster_stop
+from tests.support.publication import NARROW, current_manifest, fast_get, keys_of, publish, reader_of
+from tests.support.writes import Events, apply_events, db_standings
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+PLAYERS = [f"c{i:02d}" for i in range(60)]
+
+
+@pytest.fixture(scope="module")
+def started(request: pytest.FixtureRequest) -> Iterator[LocalCluster | None]:
+    """This module's own cluster, unless the session already serves the rank views from one."""
+    from django.conf import settings
+
+    if settings.REDIS_CLUSTER:
+        yield None
+        return
+    cluster = cluster_start(masters=3)
+    yield cluster
+    cluster_stop(cluster)
+
+
+@pytest.fixture
+def on_cluster(started: LocalCluster | None, season_factory: Callable[..., Season], rank_views: Any,
+               settings: Any) -> Iterator[tuple[Season, redis.RedisCluster]]:
+    """A season of 60 players with ties over 11 buckets, version 1 published and served
+    from the cluster; the rank views' client is the cluster's."""
+    season = season_factory(slug="cl", layout=NARROW)
+    rnd = random.Random(15)
+    events = Events("cl")
+    apply_events(season, [events.result(p, rnd.choice([50, 120, 250, 250, 480, 700, 700, 930])) for p in PLAYERS])
+    assert publish(season) == 1
+    if started is not None:
+        plain = redis_get()
+        settings.REDIS_CLUSTER, settings.REDIS_URL = True, started.url
+        redis_get.cache_clear()
+        redis_flush(redis_get())
+        for key in plain.scan_iter(match=f"{settings.REDIS_KEY_PREFIX}:{{{season.slug}*", count=1000):
+            redis_get().restore(key, 0, plain.dump(key), replace=True)
+    rankview.manifest_cache_clear()
+    client = redis_cluster_of(redis_get())
+    assert client is not None
+    yield season, client
+    if started is not None:
+        redis_flush(client)
+        redis_get.cache_clear()
+    rankview.manifest_cache_clear()
+
+
+class Waves:
+    """The season's round trips as this process sends them, spied where redis-py writes to
+    and reads from a socket (nothing is faked): each wave is the set of nodes (ports)
+    written to before any reply to them was read; such a reply starts the next wave. (A
+    new connection's handshake is no round trip of the read's.)"""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, season: Season) -> None:
+        self.marker = f"{{{season.slug}".encode()
+        self.events: list[tuple[str, int]] = []
+        waiting: set[int] = set()
+        send, read = AbstractConnection.send_packed_command, AbstractConnection.read_response
+
+        def spy_send(conn: Any, command: Any, check_health: bool = True) -> None:
+            chunks = [command] if isinstance(command, bytes | str) else list(command)
+            if any(self.marker in (c.encode() if isinstance(c, str) else bytes(c)) for c in chunks):
+                send(conn, command, check_health)
+                self.events.append(("send", int(conn.port)))
+                waiting.add(id(conn))
+                return
+            send(conn, command, check_health)
+
+        def spy_read(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            if id(conn) in waiting:
+                waiting.discard(id(conn))
+                self.events.append(("read", int(conn.port)))
+            return read(conn, *args, **kwargs)
+
+        monkeypatch.setattr(AbstractConnection, "send_packed_command", spy_send)
+        monkeypatch.setattr(AbstractConnection, "read_response", spy_read)
+
+    def during(self, run: Callable[[], object]) -> list[set[int]]:
+        self.events.clear()
+        run()
+        waves: list[set[int]] = []
+        replied = True
+        for kind, port in self.events:
+            if kind == "read":
+                replied = True
+                continue
+            if replied:
+                waves.append(set())
+                replied = False
+            waves[-1].add(port)
+        return waves
+
+
+def test_a_rank_read_is_two_round_trips_sent_to_every_node_at_once(
+        on_cluster: tuple[Season, redis.RedisCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    season, client = on_cluster
+    masters = {int(node.port) for node in client.get_primaries()}
+    assert len(masters) == 3
+    standings = db_standings(season)
+    fast_get(f"/v1/seasons/{season.slug}/players/c00/rank")  # the manifest is cached per process
+    waves = Waves(monkeypatch, season)
+    nodes_seen: set[int] = set()
+    for player_id in PLAYERS:
+        trips = waves.during(lambda p=player_id: reader_of(season).rank(p))
+        assert len(trips) == 2, (player_id, trips)
+        nodes_seen |= set().union(*trips)
+        answer = fast_get(f"/v1/seasons/{season.slug}/players/{player_id}/rank").json()
+        entry = standings.entry(player_id)
+        assert entry is not None
+        assert (answer["rank"], answer["position"], answer["score"]) == (entry.rank, entry.position, entry.score)
+    # The copy's groups are spread over every master: the players' reads reach them all.
+    assert nodes_seen == masters
+    trips = waves.during(lambda: fast_get(f"/v1/seasons/{season.slug}/players/c07/rank"))
+    assert len(trips) == 2, trips
+
+
+def test_every_read_on_the_cluster_answers_as_the_ledger(on_cluster: tuple[Season, redis.RedisCluster]) -> None:
+    season, client = on_cluster
+    standings = db_standings(season)
+    reader = reader_of(season)
+    _, top = reader.window(1, len(PLAYERS))
+    assert top == standings.window(from_position=1, limit=len(PLAYERS))
+    for player_id in PLAYERS[::7]:
+        _, me, around = reader.neighbors(player_id, 3)
+        assert me == standings.entry(player_id)
+        assert around == standings.neighbors(player_id, 3)
+    friends = reader.players([*PLAYERS[:20], "nobody"])
+    assert friends.ranks == {p: standings.rank_of(p) for p in PLAYERS[:20]}
+    manifest = current_manifest(season)
+    reads, trips = live.players_read(client, keys_of(season), manifest, {p: 2 for p in PLAYERS[::5]})
+    assert trips <= 4
+    for player_id, read in reads.items():
+        assert read.entry == standings.entry(player_id)
+        assert list(read.window) == standings.neighbors(player_id, 2)
+    report = version_check(r=client, keys=keys_of(season), sample=len(PLAYERS), seed=1)
+    assert report.ok, report
+
+
+def test_a_group_written_between_the_round_trips_makes_the_read_retry(
+        on_cluster: tuple[Season, redis.RedisCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first round trip, the player's bucket group is stamped with a later
+    generation (what a mutation of the copy does first), then set back once the read has
+    seen it: the read sees a torn version and retries; a pinned read answers 410."""
+    season, client = on_cluster
+    manifest = current_manifest(season)
+    entry = db_standings(season).entry("c03")
+    assert entry is not None
+    bucket = manifest.layout.bucket_of(entry.score)
+    fence = keys_of(season).fence(manifest.copy, bucket_group(bucket=bucket, groups=manifest.groups))
+    before = client.hget(fence, "gen")
+    sent = rank_reads.round_trip
+    trips: list[list[tuple[Any, ...]]] = []
+
+    def stamped(r: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
+        replies = sent(r, commands)
+        trips.append(commands)
+        if len(trips) == 1:
+            client.hset(fence, "gen", manifest.gen + 1)
+        elif len(trips) == 2:
+            if before is None:
+                client.hdel(fence, "gen")
+            else:
+                client.hset(fence, "gen", before)
+        return replies
+
+    monkeypatch.setattr(rank_reads, "round_trip", stamped)
+    view = reader_of(season).rank("c03")
+    assert view.entry == entry
+    assert len(trips) == 4, trips  # torn once, then the two round trips again
+    assert ("HGET", fence, "gen") in trips[1]
+
+    trips.clear()
+    with pytest.raises(rankview.VersionExpired):
+        reader_of(season).rank("c03", version=manifest.version)
