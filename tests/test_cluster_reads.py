@@ -10,6 +10,7 @@ between a read's round trips makes it retry."""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -64,7 +65,9 @@ def on_cluster(started: LocalCluster | None, season_factory: Callable[..., Seaso
         redis_get.cache_clear()
         redis_flush(redis_get())
         for key in plain.scan_iter(match=f"{settings.REDIS_KEY_PREFIX}:{{{season.slug}*", count=1000):
-            redis_get().restore(key, 0, plain.dump(key), replace=True)
+            dumped = plain.dump(key)
+            assert isinstance(dumped, bytes)
+            redis_get().restore(key, 0, dumped, replace=True)
     rankview.manifest_cache_clear()
     client = redis_cluster_of(redis_get())
     assert client is not None
@@ -131,7 +134,7 @@ def test_a_rank_read_is_two_round_trips_sent_to_every_node_at_once(
     waves = Waves(monkeypatch, season)
     nodes_seen: set[int] = set()
     for player_id in PLAYERS:
-        trips = waves.during(lambda p=player_id: reader_of(season).rank(p))
+        trips = waves.during(functools.partial(reader_of(season).rank, player_id))
         assert len(trips) == 2, (player_id, trips)
         nodes_seen |= set().union(*trips)
         answer = fast_get(f"/v1/seasons/{season.slug}/players/{player_id}/rank").json()
@@ -157,12 +160,12 @@ def test_every_read_on_the_cluster_answers_as_the_ledger(on_cluster: tuple[Seaso
     friends = reader.players([*PLAYERS[:20], "nobody"])
     assert friends.ranks == {p: standings.rank_of(p) for p in PLAYERS[:20]}
     manifest = current_manifest(season)
-    reads, trips = live.players_read(client, keys_of(season), manifest, {p: 2 for p in PLAYERS[::5]})
+    reads, trips = live.players_read(redis_get(), keys_of(season), manifest, {p: 2 for p in PLAYERS[::5]})
     assert trips <= 4
     for player_id, read in reads.items():
         assert read.entry == standings.entry(player_id)
         assert list(read.window) == standings.neighbors(player_id, 2)
-    report = version_check(r=client, keys=keys_of(season), sample=len(PLAYERS), seed=1)
+    report = version_check(r=redis_get(), keys=keys_of(season), sample=len(PLAYERS), seed=1)
     assert report.ok, report
 
 
