@@ -90,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              "each on a season of its own (e.g. 1,2,4,8)",
     )
     parser.add_argument(
+        "--align-partitions", type=int, default=0,
+        help="client k sends only players of ledger partition k %% N of N (0: players spread evenly, each batch "
+             "touching every partition)",
+    )
+    parser.add_argument(
         "--service-partitions", default=None,
         help="partition counts the in-process service phase runs at (default: those of --partitions)",
     )
@@ -333,15 +338,29 @@ class CpuMeter:
 
 
 def workload_generate(args: argparse.Namespace) -> list[list[bytes]]:
-    """One list of request bodies per client; clients own disjoint sets of players."""
+    """One list of request bodies per client; clients own disjoint sets of players.
+
+    --align-partitions N: client k owns the players of ledger partition k % N (of N
+    partitions), as a producer that groups its batches by partition would send them: each
+    batch then takes one partition's lock, and with P partitions dividing N, one of P's."""
+    from leaderboard.core.partitions import partition_of
+
     started = time.perf_counter()
     everyone = player_ids(args.players)
     config = SimConfig(duplicate_rate=args.duplicate_rate, correction_rate=args.correction_rate)
     base = datetime.now(UTC) - timedelta(hours=6)
     shards: list[list[bytes]] = []
+    owned: list[list[str]] = [everyone[shard :: args.clients] for shard in range(args.clients)]
+    if args.align_partitions:
+        groups: list[list[str]] = [[] for _ in range(args.align_partitions)]
+        for player in everyone:
+            groups[partition_of(player, args.align_partitions)].append(player)
+        owned = [groups[shard % args.align_partitions][shard // args.align_partitions::
+                                                         -(-args.clients // args.align_partitions)]
+                 for shard in range(args.clients)]
     for shard in range(args.clients):
         simulator = MatchSimulator(
-            players=everyone[shard :: args.clients],
+            players=owned[shard],
             seed=args.seed * 10_007 + shard,
             config=config,
             event_prefix=f"c{shard}-",

@@ -436,7 +436,8 @@ STALE_GRAPH_VERSION = _error("`stale_graph_version`: graph_version is not newer 
 class FinalManifestSerializer(serializers.Serializer[Any]):
     version = serializers.IntegerField()
     as_of = serializers.DateTimeField()
-    watermark = serializers.ListField(child=serializers.IntegerField(), min_length=2, max_length=2)
+    # [txid, id], or [[txid, id], ...] (one cursor per ledger partition) in a partitioned season.
+    watermark = serializers.JSONField()
     layout = serializers.JSONField()
     buckets = serializers.JSONField()
 
