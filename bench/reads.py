@@ -19,12 +19,19 @@
    rate for both), paced by a Lua delay() schedule (latency measured from each request's
    send), to read p99 at a sustainable load.
 
+5. With --redis single,cluster: a local Redis Cluster of 3 masters (tests/support/cluster.py,
+   its own ports) gets the same season, key by key (DUMP/RESTORE: the same names in their
+   own slots), and a second server with REDIS_CLUSTER=true on --port + 2 serves it; rank,
+   neighbors and top are measured there too (`rank@cluster`, ...) in the same runs,
+   interleaved with the single Redis's, Redis CPU summed over the 3 masters.
+
 Prints requests/s (median over runs) and p50/p95/p99 latency per endpoint and concurrency,
 our rank / baseline throughput ratio, and the paced latencies. Targets: p99 < 50 ms at
 80% of peak; rank throughput >= 0.8x the baseline's.
 
     SECRET_KEY=x .venv/bin/python bench/reads.py                       # 1M players, c=8,32, 3 runs (~4 min)
     SECRET_KEY=x .venv/bin/python bench/reads.py --players 10M --concurrency 8,32,64 --runs 5
+    SECRET_KEY=x .venv/bin/python bench/reads.py --redis single,cluster --endpoints rank,neighbors,top
 """
 
 from __future__ import annotations
@@ -142,11 +149,48 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / CLK_TCK
 
 
-def redis_cpu_seconds() -> float:
+def redis_cpu_seconds(url: str | None = None) -> float:
+    """CPU seconds of the rank views' Redis, or of every master of the cluster `url` names."""
+    if url is not None:
+        import redis
+
+        cluster = redis.RedisCluster.from_url(url)
+        try:
+            return sum(float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+                       for cpu in cluster.info("cpu", target_nodes=cluster.PRIMARIES).values())
+        finally:
+            cluster.close()
     from leaderboard.redis_client import redis_get
 
     cpu = redis_get().info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def season_copy(season_slug: str, url: str) -> int:
+    """Every key of the season, copied from the rank views' Redis onto the cluster `url`
+    names (DUMP/RESTORE, 500 keys a pipeline): the same version, served from a cluster."""
+    import redis
+    from django.conf import settings
+
+    from leaderboard.redis_client import redis_get
+
+    plain = redis_get()
+    cluster = redis.RedisCluster.from_url(url)
+    names = benchenv.season_redis_keys(plain, settings.REDIS_KEY_PREFIX, season_slug)
+    try:
+        for start in range(0, len(names), 500):
+            batch = names[start:start + 500]
+            with plain.pipeline(transaction=False) as pipe:
+                for name in batch:
+                    pipe.dump(name)
+                dumps = pipe.execute()
+            with cluster.pipeline() as cpipe:
+                for name, dumped in zip(batch, dumps, strict=True):
+                    cpipe.restore(name, 0, dumped, replace=True)
+                cpipe.execute()
+    finally:
+        cluster.close()
+    return len(names)
 
 
 def baseline_load(season_slug: str, scores: Any) -> str:
@@ -184,14 +228,15 @@ def wrk_run(*, url: str, path: str, players: int, connections: int, duration: fl
                   requests=data["requests"])
 
 
-def measured(server: benchenv.UvicornServer, **kwargs: Any) -> Sample | None:
-    """wrk_run, plus the server's and Redis's CPU time per request over it."""
+def measured(server: benchenv.UvicornServer, *, cluster_url: str | None = None, **kwargs: Any) -> Sample | None:
+    """wrk_run, plus the server's and Redis's CPU time per request over it (`cluster_url`:
+    the server reads a cluster, whose masters' CPU is summed)."""
     assert server.proc is not None
-    cpu0, redis0 = group_cpu_seconds(server.proc.pid), redis_cpu_seconds()
+    cpu0, redis0 = group_cpu_seconds(server.proc.pid), redis_cpu_seconds(cluster_url)
     sample = wrk_run(**kwargs)
     if sample is not None and sample.requests:
         sample.server_cpu_us = (group_cpu_seconds(server.proc.pid) - cpu0) * 1e6 / sample.requests
-        sample.redis_cpu_us = (redis_cpu_seconds() - redis0) * 1e6 / sample.requests
+        sample.redis_cpu_us = (redis_cpu_seconds(cluster_url) - redis0) * 1e6 / sample.requests
     return sample
 
 
@@ -209,6 +254,22 @@ def sanity_check(base: str, season: str, players: int) -> None:
         raise SystemExit(f"rank and baseline disagree: {a} vs {b}")
     print(f"# sanity: p{pid:08d} rank {a['rank']} position {a['position']} score {a['score']} "
           f"(baseline position {b['position']})")
+
+
+def cluster_check(single: str, clustered: str, season: str, players: int) -> None:
+    """The cluster's server answers every read endpoint as the single Redis's does."""
+    import httpx
+
+    rnd = random.Random(11)
+    for name in ("rank", "neighbors", "top"):
+        for _ in range(20 if name != "top" else 1):
+            path = ENDPOINTS[name].format(season=season)
+            path = path % rnd.randrange(players) if "%" in path else path
+            ours, theirs = (httpx.get(base + path, timeout=5) for base in (single, clustered))
+            if ours.status_code != 200 or ours.json() != theirs.json():
+                raise SystemExit(f"the cluster disagrees on {path}: {ours.status_code} {ours.text[:200]} vs "
+                                 f"{theirs.status_code} {theirs.text[:200]}")
+    print("# cluster: rank, neighbors and top answer as on the single Redis")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,8 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-root", metavar="DIR", default=None,
                         help="A/B: also serve another source tree of this project (e.g. the code before a change) "
                              "on --port + 1 and measure its rank endpoint as `rank@before`")
+    parser.add_argument("--redis", default="single",
+                        help="single, or single,cluster: also serve the season from a local 3-master Redis Cluster "
+                             "(a second server on --port + 2) and measure rank, neighbors and top there")
     benchenv.add_common_args(parser)
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.redis.split(",") if m.strip()]
+    if not set(modes) <= {"single", "cluster"} or "single" not in modes:
+        parser.error("--redis takes single or single,cluster")
     (players,) = benchenv.parse_counts(args.players)
     concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
@@ -259,15 +326,41 @@ def main(argv: list[str] | None = None) -> int:
             urls[f"{name}@before"] = f"http://127.0.0.1:{args.port + 1}"
             servers[f"{name}@before"] = other
             endpoints.append(f"{name}@before")
+    cluster: Any = None
+    clustered: benchenv.UvicornServer | None = None
+    cluster_urls: dict[str, str] = {}
     samples: list[tuple[int, Sample]] = []
     paced: list[Sample] = []
     url = urls["rank"]
     try:
+        if "cluster" in modes:
+            sys.path.insert(0, str(ROOT))
+            from tests.support.cluster import cluster_start
+
+            cluster = cluster_start(masters=3)
+            started = time.perf_counter()
+            copied = season_copy(season, cluster.url)
+            print(f"# cluster {cluster.url} (3 masters): {copied:,} keys copied in "
+                  f"{time.perf_counter() - started:.1f}s", flush=True)
+            clustered = benchenv.UvicornServer(workers=args.workers, port=args.port + 2,
+                                               env={**env, "REDIS_CLUSTER": "true", "REDIS_URL": cluster.url,
+                                                    # A cluster serves no broker and no channel layer.
+                                                    "CELERY_BROKER_URL": env["REDIS_URL"],
+                                                    "CHANNEL_LAYER_URL": env["REDIS_URL"]})
+            for name in [n for n in ("rank", "neighbors", "top") if n in endpoints]:
+                ENDPOINTS[f"{name}@cluster"] = ENDPOINTS[name]
+                urls[f"{name}@cluster"] = clustered.url
+                servers[f"{name}@cluster"] = clustered
+                cluster_urls[f"{name}@cluster"] = cluster.url
+                endpoints.append(f"{name}@cluster")
         server.start()
         sanity_check(url, season, players)
         if other is not None:
             other.start()
             sanity_check(urls["rank@before"], season, players)
+        if clustered is not None:
+            clustered.start()
+            cluster_check(url, clustered.url, season, players)
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             seed = args.seed
@@ -280,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                         if args.warmup > 0:
                             wrk_run(url=urls[name], path=path, players=players, connections=connections,
                                     duration=args.warmup, rate=None, workdir=workdir, seed=seed)
-                        sample = measured(servers[name], url=urls[name], path=path, players=players,
+                        sample = measured(servers[name], cluster_url=cluster_urls.get(name), url=urls[name],
+                                          path=path, players=players,
                                           connections=connections, duration=args.duration, rate=None,
                                           workdir=workdir, seed=seed)
                         if sample is None:
@@ -317,6 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
         if other is not None:
             other.stop()
+        if clustered is not None:
+            clustered.stop()
+        if cluster is not None:
+            from tests.support.cluster import cluster_stop
+
+            cluster_stop(cluster)
         benchenv.season_cleanup(result.season, keep=args.keep, extra_keys=[key])
 
     print()
@@ -385,6 +485,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cpu['baseline']:,.0f} us -> CPU-bound capacity ratio rank/baseline "
                   f"{cpu['baseline'] / cpu['rank']:.2f}x"
                   + (f", rank@before {cpu['rank@before']:,.0f} us" if cpu["rank@before"] == cpu["rank@before"] else ""))
+        for name in ("rank", "neighbors", "top"):
+            single = [s for _, s in samples if s.endpoint == name and s.connections == connections]
+            on_cluster = [s for _, s in samples if s.endpoint == f"{name}@cluster" and s.connections == connections]
+            if single and on_cluster:
+                cpu_single = benchenv.median([s.server_cpu_us + s.redis_cpu_us for s in single])
+                cpu_cluster = benchenv.median([s.server_cpu_us + s.redis_cpu_us for s in on_cluster])
+                print(f"c={connections}: {name} on the 3-master cluster / on one Redis: throughput "
+                      f"{benchenv.median([s.rps for s in on_cluster]) / benchenv.median([s.rps for s in single]):.2f}x"
+                      f", p99 {benchenv.median([s.p99 for s in on_cluster]):.1f} vs "
+                      f"{benchenv.median([s.p99 for s in single]):.1f} ms, CPU per request (server + redis) "
+                      f"{cpu_cluster:,.0f} vs {cpu_single:,.0f} us ({cpu_cluster / cpu_single:.2f}x)")
     ours_paced = [s.p99 for s in paced if s.endpoint == "rank"]
     if ours_paced:
         p99 = benchenv.median(ours_paced)
