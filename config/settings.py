@@ -125,6 +125,11 @@ if REDIS_CLUSTER and _redis_url is None:
 REDIS_EMBEDDED = _redis_url is None
 REDIS_URL: str = _redis_url if _redis_url is not None else embedded_redis.ensure(VAR_DIR)
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "lb") or "lb"
+# Slot groups a new copy of the rank views spreads its data keys over (docs/architecture.md,
+# Redis Cluster): each group is one hash slot, so a season reaches every master of a
+# cluster with many more groups than masters. Recorded per copy and manifest when the copy
+# is built; a change applies to copies built afterwards.
+VIEW_SLOT_GROUPS = env_int("VIEW_SLOT_GROUPS", 64, minimum=1)
 
 # Neither Celery's Redis transport nor channels-redis can use a Redis Cluster (their
 # commands span keys of many slots), so with a cluster both must be named; without one

@@ -72,8 +72,8 @@ def test_a_stale_token_is_refused_by_every_group_on_every_master(season: Season,
         call = rankview.fence.group_write_call(fence, token - 1, manifest.gen + 1, [
             ("ZADD", keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, groups=manifest.groups),
              [-1, "ghost"]),
-            ("HSET", keys.lookup_of(manifest.copy, "ghost", manifest.lookup_shards, groups=manifest.groups),
-             ["ghost", 1])])
+            # Lookup shard `group` is in this group (shard k in group k % groups).
+            ("HSET", keys.lookup(manifest.copy, group, groups=manifest.groups), ["ghost", 1])])
         with pytest.raises(rankview.FenceLost):
             rankview.fence.groups_send(r, [(fence, call)])
     # And a drop of the whole copy.

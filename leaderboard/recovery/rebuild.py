@@ -594,7 +594,8 @@ def season_split_recommendations(*, season: Season, window_seconds: float = 600.
         for bucket, count in enumerate(live.counts):
             if count >= parts:
                 for k in range(1, parts):
-                    pipe.zrange(keys.bucket(live.copy, live.layout.layout_id, bucket), count * k // parts,
+                    pipe.zrange(keys.bucket(live.copy, live.layout.layout_id, bucket, groups=live.groups),
+                                count * k // parts,
                                 count * k // parts, withscores=True)
                     order.append(bucket)
         replies = pipe.execute()

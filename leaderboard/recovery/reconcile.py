@@ -431,18 +431,19 @@ def _ledger_replayed_players(*, r: redis.Redis, keys: rankview.Keys, season_id: 
     on_board = dict.fromkeys(("", *boards), 0)
     for player_id, (value, region) in expected.items():
         shard = rankview.lookup_shard(player_id, manifest.lookup_shards)
-        commands.append(("HGET", keys.lookup(manifest.copy, shard), player_id))
+        commands.append(("HGET", keys.lookup(manifest.copy, shard, groups=manifest.groups), player_id))
         checks.append(("", player_id, "lookup", None if value is None else value_token(value)))
         on_board[""] += 1
         board = region if value is not None and region in boards else None
         if value is not None:
             bucket, key = index_key(manifest.layout, ties, value)
             for name in ("", board) if board else ("",):
-                commands.append(("ZSCORE", keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, name),
+                commands.append(("ZSCORE", keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, name,
+                                                 groups=manifest.groups),
                                  player_id))
                 checks.append((name, player_id, f"key in bucket {bucket}", key))
         if boards:
-            commands.append(("HGET", keys.region(manifest.copy, shard), player_id))
+            commands.append(("HGET", keys.region(manifest.copy, shard, groups=manifest.groups), player_id))
             checks.append((board or "", player_id, "region shard", board))
             on_board[board or ""] += bool(board)
     wrong: dict[str, list[str]] = {}

@@ -37,6 +37,7 @@ from leaderboard.core.manifest import (
 )
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
+from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import FirstReached, IndexValue, first_reached_of, index_key, value_token
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import (
@@ -568,7 +569,8 @@ def season_copies_build(
         old = rankview.copy_meta_load(r, keys, copy)
         if old is not None:
             rankview.copy_drop(r, keys, old, token=token)
-        meta = rankview.copy_meta_init(r, keys, copy, layout, ties, regions=season.regions, lookup_shards=shards)
+        meta = rankview.copy_meta_init(r, keys, copy, layout, ties, regions=season.regions, lookup_shards=shards,
+                                       groups=settings.VIEW_SLOT_GROUPS)
         metas.append(rankview.copy_begin_mutation(r, keys, token, meta))
     first = metas[0]
     counts = [0] * layout.size
@@ -577,21 +579,19 @@ def season_copies_build(
     done = 0
     if progress is not None:
         progress.start(total)
-    shard_keys = _ShardKeys(keys, shards)
+    shard_keys = _ShardKeys(keys, shards, first.groups)
     sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"build-{season.slug}")
     in_flight: Future[None] | None = None
     try:
         for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards),
                                              size=min(BUILD_BATCH_MAX, max(BUILD_BATCH, BUILD_SHARD_FILL * shards))):
             with gc_paused():  # tuples and lists by the hundred thousand, none in a cycle
-                per_copy = _build_commands(keys, first, batch, counts, checksums, regions, copies, shard_keys)
-                # Each transaction with the members and fields it must add (all of them).
-                packed = [(copy, rankview.transaction_pack(commands), len(commands), new)
-                          for copy, transactions in zip(copies, per_copy, strict=True)
-                          for commands, new in transactions]
+                writes = _build_writes(keys, first, batch, counts, checksums, regions, copies, shard_keys, token)
+                # Routed to their masters and encoded here, while the sender waits on Redis.
+                packed = rankview.nodes_pack(r, [(fence, call) for _, fence, call, _ in writes])
             if in_flight is not None:
                 in_flight.result()
-            in_flight = sender.submit(_send_build_batch, r, keys, token, packed)
+            in_flight = sender.submit(_send_build_batch, r, keys, writes, packed)
             done += len(batch)
             if progress is not None:
                 progress.advance(done)
@@ -613,14 +613,15 @@ def season_copies_build(
     return metas
 
 
-def _send_build_batch(r: redis.Redis, keys: rankview.Keys, token: int | None,
-                      packed: list[tuple[str, bytes, int, int]]) -> None:
-    for copy, transaction_, count, new in packed:
-        written = sum(int(reply) for reply in rankview.fenced_packed_write(r, keys, token, transaction_, count))
+def _send_build_batch(r: redis.Redis, keys: rankview.Keys, writes: list[_BuildWrite],
+                      packed: rankview.NodesPacked) -> None:
+    replies = rankview.groups_packed_send(packed)
+    for (copy, fence, _, new), reply in zip(writes, replies, strict=True):
+        written = sum(int(n) for n in reply)
         if written != new:
             # A member or field the copy held already (its size alone could still add up).
             r.hset(keys.copy_meta(copy), "state", rankview.STATE_BROKEN)
-            raise EpochError(f"copy {copy}: a build batch added {written} members and fields, not {new}")
+            raise EpochError(f"copy {copy}: a build write to {fence} added {written} members and fields, not {new}")
 
 
 def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool, size: int
@@ -691,30 +692,38 @@ class _ShardKeys:
     """Each copy's lookup and region shard key names, made once per build: a batch names
     tens of thousands of shards (a copy of 10M players has 262,144)."""
 
-    def __init__(self, keys: rankview.Keys, shards: int):
+    def __init__(self, keys: rankview.Keys, shards: int, groups: int):
         self.keys = keys
         self.shards = shards
+        self.groups = groups
         self._lookups: dict[str, list[str]] = {}
         self._regions: dict[str, list[str]] = {}
 
     def lookups(self, copy: str) -> list[str]:
         if copy not in self._lookups:
-            self._lookups[copy] = [self.keys.lookup(copy, shard) for shard in range(self.shards)]
+            self._lookups[copy] = [self.keys.lookup(copy, shard, groups=self.groups) for shard in range(self.shards)]
         return self._lookups[copy]
 
     def regions(self, copy: str) -> list[str]:
         if copy not in self._regions:
-            self._regions[copy] = [self.keys.region(copy, shard) for shard in range(self.shards)]
+            self._regions[copy] = [self.keys.region(copy, shard, groups=self.groups) for shard in range(self.shards)]
         return self._regions[copy]
 
 
-def _build_commands(
+# One fenced write of a build batch: (copy, its group's fence key, the EVAL, the members
+# and fields it must add: all of them, a build writes into an empty copy).
+_BuildWrite = tuple[str, str, tuple[Any, ...], int]
+
+
+def _build_writes(
     keys: rankview.Keys, meta: rankview.CopyMeta, batch: list[tuple[str, Any]], counts: list[int],
     checksums: list[int], regions: list[str] | None, copies: list[str], shard_keys: _ShardKeys,
-) -> list[list[tuple[list[tuple[Any, ...]], int]]]:
-    """One batch of a build as transactions for each of `copies` (ZADDs per bucket,
-    shards_hset for the lookup shards; the copies differ only in their keys), each with
-    the members and fields it adds: `batch` (player_id, score), or (player_id, (score,
+    token: int | None,
+) -> list[_BuildWrite]:
+    """One batch of a build as fenced group writes for each of `copies` (rankview
+    group_write_call: per slot group, a ZADD per bucket and an HSET per lookup or region
+    shard, in scripts of at most BUILD_TRANSACTION_WRITES new members and fields; the
+    copies differ only in their keys): `batch` (player_id, score), or (player_id, (score,
     reached_ms)) on a first_reached board; `regions`: each player's region, in a season
     with regional boards (their counts and checksums accumulate in meta.boards)."""
     layout = meta.layout
@@ -753,68 +762,51 @@ def _build_commands(
                 placed.append((bucket, key, lookup))
     for bucket, added in enumerate(sums):
         checksums[bucket] = (checksums[bucket] + added) % MODULUS
-    regional = _regional_build_pairs(meta, batch, regions, placed) if regions is not None else ({}, {})
-    # The shards' writes as few commands as the transactions allow (rankview.shards_hset):
-    # a batch names about as many shards as players once a copy has ~260,000 of them.
-    lookup_parts = [(list(part), rankview.shards_hset_args(part), added) for part, added in _shard_parts(hsets)]
-    region_parts = [(list(part), rankview.shards_hset_args(part), added)
-                    for part, added in _shard_parts(regional[1])]
-    out = []
+    region_zadds, region_hsets = ({}, {}) if regions is None else _regional_build_pairs(meta, batch, regions, placed)
+    groups, layout_id = meta.groups, layout.layout_id
+    out: list[_BuildWrite] = []
     for copy in copies:
-        writes = [write for b, pairs in zadds.items()
-                  for write in _zadd_pieces(keys.bucket(copy, layout.layout_id, b), pairs)]
-        names = shard_keys.lookups(copy)
-        writes += [(rankview.shards_hset([names[shard] for shard in part], args), added)
-                   for part, args, added in lookup_parts]
-        writes += [write for (region, b), pairs in regional[0].items()
-                   for write in _zadd_pieces(keys.bucket(copy, layout.layout_id, b, region), pairs)]
-        names = shard_keys.regions(copy) if region_parts else []
-        writes += [(rankview.shards_hset([names[shard] for shard in part], args), added)
-                   for part, args, added in region_parts]
-        out.append(_transactions(writes))
+        ops: dict[int, list[tuple[rankview.GroupOp, int]]] = {}
+        board_pairs = [(("", b), pairs) for b, pairs in zadds.items()] + list(region_zadds.items())
+        for (board, b), pairs in board_pairs:
+            ops.setdefault(bucket_group(bucket=b, groups=groups, board=board), []).extend(
+                _zadd_pieces(keys.bucket(copy, layout_id, b, board, groups=groups), pairs))
+        for names, shard_pairs in ((shard_keys.lookups(copy), hsets),
+                                   (shard_keys.regions(copy) if region_hsets else [], region_hsets)):
+            for shard, fields in shard_pairs.items():
+                ops.setdefault(shard_group(shard=shard, groups=groups), []).append(
+                    (("HSET", names[shard], fields), len(fields) // 2))
+        for group, group_ops in ops.items():
+            fence = keys.fence(copy, group)
+            out += [(copy, fence, rankview.group_write_call(fence, token, meta.gen, part), added)
+                    for part, added in _transactions(group_ops)]
     return out
 
 
-def _zadd_pieces(key: str, pairs: list[Any]) -> Iterator[tuple[tuple[Any, ...], int]]:
+def _zadd_pieces(key: str, pairs: list[Any]) -> Iterator[tuple[rankview.GroupOp, int]]:
     """A bucket's (key, member) pairs as ZADDs of at most BUILD_TRANSACTION_WRITES members,
     each with its member count."""
     step = 2 * BUILD_TRANSACTION_WRITES
     for start in range(0, len(pairs), step):
         piece = pairs[start:start + step]
-        yield ("ZADD", key, *piece), len(piece) // 2
+        yield ("ZADD", key, piece), len(piece) // 2
 
 
-def _shard_parts(pairs: dict[int, list[Any]]) -> list[tuple[dict[int, list[Any]], int]]:
-    """Shards' field/value pairs in parts of at most BUILD_TRANSACTION_WRITES fields (a
-    shard's pairs stay in one part), with each part's field count."""
-    parts: list[tuple[dict[int, list[Any]], int]] = []
-    part: dict[int, list[Any]] = {}
-    fields = 0
-    for shard, values in pairs.items():
-        if part and fields + len(values) // 2 > BUILD_TRANSACTION_WRITES:
-            parts.append((part, fields))
-            part, fields = {}, 0
-        part[shard] = values
-        fields += len(values) // 2
-    if part:
-        parts.append((part, fields))
-    return parts
-
-
-def _transactions(writes: list[tuple[tuple[Any, ...], int]]) -> list[tuple[list[tuple[Any, ...]], int]]:
-    """Commands grouped into transactions of at most BUILD_TRANSACTION_WRITES new members
-    and fields (one command more only when it alone is that big), each with that count."""
-    out: list[tuple[list[tuple[Any, ...]], int]] = []
-    commands: list[tuple[Any, ...]] = []
+def _transactions(writes: list[tuple[rankview.GroupOp, int]]) -> list[tuple[list[rankview.GroupOp], int]]:
+    """A group's writes in scripts of at most BUILD_TRANSACTION_WRITES new members and
+    fields (one write more only when it alone is that big), each with that count: a
+    script holds its master's only thread while it runs."""
+    out: list[tuple[list[rankview.GroupOp], int]] = []
+    ops: list[rankview.GroupOp] = []
     added = 0
-    for command, new in writes:
-        if commands and added + new > BUILD_TRANSACTION_WRITES:
-            out.append((commands, added))
-            commands, added = [], 0
-        commands.append(command)
+    for op, new in writes:
+        if ops and added + new > BUILD_TRANSACTION_WRITES:
+            out.append((ops, added))
+            ops, added = [], 0
+        ops.append(op)
         added += new
-    if commands:
-        out.append((commands, added))
+    if ops:
+        out.append((ops, added))
     return out
 
 

@@ -37,12 +37,15 @@ from leaderboard.views.rankview.copies import (
 from leaderboard.views.rankview.fence import (
     FENCE_ATTEMPTS,
     FenceLost,
+    GroupOp,
     LeaseKeeper,
     _fenced_packed,
     copy_groups_stamp,
     epoch_due_mark,
     epoch_due_take,
-    fenced_packed_write,
+    group_write_call,
+    groups_packed_send,
+    groups_send,
     lease_acquire,
     lease_release,
     lease_renew,
@@ -50,9 +53,6 @@ from leaderboard.views.rankview.fence import (
     lease_wanted_clear,
     lease_wanted_mark,
     pointer_publish,
-    shards_hset,
-    shards_hset_args,
-    transaction_pack,
 )
 from leaderboard.views.rankview.keys import (
     COPY_NAMES,
@@ -86,6 +86,8 @@ from leaderboard.views.rankview.reads import (
     VersionExpired,
 )
 from leaderboard.views.rankview.wire import (
+    NodesPacked,
+    nodes_pack,
     round_trip,
 )
 
@@ -98,7 +100,9 @@ __all__ = [
     "DROP_BATCH",
     "FENCE_ATTEMPTS",
     "FenceLost",
+    "GroupOp",
     "Keys",
+    "NodesPacked",
     "LOOKUP_SHARDS",
     "LeaseKeeper",
     "MANIFEST_TTL",
@@ -139,7 +143,9 @@ __all__ = [
     "copy_verify_counts",
     "epoch_due_mark",
     "epoch_due_take",
-    "fenced_packed_write",
+    "group_write_call",
+    "groups_packed_send",
+    "groups_send",
     "lease_acquire",
     "lease_release",
     "lease_renew",
@@ -147,6 +153,7 @@ __all__ = [
     "lease_wanted_clear",
     "lease_wanted_mark",
     "lookup_shard",
+    "nodes_pack",
     "manifest_cache_clear",
     "manifest_cache_forget",
     "manifest_get",
@@ -154,8 +161,5 @@ __all__ = [
     "pointer_get",
     "pointer_publish",
     "round_trip",
-    "shards_hset",
-    "shards_hset_args",
     "shards_of",
-    "transaction_pack",
 ]

@@ -49,7 +49,7 @@ from leaderboard.views.rankview.keys import (
     lookup_shard,
     shards_of,
 )
-from leaderboard.views.rankview.wire import _script_call, round_trip
+from leaderboard.views.rankview.wire import _script_call, nodes_round_trip, round_trip
 
 # ---------------------------------------------------------------------------- copies
 
@@ -222,7 +222,7 @@ def copy_regions_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: lis
             for player_id, value in _shard_fields_get(r, meta, keys.region, player_ids)}
 
 
-def _shard_fields_get(r: redis.Redis, meta: CopyMeta, key_of: Callable[[str, int], str], player_ids: list[str]
+def _shard_fields_get(r: redis.Redis, meta: CopyMeta, key_of: Callable[..., str], player_ids: list[str]
                       ) -> Iterator[tuple[str, bytes | None]]:
     """(player, raw field) of each player in the copy's lookup or region shards (`key_of`):
     one HMGET per shard holding some of them, SHARD_SCAN_BATCH shards a round trip (an
@@ -230,7 +230,8 @@ def _shard_fields_get(r: redis.Redis, meta: CopyMeta, key_of: Callable[[str, int
     order = list(shards_of(player_ids, meta.lookup_shards).items())
     for start in range(0, len(order), SHARD_SCAN_BATCH):
         batch = order[start:start + SHARD_SCAN_BATCH]
-        replies = round_trip(r, [("HMGET", key_of(meta.copy, shard), *players) for shard, players in batch])
+        replies = round_trip(r, [("HMGET", key_of(meta.copy, shard, groups=meta.groups), *players)
+                                 for shard, players in batch])
         for (_, players), values in zip(batch, replies, strict=True):
             yield from zip(players, values, strict=True)
 
@@ -530,7 +531,8 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
             problems.append(f"{where}: {actual} members, counted {counted}")
     if not lookups:
         return problems
-    lookup_total, placed = copy_shard_sizes(r, keys, meta.copy, meta.lookup_shards, regions=bool(meta.boards))
+    lookup_total, placed = copy_shard_sizes(r, keys, meta.copy, meta.lookup_shards, regions=bool(meta.boards),
+                                            groups=meta.groups)
     if lookup_total != sum(meta.counts):
         problems.append(f"lookup holds {lookup_total} players, buckets {sum(meta.counts)}")
     if meta.boards:
@@ -540,29 +542,39 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
     return problems
 
 
-def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool) -> tuple[int, int]:
+def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool,
+                     groups: int = SLOT_GROUPS) -> tuple[int, int]:
     """(players in the lookup, players in the region shards: 0 without `regions`) of a copy
-    of `shards` shards: their HLEN summed by a script, SHARD_SCAN_BATCH shards a call (a
-    reply per shard would cost the client more than the server)."""
+    of `shards` shards in `groups` slot groups: their HLEN summed by a script per slot group
+    (a script touches one slot), SHARD_SCAN_BATCH shards a call (a reply per shard would
+    cost the client more than the server), every master at once."""
     key_of = [keys.lookup, *((keys.region,) if regions else ())]
     sizes = [0, 0]
     for which, key in enumerate(key_of):
-        calls = [[key(copy, shard) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
-                 for start in range(0, shards, SHARD_SCAN_BATCH)]
-        sizes[which] = sum(int(n) for n in round_trip(r, [_script_call(_HLEN_SUM, batch, []) for batch in calls]))
+        by_group: dict[int, list[str]] = {}
+        for shard in range(shards):
+            by_group.setdefault(shard_group(shard=shard, groups=groups), []).append(key(copy, shard, groups=groups))
+        calls = [(names[start], _script_call(_HLEN_SUM, names[start:start + SHARD_SCAN_BATCH], []))
+                 for names in by_group.values() for start in range(0, len(names), SHARD_SCAN_BATCH)]
+        replies = nodes_round_trip(r, calls)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        sizes[which] = sum(int(n) for n in replies)
     return sizes[0], sizes[1]
 
 
-def copy_shards_scan(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool = False
-                     ) -> Iterator[tuple[bytes, bytes]]:
+def copy_shards_scan(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool = False,
+                     groups: int = SLOT_GROUPS) -> Iterator[tuple[bytes, bytes]]:
     """Every (player, value) of a copy's lookup shards (`regions`: its region shards).
 
-    One HSCAN from cursor 0 per shard, SHARD_SCAN_BATCH shards a round trip: it answers a
-    listpack shard whole at once; a bigger shard (a copy built with 16 before the shards
-    were sized) goes on by HSCAN, so no reply holds a whole big hash."""
+    One HSCAN from cursor 0 per shard, SHARD_SCAN_BATCH shards a round trip (on a cluster,
+    each node's shards on its own connection, all sent before any reply is read): it
+    answers a listpack shard whole at once; a bigger shard (a copy built with 16 before
+    the shards were sized) goes on by HSCAN, so no reply holds a whole big hash."""
     key_of = keys.region if regions else keys.lookup
     for start in range(0, shards, SHARD_SCAN_BATCH):
-        batch = [key_of(copy, shard) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
+        batch = [key_of(copy, shard, groups=groups) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
         replies = round_trip(r, [("HSCAN", key, 0, "COUNT", 1000) for key in batch])
         for key, (cursor, flat) in zip(batch, replies, strict=True):
             yield from zip(flat[::2], flat[1::2], strict=True)
@@ -583,17 +595,24 @@ def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board
             take = min(needed, counts[bucket])
             plan.append((bucket, take))
             needed -= take
-    with r.pipeline(transaction=False) as pipe:
-        for bucket, take in plan:
-            pipe.zrange(keys.bucket(meta.copy, meta.layout.layout_id, bucket, board, groups=meta.groups),
-                        0, take - 1, withscores=True)
-        replies = pipe.execute()
+    # One round trip (per node on a cluster: the buckets are in several slot groups).
+    layout_id = meta.layout.layout_id
+    replies = round_trip(r, [("ZRANGE", keys.bucket(meta.copy, layout_id, bucket, board, groups=meta.groups),
+                              0, take - 1, "WITHSCORES") for bucket, take in plan]) if plan else []
     if meta.ties is None:
-        pairs = [(m.decode(), -int(s)) for reply in replies for m, s in reply]
+        pairs = [(m.decode(), -int(float(s))) for reply in replies for m, s in _scored(reply)]
         return [entry.as_dict() for entry in ranked(pairs)]
-    values = [(m.decode(), index_value(meta.layout, meta.ties, bucket, s))
-              for (bucket, _), reply in zip(plan, replies, strict=True) for m, s in reply]
+    values = [(m.decode(), index_value(meta.layout, meta.ties, bucket, float(s)))
+              for (bucket, _), reply in zip(plan, replies, strict=True)
+              for m, s in _scored(reply)]
     return [entry.as_dict() for entry in ranked_values(values)]
+
+
+def _scored(reply: list[Any]) -> list[Any]:
+    """A raw ZRANGE WITHSCORES reply as (member, score) pairs: RESP3 sends pairs, RESP2 a flat list."""
+    if reply and isinstance(reply[0], list):
+        return reply
+    return list(zip(reply[::2], reply[1::2], strict=True))
 
 
 def bucket_scan(r: redis.Redis, key: str, batch: int = 5000) -> Iterator[tuple[str, int]]:
@@ -603,9 +622,10 @@ def bucket_scan(r: redis.Redis, key: str, batch: int = 5000) -> Iterator[tuple[s
 
 
 def bucket_values_scan(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout, ties: FirstReached | None,
-                       bucket: int, batch: int = 5000, board: str = "") -> Iterator[tuple[str, IndexValue]]:
+                       bucket: int, batch: int = 5000, board: str = "", *, groups: int = SLOT_GROUPS
+                       ) -> Iterator[tuple[str, IndexValue]]:
     """Any board's bucket as (player_id, value): scores, or first_reached (score, reached_ms)."""
-    for member, score in _bucket_members(r, keys.bucket(copy, layout.layout_id, bucket, board), batch):
+    for member, score in _bucket_members(r, keys.bucket(copy, layout.layout_id, bucket, board, groups=groups), batch):
         yield member.decode(), index_value(layout, ties, bucket, score)
 
 
@@ -622,5 +642,6 @@ def _bucket_members(r: redis.Redis, key: str, batch: int) -> Iterator[tuple[byte
 def bucket_checksum_scan(r: redis.Redis, keys: Keys, meta: CopyMeta, bucket: int, board: str = "") -> tuple[int, int]:
     """(count, checksum) of a bucket of a board of a copy by a full scan."""
     pairs = [(p, value_token(v))
-             for p, v in bucket_values_scan(r, keys, meta.copy, meta.layout, meta.ties, bucket, board=board)]
+             for p, v in bucket_values_scan(r, keys, meta.copy, meta.layout, meta.ties, bucket, board=board,
+                                            groups=meta.groups)]
     return len(pairs), checksum_of(pairs)

@@ -3,14 +3,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
 import redis
 
 from leaderboard.views.rankview.keys import MANIFEST_TTL, Keys
-from leaderboard.views.rankview.wire import _pack, _script_call, _transaction, nodes_round_trip, slot_client
+from leaderboard.views.rankview.wire import (
+    NodesPacked,
+    _pack,
+    _script_call,
+    _transaction,
+    nodes_packed_send,
+    nodes_round_trip,
+    slot_client,
+)
 
 
 class FenceLost(RuntimeError):
@@ -153,24 +160,6 @@ def pointer_publish(r: redis.Redis, keys: Keys, *, token: int, expected: int | N
         raise FenceLost("the current version moved before publication")
 
 
-# HSET into many small hashes (lookup or region shards) as one command. A 10M-player copy
-# has ~260,000 shards, so an epoch's chunk or a build's batch names about as many shards as
-# players; a command each would cost more to queue and to answer (a reply each, parsed by
-# the client) than the writes themselves. KEYS: the shards; ARGV: for each, its number of
-# pairs, then the pairs. Returns the fields new to their shard, as HSET counts them.
-_HSET_SHARDS = """
-local added, at = 0, 1
-for i = 1, #KEYS do
-  local last = at + 2 * tonumber(ARGV[at])
-  at = at + 1
-  while at <= last do
-    local stop = math.min(at + 999, last)
-    added = added + redis.call('HSET', KEYS[i], unpack(ARGV, at, stop))
-    at = stop + 1
-  end
-end
-return added
-"""
 _HLEN_SUM = """
 local n = 0
 for i = 1, #KEYS do n = n + redis.call('HLEN', KEYS[i]) end
@@ -178,40 +167,9 @@ return n
 """
 
 
-def shards_hset_args(pairs: Mapping[int, list[Any]]) -> list[Any]:
-    """The ARGV of `shards_hset` for field/value pairs by shard (in the shards' order)."""
-    argv: list[Any] = []
-    for fields in pairs.values():
-        argv.append(len(fields) // 2)
-        argv.extend(fields)
-    return argv
-
-
-def shards_hset(shard_keys: list[str], argv: list[Any]) -> tuple[Any, ...]:
-    """One command writing `shards_hset_args` into `shard_keys`: its reply is the fields new
-    to their shard."""
-    return _script_call(_HSET_SHARDS, shard_keys, argv)
-
-
-
-
-
-
-
-
 def _fenced(r: redis.Redis, keys: Keys, token: int | None, commands: list[tuple[Any, ...]]) -> list[Any]:
     """Run `commands` as one MULTI/EXEC that happens only while `token` holds the lease; their replies."""
     return _fenced_packed(r, keys, token, _transaction(commands), len(commands))
-
-
-def transaction_pack(commands: list[tuple[Any, ...]]) -> bytes:
-    """`commands` encoded as one MULTI/EXEC, for `fenced_packed_write` (a copy build encodes
-    batch i+1 while batch i is sent)."""
-    return _transaction(commands)
-
-
-def fenced_packed_write(r: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
-    return _fenced_packed(r, keys, token, packed, count)
 
 
 # Transactions refused by a renewal of the holder's own lease are sent again (at most this
@@ -330,7 +288,15 @@ def groups_send(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> lis
     Every reply is read before anything is raised: FenceLost when a group refused the
     token (a newer coordinator stamped it: nothing of that call was written), else the
     first error."""
-    replies = nodes_round_trip(r, calls)
+    return groups_replies_check(nodes_round_trip(r, calls))
+
+
+def groups_packed_send(packed: NodesPacked) -> list[Any]:
+    """`groups_send` of calls already routed and encoded (wire.nodes_pack)."""
+    return groups_replies_check(nodes_packed_send(packed))
+
+
+def groups_replies_check(replies: list[Any]) -> list[Any]:
     errors = [reply for reply in replies if isinstance(reply, redis.ResponseError)]
     for error in errors:
         if str(error).startswith("FENCED"):

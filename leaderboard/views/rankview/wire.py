@@ -6,6 +6,7 @@ import os
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import hiredis
@@ -165,31 +166,51 @@ def nodes_round_trip(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -
     One pipeline per node (one packed send, then its replies), every node at once from a
     thread each: a write that spans K masters costs about the time of the slowest one.
     Any other error drops that node's connection, so a half-read reply is never reused."""
-    out: list[Any] = [None] * len(calls)
-    by_node = node_clients(r, [key for key, _ in calls])
+    return nodes_packed_send(nodes_pack(r, calls))
 
-    def send(client: redis.Redis, indexes: list[int]) -> None:
-        replies = _replies_read(client, [calls[i][1] for i in indexes])
+
+@dataclass(frozen=True, slots=True)
+class NodesPacked:
+    """Calls routed to their nodes and encoded (`nodes_pack`), ready for `nodes_packed_send`."""
+
+    total: int
+    # (the node's client, the calls' indexes in call order, their commands encoded)
+    batches: list[tuple[redis.Redis, list[int], bytes]]
+
+
+def nodes_pack(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> NodesPacked:
+    """Route and encode calls for `nodes_packed_send`: a build encodes batch i+1 in its own
+    thread while batch i is on the wire, and the sending threads only wait on sockets."""
+    by_node = node_clients(r, [key for key, _ in calls])
+    return NodesPacked(total=len(calls), batches=[
+        (client, indexes, _pack(calls[i][1] for i in indexes)) for client, indexes in by_node.values()])
+
+
+def nodes_packed_send(packed: NodesPacked) -> list[Any]:
+    """`nodes_round_trip` of calls `nodes_pack` encoded: their replies in call order."""
+    out: list[Any] = [None] * packed.total
+
+    def send(client: redis.Redis, indexes: list[int], data: bytes) -> None:
+        replies = _replies_read(client, data, len(indexes))
         for i, reply in zip(indexes, replies, strict=True):
             out[i] = reply
 
-    nodes = list(by_node.values())
-    if len(nodes) == 1:
-        send(*nodes[0])
+    if len(packed.batches) == 1:
+        send(*packed.batches[0])
         return out
-    futures = [_node_senders().submit(send, client, indexes) for client, indexes in nodes]
+    futures = [_node_senders().submit(send, *batch) for batch in packed.batches]
     for future in futures:
         future.result()
     return out
 
 
-def _replies_read(client: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
+def _replies_read(client: redis.Redis, data: bytes, count: int) -> list[Any]:
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        conn.send_packed_command([_pack(commands)])
+        conn.send_packed_command([data])
         replies: list[Any] = []
-        for _ in commands:
+        for _ in range(count):
             try:
                 replies.append(conn.read_response())
             except redis.ResponseError as error:  # a whole reply: the connection stays in step
