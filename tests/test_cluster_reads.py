@@ -10,13 +10,15 @@ between a read's round trips makes it retry."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
+import redis.asyncio
 from redis.connection import AbstractConnection
 
 from leaderboard.core.slots import bucket_group
@@ -165,6 +167,18 @@ def test_every_read_on_the_cluster_answers_as_the_ledger(on_cluster: tuple[Seaso
     for player_id, read in reads.items():
         assert read.entry == standings.entry(player_id)
         assert list(read.window) == standings.neighbors(player_id, 2)
+    async def batched() -> tuple[dict[str, live.PlayerRead], int]:
+        # The live boards' asyncio client, per node (pipeline_raw).
+        from django.conf import settings
+
+        # Typed as the plain client, as LiveRegistry.redis() hands it to the hubs.
+        aclient = cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(settings.REDIS_URL))
+        try:
+            return await live.players_read_async(aclient, keys_of(season), manifest, {p: 2 for p in PLAYERS[::5]})
+        finally:
+            await aclient.aclose()
+
+    assert asyncio.run(batched()) == (reads, trips)
     report = version_check(r=redis_get(), keys=keys_of(season), sample=len(PLAYERS), seed=1)
     assert report.ok, report
 

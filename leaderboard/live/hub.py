@@ -53,7 +53,6 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from redis.crc import key_slot
 
 from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
 from leaderboard.core.gc_pause import gc_paused
@@ -74,6 +73,7 @@ from leaderboard.core.tiebreak import IndexValue, index_key, index_value, lookup
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.views import rankview
 from leaderboard.views.rankview.reads import groups_hold
+from leaderboard.views.rankview.wire import slot_batches
 from leaderboard.views.selectors import leaderboard_reader, read_unavailable
 from seasons.models import Season
 
@@ -230,11 +230,7 @@ async def _nodes_pipeline_raw(r: redis.asyncio.RedisCluster, commands: list[Call
     round's caller reads the next version or retries."""
     await r.initialize()
     nodes = r.nodes_manager
-    batches: dict[str, list[int]] = {}
-    for at, command in enumerate(commands):
-        key = command[1]
-        slot = key_slot(key if isinstance(key, bytes) else str(key).encode())
-        batches.setdefault(nodes.get_node_from_slot(slot).name, []).append(at)
+    batches = slot_batches(nodes, commands)
     taken = []
     try:
         for name, ats in batches.items():

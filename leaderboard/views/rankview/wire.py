@@ -78,6 +78,23 @@ def _command_key(command: tuple[Any, ...]) -> Any:
     return command[1]
 
 
+def slot_batches(nodes: Any, commands: list[tuple[Any, ...]]) -> dict[str, list[int]]:
+    """The commands' indexes (in order) by the name of the master serving their key's slot,
+    from a cluster client's nodes manager (sync or asyncio)."""
+    # The slot map read without the manager's lock: a dict lookup (0.1 us) instead of
+    # get_node_from_slot (3.5 us a command, ~30 us of a rank read's nine); a map being
+    # replaced meanwhile is a refresh, and a stale one answers MOVED.
+    slots = nodes.slots_cache
+    batches: dict[str, list[int]] = {}
+    for at, command in enumerate(commands):
+        key = _command_key(command)
+        slot = key_slot(key if isinstance(key, bytes) else str(key).encode())
+        serving = slots.get(slot)
+        name = serving[0].name if serving else nodes.get_node_from_slot(slot).name
+        batches.setdefault(name, []).append(at)
+    return batches
+
+
 def _node_connection(cluster: redis.RedisCluster, name: str) -> Any:
     """This thread's own connection to cluster node `name`, from its pool's settings."""
     conns = getattr(_reader, "nodes", None)
@@ -98,11 +115,7 @@ def _nodes_round_trip(cluster: redis.RedisCluster, commands: list[tuple[Any, ...
     of the slowest node."""
     nodes = cluster.nodes_manager
     for attempt in range(_MAP_ATTEMPTS):
-        batches: dict[str, list[int]] = {}
-        for at, command in enumerate(commands):
-            key = _command_key(command)
-            slot = key_slot(key if isinstance(key, bytes) else str(key).encode())
-            batches.setdefault(nodes.get_node_from_slot(slot).name, []).append(at)
+        batches = slot_batches(nodes, commands)
         conns = [(_node_connection(cluster, name), ats) for name, ats in batches.items()]
         replies: list[Any] = [None] * len(commands)
         try:
