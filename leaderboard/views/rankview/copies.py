@@ -39,6 +39,7 @@ from leaderboard.views.rankview.fence import (
 from leaderboard.views.rankview.keys import (
     COPY_NAMES,
     DROP_BATCH,
+    LEGACY_GROUPS,
     LOOKUP_SHARDS,
     SHARD_SCAN_BATCH,
     SLOT_GROUPS,
@@ -46,6 +47,7 @@ from leaderboard.views.rankview.keys import (
     STATE_BROKEN,
     STATE_READY,
     Keys,
+    legacy_data_keys,
     lookup_shard,
     shards_of,
 )
@@ -100,10 +102,11 @@ class CopyMeta:
 
     @classmethod
     def parse(cls, copy: str, raw: dict[Any, Any]) -> CopyMeta:
+        groups = int(raw.get(b"groups", LEGACY_GROUPS))
         return cls(
             copy=copy,
             gen=int(raw[b"gen"]),
-            state=raw[b"state"].decode(),
+            state=STATE_BROKEN if groups == LEGACY_GROUPS else raw[b"state"].decode(),
             watermark=Watermark.parse(raw[b"watermark"].decode()),
             layout=BucketLayout.from_dict(orjson.loads(raw[b"layout"])),
             counts=[int(c) for c in orjson.loads(raw[b"counts"])],
@@ -115,7 +118,7 @@ class CopyMeta:
             boards={name: ([int(c) for c in b["counts"]], [int(c, 16) for c in b["checksums"]])
                     for name, b in orjson.loads(raw[b"boards"]).items()} if b"boards" in raw else {},
             lookup_shards=int(raw.get(b"lookup_shards", LOOKUP_SHARDS)),
-            groups=int(raw.get(b"groups", SLOT_GROUPS)),
+            groups=groups,
         )
 
 
@@ -158,6 +161,9 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
     and ours times out); UNLINK frees it in the background. The group fences stay: they
     keep the tokens that fence the copy's next contents.
     """
+    if meta.groups == LEGACY_GROUPS:
+        _legacy_copy_drop(r, keys, meta, token=token)
+        return
     doomed: dict[int, list[str]] = {}
     layout_id, groups = meta.layout.layout_id, meta.groups
     for board in ("", *meta.boards):
@@ -182,6 +188,19 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
         groups_send(r, [(fence, group_unlink_call(fence, token, None, names[start:start + per_round]))
                         for fence, names in ((keys.fence(meta.copy, g), names) for g, names in doomed.items())
                         if names[start:start + per_round]])
+    _fenced(r, keys, token, [("UNLINK", meta_key)])
+
+
+def _legacy_copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None) -> None:
+    """`copy_drop` of a copy made before slot groups: its keys under their old names. Only
+    a single Redis can hold one (the old names put a copy's keys in many slots, which no
+    cluster ever accepted in one transaction), so they go DROP_BATCH to an UNLINK."""
+    meta_key = keys.copy_meta(meta.copy)
+    _fenced(r, keys, token, [("HINCRBY", meta_key, "gen", 1), ("HSET", meta_key, "state", STATE_BROKEN)])
+    doomed = legacy_data_keys(keys, meta.copy, meta.layout.layout_id, meta.layout.size, meta.boards,
+                              meta.lookup_shards)
+    for start in range(0, len(doomed), DROP_BATCH):
+        r.unlink(*doomed[start:start + DROP_BATCH])
     _fenced(r, keys, token, [("UNLINK", meta_key)])
 
 

@@ -59,8 +59,13 @@ from leaderboard.core.slots import SLOT_GROUPS_DEFAULT, bucket_group, shard_grou
 # The fewest lookup shards a copy has, and the count of copies and manifests that predate
 # the count's recording (core.manifest.lookup_shards_for sizes a copy).
 LOOKUP_SHARDS = LOOKUP_SHARDS_DEFAULT
-# The slot groups of a copy whose meta or manifest predates their recording.
+# The slot groups of a manifest that predates their recording.
 SLOT_GROUPS = SLOT_GROUPS_DEFAULT
+# The groups of a copy whose meta records none: it was made before its data keys were
+# spread over slot groups, so they have other names (`legacy_data_keys`). Such a copy
+# reads as broken (the epoch rebuilds it) and holds no version (a current one is lost:
+# a recovery rebuilds it from the ledger); dropping it unlinks its old names.
+LEGACY_GROUPS = 0
 # Lookup shards read per round trip when every shard of a copy is scanned or counted.
 SHARD_SCAN_BATCH = 1024
 # Keys a dropped copy unlinks per command.
@@ -135,3 +140,16 @@ class Keys:
 
     def lookup_of(self, copy: str, player_id: str, shards: int, *, groups: int = SLOT_GROUPS) -> str:
         return self.lookup(copy, lookup_shard(player_id, shards), groups=groups)
+
+
+def legacy_data_keys(keys: Keys, copy: str, layout_id: int, buckets: int, boards: Iterable[str],
+                     shards: int) -> list[str]:
+    """Every data key a copy made before slot groups can have (buckets of each board,
+    lookup and region shards), under the names it was written with then."""
+    base = f"{keys.prefix}:{{{keys.season}:{copy}"
+    names = [f"{base}:{layout_id}:{b}}}:z" for b in range(buckets)]
+    for board in boards:
+        names += [f"{base}:r:{board}:{layout_id}:{b}}}:z" for b in range(buckets)]
+    names += [f"{base}:h:{k}}}:h" for k in range(shards)]
+    names += [f"{base}:g:{k}}}:h" for k in range(shards)]
+    return names

@@ -9,7 +9,7 @@ import redis
 
 from leaderboard.core.manifest import Manifest
 from leaderboard.views.rankview.fence import _fenced
-from leaderboard.views.rankview.keys import MANIFEST_TTL, Keys
+from leaderboard.views.rankview.keys import LEGACY_GROUPS, MANIFEST_TTL, Keys
 
 # -------------------------------------------------------------------------- manifests
 
@@ -36,8 +36,10 @@ def copy_holds(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
     Redis lost it) counts its generations again from the start, so an old manifest could
     match it. Version numbers are never reused; (generation, version) is unique.
     """
-    gen, version = r.hmget(keys.copy_meta(manifest.copy), ["gen", "version"])
-    return _holds(manifest, gen, version)
+    gen, version, groups = r.hmget(keys.copy_meta(manifest.copy), ["gen", "version", "groups"])
+    # A copy that records no slot groups was made before its keys were spread over them:
+    # its data is under other names (keys.LEGACY_GROUPS), so it holds no version now.
+    return groups is not None and int(groups) != LEGACY_GROUPS and _holds(manifest, gen, version)
 
 
 def _holds(manifest: Manifest, gen: bytes | str | None, version: bytes | str | None) -> bool:

@@ -187,8 +187,31 @@ class NodesPacked:
     """Calls routed to their nodes and encoded (`nodes_pack`), ready for `nodes_packed_send`."""
 
     total: int
-    # (the node's client, the calls' indexes in call order, their commands encoded)
-    batches: list[tuple[redis.Redis, list[int], bytes]]
+    # (the node's client, the calls' indexes in call order, their commands encoded in pieces)
+    batches: list[tuple[redis.Redis, list[int], list[bytes]]]
+
+
+# A node's batch goes to its socket in pieces of about this size, each with the client's
+# whole socket timeout: a build batch is tens of MB that Redis reads only as fast as it
+# runs the scripts before them, and one write of it all would have to finish within the
+# timeout (2 s) however long those take.
+_PIECE_BYTES = 1 << 20
+
+
+def _pieces(commands: Iterable[tuple[Any, ...]]) -> list[bytes]:
+    pieces: list[bytes] = []
+    piece: list[bytes] = []
+    size = 0
+    for command in commands:
+        encoded = hiredis.pack_command(command)
+        piece.append(encoded)
+        size += len(encoded)
+        if size >= _PIECE_BYTES:
+            pieces.append(b"".join(piece))
+            piece, size = [], 0
+    if piece:
+        pieces.append(b"".join(piece))
+    return pieces
 
 
 def nodes_pack(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> NodesPacked:
@@ -196,14 +219,14 @@ def nodes_pack(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> Node
     thread while batch i is on the wire, and the sending threads only wait on sockets."""
     by_node = node_clients(r, [key for key, _ in calls])
     return NodesPacked(total=len(calls), batches=[
-        (client, indexes, _pack(calls[i][1] for i in indexes)) for client, indexes in by_node.values()])
+        (client, indexes, _pieces(calls[i][1] for i in indexes)) for client, indexes in by_node.values()])
 
 
 def nodes_packed_send(packed: NodesPacked) -> list[Any]:
     """`nodes_round_trip` of calls `nodes_pack` encoded: their replies in call order."""
     out: list[Any] = [None] * packed.total
 
-    def send(client: redis.Redis, indexes: list[int], data: bytes) -> None:
+    def send(client: redis.Redis, indexes: list[int], data: list[bytes]) -> None:
         replies = _replies_read(client, data, len(indexes))
         for i, reply in zip(indexes, replies, strict=True):
             out[i] = reply
@@ -217,11 +240,11 @@ def nodes_packed_send(packed: NodesPacked) -> list[Any]:
     return out
 
 
-def _replies_read(client: redis.Redis, data: bytes, count: int) -> list[Any]:
+def _replies_read(client: redis.Redis, data: list[bytes], count: int) -> list[Any]:
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        conn.send_packed_command([data])
+        conn.send_packed_command(data)
         replies: list[Any] = []
         for _ in range(count):
             try:
