@@ -45,6 +45,15 @@ and the time follows K, not the number of players.
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 100k,1M,10M --changes 1k,10k,100k   # full grid (~20 min)
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M --changes 10k --modes catch-up \
         --scenarios plain,regional,moves                                # regional boards' cost (~6 min)
+    SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M --changes 10k --modes catch-up \
+        --redis single,cluster                                          # one Redis vs a 3-master cluster
+
+--redis single,cluster measures the same cells on the one Redis server (--redis-url) and
+then on a local Redis Cluster of 3 masters this run starts (tests/support/cluster.py:
+redis-server processes on free ports from 17000, nothing persisted, stopped at the end),
+each with a season loaded for it; `redis cpu ms` is then the sum over the masters, and
+the ratio cluster / single of each cell's median is printed. The Celery broker and the
+channel layer stay on the single server, as a cluster deployment must have them.
 """
 
 from __future__ import annotations
@@ -70,6 +79,8 @@ TARGET_MS = 500.0
 
 
 MODES = {"catch-up": True, "no-catch-up": False}
+TARGETS = ("single", "cluster")
+CLUSTER_MASTERS = 3
 SCENARIOS = ("plain", "regional", "moves")
 REGIONS = ("na", "eu", "apac")
 
@@ -80,6 +91,7 @@ class Cell:
     changes: int
     mode: str
     scenario: str = "plain"
+    redis: str = "single"
     epoch_ms: list[float] = field(default_factory=list)  # to publication: the pointer swap
     task_ms: list[float] = field(default_factory=list)  # the whole call, its bookkeeping after the swap too
     cpu_ms: list[float] = field(default_factory=list)
@@ -148,16 +160,56 @@ class ChangeMaker:
         return out
 
 
+def redis_servers(r: Any) -> list[Any]:
+    """A plain client of each server holding the views: `r`, or every master of a cluster."""
+    from leaderboard.redis_client import redis_cluster_of
+
+    cluster = redis_cluster_of(r)
+    if cluster is None:
+        return [r]
+    return [cluster.get_redis_connection(node) for node in cluster.get_primaries()]
+
+
 def redis_commandstats(r: Any) -> dict[str, tuple[int, int]]:
-    """command -> (calls, usec) the Redis server executed so far (all clients: INFO commandstats)."""
-    return {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
-            for k, v in r.info("commandstats").items() if k != "cmdstat_info"}
+    """command -> (calls, usec) the Redis servers executed so far (all clients: INFO commandstats)."""
+    out: dict[str, tuple[int, int]] = {}
+    for server in redis_servers(r):
+        for k, v in server.info("commandstats").items():
+            if k != "cmdstat_info":
+                calls, usec = out.get(k.removeprefix("cmdstat_"), (0, 0))
+                out[k.removeprefix("cmdstat_")] = (calls + int(v["calls"]), usec + int(v["usec"]))
+    return out
 
 
 def redis_cpu_seconds(r: Any) -> float:
-    """CPU time the Redis server process used so far (INFO cpu: user + system)."""
-    cpu = r.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    """CPU time the Redis server processes used so far (INFO cpu: user + system, summed)."""
+    total = 0.0
+    for server in redis_servers(r):
+        cpu = server.info("cpu")
+        total += float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    return total
+
+
+def redis_target_use(target: str, single_url: str) -> Any:
+    """Point the rank views at `target` ("single": the --redis-url server; "cluster": a
+    local 3-master cluster started now), as a deployment's settings would; returns the
+    started cluster (None for single), for `cluster_stop`."""
+    from django.conf import settings
+
+    from leaderboard.redis_client import redis_get
+    from leaderboard.views import rankview
+
+    started = None
+    if target == "cluster":
+        from tests.support.cluster import cluster_start
+
+        started = cluster_start(masters=CLUSTER_MASTERS)
+        print(f"# Redis Cluster of {CLUSTER_MASTERS} masters on ports {started.master_ports()}", flush=True)
+    settings.REDIS_CLUSTER = started is not None
+    settings.REDIS_URL = started.url if started is not None else single_url
+    redis_get.cache_clear()
+    rankview.manifest_cache_clear()
+    return started
 
 
 def commandstats_delta(before: dict[str, tuple[int, int]],
@@ -183,7 +235,8 @@ def ingest(season: Any, events: list[Any]) -> float:
     return time.perf_counter() - started
 
 
-def run_size(players: int, changes: list[int], args: argparse.Namespace, profile_dir: Path | None) -> list[Cell]:
+def run_size(players: int, changes: list[int], args: argparse.Namespace, profile_dir: Path | None,
+             target: str = "single") -> list[Cell]:
     from leaderboard.redis_client import redis_get
 
     r = redis_get()
@@ -205,7 +258,7 @@ def run_size(players: int, changes: list[int], args: argparse.Namespace, profile
                         print(f"# skip {k:,} changes at {players:,} players")
                         continue
                     for mode in args.modes:
-                        cell = Cell(players=players, changes=k, mode=mode, scenario=scenario)
+                        cell = Cell(players=players, changes=k, mode=mode, scenario=scenario, redis=target)
                         cells.append(run_cell(season, maker, r, cell, args, profile_dir))
         finally:
             benchenv.season_cleanup(season, keep=args.keep)
@@ -268,7 +321,7 @@ def run_cell(season: Any, maker: ChangeMaker, r: Any, cell: Cell, args: argparse
     check = version_check(r=r, keys=season_keys(season), sample=100, seed=cell.changes)
     if not check.ok:
         raise SystemExit(f"invariants failed after the {cell.changes:,}-change epochs: {check.failures()}")
-    print(f"# {cell.players:,} players x {cell.changes:,} changes, {cell.mode}, {cell.scenario}: "
+    print(f"# {cell.players:,} players x {cell.changes:,} changes, {cell.mode}, {cell.scenario}, {cell.redis}: "
           f"median {cell.median_ms:.0f} ms "
           f"(runs: {', '.join(f'{m:.0f}' for m in cell.epoch_ms)}; applied "
           f"{', '.join(str(a) for a in cell.applied)}); invariants ok", flush=True)
@@ -296,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default="plain",
                         help="plain (no regions), regional (3 regions), moves (3 regions, half the changes are "
                              "region moves), comma-separated")
+    parser.add_argument("--redis", default="single",
+                        help="single (the --redis-url server) and/or cluster (a local 3-master Redis Cluster "
+                             "started for the run), comma-separated")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="write a pyinstrument profile of each cell's last epoch into DIR")
     benchenv.add_common_args(parser)
@@ -306,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--scenarios takes {', '.join(SCENARIOS)}")
     if not args.modes or any(m not in MODES for m in args.modes):
         parser.error(f"--modes takes {', '.join(MODES)}")
+    args.redis = [t.strip() for t in args.redis.split(",") if t.strip()]
+    if not args.redis or any(t not in TARGETS for t in args.redis):
+        parser.error(f"--redis takes {', '.join(TARGETS)}")
     sizes = benchenv.parse_counts(args.players)
     changes = benchenv.parse_counts(args.changes)
     if args.repeats < 1 or args.warmup < 0:
@@ -315,9 +374,21 @@ def main(argv: list[str] | None = None) -> int:
     profile_dir = Path(args.profile) if args.profile else None
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
+    from django.conf import settings
+
+    single_url = settings.REDIS_URL
     cells: list[Cell] = []
-    for players in sizes:
-        cells += run_size(players, changes, args, profile_dir)
+    for target in args.redis:
+        started = redis_target_use(target, single_url)
+        try:
+            for players in sizes:
+                cells += run_size(players, changes, args, profile_dir, target)
+        finally:
+            if started is not None:
+                from tests.support.cluster import cluster_stop
+
+                cluster_stop(started)
+                redis_target_use("single", single_url)
 
     print()
     print(f"## epoch publish time ({args.repeats} timed epochs per cell after {args.warmup} warm-up)")
@@ -325,41 +396,52 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for c in cells:
         ingest_rate = c.changes / benchenv.median(c.ingest_s)
-        rows.append((benchenv.human(c.players), benchenv.human(c.changes), c.mode, c.scenario,
+        rows.append((c.redis, benchenv.human(c.players), benchenv.human(c.changes), c.mode, c.scenario,
                      int(benchenv.median(c.applied)),
                      c.median_ms, benchenv.percentile(c.epoch_ms, 90),
                      benchenv.median(c.catch_up_ms) if MODES[c.mode] else "-",
                      benchenv.median(c.task_ms), benchenv.median(c.cpu_ms), benchenv.median(c.redis_ms),
                      c.median_ms * 1000 / c.changes, ingest_rate))
-    print(benchenv.table(["players", "changes", "mode", "scenario", "applied", "publish ms", "p90 ms", "catch-up ms",
-                          "task ms", "cpu ms", "redis cpu ms", "us/change", "ingest events/s"], rows))
+    print(benchenv.table(["redis", "players", "changes", "mode", "scenario", "applied", "publish ms", "p90 ms",
+                          "catch-up ms", "task ms", "cpu ms", "redis cpu ms", "us/change", "ingest events/s"], rows))
     print()
     smallest = min(sizes)
     for scenario in args.scenarios:
         for mode in args.modes:
             for k in changes:
-                base = next((c for c in cells if (c.changes, c.players, c.mode, c.scenario) ==
-                             (k, smallest, mode, scenario)), None)
+                base = next((c for c in cells if (c.changes, c.players, c.mode, c.scenario, c.redis) ==
+                             (k, smallest, mode, scenario, args.redis[0])), None)
                 if base is None or len(sizes) < 2:
                     continue
                 ratios = [f"{benchenv.human(c.players)}: {c.median_ms / base.median_ms:.2f}x"
-                          for c in cells if (c.changes, c.mode, c.scenario) == (k, mode, scenario)]
+                          for c in cells if (c.changes, c.mode, c.scenario, c.redis) == (k, mode, scenario,
+                                                                                         args.redis[0])]
                 print(f"{mode}, {scenario}, {benchenv.human(k)} changes, median vs {benchenv.human(smallest)} "
                       f"players: {', '.join(ratios)}")
     for c in cells:
-        plain = next((b for b in cells if (b.players, b.changes, b.mode, b.scenario) ==
-                      (c.players, c.changes, c.mode, "plain")), None)
+        plain = next((b for b in cells if (b.players, b.changes, b.mode, b.scenario, b.redis) ==
+                      (c.players, c.changes, c.mode, "plain", c.redis)), None)
         if c.scenario != "plain" and plain is not None:
             print(f"{benchenv.human(c.players)} x {benchenv.human(c.changes)}, {c.mode}: {c.scenario} publishes in "
                   f"{c.median_ms / plain.median_ms:.2f}x the time of a season without regions (same run)")
     for c in cells:
-        baseline = next((b for b in cells if (b.players, b.changes, b.mode, b.scenario) ==
-                         (c.players, c.changes, "no-catch-up", c.scenario)), None)
+        baseline = next((b for b in cells if (b.players, b.changes, b.mode, b.scenario, b.redis) ==
+                         (c.players, c.changes, "no-catch-up", c.scenario, c.redis)), None)
         if c.mode == "catch-up" and baseline is not None:
             print(f"{benchenv.human(c.players)} x {benchenv.human(c.changes)}: publish with catch-up "
                   f"{c.median_ms / baseline.median_ms:.2f}x the no-catch-up baseline of the same run")
-    target = [c for c in cells if (c.changes, c.players, c.mode, c.scenario) ==
-              (10_000, 10_000_000, args.modes[0], "plain")]
+    for c in cells:
+        single = next((b for b in cells if (b.players, b.changes, b.mode, b.scenario, b.redis) ==
+                       (c.players, c.changes, c.mode, c.scenario, "single")), None)
+        if c.redis == "cluster" and single is not None:
+            print(f"{benchenv.human(c.players)} x {benchenv.human(c.changes)}, {c.mode}, {c.scenario}: on the "
+                  f"{CLUSTER_MASTERS}-master cluster publish {c.median_ms / single.median_ms:.2f}x, task "
+                  f"{benchenv.median(c.task_ms) / benchenv.median(single.task_ms):.2f}x, coordinator CPU "
+                  f"{benchenv.median(c.cpu_ms) / benchenv.median(single.cpu_ms):.2f}x, Redis CPU (all masters) "
+                  f"{benchenv.median(c.redis_ms) / benchenv.median(single.redis_ms):.2f}x the single Redis "
+                  f"of the same run")
+    target = [c for c in cells if (c.changes, c.players, c.mode, c.scenario, c.redis) ==
+              (10_000, 10_000_000, args.modes[0], "plain", args.redis[0])]
     if target:
         ok = target[0].median_ms < TARGET_MS and benchenv.percentile(target[0].epoch_ms, 90) < TARGET_MS
         print(f"target (10M players, 10k changes, {target[0].mode}, < {TARGET_MS:.0f} ms): median "
@@ -374,7 +456,7 @@ def figures_record(args: argparse.Namespace, cells: list[Cell]) -> None:
     coordinator's time to publish, its time including the catch-up of the other copy (its
     whole work per change with R = 2), and the Redis server's CPU for both copies."""
     mode = "catch-up" if "catch-up" in args.modes else args.modes[0]
-    plain = [c for c in cells if c.mode == mode and c.scenario == "plain"]
+    plain = [c for c in cells if c.mode == mode and c.scenario == "plain" and c.redis == "single"]
     if not plain:
         return
     cell = max(plain, key=lambda c: (c.players, c.changes))
