@@ -1,6 +1,6 @@
 """A build from the scores reads the season in batches of at most BUILD_BATCH_MAX rows, however
-many lookup shards the copy has (a 50M-player copy has 2,097,152: four rows a shard would be
-8.4M rows a batch, held twice in Python)."""
+many lookup shards the copy has (a 50M-player copy has 1,048,576: four rows a shard would be
+4.2M rows a batch, held twice in Python)."""
 
 from __future__ import annotations
 
