@@ -238,14 +238,14 @@ def test_a_build_write_that_overwrote_a_member_fails_the_build(season_factory: C
     real = materializer._send_build_batch
     layout = current_manifest(season).layout
 
-    def planted_first(r_: Any, keys_: Any, token: Any, packed: Any) -> None:
-        copy = packed[0][0]
+    def planted_first(r_: Any, keys_: Any, writes: Any, packed: Any) -> None:
+        copy = writes[0][0]
         r.zadd(keys.bucket(copy, layout.layout_id, layout.bucket_of(999)), {"p001": -1})
-        real(r_, keys_, token, packed)
+        real(r_, keys_, writes, packed)
 
     monkeypatch.setattr(materializer, "_send_build_batch", planted_first)
     job = flushed(season)
-    with pytest.raises(materializer.EpochError, match=r"a build batch added \d+ members and fields, not \d+"):
+    with pytest.raises(materializer.EpochError, match=r"a build write to .* added \d+ members and fields, not \d+"):
         rebuild_run(job_id=job.pk)
     job.refresh_from_db()
     assert job.status == "failed" and rankview.pointer_get(r, keys) is None
@@ -274,18 +274,18 @@ def test_sampled_reads_keep_the_order_and_raise_what_a_read_raised() -> None:
 
 def test_a_build_sent_in_many_small_transactions_is_exact(season_factory: Callable[..., Season],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batches sorted into index order and cut into transactions of a few members and fields
-    (each bucket's ZADD and the shard writes split between them) still build every board
-    exactly, each reply checked against its own transaction."""
+    """Batches sorted into index order and cut into group scripts of a few members and
+    fields (each bucket's ZADD and the shard writes split between them) still build every
+    board exactly, each reply checked against its own script."""
     monkeypatch.setattr(materializer, "BUILD_BATCH", 40)
     monkeypatch.setattr(materializer, "BUILD_SHARD_FILL", 1)  # 16 shards: batches of 40
     monkeypatch.setattr(materializer, "BUILD_TRANSACTION_WRITES", 7)
     sent: list[int] = []
     real = materializer._send_build_batch
 
-    def counted(r: Any, keys: Any, token: Any, packed: Any) -> None:
-        sent.append(len(packed))
-        real(r, keys, token, packed)
+    def counted(r: Any, keys: Any, writes: Any, packed: Any) -> None:
+        sent.append(len(writes))
+        real(r, keys, writes, packed)
 
     monkeypatch.setattr(materializer, "_send_build_batch", counted)
     board = Board(season_factory(slug="rr-small-writes", regions=REGIONS, layout=NARROW), players=120)
@@ -293,6 +293,6 @@ def test_a_build_sent_in_many_small_transactions_is_exact(season_factory: Callab
     publish(season)
     job = rebuild_run(job_id=flushed(season).pk)
     assert job.status == "published", (job.error, job.report)
-    assert len(sent) >= 3 and min(sent) > 1  # several batches, each in several transactions
+    assert len(sent) >= 3 and min(sent) > 1  # several batches, each in several scripts
     assert_boards_match_ledger(season)
     full_check(season)

@@ -421,7 +421,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             # their generation check and retry on the new one (or get 410 when pinned).
             meta = rankview.copy_meta_load(r, keys, name)
             if meta is not None:
-                rankview.copy_drop(r, keys, meta)
+                rankview.copy_drop(r, keys, meta, retire=True)
         manifest_record(season=season, manifest=candidate, changed=0, epoch_ms=0.0)
         if job.kind == RebuildJob.Kind.SPLIT:
             Season.objects.filter(pk=season.pk).update(layout=shadow.layout.as_dict())
@@ -567,7 +567,7 @@ def _drop_shadow(job: RebuildJob) -> None:
             continue  # published: the season's copies now
         meta = rankview.copy_meta_load(r, keys, name)
         if meta is not None:
-            rankview.copy_drop(r, keys, meta)
+            rankview.copy_drop(r, keys, meta, retire=True)
 
 
 # ----------------------------------------------------------------------- hot buckets

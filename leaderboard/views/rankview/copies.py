@@ -151,7 +151,8 @@ def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
     return meta
 
 
-def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None = None) -> None:
+def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None = None,
+              retire: bool = False) -> None:
     """Delete a copy's data keys (after a layout change or before a rebuild into it); with
     `token`, only while that token holds the lease (an epoch rebuilding its target copy)
     and only in groups no newer token stamped.
@@ -159,7 +160,9 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
     UNLINK, not DEL: the keys are gone at once either way, but DEL frees a big bucket
     in the server's only thread (a 9M-member sorted set: seconds, every client stalls
     and ours times out); UNLINK frees it in the background. The group fences stay: they
-    keep the tokens that fence the copy's next contents.
+    keep the tokens that fence the copy's next contents. `retire`: the copy's name is
+    never used again (a rebuild's replaced or discarded copies), so its fences go too,
+    each its group's last write.
     """
     if meta.groups == LEGACY_GROUPS:
         _legacy_copy_drop(r, keys, meta, token=token)
@@ -188,6 +191,9 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
         groups_send(r, [(fence, group_unlink_call(fence, token, None, names[start:start + per_round]))
                         for fence, names in ((keys.fence(meta.copy, g), names) for g, names in doomed.items())
                         if names[start:start + per_round]])
+    if retire:
+        fences = [keys.fence(meta.copy, g) for g in range(groups)]
+        groups_send(r, [(fence, group_unlink_call(fence, token, None, [fence])) for fence in fences])
     _fenced(r, keys, token, [("UNLINK", meta_key)])
 
 
