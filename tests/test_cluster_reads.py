@@ -19,7 +19,6 @@ from typing import Any, cast
 import pytest
 import redis
 import redis.asyncio
-from redis.connection import AbstractConnection
 
 from leaderboard.core.slots import bucket_group
 from leaderboard.live import hub as live
@@ -30,7 +29,15 @@ from leaderboard.views.rankview import reads as rank_reads
 from seasons.models import Season
 from tests.conftest import redis_flush
 from tests.support.cluster import LocalCluster, cluster_start, cluster_stop
-from tests.support.publication import NARROW, current_manifest, fast_get, keys_of, publish, reader_of
+from tests.support.publication import (
+    NARROW,
+    RoundTrips,
+    current_manifest,
+    fast_get,
+    keys_of,
+    publish,
+    reader_of,
+)
 from tests.support.writes import Events, apply_events, db_standings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -80,52 +87,6 @@ def on_cluster(started: LocalCluster | None, season_factory: Callable[..., Seaso
     rankview.manifest_cache_clear()
 
 
-class Waves:
-    """The season's round trips as this process sends them, spied where redis-py writes to
-    and reads from a socket (nothing is faked): each wave is the set of nodes (ports)
-    written to before any reply to them was read; such a reply starts the next wave. (A
-    new connection's handshake is no round trip of the read's.)"""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, season: Season) -> None:
-        self.marker = f"{{{season.slug}".encode()
-        self.events: list[tuple[str, int]] = []
-        waiting: set[int] = set()
-        send, read = AbstractConnection.send_packed_command, AbstractConnection.read_response
-
-        def spy_send(conn: Any, command: Any, check_health: bool = True) -> None:
-            chunks = [command] if isinstance(command, bytes | str) else list(command)
-            if any(self.marker in (c.encode() if isinstance(c, str) else bytes(c)) for c in chunks):
-                send(conn, command, check_health)
-                self.events.append(("send", int(conn.port)))
-                waiting.add(id(conn))
-                return
-            send(conn, command, check_health)
-
-        def spy_read(conn: Any, *args: Any, **kwargs: Any) -> Any:
-            if id(conn) in waiting:
-                waiting.discard(id(conn))
-                self.events.append(("read", int(conn.port)))
-            return read(conn, *args, **kwargs)
-
-        monkeypatch.setattr(AbstractConnection, "send_packed_command", spy_send)
-        monkeypatch.setattr(AbstractConnection, "read_response", spy_read)
-
-    def during(self, run: Callable[[], object]) -> list[set[int]]:
-        self.events.clear()
-        run()
-        waves: list[set[int]] = []
-        replied = True
-        for kind, port in self.events:
-            if kind == "read":
-                replied = True
-                continue
-            if replied:
-                waves.append(set())
-                replied = False
-            waves[-1].add(port)
-        return waves
-
-
 def test_a_rank_read_is_two_round_trips_sent_to_every_node_at_once(
         on_cluster: tuple[Season, redis.RedisCluster], monkeypatch: pytest.MonkeyPatch) -> None:
     season, client = on_cluster
@@ -133,20 +94,20 @@ def test_a_rank_read_is_two_round_trips_sent_to_every_node_at_once(
     assert len(masters) == 3
     standings = db_standings(season)
     fast_get(f"/v1/seasons/{season.slug}/players/c00/rank")  # the manifest is cached per process
-    waves = Waves(monkeypatch, season)
+    spied = RoundTrips(monkeypatch, season)
     nodes_seen: set[int] = set()
     for player_id in PLAYERS:
-        trips = waves.during(functools.partial(reader_of(season).rank, player_id))
-        assert len(trips) == 2, (player_id, trips)
-        nodes_seen |= set().union(*trips)
+        trips = spied.during(functools.partial(reader_of(season).rank, player_id))
+        assert len(trips) == 2, (player_id, spied.nodes, trips)
+        nodes_seen |= set().union(*spied.nodes)
         answer = fast_get(f"/v1/seasons/{season.slug}/players/{player_id}/rank").json()
         entry = standings.entry(player_id)
         assert entry is not None
         assert (answer["rank"], answer["position"], answer["score"]) == (entry.rank, entry.position, entry.score)
     # The copy's groups are spread over every master: the players' reads reach them all.
     assert nodes_seen == masters
-    trips = waves.during(lambda: fast_get(f"/v1/seasons/{season.slug}/players/c07/rank"))
-    assert len(trips) == 2, trips
+    trips = spied.during(lambda: fast_get(f"/v1/seasons/{season.slug}/players/c07/rank"))
+    assert len(trips) == 2, (spied.nodes, trips)
 
 
 def test_every_read_on_the_cluster_answers_as_the_ledger(on_cluster: tuple[Season, redis.RedisCluster]) -> None:

@@ -136,25 +136,48 @@ def copy_contents(season: Season, copy: str) -> tuple[rankview.CopyMeta, dict[st
 
 
 class RoundTrips:
-    """What this process sends Redis about one season: each packed command that names its
-    keys, one per round trip (spied where redis-py writes to the socket; nothing is faked)."""
+    """What this process sends Redis about one season, one entry per round trip: the packed
+    commands that name its keys, joined over every node written to before a reply to them
+    is read (on a cluster a round trip is a send to each node it needs; a reply read starts
+    the next one). Spied where redis-py writes to and reads from a socket; nothing is faked.
+    `nodes`: the ports each round trip of the last `during` went to."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, season: Season) -> None:
+        # "{slug:" names the season's data keys (not the pointer's or a manifest's slot).
         self.marker = f"{{{season.slug}:".encode()
         self.sent: list[bytes] = []
-        original = redis.connection.AbstractConnection.send_packed_command
+        self.nodes: list[set[int]] = []
+        waiting: set[int] = set()  # connections whose reply to a season send is unread
+        replied = [True]
+        send = redis.connection.AbstractConnection.send_packed_command
+        read = redis.connection.AbstractConnection.read_response
 
-        def spy(conn: Any, command: Any, check_health: bool = True) -> None:
+        def spy_send(conn: Any, command: Any, check_health: bool = True) -> None:
             chunks = [command] if isinstance(command, bytes | str) else list(command)
             packed = b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
+            # Sent first: a new connection's handshake (read inside) is no round trip of the read's.
+            send(conn, command, check_health)
             if self.marker in packed:
-                self.sent.append(packed)
-            original(conn, command, check_health)
+                if replied[0]:
+                    self.sent.append(b"")
+                    self.nodes.append(set())
+                    replied[0] = False
+                self.sent[-1] += packed
+                self.nodes[-1].add(int(conn.port))
+                waiting.add(id(conn))
 
-        monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", spy)
+        def spy_read(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            if id(conn) in waiting:
+                waiting.discard(id(conn))
+                replied[0] = True
+            return read(conn, *args, **kwargs)
+
+        monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", spy_send)
+        monkeypatch.setattr(redis.connection.AbstractConnection, "read_response", spy_read)
 
     def during(self, read: Callable[[], object]) -> list[bytes]:
         self.sent.clear()
+        self.nodes.clear()
         read()
         return list(self.sent)
 
