@@ -83,8 +83,11 @@ def test_one_url_reaches_every_master(replicated: LocalCluster, on_cluster: redi
 def test_reads_and_writes_go_on_across_a_failover(replicated: LocalCluster, on_cluster: redis.RedisCluster) -> None:
     keys = keys_on_every_master(replicated)
     for port, key in keys.items():
-        on_cluster.set(key, f"before-{port}")
+        # Written on the master's own connection: WAIT counts the replicas that hold the
+        # writes of the connection it is sent on.
+        replicated.node(port).set(key, f"before-{port}")
         assert replicated.node(port).wait(1, 5000) == 1, "the replica did not acknowledge the write"
+        assert on_cluster.get(key) == f"before-{port}".encode()
     victim = replicated.slot_master(replicated.key_slot(keys[min(keys)]))
     replicated.master_kill(victim)
     promoted = replicated.failover_wait(victim)
