@@ -13,10 +13,13 @@ event the write API accepted. The window of 503s (first to last) is printed and 
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -45,11 +48,12 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(tran
 
 PLAYERS = [f"f{i:05d}" for i in range(2000)]
 # A node silent this long is failed over: short, so the window is seconds, but well over
-# the pauses of a loaded 2-core machine.
-NODE_TIMEOUT_MS = 2000
+# the pauses of a loaded 2-core machine. bench/failover.py sets others (production's
+# cluster-node-timeout is 15 s by default) through TEST_FAILOVER_NODE_TIMEOUT_MS.
+NODE_TIMEOUT_MS = int(os.environ.get("TEST_FAILOVER_NODE_TIMEOUT_MS", "2000"))
 # What the readers may see as 503s, first to last: the failover itself (node timeout,
-# election, the clients' new slot map) with room for a loaded machine.
-WINDOW_BOUND_SECONDS = 30.0
+# election, the clients' new slot map) with room for a loaded machine; 30 s at 2 s.
+WINDOW_BOUND_SECONDS = NODE_TIMEOUT_MS / 1000 + 28.0
 # Readers overlap the copies' mutations here, unlike the rank_views fixture's tests: a
 # real grace period, longer than a read's deadline on a loaded machine.
 READ_DEADLINE_SECONDS = 1.0
@@ -155,28 +159,85 @@ def _publish_after_failover(season: Season, *, timeout: float = 60) -> list[str]
     raise AssertionError(f"no version published within {timeout:.0f}s after the failover: {outcomes}")
 
 
+@dataclass
+class Scene:
+    """A season of PLAYERS with both copies built and current, version `first`, read by
+    VersionedReadLoad and written by LedgerWriter (started; `stop()` stops both)."""
+
+    season: Season
+    events: Events
+    rnd: random.Random
+    load: VersionedReadLoad
+    writes: LedgerWriter
+    first: int
+
+    @classmethod
+    def start(cls, season: Season, token: str, *, seed: int) -> Scene:
+        rnd = random.Random(seed)
+        events = Events(tag=f"fo-{season.slug}")
+        apply_events(season, [events.result(p, rnd.randint(0, 1_000_000)) for p in PLAYERS])
+        publish(season)
+        apply_events(season, [events.result(p, rnd.randint(0, 1_000_000)) for p in PLAYERS[::7]])
+        first = publish(season)
+        scene = cls(season=season, events=events, rnd=rnd, first=first,
+                    load=VersionedReadLoad(season.slug, PLAYERS, clients=4, threads=4, seed=seed),
+                    writes=LedgerWriter(season.slug, PLAYERS, token, seed=seed + 1))
+        scene.load.start()
+        scene.writes.start()
+        try:
+            scene.load.wait(version=first, answers=50, timeout=60)
+        except BaseException:
+            scene.stop()
+            raise
+        return scene
+
+    def move_everyone(self) -> None:
+        """Every player to another score: the next epoch applies hundreds of small chunks
+        to every slot group."""
+        apply_events(self.season, [self.events.correction(p, self.rnd.randint(0, 1_000_000)) for p in PLAYERS])
+
+    def converge(self) -> tuple[list[str], int]:
+        """After the failover: epochs until one publishes, then the writes stop and one
+        more version covers all of them, read by the readers; (the outcomes, that version)."""
+        outcomes = _publish_after_failover(self.season)
+        self.writes.stop()
+        result = epoch(self.season)
+        assert result.status in ("published", "idle"), result
+        final = current_manifest(self.season).version
+        self.load.wait(version=final, answers=50, timeout=60)
+        return outcomes, final
+
+    def stop(self) -> None:
+        self.writes.stop()
+        self.load.stop()
+
+    def window(self, killed_at: float) -> tuple[float, str]:
+        """The 503s' window in seconds, and a line saying it."""
+        window = self.load.unavailable_window()
+        seconds = 0.0 if window is None else window[1] - window[0]
+        text = (f"503 window {seconds:.2f}s ({self.load.count(503)} 503s of {len(self.load.answers)} answers"
+                + ("" if window is None else f", from {window[0] - killed_at:+.2f}s to {window[1] - killed_at:+.2f}s "
+                   "after the kill") + ")")
+        return seconds, text
+
+    def assert_ledger_kept(self, final: int) -> None:
+        """Every write the API accepted is in the ledger, and the views answer as it does."""
+        assert self.writes.refused == []
+        assert self.writes.accepted, "the writer wrote nothing"
+        assert self.writes.missing(self.season) == []
+        assert assert_matches_ledger(self.season, exhaustive=False) == final
+
+
 @pytest.mark.parametrize("target", ["control", "groups"])
 def test_a_master_killed_during_an_epoch_under_load(
         on_replicated: LocalCluster, season_factory: Callable[..., Season],
         writer: tuple[ApiClient, str], target: str) -> None:
     cluster = on_replicated
-    season = season_factory(slug=f"failover-{target}")
-    rnd = random.Random(target)
-    events = Events(tag=f"fo-{target}")
-    apply_events(season, [events.result(p, rnd.randint(0, 1_000_000)) for p in PLAYERS])
-    publish(season)
-    apply_events(season, [events.result(p, rnd.randint(0, 1_000_000)) for p in PLAYERS[::7]])
-    first = publish(season)  # both copies built and current
-
-    load = VersionedReadLoad(season.slug, PLAYERS, clients=4, threads=4, seed=1)
-    ledger_writes = LedgerWriter(season.slug, PLAYERS, writer[1], seed=2)
-    load.start()
-    ledger_writes.start()
+    scene = Scene.start(season_factory(slug=f"failover-{target}"), writer[1], seed=len(target))
+    season = scene.season
     child = None
     try:
-        load.wait(version=first, answers=50, timeout=60)
-        # Every player moves: the epoch applies hundreds of small chunks to every group.
-        apply_events(season, [events.correction(p, rnd.randint(0, 1_000_000)) for p in PLAYERS])
+        scene.move_everyone()
         victim = _victim(cluster, season, target)
         before = _copy_states(season)
         child = epoch_child(season, apply_chunk=4, EPOCH_LEASE_SECONDS="2", REDIS_CLUSTER="true",
@@ -188,41 +249,84 @@ def test_a_master_killed_during_an_epoch_under_load(
         deadline = time.monotonic() + 60
         while not _epoch_underway(season, before) and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        time.sleep(rnd.uniform(0.1, 0.4))  # somewhere inside the apply
+        time.sleep(scene.rnd.uniform(0.1, 0.4))  # somewhere inside the apply
         assert child.poll() is None, f"the epoch ended before the kill: {child.communicate()}"
         killed_at = time.monotonic()
         cluster.master_kill(victim)
         child_out, child_err = child.communicate(timeout=120)
         promoted = cluster.failover_wait(victim, timeout=60)
         promoted_at = time.monotonic()
-
-        outcomes = _publish_after_failover(season)
-        ledger_writes.stop()
-        # One more version over every accepted write, then reads of it.
-        result = epoch(season)
-        assert result.status in ("published", "idle"), result
-        final = current_manifest(season).version
-        load.wait(version=final, answers=50, timeout=60)
+        outcomes, final = scene.converge()
     finally:
-        ledger_writes.stop()
-        load.stop()
+        scene.stop()
         if child is not None and child.poll() is None:
             child.kill()
             child.wait(timeout=10)
 
-    window = load.unavailable_window()
-    seconds = 0.0 if window is None else window[1] - window[0]
+    seconds, window = scene.window(killed_at)
     print(f"\nfailover of the {target} master (port {victim} -> {promoted}): promoted "
-          f"{promoted_at - killed_at:.1f}s after the kill; 503 window {seconds:.2f}s "
-          f"({load.count(503)} 503s of {len(load.answers)} answers"
-          + ("" if window is None else f", from {window[0] - killed_at:+.2f}s to {window[1] - killed_at:+.2f}s "
-             "after the kill") + f"); the child's epoch: exit {child.returncode} {child_out.strip()!r} "
-          f"{child_err.strip().splitlines()[-1:]!r}; after: {outcomes}; versions read {load.versions()}")
-
-    assert load.check(season) == []
+          f"{promoted_at - killed_at:.1f}s after the kill; {window}; the child's epoch: exit {child.returncode} "
+          f"{child_out.strip()!r} {child_err.strip().splitlines()[-1:]!r}; after: {outcomes}; "
+          f"versions read {scene.load.versions()}")
+    assert scene.load.check(season) == []
     assert seconds < WINDOW_BOUND_SECONDS, f"503s for {seconds:.1f}s"
-    assert ledger_writes.refused == []
-    assert ledger_writes.accepted, "the writer wrote nothing"
-    assert ledger_writes.missing(season) == []
-    assert load.versions(since=promoted_at), "no read answered after the failover"
-    assert assert_matches_ledger(season, exhaustive=False) == final
+    assert scene.load.versions(since=promoted_at), "no read answered after the failover"
+    scene.assert_ledger_kept(final)
+
+
+def _replica_of(cluster: LocalCluster, master: int) -> int:
+    nodes = cluster.nodes()
+    master_id = next(node.node_id for node in nodes if node.port == master)
+    return next(node.port for node in nodes if node.master_id == master_id and not node.failed)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "a slot group that lost writes holds an older generation than the version's, which the "
+    "readers' check (views/rankview/reads.py, groups_hold: gen <= the manifest's) accepts: the "
+    "current version is answered from the lost groups, 200s that are not its board, until the "
+    "next epoch publishes"))
+def test_a_failover_that_loses_acknowledged_writes(
+        on_replicated: LocalCluster, season_factory: Callable[..., Season], writer: tuple[ApiClient, str]) -> None:
+    """Redis replicates asynchronously: a master acknowledges writes its replica never
+    receives, and a failover loses them. Made certain here: the replica of a master that
+    holds slot groups (not the control slot) is paused (SIGSTOP) and cut off while an
+    epoch publishes and catches the other copy up, then the master is killed and the
+    replica resumed, so it is promoted with the groups as they were before the epoch,
+    while the control slot says the copies hold the new version. No read may answer from
+    such a copy (503s allowed), and the next epochs must find the loss and publish a board
+    that is exact."""
+    cluster = on_replicated
+    scene = Scene.start(season_factory(slug="failover-lost"), writer[1], seed=20)
+    season = scene.season
+    victim = _victim(cluster, season, "groups")
+    paused = cluster.processes[_replica_of(cluster, victim)]
+    try:
+        paused.send_signal(signal.SIGSTOP)
+        # Whatever the master sends from now on never reaches the replica (a stopped
+        # process still takes bytes into its socket buffer: the link is cut as well).
+        cluster.node(victim).client_kill_filter(_type="replica")
+        try:
+            scene.move_everyone()
+            lost = publish(season)  # and the other copy caught up: both written on the victim
+            scene.load.wait(version=lost, answers=50, timeout=60)
+            killed_at = time.monotonic()
+            cluster.master_kill(victim)
+        finally:
+            paused.send_signal(signal.SIGCONT)
+        promoted = cluster.failover_wait(victim, timeout=60)
+        promoted_at = time.monotonic()
+        # Reads of the cluster as the failover left it, before an epoch runs.
+        scene.load.wait(answers=200, since=promoted_at, timeout=60)
+        outcomes, final = scene.converge()
+    finally:
+        scene.stop()
+
+    _, window = scene.window(killed_at)
+    print(f"\nfailover with lost writes (port {victim} -> {promoted}): promoted {promoted_at - killed_at:.1f}s "
+          f"after the kill; {window}; after: {outcomes}; versions read {scene.load.versions()}, after the "
+          f"promotion {scene.load.versions(since=promoted_at)}")
+    # The loss is found and repaired: the views converge on the ledger.
+    scene.assert_ledger_kept(final)
+    problems = scene.load.check(season)
+    print(f"{len(problems)} answers wrong: {problems[:3]}")
+    assert problems == []

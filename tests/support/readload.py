@@ -173,11 +173,15 @@ class VersionedReadLoad:
         times = [a.at for a in self.answers if a.status == 503]
         return (min(times), max(times)) if times else None
 
-    def wait(self, *, version: int, answers: int, timeout: float) -> None:
-        """Until `answers` answers of `version` (or a later one) came back."""
+    def wait(self, *, answers: int, timeout: float, version: int | None = None, since: float = 0.0) -> None:
+        """Until `answers` 200s of `version` (or a later one) came back; with no version,
+        until `answers` answers of any kind came back after `since`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.failures:
-            if sum(n for v, n in self.versions().items() if v >= version) >= answers:
+            if version is None:
+                if sum(1 for a in self.answers if a.at >= since) >= answers:
+                    return
+            elif sum(n for v, n in self.versions().items() if v >= version) >= answers:
                 return
             time.sleep(0.05)
         raise AssertionError(f"{answers} answers of v{version} not within {timeout:.0f}s: "
