@@ -180,3 +180,26 @@ def test_a_group_written_between_the_round_trips_makes_the_read_retry(
     trips.clear()
     with pytest.raises(rankview.VersionExpired):
         reader_of(season).rank("c03", version=manifest.version)
+
+
+def test_the_live_boards_reads_wait_for_a_connection_of_a_busy_node(
+        on_cluster: tuple[Season, redis.RedisCluster]) -> None:
+    """Rounds read at once through a cluster client of one connection per node: each waits
+    for the node's connection (as the plain client's blocking pool makes them) instead of
+    failing, and all answer as the ledger."""
+    from django.conf import settings
+
+    season, _ = on_cluster
+    manifest = current_manifest(season)
+    standings = db_standings(season)
+
+    async def rounds() -> list[tuple[dict[str, live.PlayerRead], int]]:
+        aclient = cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(settings.REDIS_URL, max_connections=1))
+        try:
+            return await asyncio.gather(*(live.players_read_async(aclient, keys_of(season), manifest, {p: 1})
+                                          for p in PLAYERS[:12]))
+        finally:
+            await aclient.aclose()
+
+    for player_id, (reads, _) in zip(PLAYERS[:12], asyncio.run(rounds()), strict=True):
+        assert reads[player_id].entry == standings.entry(player_id)

@@ -233,10 +233,12 @@ async def _nodes_pipeline_raw(r: redis.asyncio.RedisCluster, commands: list[Call
     batches = slot_batches(nodes, commands)
     taken = []
     try:
-        for name, ats in batches.items():
+        # Nodes in one order for every round, so two rounds waiting for connections never
+        # each hold the other's.
+        for name, ats in sorted(batches.items()):
             node = r.get_node(node_name=name)
             assert node is not None
-            connection = node.acquire_connection()
+            connection = await _connection_acquire(node)
             taken.append((node, connection, ats))
             await connection.send_packed_command(resp_pack([commands[at] for at in ats]), check_health=False)
         replies: list[Any] = [None] * len(commands)
@@ -253,6 +255,17 @@ async def _nodes_pipeline_raw(r: redis.asyncio.RedisCluster, commands: list[Call
     finally:
         for node, connection, _ in taken:
             node.release(connection)
+
+
+async def _connection_acquire(node: Any) -> Any:
+    """A connection of a cluster node's pool (ASYNC_REDIS_CONNECTIONS at most): when all are
+    in use, wait for one as the plain client's blocking pool does (the round's timeout
+    bounds the wait), instead of failing the round."""
+    while True:
+        try:
+            return node.acquire_connection()
+        except redis.exceptions.MaxConnectionsError:
+            await asyncio.sleep(0.002)
 
 
 def resp_pack(commands: list[Call]) -> bytes:
