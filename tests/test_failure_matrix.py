@@ -247,7 +247,7 @@ def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
     assert season_epoch_advance(season=season).status == "skipped"
     assert board_snapshot(season) == served
     full_check(season, before)
-    # The lease expires (2 s); the next coordinator applies the rest and publishes.
+    # The lease expires (2 s); the next coordinator rebuilds the half-applied copy and publishes.
     lease_expired_wait(season)
     assert board_snapshot(season) == served
     assert publish(season) == before + 1
@@ -288,8 +288,8 @@ def test_a_coordinator_killed_while_catching_up_the_older_copy_leaves_the_next_e
     full_check(season, before)
     lease_expired_wait(season)
     assert board_snapshot(season) == served
-    # The next epoch targets the half caught-up copy: it reads its old scores from the
-    # copy and re-applies from its old watermark.
+    # The next epoch targets the half caught-up copy: it finds it broken (some chunks
+    # landed, not all) and rebuilds it from the scores.
     killable.set("k00002", 1000)
     assert publish(season) == before + 1
     assert current_manifest(season).copy == older

@@ -90,10 +90,11 @@ def epoch_child(season: Season, *, apply_chunk: int, **env: str) -> subprocess.P
 
 
 def epoch_child_killed_inside_apply(season: Season, copy: str, rnd: Any, **env: str) -> bool:
-    """Run one epoch in a child applying two players per MULTI/EXEC (a few hundred chunks,
-    each a moment to die in) and SIGKILL it once `copy` is being applied to. True when
-    the kill landed there: the child died and left the copy half applied (False: the
-    child finished first)."""
+    """Run one epoch in a child applying two players per chunk (a few hundred chunks, each
+    a moment to die in) and SIGKILL it once `copy` is being applied to. True when the kill
+    landed there: the child died and left the copy half applied (False: the child
+    finished first). A copy reads as broken from its first chunk until the last landed
+    (a chunk spans slot groups), and its counts move with each chunk."""
     r = redis_get()
     meta_key = keys_of(season).copy_meta(copy)
     counts_before = r.hget(meta_key, "counts")
@@ -105,10 +106,10 @@ def epoch_child_killed_inside_apply(season: Season, copy: str, rnd: Any, **env: 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and child.poll() is None:
         state, counts = r.hmget(meta_key, ["state", "counts"])
-        if state == b"applying" and counts != counts_before:
+        if state in (b"applying", b"broken") and counts != counts_before:
             time.sleep(rnd.uniform(0, 0.01))  # somewhere inside the apply
             os.kill(child.pid, signal.SIGKILL)
             break
     child.wait(timeout=30)
     state, counts = r.hmget(meta_key, ["state", "counts"])
-    return child.returncode == -signal.SIGKILL and state == b"applying" and counts != counts_before
+    return child.returncode == -signal.SIGKILL and state in (b"applying", b"broken") and counts != counts_before
