@@ -9,7 +9,7 @@ when the replica was seen promoted (every node agreeing on the slots again), how
 answers were 503s. Prints each run, then the median, minimum and maximum per target, with
 the load average before and after (the machine is shared: compare medians).
 
-    SECRET_KEY=x DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench \\
+    SECRET_KEY=x DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench REDIS_URL=redis://127.0.0.1:6379/1 \\
         .venv/bin/python bench/failover.py --runs 5 --target groups --node-timeout-ms 2000
 
 The runs reuse the test's own checks: a run whose answers were not all right (or whose

@@ -63,8 +63,8 @@ COPY_GRACE_SECONDS = 1.5
 @pytest.fixture(scope="module")
 def replicated() -> Iterator[LocalCluster]:
     """This module's own cluster of 3 masters with a replica each. Started only in a session
-    whose rank views are on a cluster (.ci/run's cluster step): a single-Redis session
-    skips the test rather than spend its two minutes twice in a CI run."""
+    whose rank views are on a cluster (.ci/run has a step for it): a single-Redis session
+    skips the test rather than spend its minute and a half twice in a CI run."""
     from django.conf import settings
 
     if not settings.REDIS_CLUSTER:
