@@ -282,12 +282,6 @@ def _replica_of(cluster: LocalCluster, master: int) -> int:
     return next(node.port for node in nodes if node.master_id == master_id and not node.failed)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a slot group that lost writes holds an older generation than the version's, which the "
-    "readers' check (views/rankview/reads.py, groups_hold: gen <= the manifest's) accepts: the "
-    "current version is answered from the lost groups, 200s that are not its board, until the "
-    "next epoch publishes. Requiring the version's generation exactly (copy_finish stamps it into "
-    "every group) makes those reads 503 and this test pass"))
 def test_a_failover_that_loses_acknowledged_writes(
         on_replicated: LocalCluster, season_factory: Callable[..., Season], writer: tuple[ApiClient, str]) -> None:
     """Redis replicates asynchronously: a master acknowledges writes its replica never

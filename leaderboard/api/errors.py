@@ -92,6 +92,8 @@ log = logging.getLogger(__name__)
 # so it is a 503 and never a 500. Other database and Redis errors are bugs and stay 500s.
 OUTAGES: tuple[type[Exception], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, db.OperationalError, db.InterfaceError,
+    # A Redis Cluster between a master's failure and its replica's promotion: slots unserved.
+    redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError, redis.exceptions.ClusterError,
 )
 # Long enough not to hammer a dependency that is restarting, short enough to notice it back.
 OUTAGE_RETRY_AFTER_SECONDS = 5

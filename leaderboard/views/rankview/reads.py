@@ -470,11 +470,12 @@ class RankReader:
 
 
 def groups_hold(manifest: Manifest, gens: Iterable[bytes | None]) -> bool:
-    """Whether no slot group read names a later generation than the version's: a group
-    is written only in a mutation of the copy, which takes a new generation first, so a
-    group that still names the version's (or an older one, untouched since) holds what
-    the version holds. A group never written has no fence yet."""
-    return all(gen is None or int(gen) <= manifest.gen for gen in gens)
+    """Whether every slot group read names exactly the version's generation: finishing a
+    copy stamps its generation into every group, and a mutation writes a group only
+    under a newer one, so a later generation means the group was written since the
+    version, and an older one (or none) that the group lost writes the version counted
+    (a failover promoted a replica that never received them)."""
+    return all(gen is not None and int(gen) == manifest.gen for gen in gens)
 
 
 def copy_groups_hold(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
