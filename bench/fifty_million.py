@@ -182,8 +182,9 @@ def step_memory(args: argparse.Namespace, players: int, season: Any, out: dict[s
         if meta is None:
             out[f"copy_{copy}"] = "absent"
             continue
-        buckets = [keys.bucket(copy, layout.layout_id, b) for b in range(layout.size)]
-        lookups = [keys.lookup(copy, k) for k in range(meta.lookup_shards)]
+        buckets = [keys.bucket(copy, layout.layout_id, b, groups=meta.groups) for b in range(layout.size)]
+        # Every shard_stride-th lookup shard: players spread evenly over them (crc32 of the id).
+        lookups = [keys.lookup(copy, k, groups=meta.groups) for k in range(0, meta.lookup_shards, args.shard_stride)]
         out[f"zsets_{copy}_per_player"] = memory.keys_usage(r, buckets, args.samples) / players
         out[f"hashes_{copy}_per_player"] = memory.keys_usage(r, lookups, args.samples) / players
         out[f"shards_{copy}"] = meta.lookup_shards

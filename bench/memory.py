@@ -70,8 +70,8 @@ def measure(players: int, args: argparse.Namespace) -> dict[str, Any]:
         for copy in COPIES:
             meta = rankview.copy_meta_load(r, keys, copy)
             assert meta is not None
-            buckets = [keys.bucket(copy, layout.layout_id, b) for b in range(layout.size)]
-            lookups = [keys.lookup(copy, k) for k in range(meta.lookup_shards)]
+            buckets = [keys.bucket(copy, layout.layout_id, b, groups=meta.groups) for b in range(layout.size)]
+            lookups = [keys.lookup(copy, k, groups=meta.groups) for k in range(meta.lookup_shards)]
             out[f"zsets_{copy}"] = keys_usage(r, buckets, args.samples)
             out[f"hashes_{copy}"] = keys_usage(r, lookups, args.samples)
             out[f"shards_{copy}"] = meta.lookup_shards

@@ -756,7 +756,8 @@ def test_a_rebuild_whose_shadow_is_corrupted_is_refused(season_factory: Callable
     def corrupting(**kwargs: Any) -> Any:
         shadow, replayed = real_catch_up(**kwargs)
         # One bucket of the caught-up shadow changed behind its bookkeeping's back.
-        r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, shadow.layout.bucket_of(score)), {member: -score})
+        key = keys.bucket(shadow.copy, shadow.layout.layout_id, shadow.layout.bucket_of(score), groups=shadow.groups)
+        r.zadd(key, {member: -score})
         return shadow, replayed
 
     monkeypatch.setattr(rebuild, "_catch_up", corrupting)
@@ -967,4 +968,4 @@ def test_a_hot_bucket_split_under_write_load(season_factory: Callable[..., Seaso
     # The split copies serve; the old layout's copies are gone.
     assert set(rankview.copies_get(r, keys)) == {job.copy, f"{job.copy}b"}
     assert rankview.copy_meta_load(r, keys, "0") is None and rankview.copy_meta_load(r, keys, "1") is None
-    assert not [k for k in r.scan_iter(match=keys.bucket("0", 1, 0))]
+    assert not [k for k in r.scan_iter(match=keys.bucket("0", 1, 0, groups=settings.VIEW_SLOT_GROUPS))]

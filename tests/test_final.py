@@ -345,7 +345,8 @@ def _bucket_key(season: Season, score: int) -> str:
     """The key of the bucket holding `score` in the current copy (the one the manifest names)."""
     manifest = current_manifest(season)
     assert manifest is not None
-    return season_keys(season).bucket(manifest.copy, manifest.layout.layout_id, manifest.layout.bucket_of(score))
+    return season_keys(season).bucket(manifest.copy, manifest.layout.layout_id, manifest.layout.bucket_of(score),
+                                     groups=manifest.groups)
 
 
 def _stray_member(season: Season) -> None:

@@ -269,8 +269,9 @@ def test_a_wrong_reached_at_in_the_live_copy_fails_the_checks(season_factory: Ca
     # y's reached_at moved ahead of x's behind the materializer's back, in index and lookup.
     bucket = live.layout.bucket_of(500)
     high = live.layout.range_of(bucket)[1]
-    r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket), {"y": live.ties.key(500, 0, high)})
-    r.hset(keys.lookup_of(live.copy, "y", live.lookup_shards), "y", "500:0")
+    r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket, groups=live.groups),
+           {"y": live.ties.key(500, 0, high)})
+    r.hset(keys.lookup_of(live.copy, "y", live.lookup_shards, groups=live.groups), "y", "500:0")
     report = version_check(r=r, keys=keys, full=True, sample=10)
     assert {f.check for f in report.failures()} == {"bucket_checksums"}
     report = version_reconcile(r=r, keys=keys, season_id=season.pk, version=live.version, sample=10)

@@ -60,7 +60,9 @@ def shard_encodings(keys: rankview.Keys, copy: str, shards: int, *, regions: boo
     the entries they hold."""
     r = redis_get()
     key = keys.region if regions else keys.lookup
-    names = [key(copy, shard) for shard in range(shards)]
+    meta = rankview.copy_meta_load(r, keys, copy)
+    assert meta is not None
+    names = [key(copy, shard, groups=meta.groups) for shard in range(shards)]
     encodings = {(r.object("encoding", name) or b"missing").decode() for name in names}  # type: ignore[union-attr]
     return encodings, sum(int(r.hlen(name)) for name in names)  # type: ignore[arg-type]
 
@@ -95,7 +97,8 @@ def test_a_copy_of_n_players_has_about_n_over_48_listpack_shards(season_factory:
         # ~47 players a shard: every shard exists and is a listpack, far below 128.
         assert shard_encodings(keys, copy, 32) == ({"listpack"}, 1500)
         assert shard_encodings(keys, copy, 32, regions=True) == ({"listpack"}, regional)
-        assert not redis_get().exists(keys.lookup(copy, 32), keys.lookup(copy, 16 + 32))
+        assert not redis_get().exists(keys.lookup(copy, 32, groups=meta.groups),
+                                        keys.lookup(copy, 16 + 32, groups=meta.groups))
     expected = db_standings(season)
     reader = rankview.RankReader(redis_get(), keys, deadline=3600)
     assert_reads_exact(season, reader, expected, ids[::37])

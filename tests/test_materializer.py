@@ -176,7 +176,8 @@ def test_moves_across_buckets_in_both_directions(season_factory: Callable[..., S
         manifest = current_manifest(season)
         found = []
         for bucket in range(manifest.layout.size):
-            score = r.zscore(keys.bucket(manifest.copy, manifest.layout.layout_id, bucket), player_id)
+            key = keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, groups=manifest.groups)
+            score = r.zscore(key, player_id)
             if score is not None:
                 found.append((bucket, -int(score)))
         return found
@@ -306,13 +307,13 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
     fresh = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # ...and another coordinator took over
     assert fresh is not None and fresh > stale
 
-    target = rankview.copy_meta_init(r, keys, "1", current.layout)
+    target = rankview.copy_meta_init(r, keys, "1", current.layout, groups=current.groups)
     with pytest.raises(rankview.FenceLost):
         rankview.copy_begin_mutation(r, keys, stale, target)
     with pytest.raises(rankview.FenceLost):
         rankview.copy_apply(r, keys, stale, target, {"x": None}, {"x": 5})
-    assert r.hget(keys.lookup_of("1", "x", target.lookup_shards), "x") is None
-    assert r.zcard(keys.bucket("1", current.layout.layout_id, 0)) == 0
+    assert r.hget(keys.lookup_of("1", "x", target.lookup_shards, groups=target.groups), "x") is None
+    assert r.zcard(keys.bucket("1", current.layout.layout_id, 0, groups=target.groups)) == 0
     with pytest.raises(rankview.FenceLost):
         rankview.copy_finish(r, keys, stale, target, watermark=Watermark.single(0, 99), version=2)
     with pytest.raises(rankview.FenceLost):
@@ -546,7 +547,7 @@ def test_a_copy_that_fails_verification_is_not_published(season: Season, post_sc
     stale_copy = "1" if current_manifest(season).copy == "0" else "0"
     layout = current_manifest(season).layout
     # A stray member in the copy the next epoch brings up to date.
-    r.zadd(keys.bucket(stale_copy, layout.layout_id, 0), {"ghost": -1})
+    r.zadd(keys.bucket(stale_copy, layout.layout_id, 0, groups=current_manifest(season).groups), {"ghost": -1})
     post_ok(post_scores, season, [ev.result("p2", 7000), ev.result("p3", 50)])
     with pytest.raises(EpochError, match="bucket 0"):
         epoch(season)
@@ -610,9 +611,9 @@ def test_a_copy_that_does_not_hold_the_assumed_old_scores_is_marked_broken_and_r
     assert meta is not None and meta.exact
     # Behind the planner's back, p10 (300 points, bucket 3) moved to bucket 8 in the stale copy.
     layout = meta.layout
-    r.zrem(keys.bucket(stale, layout.layout_id, 3), "p10")
-    r.zadd(keys.bucket(stale, layout.layout_id, 8), {"p10": -850})
-    r.hset(keys.lookup_of(stale, "p10", meta.lookup_shards), "p10", 850)
+    r.zrem(keys.bucket(stale, layout.layout_id, 3, groups=meta.groups), "p10")
+    r.zadd(keys.bucket(stale, layout.layout_id, 8, groups=meta.groups), {"p10": -850})
+    r.hset(keys.lookup_of(stale, "p10", meta.lookup_shards, groups=meta.groups), "p10", 850)
     post_ok(post_scores, season, [ev.result("p10", 620)])
     with pytest.raises(rankview.CopyMismatch, match=r"removed \d+ members"):
         epoch(season)
@@ -672,15 +673,15 @@ def test_the_invariant_checker_names_the_broken_check(season: Season, post_score
     r, keys, m = _corruptible(season, post_scores)
 
     def bucket(b: int) -> str:
-        return keys.bucket(m.copy, m.layout.layout_id, b)
+        return keys.bucket(m.copy, m.layout.layout_id, b, groups=m.groups)
 
     # p12 has score 12005: bucket 1 of the default layout.
     if corruption == "stray_member":
         r.zadd(bucket(1), {"ghost": -11_000})
     elif corruption == "lookup_other_bucket":
-        r.hset(keys.lookup_of(m.copy, "p12", m.lookup_shards), "p12", 77_000)
+        r.hset(keys.lookup_of(m.copy, "p12", m.lookup_shards, groups=m.groups), "p12", 77_000)
     elif corruption == "lookup_same_bucket":
-        r.hset(keys.lookup_of(m.copy, "p12", m.lookup_shards), "p12", 19_999)
+        r.hset(keys.lookup_of(m.copy, "p12", m.lookup_shards, groups=m.groups), "p12", 19_999)
     elif corruption == "duplicate_player":
         r.zadd(bucket(2), {"p12": -22_000})
     elif corruption == "misplaced_member":

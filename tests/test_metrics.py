@@ -175,7 +175,8 @@ def test_rebuild_progress_and_failure_counters(season_factory: Callable[..., Sea
     r = redis_get()
     manifest = current_manifest(season)
     assert manifest is not None
-    r.zadd(rankview.Keys(keys_of(season).prefix, slug).bucket(manifest.copy, manifest.layout.layout_id, 0),
+    r.zadd(rankview.Keys(keys_of(season).prefix, slug).bucket(manifest.copy, manifest.layout.layout_id, 0,
+                                                              groups=manifest.groups),
            {"stray": -5})
     assert reconciliation_run(season=season, full=True, sample=100).ok is False
     families = scrape()

@@ -245,8 +245,8 @@ def test_a_rebuild_compared_with_a_drifted_live_version_is_refused(season_factor
     # The live copy's bookkeeping disagrees with the ledger: a player's score was changed
     # in its index and lookup behind the materializer's back.
     bucket = live.layout.bucket_of(999)
-    r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket), {"p001": -950})
-    r.hset(keys.lookup_of(live.copy, "p001", live.lookup_shards), "p001", 950)
+    r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket, groups=live.groups), {"p001": -950})
+    r.hset(keys.lookup_of(live.copy, "p001", live.lookup_shards, groups=live.groups), "p001", 950)
     served = board_snapshot(season)
     job = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk)
     assert job.status == "failed"
@@ -275,7 +275,7 @@ def test_a_failed_recovery_does_not_poison_the_next_one(season_factory: Callable
 
     def corrupting(**kwargs: Any) -> Any:
         shadow, replayed = real_catch_up(**kwargs)
-        r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, 0), {"stray": 0})
+        r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, 0, groups=shadow.groups), {"stray": 0})
         return shadow, replayed
 
     monkeypatch.setattr("leaderboard.recovery.rebuild._catch_up", corrupting)

@@ -92,11 +92,11 @@ def test_a_corrupted_copy_is_detected_and_counted(season_factory: Callable[..., 
     assert manifest is not None
     before = metrics_render()
     if corruption == "stray":
-        r.zadd(keys.bucket(manifest.copy, manifest.layout.layout_id, 3), {"stray": -350})
+        r.zadd(keys.bucket(manifest.copy, manifest.layout.layout_id, 3, groups=manifest.groups), {"stray": -350})
     else:
         victim, score = "p010", (10 * 37) % 1000  # 370, in bucket 3
-        r.zadd(keys.bucket(manifest.copy, manifest.layout.layout_id, 3), {victim: -(score + 5)})
-        r.hset(keys.lookup_of(manifest.copy, victim, manifest.lookup_shards), victim, score + 5)
+        r.zadd(keys.bucket(manifest.copy, manifest.layout.layout_id, 3, groups=manifest.groups), {victim: -(score + 5)})
+        r.hset(keys.lookup_of(manifest.copy, victim, manifest.lookup_shards, groups=manifest.groups), victim, score + 5)
     run = reconciliation_run(season=season, full=full, sample=1000)
     assert run.ok is False and run.version == 2
     assert failures(run) == named, run.findings

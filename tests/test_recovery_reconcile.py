@@ -139,8 +139,8 @@ def test_a_replayed_player_with_a_wrong_score_is_refused_unsampled(season_factor
 
     def wrong_score(keys: rankview.Keys, shadow: rankview.CopyMeta) -> None:
         bucket = shadow.layout.bucket_of(450)
-        r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, bucket), {"p010": -440})
-        r.hset(keys.lookup_of(shadow.copy, "p010", shadow.lookup_shards), "p010", 440)
+        r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, bucket, groups=shadow.groups), {"p010": -440})
+        r.hset(keys.lookup_of(shadow.copy, "p010", shadow.lookup_shards, groups=shadow.groups), "p010", 440)
 
     job = p010_replayed_and_corrupted(season_factory, post_scores, "rr-score", monkeypatch, wrong_score)
     assert "ledger_replayed_players" in failed_checks(job)
@@ -155,11 +155,12 @@ def test_a_replayed_player_replaced_by_another_member_is_refused(season_factory:
     r = redis_get()
 
     def swapped(keys: rankview.Keys, shadow: rankview.CopyMeta) -> None:
-        bucket = keys.bucket(shadow.copy, shadow.layout.layout_id, shadow.layout.bucket_of(450))
+        bucket = keys.bucket(shadow.copy, shadow.layout.layout_id, shadow.layout.bucket_of(450),
+                             groups=shadow.groups)
         r.zrem(bucket, "p010")
         r.zadd(bucket, {"stranger": -450})
-        r.hdel(keys.lookup_of(shadow.copy, "p010", shadow.lookup_shards), "p010")
-        r.hset(keys.lookup_of(shadow.copy, "stranger", shadow.lookup_shards), "stranger", 450)
+        r.hdel(keys.lookup_of(shadow.copy, "p010", shadow.lookup_shards, groups=shadow.groups), "p010")
+        r.hset(keys.lookup_of(shadow.copy, "stranger", shadow.lookup_shards, groups=shadow.groups), "stranger", 450)
 
     job = p010_replayed_and_corrupted(season_factory, post_scores, "rr-member", monkeypatch, swapped)
     assert "ledger_replayed_players" in failed_checks(job)
@@ -216,7 +217,7 @@ def test_a_player_left_on_two_regional_boards_is_refused(season_factory: Callabl
         assert player in replayed
         score = PlayerScore.objects.get(season=season, player_id=player).score
         bucket = shadow.layout.bucket_of(score)
-        r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, bucket, "eu"), {player: -score})
+        r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, bucket, "eu", groups=shadow.groups), {player: -score})
         shadow.boards["eu"][0][bucket] += 1
 
     corrupt_catch_up(monkeypatch, also_on_eu)
@@ -240,7 +241,9 @@ def test_a_build_write_that_overwrote_a_member_fails_the_build(season_factory: C
 
     def planted_first(r_: Any, keys_: Any, writes: Any, packed: Any) -> None:
         copy = writes[0][0]
-        r.zadd(keys.bucket(copy, layout.layout_id, layout.bucket_of(999)), {"p001": -1})
+        meta = rankview.copy_meta_load(r, keys, copy)
+        assert meta is not None
+        r.zadd(keys.bucket(copy, layout.layout_id, layout.bucket_of(999), groups=meta.groups), {"p001": -1})
         real(r_, keys_, writes, packed)
 
     monkeypatch.setattr(materializer, "_send_build_batch", planted_first)

@@ -193,7 +193,8 @@ def test_a_split_of_a_season_with_regions_compares_and_publishes_its_regional_bo
     assert manifest.layout.layout_id == 2 and {150, 550} <= set(manifest.layout.lower_bounds)
     for region in REGIONS:
         assert reader(season, region).window(1, 100)[0].layout == manifest.layout
-        held = [r.zcard(keys.bucket(manifest.copy, 2, b, region)) for b in range(manifest.layout.size)]
+        held = [r.zcard(keys.bucket(manifest.copy, 2, b, region, groups=manifest.groups))
+                for b in range(manifest.layout.size)]
         assert held == manifest.regions[region].counts
     epochs_go_on(board)
 
@@ -209,7 +210,7 @@ def test_a_rebuild_compared_with_a_drifted_regional_board_is_refused(season_fact
     victim = served["na"][-1]
     bucket = live.layout.bucket_of(victim.score)
     low = live.layout.range_of(bucket)[0]
-    r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket, "na"),
+    r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket, "na", groups=live.groups),
            {victim.player_id: -(low if victim.score != low else low + 1)})
     job = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk)
     assert job.status == "failed"
@@ -231,7 +232,8 @@ def plant(season: Season, corruption: str) -> tuple[str, str]:
     mine, other = boards["na"][0], boards["eu"][0]
 
     def na_bucket(score: int) -> str:
-        return keys.bucket(manifest.copy, manifest.layout.layout_id, manifest.layout.bucket_of(score), "na")
+        return keys.bucket(manifest.copy, manifest.layout.layout_id, manifest.layout.bucket_of(score), "na",
+                           groups=manifest.groups)
 
     if corruption == "on_two_boards":  # an eu player added to the na board as well
         r.zadd(na_bucket(other.score), {other.player_id: -other.score})
@@ -240,7 +242,7 @@ def plant(season: Season, corruption: str) -> tuple[str, str]:
         r.zadd(na_bucket(mine.score), {other.player_id: -mine.score})
     else:  # "wrong_shard": the region shard sends a na member to eu
         shard = rankview.lookup_shard(mine.player_id, manifest.lookup_shards)
-        r.hset(keys.region(manifest.copy, shard), mine.player_id, "eu")
+        r.hset(keys.region(manifest.copy, shard, groups=manifest.groups), mine.player_id, "eu")
     return mine.player_id, other.player_id
 
 

@@ -164,7 +164,7 @@ def test_a_failed_reconciliation_is_printed_with_the_failing_checks(
     run("bad", "seal")
     manifest = materialize(season)
     assert manifest == current_manifest(season)
-    key = season_keys(season).bucket(manifest.copy, manifest.layout.layout_id, 0)
+    key = season_keys(season).bucket(manifest.copy, manifest.layout.layout_id, 0, groups=manifest.groups)
     redis_get().zrem(key, "x")
     out = run("bad", "candidate")
     assert "reconciliation FAILED: " in out

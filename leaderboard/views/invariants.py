@@ -117,7 +117,7 @@ def index_sizes(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, *, look
     cards = {board.board: replies[i * size:(i + 1) * size] for i, board in enumerate(boards)}
     if not lookups:
         return IndexSizes(cards=cards, lookup=None, placed=None)
-    lookup, placed = rankview.copy_shard_sizes(r, keys, manifest.copy, manifest.lookup_shards,
+    lookup, placed = rankview.copy_shard_sizes(r, keys, manifest.copy, manifest.lookup_shards, groups=manifest.groups,
                                                regions=bool(manifest.regions))
     return IndexSizes(cards=cards, lookup=lookup, placed=placed)
 
@@ -149,7 +149,7 @@ def _scan_board(r: redis.Redis, keys: rankview.Keys, board: Manifest, report: Re
     misplaced = []
     for bucket in range(board.layout.size):
         pairs = [(p, value_token(v)) for p, v in rankview.bucket_values_scan(
-            r, keys, board.copy, board.layout, board.ties, bucket, board=board.board)]
+            r, keys, board.copy, board.layout, board.ties, bucket, board=board.board, groups=board.groups)]
         low, high = board.layout.range_of(bucket)
         for player_id, token in pairs:
             seen[player_id] += 1
@@ -173,7 +173,8 @@ def _check_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report:
     index_scores = _scan_board(r, keys, manifest, report)
     mismatched = []
     lookup_players = 0
-    for raw_player, raw_score in rankview.copy_shards_scan(r, keys, manifest.copy, manifest.lookup_shards):
+    for raw_player, raw_score in rankview.copy_shards_scan(r, keys, manifest.copy, manifest.lookup_shards,
+                                                              groups=manifest.groups):
         lookup_players += 1
         player_id = raw_player.decode()
         token = value_token(lookup_value(manifest.ties, raw_score))
@@ -200,7 +201,7 @@ def _check_regional_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest
     report.add("regional_players_once", not several, f"{len(several)} players on several regional boards: "
                                                      f"{'; '.join(several[:10])}")
     shards = {raw_player.decode(): raw_region.decode() for raw_player, raw_region in rankview.copy_shards_scan(
-        r, keys, manifest.copy, manifest.lookup_shards, regions=True)}
+        r, keys, manifest.copy, manifest.lookup_shards, regions=True, groups=manifest.groups)}
     # A region-shard entry exists exactly for the players on a regional board, and names it.
     wrong = [f"{p}: region shard {shards.get(p)!r}, on {boards_of.get(p, 'no regional board')}"
              for p in sorted(set(shards) | set(boards_of)) if [shards.get(p)] != boards_of.get(p)]

@@ -168,8 +168,9 @@ def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int 
     # any slot group of the season's copies (rankview.copy_groups_stamp).
     for copy in rankview.copies_get(r, keys):
         meta = rankview.copy_meta_load(r, keys, copy)
-        rankview.copy_groups_stamp(r, keys, copy, meta.groups if meta is not None else rankview.SLOT_GROUPS,
-                                   token=token)
+        # A copy without a meta is stamped in the groups its next build will use.
+        groups = meta.groups if meta is not None else settings.VIEW_SLOT_GROUPS
+        rankview.copy_groups_stamp(r, keys, copy, groups, token=token)
     return token
 
 

@@ -125,12 +125,12 @@ def copy_contents(season: Season, copy: str) -> tuple[rankview.CopyMeta, dict[st
     meta = rankview.copy_meta_load(r, keys, copy)
     assert meta is not None, f"copy {copy} is missing"
     lookup: dict[str, int] = {}
-    for player_id, score in rankview.copy_shards_scan(r, keys, copy, meta.lookup_shards):
+    for player_id, score in rankview.copy_shards_scan(r, keys, copy, meta.lookup_shards, groups=meta.groups):
         lookup[player_id.decode()] = int(score)
     buckets = []
     for b in range(meta.layout.size):
         members: list[tuple[bytes, float]] = r.zrange(  # type: ignore[assignment]
-            keys.bucket(copy, meta.layout.layout_id, b), 0, -1, withscores=True)
+            keys.bucket(copy, meta.layout.layout_id, b, groups=meta.groups), 0, -1, withscores=True)
         buckets.append([(p.decode(), -int(s)) for p, s in members])
     return meta, lookup, buckets
 

@@ -140,7 +140,7 @@ def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
 
 def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
                    ties: FirstReached | None = None, regions: Iterable[str] = (),
-                   lookup_shards: int = LOOKUP_SHARDS, groups: int = SLOT_GROUPS) -> CopyMeta:
+                   lookup_shards: int = LOOKUP_SHARDS, *, groups: int) -> CopyMeta:
     meta = CopyMeta(
         copy=copy, gen=0, state=STATE_READY, watermark=Watermark(), layout=layout,
         counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
@@ -568,7 +568,7 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
 
 
 def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool,
-                     groups: int = SLOT_GROUPS) -> tuple[int, int]:
+                     groups: int) -> tuple[int, int]:
     """(players in the lookup, players in the region shards: 0 without `regions`) of a copy
     of `shards` shards in `groups` slot groups: their HLEN summed by a script per slot group
     (a script touches one slot), SHARD_SCAN_BATCH shards a call (a reply per shard would
@@ -590,7 +590,7 @@ def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regi
 
 
 def copy_shards_scan(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool = False,
-                     groups: int = SLOT_GROUPS) -> Iterator[tuple[bytes, bytes]]:
+                     groups: int) -> Iterator[tuple[bytes, bytes]]:
     """Every (player, value) of a copy's lookup shards (`regions`: its region shards).
 
     One HSCAN from cursor 0 per shard, SHARD_SCAN_BATCH shards a round trip (on a cluster,
@@ -647,7 +647,7 @@ def bucket_scan(r: redis.Redis, key: str, batch: int = 5000) -> Iterator[tuple[s
 
 
 def bucket_values_scan(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout, ties: FirstReached | None,
-                       bucket: int, batch: int = 5000, board: str = "", *, groups: int = SLOT_GROUPS
+                       bucket: int, batch: int = 5000, board: str = "", *, groups: int
                        ) -> Iterator[tuple[str, IndexValue]]:
     """Any board's bucket as (player_id, value): scores, or first_reached (score, reached_ms)."""
     for member, score in _bucket_members(r, keys.bucket(copy, layout.layout_id, bucket, board, groups=groups), batch):

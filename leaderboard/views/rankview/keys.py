@@ -126,19 +126,19 @@ class Keys:
         """The fence hash of a slot group (`token`, `gen`)."""
         return f"{self.group(copy, group)}:f"
 
-    def bucket(self, copy: str, layout_id: int, bucket: int, board: str = "", *, groups: int = SLOT_GROUPS) -> str:
+    def bucket(self, copy: str, layout_id: int, bucket: int, board: str = "", *, groups: int) -> str:
         base = self.group(copy, bucket_group(bucket=bucket, groups=groups, board=board))
         if board:
             return f"{base}:r:{board}:{layout_id}:{bucket}"
         return f"{base}:z:{layout_id}:{bucket}"
 
-    def region(self, copy: str, shard: int, *, groups: int = SLOT_GROUPS) -> str:
+    def region(self, copy: str, shard: int, *, groups: int) -> str:
         return f"{self.group(copy, shard_group(shard=shard, groups=groups))}:rg:{shard}"
 
-    def lookup(self, copy: str, shard: int, *, groups: int = SLOT_GROUPS) -> str:
+    def lookup(self, copy: str, shard: int, *, groups: int) -> str:
         return f"{self.group(copy, shard_group(shard=shard, groups=groups))}:h:{shard}"
 
-    def lookup_of(self, copy: str, player_id: str, shards: int, *, groups: int = SLOT_GROUPS) -> str:
+    def lookup_of(self, copy: str, player_id: str, shards: int, *, groups: int) -> str:
         return self.lookup(copy, lookup_shard(player_id, shards), groups=groups)
 
 
