@@ -81,13 +81,18 @@ def _command_key(command: tuple[Any, ...]) -> Any:
 def slot_batches(nodes: Any, commands: list[tuple[Any, ...]]) -> dict[str, list[int]]:
     """The commands' indexes (in order) by the name of the master serving their key's slot,
     from a cluster client's nodes manager (sync or asyncio)."""
+    return keys_by_node(nodes, [_command_key(command) for command in commands])
+
+
+def keys_by_node(nodes: Any, keys: Iterable[Any]) -> dict[str, list[int]]:
+    """The keys' indexes (in order) by the name of the master serving their slot: the one
+    routing of reads and writes alike."""
     # The slot map read without the manager's lock: a dict lookup (0.1 us) instead of
     # get_node_from_slot (3.5 us a command, ~30 us of a rank read's nine); a map being
     # replaced meanwhile is a refresh, and a stale one answers MOVED.
     slots = nodes.slots_cache
     batches: dict[str, list[int]] = {}
-    for at, command in enumerate(commands):
-        key = _command_key(command)
+    for at, key in enumerate(keys):
         slot = key_slot(key if isinstance(key, bytes) else str(key).encode())
         serving = slots.get(slot)
         name = serving[0].name if serving else nodes.get_node_from_slot(slot).name
@@ -162,13 +167,8 @@ def node_clients(r: redis.Redis, routes: Iterable[str]) -> dict[str, tuple[redis
     one per master (its slot's current primary); on a single Redis, `r` for all."""
     if not isinstance(r, redis.RedisCluster):
         return {"": (r, list(range(len(list(routes)))))}
-    out: dict[str, tuple[redis.Redis, list[int]]] = {}
-    for i, key in enumerate(routes):
-        node = r.get_node_from_key(key)
-        if node.name not in out:
-            out[node.name] = (r.get_redis_connection(node), [])
-        out[node.name][1].append(i)
-    return out
+    return {name: (r.get_redis_connection(r.get_node(node_name=name)), indexes)
+            for name, indexes in keys_by_node(r.nodes_manager, routes).items()}
 
 
 def nodes_round_trip(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
@@ -189,6 +189,9 @@ class NodesPacked:
     total: int
     # (the node's client, the calls' indexes in call order, their commands encoded in pieces)
     batches: list[tuple[redis.Redis, list[int], list[bytes]]]
+    # The cluster client they were routed by (None on a single Redis): its slot map is
+    # refreshed when a node fails, so that the next write goes to the promoted replica.
+    cluster: redis.RedisCluster | None = None
 
 
 # A node's batch goes to its socket in pieces of about this size, each with the client's
@@ -219,7 +222,8 @@ def nodes_pack(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> Node
     thread while batch i is on the wire, and the sending threads only wait on sockets."""
     by_node = node_clients(r, [key for key, _ in calls])
     return NodesPacked(total=len(calls), batches=[
-        (client, indexes, _pieces(calls[i][1] for i in indexes)) for client, indexes in by_node.values()])
+        (client, indexes, _pieces(calls[i][1] for i in indexes)) for client, indexes in by_node.values()],
+        cluster=r if isinstance(r, redis.RedisCluster) else None)
 
 
 def nodes_packed_send(packed: NodesPacked) -> list[Any]:
@@ -231,13 +235,20 @@ def nodes_packed_send(packed: NodesPacked) -> list[Any]:
         for i, reply in zip(indexes, replies, strict=True):
             out[i] = reply
 
-    if len(packed.batches) == 1:
-        send(*packed.batches[0])
+    try:
+        if len(packed.batches) == 1:
+            send(*packed.batches[0])
+            return out
+        futures = [_node_senders().submit(send, *batch) for batch in packed.batches]
+        for future in futures:
+            future.result()
         return out
-    futures = [_node_senders().submit(send, *batch) for batch in packed.batches]
-    for future in futures:
-        future.result()
-    return out
+    except _MAP_STALE:
+        # Not sent again (a write's caller decides what a half-landed one means), but
+        # routed afresh next time: a failed master's replica has taken its slots.
+        if packed.cluster is not None:
+            packed.cluster.nodes_manager.initialize()
+        raise
 
 
 def _replies_read(client: redis.Redis, data: list[bytes], count: int) -> list[Any]:
