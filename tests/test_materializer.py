@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.manifest import Manifest
@@ -307,7 +308,7 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
     fresh = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # ...and another coordinator took over
     assert fresh is not None and fresh > stale
 
-    target = rankview.copy_meta_init(r, keys, "1", current.layout, groups=current.groups)
+    target = rankview.copy_meta_init(r, keys, "1", current.layout, groups=current.groups, token=None)
     with pytest.raises(rankview.FenceLost):
         rankview.copy_begin_mutation(r, keys, stale, target)
     with pytest.raises(rankview.FenceLost):
@@ -319,6 +320,16 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
     with pytest.raises(rankview.FenceLost):
         rankview.pointer_publish(r, keys, token=stale, expected=1, version=2)
     assert rankview.pointer_get(r, keys) == 1
+    # Every control-slot write of a copy goes through the lease too: a new copy's meta,
+    # marking one broken, the release that starts a grace period.
+    before = r.hgetall(keys.copy_meta(current.copy))
+    with pytest.raises(rankview.FenceLost):
+        rankview.copy_meta_init(r, keys, current.copy, current.layout, groups=current.groups, token=stale)
+    with pytest.raises(rankview.FenceLost):
+        rankview.copy_broken_mark(r, keys, current.copy, token=stale)
+    with pytest.raises(rankview.FenceLost):
+        rankview.copy_release(r, keys, current.copy, at=time.time(), token=stale)
+    assert r.hgetall(keys.copy_meta(current.copy)) == before
     # The manifest of a version is written only by the lease holder too.
     forged = Manifest.from_dict({**current.to_dict(), "version": 2, "gen": 999})
     with pytest.raises(rankview.FenceLost):
@@ -331,6 +342,27 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
     assert rankview.pointer_get(r, keys) == 1
     # Version 1 still answers.
     assert reader_of(season).rank("b").entry is not None
+
+
+def test_a_failed_stamp_gives_the_lease_back(season: Season, post_scores: Post) -> None:
+    r = materializer.redis_get()
+    keys = keys_of(season)
+    post_ok(post_scores, season, [Events().result("a", 1)])
+    assert publish(season) == 1
+    fence = keys.fence(current_manifest(season).copy, 0)
+    held: dict[Any, Any] = dict(r.hgetall(fence))
+    r.delete(fence)
+    r.set(fence, "not a hash")  # the stamp's script fails in this group (WRONGTYPE)
+    with pytest.raises(redis.ResponseError):
+        materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+    assert r.get(keys.lease) is None  # not held for a TTL by a coordinator that gave up
+    r.delete(fence)
+    r.hset(fence, mapping={**held, b"token": 1 << 62})  # a newer coordinator stamped the group first
+    assert materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is None
+    assert r.get(keys.lease) is None
+    r.delete(fence)
+    r.hset(fence, mapping=held)
+    assert materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is not None
 
 
 @pytest.mark.parametrize("stolen_at", ["before_apply", "before_manifest", "before_publish"])

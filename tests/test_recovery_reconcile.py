@@ -239,12 +239,12 @@ def test_a_build_write_that_overwrote_a_member_fails_the_build(season_factory: C
     real = materializer._send_build_batch
     layout = current_manifest(season).layout
 
-    def planted_first(r_: Any, keys_: Any, writes: Any, packed: Any) -> None:
+    def planted_first(r_: Any, keys_: Any, writes: Any, packed: Any, token: Any) -> None:
         copy = writes[0][0]
         meta = rankview.copy_meta_load(r, keys, copy)
         assert meta is not None
         r.zadd(keys.bucket(copy, layout.layout_id, layout.bucket_of(999), groups=meta.groups), {"p001": -1})
-        real(r_, keys_, writes, packed)
+        real(r_, keys_, writes, packed, token)
 
     monkeypatch.setattr(materializer, "_send_build_batch", planted_first)
     job = flushed(season)
@@ -286,9 +286,9 @@ def test_a_build_sent_in_many_small_transactions_is_exact(season_factory: Callab
     sent: list[int] = []
     real = materializer._send_build_batch
 
-    def counted(r: Any, keys: Any, writes: Any, packed: Any) -> None:
+    def counted(r: Any, keys: Any, writes: Any, packed: Any, token: Any) -> None:
         sent.append(len(writes))
-        real(r, keys, writes, packed)
+        real(r, keys, writes, packed, token)
 
     monkeypatch.setattr(materializer, "_send_build_batch", counted)
     board = Board(season_factory(slug="rr-small-writes", regions=REGIONS, layout=NARROW), players=120)

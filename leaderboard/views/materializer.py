@@ -166,11 +166,22 @@ def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int 
         return None
     # Before anything is written or trusted: from here on no older coordinator writes into
     # any slot group of the season's copies (rankview.copy_groups_stamp).
-    for copy in rankview.copies_get(r, keys):
-        meta = rankview.copy_meta_load(r, keys, copy)
-        # A copy without a meta is stamped in the groups its next build will use.
-        groups = meta.groups if meta is not None else settings.VIEW_SLOT_GROUPS
-        rankview.copy_groups_stamp(r, keys, copy, groups, token=token)
+    try:
+        for copy in rankview.copies_get(r, keys):
+            meta = rankview.copy_meta_load(r, keys, copy)
+            # A copy without a meta is stamped in the groups its next build will use.
+            groups = meta.groups if meta is not None else settings.VIEW_SLOT_GROUPS
+            rankview.copy_groups_stamp(r, keys, copy, groups, token=token)
+    except BaseException as error:
+        # A lease kept by a failed stamp would block every epoch for a whole TTL (longer
+        # for a renewed one). Released only while still ours (lease_release checks).
+        try:
+            rankview.lease_release(r, keys, token)
+        except redis.RedisError:
+            log.warning("season %s: lease %s not released after a failed stamp", season.slug, token, exc_info=True)
+        if isinstance(error, rankview.FenceLost):
+            return None  # a newer coordinator stamped a group first: it holds the season
+        raise
     return token
 
 
@@ -321,7 +332,7 @@ def copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, targe
     touched = rankview.copy_apply(r, keys, token, target, old_scores, newest, regions)
     problems = rankview.copy_verify_counts(r, keys, target, touched)
     if problems:
-        r.hset(keys.copy_meta(target.copy), "state", rankview.STATE_BROKEN)
+        rankview.copy_broken_mark(r, keys, target.copy, token=token)
         raise EpochError(f"copy {target.copy} failed verification, marked for a rebuild: {'; '.join(problems)}")
     return len(newest)
 
@@ -420,7 +431,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
                              keep_replaced=current_version is not None and current_version == season.final_version)
     published_at = datetime.now(UTC)
     if current is not None:
-        rankview.copy_release(r, keys, current.copy, at=time.time())
+        rankview.copy_release(r, keys, current.copy, at=time.time(), token=token)
     epoch_ms = (time.monotonic() - started) * 1000
     # Players whose entry differs from the previous version (every player of a first
     # one); the copy itself applied `newest`, the changes since it was last current.
@@ -572,7 +583,7 @@ def season_copies_build(
         if old is not None:
             rankview.copy_drop(r, keys, old, token=token)
         meta = rankview.copy_meta_init(r, keys, copy, layout, ties, regions=season.regions, lookup_shards=shards,
-                                       groups=settings.VIEW_SLOT_GROUPS)
+                                       groups=settings.VIEW_SLOT_GROUPS, token=token)
         metas.append(rankview.copy_begin_mutation(r, keys, token, meta))
     first = metas[0]
     counts = [0] * layout.size
@@ -593,7 +604,7 @@ def season_copies_build(
                 packed = rankview.nodes_pack(r, [(fence, call) for _, fence, call, _ in writes])
             if in_flight is not None:
                 in_flight.result()
-            in_flight = sender.submit(_send_build_batch, r, keys, writes, packed)
+            in_flight = sender.submit(_send_build_batch, r, keys, writes, packed, token)
             done += len(batch)
             if progress is not None:
                 progress.advance(done)
@@ -607,22 +618,23 @@ def season_copies_build(
         meta.boards = {region: (list(c), list(s)) for region, (c, s) in first.boards.items()}
         problems = rankview.copy_verify_counts(r, keys, meta, range(layout.size), lookups=True)
         if problems:
-            r.hset(keys.copy_meta(meta.copy), "state", rankview.STATE_BROKEN)
+            rankview.copy_broken_mark(r, keys, meta.copy, token=token)
             raise EpochError(f"copy {meta.copy} built from scores failed verification: {'; '.join(problems)}")
         # Still "applying" until an epoch finishes it with the watermark of what it applied.
         meta.watermark = watermark
-        r.hset(keys.copy_meta(meta.copy), mapping={k: v for k, v in meta.fields().items() if k != "state"})
+        rankview.copy_fields_set(r, keys, meta.copy, {k: v for k, v in meta.fields().items() if k != "state"},
+                                 token=token)
     return metas
 
 
 def _send_build_batch(r: redis.Redis, keys: rankview.Keys, writes: list[_BuildWrite],
-                      packed: rankview.NodesPacked) -> None:
+                      packed: rankview.NodesPacked, token: int | None) -> None:
     replies = rankview.groups_packed_send(packed)
     for (copy, fence, _, new), reply in zip(writes, replies, strict=True):
         written = sum(int(n) for n in reply)
         if written != new:
             # A member or field the copy held already (its size alone could still add up).
-            r.hset(keys.copy_meta(copy), "state", rankview.STATE_BROKEN)
+            rankview.copy_broken_mark(r, keys, copy, token=token)
             raise EpochError(f"copy {copy}: a build write to {fence} added {written} members and fields, not {new}")
 
 

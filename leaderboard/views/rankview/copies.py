@@ -140,15 +140,28 @@ def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
 
 def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
                    ties: FirstReached | None = None, regions: Iterable[str] = (),
-                   lookup_shards: int = LOOKUP_SHARDS, *, groups: int) -> CopyMeta:
+                   lookup_shards: int = LOOKUP_SHARDS, *, groups: int, token: int | None) -> CopyMeta:
+    """A new, empty copy's meta, written only while `token` holds the lease (None: a
+    shadow copy the rebuild job claimed in the database)."""
     meta = CopyMeta(
         copy=copy, gen=0, state=STATE_READY, watermark=Watermark(), layout=layout,
         counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
         boards={region: ([0] * layout.size, [0] * layout.size) for region in regions}, lookup_shards=lookup_shards,
         groups=groups,
     )
-    r.hset(keys.copy_meta(copy), mapping=meta.fields())
+    copy_fields_set(r, keys, copy, meta.fields(), token=token)
     return meta
+
+
+def copy_fields_set(r: redis.Redis, keys: Keys, copy: str, fields: Mapping[Any, Any], *, token: int | None) -> None:
+    """HSET fields of a copy's meta, only while `token` holds the lease (None: a shadow copy)."""
+    _fenced(r, keys, token, [("HSET", keys.copy_meta(copy), *itertools.chain(*fields.items()))])
+
+
+def copy_broken_mark(r: redis.Redis, keys: Keys, copy: str, *, token: int | None) -> None:
+    """Mark a copy broken (the next epoch rebuilds it), only while `token` holds the lease:
+    a coordinator that lost the season must not write the control slot either."""
+    copy_fields_set(r, keys, copy, {"state": STATE_BROKEN}, token=token)
 
 
 def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None = None,
@@ -307,7 +320,7 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
     def landed(chunk: _Chunk, replies: list[Any]) -> None:
         problem = _chunk_mismatch(chunk, replies)
         if problem:
-            r.hset(keys.copy_meta(meta.copy), "state", STATE_BROKEN)
+            copy_broken_mark(r, keys, meta.copy, token=token)
             raise CopyMismatch(f"copy {meta.copy}: {problem}")
         meta.counts = chunk.plan.counts
         meta.checksums = chunk.plan.checksums
@@ -332,7 +345,7 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
                 # A chunk spans slot groups, each written on its own: a crash between two
                 # leaves no chunk boundary to re-plan from. Until every chunk landed the
                 # copy reads as broken (the next epoch rebuilds it), never as applying.
-                _fenced(r, keys, token, [("HSET", keys.copy_meta(meta.copy), "state", STATE_BROKEN)])
+                copy_broken_mark(r, keys, meta.copy, token=token)
                 opened = True
             counts, checksums = plan.counts, plan.checksums
             boards.update({board: (p.counts, p.checksums) for board, p in chunk.boards.items()})
@@ -522,13 +535,13 @@ def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *
     meta.state = STATE_READY
     meta.version = version
     meta.exact = exact
-    _fenced(r, keys, token, [("HSET", keys.copy_meta(meta.copy), *itertools.chain(*meta.fields().items()))])
+    copy_fields_set(r, keys, meta.copy, meta.fields(), token=token)
     return meta
 
 
-def copy_release(r: redis.Redis, keys: Keys, copy: str, *, at: float) -> None:
-    """Record when a copy stopped being current: its grace period starts now."""
-    r.hset(keys.copy_meta(copy), "released_at", repr(at))
+def copy_release(r: redis.Redis, keys: Keys, copy: str, *, at: float, token: int | None) -> None:
+    """Record when a copy stopped being current: its grace period starts now (under the lease)."""
+    copy_fields_set(r, keys, copy, {"released_at": repr(at)}, token=token)
 
 
 def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
