@@ -20,6 +20,8 @@ import pytest
 import redis
 import redis.asyncio
 
+from leaderboard.core.manifest import Manifest
+from leaderboard.core.ranking import Entry
 from leaderboard.core.slots import bucket_group
 from leaderboard.live import hub as live
 from leaderboard.redis_client import redis_cluster_of, redis_get
@@ -144,17 +146,22 @@ def test_every_read_on_the_cluster_answers_as_the_ledger(on_cluster: tuple[Seaso
     assert report.ok, report
 
 
+def _bucket_fence(season: Season, player_id: str) -> tuple[Manifest, Entry, str]:
+    """The current manifest, the player's entry in the ledger and its bucket's group fence key."""
+    manifest = current_manifest(season)
+    entry = db_standings(season).entry(player_id)
+    assert entry is not None
+    bucket = manifest.layout.bucket_of(entry.score)
+    return manifest, entry, keys_of(season).fence(manifest.copy, bucket_group(bucket=bucket, groups=manifest.groups))
+
+
 def test_a_group_written_between_the_round_trips_makes_the_read_retry(
         on_cluster: tuple[Season, redis.RedisCluster], monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first round trip, the player's bucket group is stamped with a later
     generation (what a mutation of the copy does first), then set back once the read has
-    seen it: the read sees a torn version and retries; a pinned read answers 410."""
+    seen it: the read sees a torn version and retries, pinned to the version or not."""
     season, client = on_cluster
-    manifest = current_manifest(season)
-    entry = db_standings(season).entry("c03")
-    assert entry is not None
-    bucket = manifest.layout.bucket_of(entry.score)
-    fence = keys_of(season).fence(manifest.copy, bucket_group(bucket=bucket, groups=manifest.groups))
+    manifest, entry, fence = _bucket_fence(season, "c03")
     before = client.hget(fence, "gen")
     sent = rank_reads.round_trip
     trips: list[list[tuple[Any, ...]]] = []
@@ -178,8 +185,32 @@ def test_a_group_written_between_the_round_trips_makes_the_read_retry(
     assert ("HGET", fence, "gen") in trips[1]
 
     trips.clear()
-    with pytest.raises(rankview.VersionExpired):
-        reader_of(season).rank("c03", version=manifest.version)
+    view = reader_of(season).rank("c03", version=manifest.version)
+    assert view.entry == entry
+    assert len(trips) == 4, trips
+
+
+# transaction: the fast path's 503 asks the database, from a thread, whether the season exists
+@pytest.mark.django_db(transaction=True)
+def test_a_pinned_current_version_that_stays_torn_is_unavailable_not_expired(
+        on_cluster: tuple[Season, redis.RedisCluster]) -> None:
+    """A slot group of the current copy names another generation than the version's (a
+    failover left it behind) and keeps it: a read pinned to that version, which is still
+    the current one, retries and then answers 503, not 410 (the version did not expire:
+    the client can ask for it again once the next epoch repairs the copy)."""
+    season, client = on_cluster
+    manifest, entry, fence = _bucket_fence(season, "c03")
+    client.hset(fence, "gen", manifest.gen - 1)
+    reader = reader_of(season)
+    pinned = manifest.version
+    for read in (lambda: reader.rank("c03", pinned), lambda: reader.neighbors("c03", 2, pinned),
+                 lambda: reader.window(1, len(PLAYERS), pinned), lambda: reader.players(["c03"], pinned)):
+        with pytest.raises(rankview.Unavailable):
+            read()
+    for url in (f"/v1/seasons/{season.slug}/players/c03/rank?version={pinned}",
+                f"/v1/seasons/{season.slug}/players/c03/rank"):
+        answer = fast_get(url)
+        assert answer.status_code == 503, (url, answer.status_code, answer.text)
 
 
 def test_the_live_boards_reads_wait_for_a_connection_of_a_busy_node(

@@ -85,14 +85,6 @@ class PlayersView:
     reached: dict[str, int] | None = None
 
 
-
-
-
-
-
-
-
-
 def _window_values(manifest: Manifest, reads: list[tuple[int, int, int]], replies: list[Any]
                    ) -> list[tuple[str, IndexValue]]:
     """The (player_id, value) of raw ZRANGE ... WITHSCORES replies, one per read range."""
@@ -115,8 +107,8 @@ class RankReader:
     same round trip as the data reads, after them, the `gen` of each slot group read
     (on the group's node, so Redis runs it after the group's reads; a group written
     since the version names a later generation) and the copy meta's (generation,
-    version); and that it finished within its deadline. Otherwise it retries on the
-    current version, or answers 410 when the caller pinned a version.
+    version); and that it finished within its deadline. Otherwise it retries: a pinned
+    version no longer current answers 410, and a version that stays torn 503.
     """
 
     def __init__(self, r: redis.Redis, keys: Keys, *, deadline: float, attempts: int = 3,
@@ -156,11 +148,23 @@ class RankReader:
         if current is None:
             raise Unavailable()
         if version > current or version < 1:
-            raise VersionExpired(current)
+            raise VersionExpired(current) from None
         manifest = manifest_get(self.r, self.keys, version)
         if manifest is None:
-            raise VersionExpired(current)
+            raise VersionExpired(current) from None
         return manifest
+
+    def _torn_pinned(self, version: int | None) -> None:
+        """After a torn read of `version` (None: the current one): raises VersionExpired
+        when the pinned version is no longer current (its copy moved on and will not hold
+        it again); otherwise returns, and the read is tried again. A torn version that is
+        still current (a slot group a failover left behind, a read past its deadline) has
+        not expired: once the attempts are spent the read answers Unavailable (503)."""
+        if version is None:
+            return
+        current = pointer_get(self.r, self.keys)
+        if current != version:
+            raise VersionExpired(current) from None
 
     def _validate(self, manifest: Manifest, started: float) -> None:
         if not copy_holds(self.r, self.keys, manifest):
@@ -238,9 +242,7 @@ class RankReader:
                 manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
                 return self._rank_of(manifest, player_id, score_raw, region_raw, started)
             except _Torn:
-                current = pointer_get(self.r, self.keys)
-                if version is not None:
-                    raise VersionExpired(current) from None
+                self._torn_pinned(version)
         raise Unavailable()
 
     def _player_lookup(self, player_id: str, version: int | None
@@ -348,9 +350,7 @@ class RankReader:
             try:
                 return self._players_of(manifest, groups, started)
             except _Torn:
-                current = pointer_get(self.r, self.keys)
-                if version is not None:
-                    raise VersionExpired(current) from None
+                self._torn_pinned(version)
         raise Unavailable()
 
     def _players_of(self, manifest: Manifest, shards: list[tuple[int, list[str]]], started: float) -> PlayersView:
@@ -438,9 +438,7 @@ class RankReader:
             try:
                 return manifest, self._entries(manifest, from_position, limit, None, time.monotonic())
             except _Torn:
-                current = pointer_get(self.r, self.keys)
-                if version is not None:
-                    raise VersionExpired(current) from None
+                self._torn_pinned(version)
         raise Unavailable()
 
     def neighbors(
@@ -463,9 +461,7 @@ class RankReader:
                 return manifest, Entry(position=position, rank=rank, player_id=player_id,
                                        score=value_score(value)), entries
             except _Torn:
-                current = pointer_get(self.r, self.keys)
-                if version is not None:
-                    raise VersionExpired(current) from None
+                self._torn_pinned(version)
         raise Unavailable()
 
 
