@@ -4,10 +4,26 @@ that record a watermark of several partitions.
 A season's existing head becomes its partition 0's: commit numbers of partition 0 are the
 plain numbers every season had, so nothing in the stream is renumbered. The watermark
 columns keep partition 0's cursor; the vector is written only for a watermark that names
-more partitions, so every existing row stays valid."""
+more partitions, so every existing row stays valid.
+
+The stream heads are copied under an exclusive lock of the table: a writer of the
+release before waits for it instead of committing an increment into the old table after
+the copy (which would hand out its commit number a second time, below a reader's
+cursor). Each head is seeded with the largest of its old value and the season's largest
+commit number, so it is never below a number already in the stream. The old release
+cannot write once this has run (its upsert names the old key): stop its writers first
+(docs/operations.md, Upgrades). Irreversible: going back would restart every head at
+partition 0's numbers and lose the partitioned seasons' heads."""
 
 import django.db.models.deletion
 from django.db import migrations, models
+
+
+def _heads_lock(apps, schema_editor):
+    # Held until the migration's transaction commits (PostgreSQL runs it in one). SQLite
+    # has one writer at a time already.
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("LOCK TABLE leaderboard_streamhead IN ACCESS EXCLUSIVE MODE")
 
 
 class Migration(migrations.Migration):
@@ -18,9 +34,9 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunPython(_heads_lock),
         migrations.RunSQL(
             "CREATE TABLE leaderboard_streamhead_old AS SELECT season_id, head FROM leaderboard_streamhead",
-            reverse_sql=migrations.RunSQL.noop,
         ),
         migrations.DeleteModel(name="StreamHead"),
         migrations.CreateModel(
@@ -36,8 +52,11 @@ class Migration(migrations.Migration):
         ),
         migrations.RunSQL(
             "INSERT INTO leaderboard_streamhead (season_id, partition, head) "
-            "SELECT season_id, 0, head FROM leaderboard_streamhead_old; DROP TABLE leaderboard_streamhead_old",
-            reverse_sql=migrations.RunSQL.noop,
+            "SELECT season_id, 0, max(head) FROM ("
+            " SELECT season_id, head FROM leaderboard_streamhead_old"
+            " UNION ALL SELECT season_id, max(txid) FROM leaderboard_scorechange"
+            f" WHERE txid < {1 << 48} GROUP BY season_id) AS h GROUP BY season_id; "
+            "DROP TABLE leaderboard_streamhead_old",
         ),
         migrations.AddField(
             model_name="manifest",
