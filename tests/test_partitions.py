@@ -166,6 +166,39 @@ def test_the_same_new_event_id_on_two_partitions_at_once_is_a_conflict_not_an_er
 
 
 @pytest.mark.django_db(transaction=True)
+def test_two_shared_new_event_ids_in_opposite_orders_deadlock_into_conflicts_not_an_error(
+        season_factory: Callable[..., Season]) -> None:
+    """Batch A (partition 2) inserts x, then y; batch B (partition 5) inserts y, then x in
+    between: each waits for the other's insert. PostgreSQL aborts B (it waited first);
+    B runs again after A commits and sees both of A's events."""
+    season = season_factory(slug="opposite", partitions=8)
+    (a,), (b,) = players_in(8, 2, 1, "a"), players_in(8, 5, 1, "b")
+    base = {"match_id": "m", "completed_at": "2026-11-15T12:00:00Z"}
+    x_a = {**base, "event_id": "x", "player_id": a, "best_score": 5, "score_version": 1}
+    y_a = {**x_a, "event_id": "y", "best_score": 6, "score_version": 2}
+    y_b = {**base, "event_id": "y", "player_id": b, "best_score": 7, "score_version": 1}
+    x_b = {**y_b, "event_id": "x", "best_score": 8, "score_version": 2}
+    first_done, go = threading.Event(), threading.Event()
+
+    def run_a() -> None:
+        with transaction.atomic():
+            apply(season, [x_a])
+            first_done.set()
+            assert go.wait(10)
+            apply(season, [y_a])
+
+    a_run = in_thread(run_a)
+    assert first_done.wait(10)
+    b_run = in_thread(lambda: apply(season, [y_b, x_b]))
+    time.sleep(0.5)  # B has inserted y and waits for A's x
+    go.set()
+    a_run.result(timeout=20)
+    assert statuses_of(b_run.result(timeout=20)) == ["conflict", "conflict"]
+    assert db_scores(season) == {a: 6}
+    assert sorted(ScoreEventConflict.objects.filter(season=season).values_list("event_id", flat=True)) == ["x", "y"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_batch_spanning_partitions_commits_as_a_whole_with_a_number_per_partition(
         season_factory: Callable[..., Season]) -> None:
     season = season_factory(slug="span", partitions=4)

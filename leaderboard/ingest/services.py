@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_log
@@ -70,7 +70,10 @@ def score_events_apply(
     the season across partitions; when a batch on another partition inserts the same new
     event id at the same moment, the unique index makes this one wait for it and fail,
     and the whole batch runs again: its event then sees the other's and is a duplicate or
-    a conflict, and nothing of the first attempt was kept.
+    a conflict, and nothing of the first attempt was kept. Two such batches inserting two
+    shared new ids in opposite orders wait for each other: PostgreSQL aborts one of them
+    (a deadlock), and it runs again in the same way. A batch that loses every attempt is
+    an outage for its client (503 with Retry-After): retrying it is safe.
     """
     # Hashing needs no database state: do it before taking any lock.
     digests = [event.payload_hash() for event in events]
@@ -78,19 +81,29 @@ def score_events_apply(
         try:
             return _batch_apply(season=season, events=events, client=client, actor=actor,
                                 public_reason=public_reason, digests=digests)
-        except IntegrityError as exc:
-            if attempt == EVENT_ID_RACE_ATTEMPTS or not _event_id_race(exc):
+        except (IntegrityError, OperationalError) as exc:
+            if not _event_id_race(exc):
                 raise
+            if attempt == EVENT_ID_RACE_ATTEMPTS:
+                raise OperationalError(f"the batch lost {attempt} event-id races in a row") from exc
             log.info("season %s: an event id of the batch was inserted concurrently; applying it again", season.slug)
     raise AssertionError("unreachable")
 
 
-# A batch that lost an event-id race runs again; a third loss in a row is an error.
+# A batch that lost an event-id race runs again; a third loss in a row answers 503.
 EVENT_ID_RACE_ATTEMPTS = 3
+_DEADLOCK_DETECTED = "40P01"
 
 
-def _event_id_race(exc: IntegrityError) -> bool:
-    diag = getattr(exc.__cause__, "diag", None)
+def _event_id_race(exc: IntegrityError | OperationalError) -> bool:
+    """A concurrent insert of one of the batch's new event ids: the unique index refused
+    it, or two such inserts in opposite orders deadlocked. Nothing else of the batch
+    holds a lock two writers can take in opposite orders (partition locks are taken in
+    ascending order), so a deadlock is always this race."""
+    cause = exc.__cause__
+    if isinstance(exc, OperationalError):
+        return getattr(cause, "sqlstate", None) == _DEADLOCK_DETECTED
+    diag = getattr(cause, "diag", None)
     return getattr(diag, "constraint_name", None) == "score_event_unique_event_id"
 
 
