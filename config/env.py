@@ -31,7 +31,7 @@ def env_bool(name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be a boolean (true/false), got {value!r}")
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
     value = env_str(name)
     if value is None:
         return default
@@ -41,6 +41,8 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
         raise ConfigError(f"{name} must be an integer, got {value!r}") from exc
     if minimum is not None and parsed < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {parsed}")
+    if maximum is not None and parsed > maximum:
+        raise ConfigError(f"{name} must be <= {maximum}, got {parsed}")
     return parsed
 
 

@@ -19,6 +19,7 @@ from config.env import (
     env_url,
     env_urls,
 )
+from leaderboard.core.partitions import MAX_PARTITIONS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var")
@@ -196,7 +197,7 @@ SEAL_AFTER_CUTOFF_SECONDS = env_float("SEAL_AFTER_CUTOFF_SECONDS", 600.0, minimu
 # players are split into this many partitions, each with its own write lock, so batches on
 # disjoint partitions commit in parallel. Fixed at creation; `manage.py season_repartition`
 # moves a season to another count.
-SEASON_PARTITIONS = env_int("SEASON_PARTITIONS", 8, minimum=1)
+SEASON_PARTITIONS = env_int("SEASON_PARTITIONS", 8, minimum=1, maximum=MAX_PARTITIONS)
 # Stratified sample of ranks and neighbour windows a shadow build is compared on.
 REBUILD_SAMPLE_SIZE = env_int("REBUILD_SAMPLE_SIZE", 1000, minimum=1)
 # A shadow build whose worker has not moved its heartbeat (every quarter of this, at most

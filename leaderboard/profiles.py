@@ -34,7 +34,7 @@ from seasons.models import Season
 REGION_MOVE_STATES = [str(s) for s in ACCEPTING_STATES]
 
 # Namespaces of the per-player advisory locks (pg_advisory_xact_lock(int, int)); the
-# season writers' lock is 0x5C0E (leaderboard/ingest/ledger_store.py).
+# season writers' locks are 0x5C0E, 0x5C11 and above 0x5C0E << 15 (leaderboard/ingest/ledger_store.py).
 _PROFILE_LOCK = 0x5C0F
 _FRIENDS_LOCK = 0x5C10
 

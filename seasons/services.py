@@ -24,7 +24,7 @@ from leaderboard.core.lifecycle import (
     transition_check,
 )
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.partitions import MAX_PARTITIONS, Watermark, layout_check
+from leaderboard.core.partitions import Watermark, layout_check
 from leaderboard.core.season_options import (
     TIE_BREAK_FIRST_REACHED,
     TIE_BREAK_SHARED,
@@ -70,8 +70,10 @@ def season_create(
     if cutoff <= starts_at:
         raise SeasonError("the cutoff must be after the start")
     partitions = settings.SEASON_PARTITIONS if partitions is None else partitions
-    if not 1 <= partitions <= MAX_PARTITIONS:
-        raise SeasonError(f"partitions must be 1..{MAX_PARTITIONS}")
+    try:
+        layout_check(base=0, partitions=partitions)
+    except ValueError as exc:
+        raise SeasonError(str(exc)) from exc
     if problem := regions_problem(regions) or tie_break_problem(tie_break):
         raise SeasonError(problem)
     if tie_break == TIE_BREAK_FIRST_REACHED and (problem := first_reached_problem(

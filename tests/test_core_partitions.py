@@ -65,7 +65,7 @@ def test_layout_check() -> None:
     with pytest.raises(ValueError):
         layout_check(base=0, partitions=0)
     with pytest.raises(ValueError):
-        layout_check(base=0, partitions=257)
+        layout_check(base=0, partitions=65)
 
 
 def test_single_partition_watermark_is_the_old_cursor() -> None:

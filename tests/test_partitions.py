@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from leaderboard.core.events import events_parse
 from leaderboard.core.partitions import TXID_PARTITION_SHIFT, Watermark, partition_of, txid_partition
+from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import score_change_heads_after
 from leaderboard.ingest.services import ApplyResult, score_events_apply
 from leaderboard.models import ScoreChange, ScoreEventConflict, StreamHead
@@ -196,6 +197,47 @@ def test_two_shared_new_event_ids_in_opposite_orders_deadlock_into_conflicts_not
     assert statuses_of(b_run.result(timeout=20)) == ["conflict", "conflict"]
     assert db_scores(season) == {a: 6}
     assert sorted(ScoreEventConflict.objects.filter(season=season).values_list("event_id", flat=True)) == ["x", "y"]
+
+
+def advisory_locks_held() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_season_wide_write_takes_one_lock_waits_for_batches_and_holds_off_later_ones(
+        season_factory: Callable[..., Season]) -> None:
+    """Two lock levels: a season-wide write (lifecycle, repartition, region moves) takes
+    the season's lock exclusively, one lock whatever the partition count (PostgreSQL's lock
+    table is shared by every session); batches hold it shared beside their partitions'."""
+    season = season_factory(slug="levels", partitions=64)
+    with transaction.atomic():
+        ledger_store.season_write_lock(season_id=season.pk)
+        assert advisory_locks_held() == 1
+    (a,), (b,) = players_in(64, 1, 1, "a"), players_in(64, 9, 1, "b")
+    ev = Events("lv")
+    held = HeldBatch(season, [ev.result(a, 10)])
+    season_wide_done = threading.Event()
+
+    def season_wide() -> None:
+        with transaction.atomic():
+            ledger_store.season_write_lock(season_id=season.pk)
+            season_wide_done.set()
+            time.sleep(0.5)  # a batch on another partition waits meanwhile
+
+    try:
+        waiting = in_thread(season_wide)
+        time.sleep(0.5)
+        assert not season_wide_done.is_set(), "a season-wide write did not wait for a batch in flight"
+    finally:
+        held.release()
+    assert season_wide_done.wait(10)
+    later = in_thread(lambda: apply(season, [ev.result(b, 20)]))
+    time.sleep(0.2)
+    assert not later.done(), "a batch did not wait for a season-wide write"
+    waiting.result(timeout=10)
+    assert statuses_of(later.result(timeout=10)) == ["applied"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -10,6 +10,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 
 from audit.models import AuditEntry
@@ -47,7 +48,7 @@ def reload(season: Season) -> Season:
 
 def test_create_season_takes_regions_and_a_tie_break_and_audits_them() -> None:
     out = create_season("reg", "--regions", "na, eu,apac", "--tie-break", "first_reached")
-    assert out.splitlines() == ["season reg created, state SCHEDULED",
+    assert out.splitlines() == [f"season reg created, state SCHEDULED, {settings.SEASON_PARTITIONS} ledger partitions",
                                 "regions: na, eu, apac; tie-break: first_reached"]
     season = Season.objects.get(slug="reg")
     assert (season.regions, season.tie_break) == (["na", "eu", "apac"], "first_reached")
@@ -57,7 +58,8 @@ def test_create_season_takes_regions_and_a_tie_break_and_audits_them() -> None:
 
 
 def test_create_season_without_options_has_no_regions_and_shared_ties() -> None:
-    assert create_season("plain").strip() == "season plain created, state SCHEDULED"
+    assert create_season("plain").strip() == (
+        f"season plain created, state SCHEDULED, {settings.SEASON_PARTITIONS} ledger partitions")
     season = Season.objects.get(slug="plain")
     assert (season.regions, season.tie_break) == ([], "shared")
 

@@ -27,7 +27,10 @@ from typing import Any
 TXID_PARTITION_SHIFT = 48
 # Commit numbers are bigint: 63 bits, 48 of them for the number within the partition.
 MAX_PARTITION_IDS = 1 << (63 - TXID_PARTITION_SHIFT)
-MAX_PARTITIONS = 256
+# A batch holds the advisory lock of each partition it writes, and PostgreSQL's lock table
+# is shared (max_locks_per_transaction x max_connections): docs/operations.md, Sizing
+# ledger partitions.
+MAX_PARTITIONS = 64
 
 Cursor = tuple[int, int]
 

@@ -18,18 +18,23 @@ from leaderboard.core.partitions import TXID_PARTITION_SHIFT, layout_partition
 from leaderboard.models import LateResult, PlayerProfile, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
 from seasons.models import Season
 
-# Namespace of the per-partition advisory locks (pg_advisory_xact_lock(int, int)): a
-# season's partition 0 keeps the key the single per-season lock had, (0x5C0E, season);
-# partition p > 0 is (_PARTITION_LOCK_BASE + p, season), above every other namespace.
-_SEASON_WRITE_LOCK = 0x5C0E
-_PARTITION_LOCK_BASE = _SEASON_WRITE_LOCK << 15
+# Namespaces of the writers' advisory locks (pg_advisory_xact_lock(int, int)), two levels:
+# the season's lock, (0x5C11, season), taken shared by every batch and exclusively by a
+# season-wide write; and a lock per partition, taken exclusively by the batches writing it.
+# Partition 0 is (0x5C0E, season), partition p > 0 (_PARTITION_LOCK_BASE + p, season),
+# above every other namespace. A batch holds at most 1 + MAX_PARTITIONS locks, a season-wide
+# write one per season: PostgreSQL's shared lock table holds max_locks_per_transaction x
+# max_connections (docs/operations.md, Sizing ledger partitions).
+_PARTITION_0_LOCK = 0x5C0E
+_PARTITION_LOCK_BASE = _PARTITION_0_LOCK << 15
+_SEASON_LOCK = 0x5C11
 
 
 def _text_array(values: Iterable[str | None]) -> str:
     """A PostgreSQL array literal (cast it with ::text[] or ::timestamptz[]).
 
     psycopg adapts a Python list element by element in pure Python (~1 ms per 1,000
-    elements, ~15 ms for one batch's 25 arrays, all of it under the season lock); a
+    elements, ~15 ms for one batch's 25 arrays, all of it under the partitions' locks); a
     literal built with str.join is several times cheaper. Every element is quoted and
     backslash-escaped, so any character (quotes, braces, commas, spaces) round-trips.
     """
@@ -57,43 +62,38 @@ def is_postgres() -> bool:
 
 
 def partition_lock_key(partition: int) -> int:
-    return _SEASON_WRITE_LOCK if partition == 0 else _PARTITION_LOCK_BASE + partition
+    return _PARTITION_0_LOCK if partition == 0 else _PARTITION_LOCK_BASE + partition
 
 
 def partition_write_locks(*, season_id: int, partitions: Iterable[int]) -> None:
-    """Serialize the writers of these ledger partitions of one season until the transaction ends.
+    """Serialize the writers of these ledger partitions of one season until the transaction
+    ends, and hold off the season-wide writes (season_write_lock) meanwhile.
 
     Events of a batch take effect in order and a player's version only moves forward; a
     player's rows all live in one partition, so serializing per partition keeps that
     exact without row-lock ordering or retry loops, while batches on disjoint partitions
-    commit in parallel. The locks are taken in ascending order, in one statement, so two
-    batches sharing partitions never deadlock. On SQLite, BEGIN IMMEDIATE (settings)
-    already serializes every writer.
+    commit in parallel. The season's lock is taken first (shared), then the partitions'
+    in ascending order, so two batches sharing partitions never deadlock. On SQLite,
+    BEGIN IMMEDIATE (settings) already serializes every writer.
     """
     if is_postgres():
         keys = [partition_lock_key(p) for p in sorted(set(partitions))]
         with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", [_SEASON_LOCK, season_id])
             # A function scan returns the array in order: the locks are taken in that order.
             cursor.execute("SELECT count(pg_advisory_xact_lock(k, %s)) FROM unnest(%s::int[]) AS u(k)",
                            [season_id, _int_array(keys)])
 
 
 def season_write_lock(*, season_id: int) -> None:
-    """Serialize every writer of one season until the transaction ends: the locks of all
-    its partitions (lifecycle transitions, region moves, repartitions).
-
-    A repartition changes the layout under these same locks, and numbers the new
-    partitions above the old ones: the layout is read again once they are held, and the
-    locks of a newer layout taken too (still in ascending order).
+    """Serialize every writer of one season until the transaction ends (lifecycle
+    transitions, region moves, repartitions): the season's lock, exclusively. It waits for
+    the batches holding it shared and holds off every later one, whatever partitions they
+    write; one lock however many partitions the season has.
     """
-    held: set[int] = set()
-    while True:
-        base, count = Season.objects.filter(pk=season_id).values_list("partition_base", "partitions").get()
-        wanted = set(range(base, base + count)) - held
-        if not wanted:
-            return
-        partition_write_locks(season_id=season_id, partitions=wanted)
-        held |= wanted
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_SEASON_LOCK, season_id])
 
 
 def fence_token_issue(*, season_id: int) -> int:
@@ -165,7 +165,8 @@ def player_states_fetch(*, season_id: int, player_ids: Iterable[str]) -> dict[st
 def player_regions_fetch(*, season_id: int, season_regions: list[str], player_ids: Iterable[str]) -> dict[str, str]:
     """The batch's players' regions in a season with regions: a player with a score keeps
     the season's record of it; a new one takes the profile's region when the season has
-    it. One query, under the season's write lock (profile moves take the same lock)."""
+    it. One query, under the batch's locks (a profile move takes the season's lock
+    exclusively, so it waits for the batch and the batch for it)."""
     ids = list(set(player_ids))
     if is_postgres():
         with connection.cursor() as cursor:
@@ -323,7 +324,7 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
     changes = plan.changes
     # One text per distinct instant: a batch's events mostly share one reached_at (their
     # completed_at), and each appears up to four times (event, score, change old and new);
-    # formatting each anew cost ~3.5 ms per 1,000 events inside the season lock.
+    # formatting each anew cost ~3.5 ms per 1,000 events inside the partitions' locks.
     texts: dict[datetime | None, str | None] = {None: None}
 
     def utc(instant: datetime | None) -> str | None:

@@ -110,10 +110,11 @@ def _event_id_race(exc: IntegrityError | OperationalError) -> bool:
 def _partitions_lock(*, season: Season, events: list[ScoreEvent]) -> tuple[tuple[Any, ...], dict[str, int]]:
     """Take the locks of the batch's partitions and read the season under them: its row
     (state, starts_at, cutoff, published_version, tie_break, regions) and each player's
-    partition. A repartition changes the layout under the locks of every partition, so
-    the layout read once the locks are held is the one the batch commits against; when
-    it moved since the caller read the season, the new layout's partitions (numbered
-    above the old ones: still ascending) are locked too."""
+    partition. A repartition changes the layout under the season's lock, which the batch
+    holds shared from its first lock on, so the layout read once the locks are held is
+    the one the batch commits against; when it moved since the caller read the season,
+    the new layout's partitions (numbered above the old ones: still ascending) are locked
+    too."""
     base, count = season.partition_base, season.partitions
     held: set[int] = set()
     while True:
@@ -134,8 +135,8 @@ def _batch_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient 
                  public_reason: str, digests: list[str]) -> ApplyResult:
     now = timezone.now()
     with transaction.atomic():
-        # Read under the locks: a lifecycle transition takes every partition's lock, so the
-        # state that admits these events is the one they commit against.
+        # Read under the locks: a lifecycle transition takes the season's lock exclusively,
+        # so the state that admits these events is the one they commit against.
         row, partitions = _partitions_lock(season=season, events=events)
         state, starts_at, cutoff, published, tie_break, season_regions = row
         first_reached = tie_break == TIE_BREAK_FIRST_REACHED
