@@ -25,7 +25,7 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from leaderboard.api.errors import ApiError
+from leaderboard.api.errors import REDIS_OUTAGES, ApiError
 from leaderboard.redis_client import redis_cluster_of, redis_get
 from leaderboard.views.rankview import round_trip
 
@@ -51,11 +51,6 @@ return wait
 _TAKE_SHA = hashlib.sha1(_TAKE.encode()).hexdigest()
 
 Rate = tuple[float, int]  # tokens per second, bucket size (config.env.env_rate)
-
-# What leaves a bucket unchecked: Redis down, or a cluster with a slot unserved (between a
-# master's loss and its replica's promotion), which the cluster client raises as its own.
-_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
-                redis.exceptions.ClusterError, redis.exceptions.SlotNotCoveredError)
 
 
 def _take(r: redis.Redis, key: str, per_second: float, size: int) -> Any:
@@ -89,7 +84,7 @@ def rate_take(*, kind: str, name: str, rate: Rate | None) -> float:
     key = _key(kind, name)
     try:
         reply = _take(redis_get(), key, per_second, size)
-    except _UNREACHABLE:
+    except REDIS_OUTAGES:  # the read's own Redis call then answers the outage (503)
         log.warning("rate limit %s not checked: Redis unreachable", kind)
         return 0.0
     if isinstance(reply, Exception):

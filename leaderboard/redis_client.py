@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
 # A read waits this long for a reply: big-key deletes elsewhere on the server must not fail small reads.
 SOCKET_TIMEOUT = 5.0
@@ -40,15 +40,46 @@ def _cluster_connect(url: str) -> redis.RedisCluster:
     try:
         # health_check_interval is not among the options a cluster client passes to its
         # node connections; a broken one is replaced when a command fails on it.
-        return redis.RedisCluster.from_url(
+        return _OutageRaisingCluster.from_url(
             url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_CONNECT_TIMEOUT
         )
     except RedisClusterException as exc:
-        if isinstance(exc.__cause__, RedisClusterException):
+        if not cluster_unreachable(exc):
             raise  # the node answered, but is no cluster node: a configuration error
-        # Not a RedisError: raised as one, so that a cluster with no node answering (or
-        # slots left uncovered) is the outage every caller already answers (503, fail open).
         raise redis.exceptions.ConnectionError(f"Redis Cluster at {parts.hostname}:{parts.port}: {exc}") from exc
+
+
+# What the cluster client raises, outside RedisError, when it has no node or no slot to send
+# to: no node answers its slot map refresh, or a slot has no master (between a master's
+# loss and its replica's promotion). Its other RedisClusterExceptions are bugs (a command
+# it cannot route) or a configuration error (a node not in cluster mode).
+_UNREACHABLE_SAYS = ("Redis Cluster cannot be connected", "All slots are not covered")
+
+
+def cluster_unreachable(exc: BaseException) -> bool:
+    """Whether a cluster client's error means that no node or slot is available now."""
+    if isinstance(exc, SlotNotCoveredError):
+        return True
+    return (isinstance(exc, RedisClusterException) and not isinstance(exc.__cause__, RedisClusterException)
+            and str(exc).startswith(_UNREACHABLE_SAYS))
+
+
+def cluster_outage(exc: BaseException) -> redis.exceptions.ConnectionError:
+    """`exc` (see cluster_unreachable) as the redis ConnectionError every caller already
+    treats as an outage: 503 with Retry-After, rate limits failing open, a task retried."""
+    return redis.exceptions.ConnectionError(f"Redis Cluster unavailable: {exc}")
+
+
+class _OutageRaisingCluster(redis.RedisCluster):
+    """The cluster client, raising an unreachable cluster as a ConnectionError."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            if cluster_unreachable(exc):
+                raise cluster_outage(exc) from exc
+            raise
 
 
 def redis_cluster_of(r: redis.Redis) -> redis.RedisCluster | None:

@@ -158,3 +158,42 @@ def test_a_4xx_through_django_is_logged_once() -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("Not Found: /no-such-page") == 1, done.stderr
+
+
+# --- a Redis Cluster with no node answering -------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)  # the fast path reads the database from a thread
+@pytest.mark.parametrize("client_made", ["before the stop", "after the stop"])
+def test_a_cluster_with_every_node_stopped_answers_503_on_both_read_paths(
+        season: Season, settings: Any, client_made: str) -> None:
+    """Every node of the rank views' Redis Cluster stopped: the fast read path and the DRF
+    views answer 503 with Retry-After, never 500, whether the process's cluster client was
+    made while the cluster ran (its slot map names nodes that no longer answer, and no node
+    answers the map's refresh) or is made now (no node to discover the cluster from)."""
+    from leaderboard.redis_client import redis_get
+    from leaderboard.views import rankview
+    from tests.support.cluster import cluster_start, cluster_stop
+    from tests.support.publication import fast_get
+
+    cluster = cluster_start(masters=3)
+    try:
+        settings.REDIS_CLUSTER, settings.REDIS_URL = True, cluster.url
+        redis_get.cache_clear()
+        rankview.manifest_cache_clear()
+        if client_made == "before the stop":
+            redis_get().ping()
+        for port in cluster.ports:
+            cluster.master_kill(port)
+        for url in (f"/v1/seasons/{season.slug}/leaderboard/top", f"/v1/seasons/{season.slug}/leaderboard?from=1",
+                    f"/v1/seasons/{season.slug}/players/p1/rank", f"/v1/seasons/{season.slug}/players/p1/neighbors",
+                    f"/v1/seasons/{season.slug}/players/p1/rank?version=1"):
+            for path, response in (("fast", fast_get(url)), ("drf", APIClient().get(url))):
+                assert response.status_code == 503, (path, url, response.status_code, response.content[:300])
+                assert response.json()["error"] == "unavailable", (path, url)
+                assert response.headers["Retry-After"], (path, url)
+    finally:
+        redis_get.cache_clear()
+        rankview.manifest_cache_clear()
+        cluster_stop(cluster)

@@ -87,14 +87,19 @@ def validation_error(fields: dict[str, list[str]], *, write: bool = False) -> Ap
 
 log = logging.getLogger(__name__)
 
-# A dependency that does not answer: Redis or PostgreSQL refused the connection or timed
-# out, or the database pool ran dry. The client should come back later; it is not a bug,
-# so it is a 503 and never a 500. Other database and Redis errors are bugs and stay 500s.
-OUTAGES: tuple[type[Exception], ...] = (
-    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, db.OperationalError, db.InterfaceError,
-    # A Redis Cluster between a master's failure and its replica's promotion: slots unserved.
-    redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError, redis.exceptions.ClusterError,
+# Redis not answering: refused or timed out connections, and a Redis Cluster with no node
+# or no master for a slot (between a master's failure and its replica's promotion:
+# CLUSTERDOWN, TRYAGAIN, the cluster client's ClusterError; its "cannot be connected" and
+# uncovered slots reach callers as ConnectionError: redis_client and rankview.wire raise
+# them so). The one list: a read answers 503 on it, a rate limit fails open.
+REDIS_OUTAGES: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
 )
+# A dependency that does not answer: Redis (above) or PostgreSQL refused the connection or
+# timed out, or the database pool ran dry. The client should come back later; it is not a
+# bug, so it is a 503 and never a 500. Other database and Redis errors are bugs and stay 500s.
+OUTAGES: tuple[type[Exception], ...] = (*REDIS_OUTAGES, db.OperationalError, db.InterfaceError)
 # Long enough not to hammer a dependency that is restarting, short enough to notice it back.
 OUTAGE_RETRY_AFTER_SECONDS = 5
 

@@ -10,6 +10,8 @@ import redis
 
 from leaderboard.views.rankview.keys import MANIFEST_TTL, Keys
 from leaderboard.views.rankview.wire import (
+    _MAP_ATTEMPTS,
+    CLUSTER_REFUSALS,
     NodesPacked,
     _pack,
     _script_call,
@@ -17,6 +19,7 @@ from leaderboard.views.rankview.wire import (
     nodes_packed_send,
     nodes_round_trip,
     slot_client,
+    slot_map_refresh,
 )
 
 
@@ -186,10 +189,34 @@ def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes,
     Encoding apart lets copy_apply encode the next chunk while a helper thread waits on
     Redis with this one. Any error drops the connection, so a half-read reply or a
     pending WATCH never goes back to the pool.
+
+    On a cluster a transaction the control slot's node refused unrun (MOVED, ASK,
+    TRYAGAIN or CLUSTERDOWN on the WATCH, a queued command, which aborts the EXEC, or the
+    EXEC) is sent once more on a fresh slot map; a failed node refreshes the map without
+    sending again (its EXEC may have run).
     """
-    # On a cluster, the node of the season's control slot: the lease and every key a
-    # fenced transaction writes (pointer, manifests, copy metas) are in that slot.
-    pool = slot_client(r, keys.lease).connection_pool
+    cluster = r if isinstance(r, redis.RedisCluster) else None
+    for attempt in range(_MAP_ATTEMPTS):
+        try:
+            # On a cluster, the node of the season's control slot: the lease and every key a
+            # fenced transaction writes (pointer, manifests, copy metas) are in that slot.
+            return _fenced_on(slot_client(r, keys.lease), keys, token, packed, count)
+        except CLUSTER_REFUSALS as exc:
+            if cluster is None:
+                raise
+            if attempt + 1 == _MAP_ATTEMPTS:
+                raise redis.ConnectionError(f"Redis Cluster refused a fenced transaction twice: {exc}") from exc
+            slot_map_refresh(cluster)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if cluster is not None:
+                slot_map_refresh(cluster)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _fenced_on(client: redis.Redis, keys: Keys, token: int | None, packed: bytes, count: int) -> list[Any]:
+    """`_fenced_packed` on the control slot's node's client."""
+    pool = client.connection_pool
     conn = pool.get_connection()
     try:
         for _ in range(FENCE_ATTEMPTS):
@@ -297,10 +324,17 @@ def groups_packed_send(packed: NodesPacked) -> list[Any]:
 
 
 def groups_replies_check(replies: list[Any]) -> list[Any]:
+    """The replies of group writes, or the error that stops the writer: FenceLost for a
+    group that refused the token; a redis ConnectionError (an outage: the epoch or build
+    is tried again later) for a call the cluster refused even when sent again on a fresh
+    slot map (wire.nodes_round_trip: nothing of it ran); else the first error."""
     errors = [reply for reply in replies if isinstance(reply, redis.ResponseError)]
     for error in errors:
         if str(error).startswith("FENCED"):
             raise FenceLost(f"a slot group holds a newer fencing token ({error})")
+    for error in errors:
+        if isinstance(error, CLUSTER_REFUSALS):
+            raise redis.ConnectionError(f"Redis Cluster refused a slot group write twice: {error}") from error
     if errors:
         raise errors[0]
     return replies

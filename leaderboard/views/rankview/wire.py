@@ -1,24 +1,28 @@
-"""Commands on the wire: protocol encoding, scripts, and the readers' one-round-trip pipelines."""
+"""Commands on the wire: protocol encoding, scripts, routing by slot, the readers' one-round-trip
+pipelines and the writes sent to every node at once."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 import redis
 from redis.crc import key_slot
-from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, TryAgainError
+
+from leaderboard.redis_client import cluster_outage, cluster_unreachable
 
 
 def _script_call(script: str, script_keys: list[str], argv: list[Any]) -> tuple[Any, ...]:
-    # EVAL, not EVALSHA: a chunk must not depend on a script a restarted Redis forgot (in a
-    # MULTI the other commands would run without it); the body is ~300 bytes of a chunk's
-    # ~100 kB, and Redis compiles it once.
+    # EVAL, not EVALSHA: a write must not depend on a script a restarted or newly promoted
+    # node never loaded (NOSCRIPT would refuse the write and send it round again); the body
+    # is ~300 bytes of a chunk's ~100 kB, and Redis compiles it once.
     return ("EVAL", script, len(script_keys), *script_keys, *argv)
 
 
@@ -52,10 +56,10 @@ def round_trip(r: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
     CPU per round trip, a fifth of a whole rank read once Django is out of the way
     (fastpath.py). Errors drop the connection, so a half-read reply is never reused.
     On a cluster client the commands go to the masters of their keys' slots, one
-    connection per node, all sent before any reply is read (`_nodes_round_trip`).
+    connection per node, all sent before any reply is read (`_cluster_reads`).
     """
     if isinstance(r, redis.RedisCluster):
-        return _nodes_round_trip(r, commands)
+        return _cluster_reads(r, commands)
     conn = _reader_connection(r)
     try:
         conn.send_packed_command([_pack(commands)])
@@ -65,10 +69,28 @@ def round_trip(r: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
         raise
 
 
-# Replies that mean the client's slot map is stale (a failover, a resharding): the round
-# trip is sent again once on a fresh map.
-_MAP_STALE = (MovedError, AskError, ClusterDownError, TryAgainError, redis.ConnectionError, redis.TimeoutError)
+# Replies by which a cluster node refuses a command without running it: its slot is served
+# elsewhere now (MOVED: a failover, a resharding; ASK: a slot being migrated), or not at
+# the moment (TRYAGAIN: a multi-key command during a migration; CLUSTERDOWN: a slot with no
+# master). The slot map is refreshed and the command sent once more.
+CLUSTER_REFUSALS = (MovedError, AskError, ClusterDownError, TryAgainError)
+# Errors after which the slot map is refreshed (a failed node's replica has its slots).
+_MAP_STALE = (*CLUSTER_REFUSALS, redis.ConnectionError, redis.TimeoutError)
 _MAP_ATTEMPTS = 2
+# Before sending again what TRYAGAIN or CLUSTERDOWN refused: a migration's key move or a
+# promotion takes milliseconds to seconds; a moment's wait gives the one resend a chance.
+_REFUSED_PAUSE_SECONDS = 0.1
+
+
+def slot_map_refresh(cluster: redis.RedisCluster) -> None:
+    """The cluster client's slot map read again from the nodes. No node answering is the
+    outage every caller answers (redis ConnectionError), not the client's own exception."""
+    try:
+        cluster.nodes_manager.initialize()
+    except RedisClusterException as exc:
+        if not cluster_unreachable(exc):
+            raise
+        raise cluster_outage(exc) from exc
 
 
 def _command_key(command: tuple[Any, ...]) -> Any:
@@ -95,9 +117,19 @@ def keys_by_node(nodes: Any, keys: Iterable[Any]) -> dict[str, list[int]]:
     for at, key in enumerate(keys):
         slot = key_slot(key if isinstance(key, bytes) else str(key).encode())
         serving = slots.get(slot)
-        name = serving[0].name if serving else nodes.get_node_from_slot(slot).name
+        name = serving[0].name if serving else _slot_node(nodes, slot).name
         batches.setdefault(name, []).append(at)
     return batches
+
+
+def _slot_node(nodes: Any, slot: int) -> Any:
+    """The node serving `slot` from the manager itself (a slot missing from the cached map)."""
+    try:
+        return nodes.get_node_from_slot(slot)
+    except RedisClusterException as exc:
+        if not cluster_unreachable(exc):
+            raise
+        raise cluster_outage(exc) from exc
 
 
 def _node_connection(cluster: redis.RedisCluster, name: str) -> Any:
@@ -113,11 +145,12 @@ def _node_connection(cluster: redis.RedisCluster, name: str) -> Any:
     return conn
 
 
-def _nodes_round_trip(cluster: redis.RedisCluster, commands: list[tuple[Any, ...]]) -> list[Any]:
+def _cluster_reads(cluster: redis.RedisCluster, commands: list[tuple[Any, ...]]) -> list[Any]:
     """`round_trip` on a cluster: the commands grouped by the master of their slot (in
     order within a node, so a read placed after others on the same slot runs after them),
     every node's batch written before any reply is read, so the trip takes about the time
-    of the slowest node."""
+    of the slowest node. A refusal or a failed node: the slot map refreshed, the whole
+    trip sent once more (reads change nothing); refused again, an outage."""
     nodes = cluster.nodes_manager
     for attempt in range(_MAP_ATTEMPTS):
         batches = slot_batches(nodes, commands)
@@ -133,9 +166,13 @@ def _nodes_round_trip(cluster: redis.RedisCluster, commands: list[tuple[Any, ...
         except BaseException as exc:
             for conn, _ in conns:
                 conn.disconnect()
-            if not isinstance(exc, _MAP_STALE) or attempt + 1 == _MAP_ATTEMPTS:
+            if not isinstance(exc, _MAP_STALE):
                 raise
-            nodes.initialize()
+            if attempt + 1 == _MAP_ATTEMPTS:
+                if isinstance(exc, MovedError | AskError):
+                    raise redis.ConnectionError(f"Redis Cluster slots still moving: {exc}") from exc
+                raise
+            slot_map_refresh(cluster)
     raise AssertionError("unreachable")
 
 
@@ -159,7 +196,7 @@ def slot_client(r: redis.Redis, key: str) -> redis.Redis:
     transactions and raw connections, which a cluster client only has per node."""
     if not isinstance(r, redis.RedisCluster):
         return r
-    return r.get_redis_connection(r.get_node_from_key(key))  # type: ignore[no-any-return]
+    return r.get_redis_connection(_slot_node(r.nodes_manager, r.keyslot(key)))  # type: ignore[no-any-return]
 
 
 def node_clients(r: redis.Redis, routes: Iterable[str]) -> dict[str, tuple[redis.Redis, list[int]]]:
@@ -178,7 +215,9 @@ def nodes_round_trip(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -
 
     One pipeline per node (one packed send, then its replies), every node at once from a
     thread each: a write that spans K masters costs about the time of the slowest one.
-    Any other error drops that node's connection, so a half-read reply is never reused."""
+    Calls a node refused unrun (CLUSTER_REFUSALS) are sent once more on a fresh slot map;
+    their replies are then the second answers. Any other error drops that node's
+    connection, so a half-read reply is never reused."""
     return nodes_packed_send(nodes_pack(r, calls))
 
 
@@ -192,6 +231,8 @@ class NodesPacked:
     # The cluster client they were routed by (None on a single Redis): its slot map is
     # refreshed when a node fails, so that the next write goes to the promoted replica.
     cluster: redis.RedisCluster | None = None
+    # The calls themselves (on a cluster), for sending again those a node refused.
+    calls: list[tuple[str, tuple[Any, ...]]] | None = None
 
 
 # A node's batch goes to its socket in pieces of about this size, each with the client's
@@ -220,35 +261,82 @@ def _pieces(commands: Iterable[tuple[Any, ...]]) -> list[bytes]:
 def nodes_pack(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> NodesPacked:
     """Route and encode calls for `nodes_packed_send`: a build encodes batch i+1 in its own
     thread while batch i is on the wire, and the sending threads only wait on sockets."""
+    cluster = r if isinstance(r, redis.RedisCluster) else None
     by_node = node_clients(r, [key for key, _ in calls])
     return NodesPacked(total=len(calls), batches=[
         (client, indexes, _pieces(calls[i][1] for i in indexes)) for client, indexes in by_node.values()],
-        cluster=r if isinstance(r, redis.RedisCluster) else None)
+        cluster=cluster, calls=calls if cluster is not None else None)
+
+
+# One node's share of a send: its client, the calls' indexes, their commands encoded, and
+# how many replies each call has (2 for a call sent behind ASKING, whose +OK is dropped).
+_Batch = tuple[redis.Redis, list[int], list[bytes], int]
 
 
 def nodes_packed_send(packed: NodesPacked) -> list[Any]:
     """`nodes_round_trip` of calls `nodes_pack` encoded: their replies in call order."""
     out: list[Any] = [None] * packed.total
-
-    def send(client: redis.Redis, indexes: list[int], data: list[bytes]) -> None:
-        replies = _replies_read(client, data, len(indexes))
-        for i, reply in zip(indexes, replies, strict=True):
-            out[i] = reply
-
     try:
-        if len(packed.batches) == 1:
-            send(*packed.batches[0])
-            return out
-        futures = [_node_senders().submit(send, *batch) for batch in packed.batches]
-        for future in futures:
-            future.result()
+        _batches_send([(client, indexes, data, 1) for client, indexes, data in packed.batches], out)
+        if packed.cluster is not None and packed.calls is not None:
+            _refused_resend(packed.cluster, packed.calls, out)
         return out
     except _MAP_STALE:
         # Not sent again (a write's caller decides what a half-landed one means), but
         # routed afresh next time: a failed master's replica has taken its slots.
         if packed.cluster is not None:
-            packed.cluster.nodes_manager.initialize()
+            slot_map_refresh(packed.cluster)
         raise
+
+
+def _batches_send(batches: list[_Batch], out: list[Any]) -> None:
+    """Each node's batch on its own connection, every node at once; replies into `out`."""
+
+    def send(client: redis.Redis, indexes: list[int], data: list[bytes], per_call: int) -> None:
+        replies = _replies_read(client, data, len(indexes) * per_call)[per_call - 1::per_call]
+        for i, reply in zip(indexes, replies, strict=True):
+            out[i] = reply
+
+    if len(batches) == 1:
+        send(*batches[0])
+        return
+    futures = [_node_senders().submit(send, *batch) for batch in batches]
+    for future in futures:
+        future.result()
+
+
+def _refused_resend(cluster: redis.RedisCluster, calls: list[tuple[str, tuple[Any, ...]]], out: list[Any]) -> None:
+    """The calls a node refused unrun (CLUSTER_REFUSALS in `out`) sent once more, their new
+    replies in `out`: after MOVED, TRYAGAIN or CLUSTERDOWN on a fresh slot map; after ASK
+    to the node it names, behind ASKING, as the slot's migration asks (the map still
+    names the source until the migration ends)."""
+    refused = [i for i, reply in enumerate(out) if isinstance(reply, CLUSTER_REFUSALS)]
+    if not refused:
+        return
+    asked: dict[tuple[str, int], list[int]] = {}
+    routed: list[int] = []
+    for i in refused:
+        reply = out[i]
+        if isinstance(reply, AskError) and not isinstance(reply, MovedError):
+            asked.setdefault(reply.node_addr, []).append(i)
+        else:
+            routed.append(i)
+    if any(isinstance(out[i], TryAgainError | ClusterDownError) for i in refused):
+        time.sleep(_REFUSED_PAUSE_SECONDS)
+    batches: list[_Batch] = []
+    for (host, port), indexes in asked.items():
+        node = cluster.get_node(host=host, port=port)
+        if node is None:
+            routed += indexes  # a node the map does not know yet: routed by the fresh map
+            continue
+        commands = [command for i in indexes for command in (("ASKING",), calls[i][1])]
+        batches.append((cluster.get_redis_connection(node), indexes, _pieces(commands), 2))
+    if routed:
+        slot_map_refresh(cluster)
+        for client, at in node_clients(cast(redis.Redis, cluster), [calls[i][0] for i in routed]).values():
+            indexes = [routed[j] for j in at]
+            batches.append((client, indexes, _pieces(calls[i][1] for i in indexes), 1))
+    _batches_send(batches, out)
 
 
 def _replies_read(client: redis.Redis, data: list[bytes], count: int) -> list[Any]:
