@@ -1,9 +1,9 @@
 """The rank views in Redis, as one namespace for their callers.
 
 keys       the key layout, lookup shards, constants (read it first: it documents the layout)
-wire       protocol encoding and the readers' single-round-trip pipelines
+wire       protocol encoding, routing by slot, the readers' one-round-trip pipelines, writes to every node at once
 fence      the lease, fencing tokens, fenced transactions, the atomic pointer swap
-copies     a copy's meta, fenced writes of an epoch's changes, builds' writes, scans, verification
+copies     a copy's meta, its fenced slot-group writes (an epoch's changes, drops), scans, verification
 manifests  manifests stored under the lease and the per-process manifest cache
 reads      RankReader: reads of a published version
 """
@@ -41,7 +41,6 @@ from leaderboard.views.rankview.fence import (
     FenceLost,
     GroupOp,
     LeaseKeeper,
-    _fenced_packed,
     copy_groups_stamp,
     epoch_due_mark,
     epoch_due_take,
@@ -121,7 +120,6 @@ __all__ = [
     "Unavailable",
     "UnknownRegion",
     "VersionExpired",
-    "_fenced_packed",
     "boards_dumps",
     "bucket_checksum_scan",
     "bucket_scan",
