@@ -131,6 +131,12 @@ REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "lb") or "lb"
 # cluster with many more groups than masters. Recorded per copy and manifest when the copy
 # is built; a change applies to copies built afterwards.
 VIEW_SLOT_GROUPS = env_int("VIEW_SLOT_GROUPS", 64, minimum=1)
+# Replicas of each master that must acknowledge a copy's writes (Redis WAIT) before the copy
+# is trusted and published, and how long to wait for them: Redis replicates asynchronously,
+# so a failover can promote a replica that lacks writes its master acknowledged. 0 (the
+# default, a single Redis): no wait; a cluster with one replica per master sets 1.
+VIEW_REPLICAS_WAIT = env_int("VIEW_REPLICAS_WAIT", 0, minimum=0)
+VIEW_REPLICAS_WAIT_MS = env_int("VIEW_REPLICAS_WAIT_MS", 1000, minimum=1)
 
 # Neither Celery's Redis transport nor channels-redis can use a Redis Cluster (their
 # commands span keys of many slots), so with a cluster both must be named; without one

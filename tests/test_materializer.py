@@ -35,6 +35,7 @@ from tests.support import (
     publish,
     reader_of,
 )
+from tests.support.failure import recovery_jobs
 
 # Epochs read the change stream below the oldest running transaction (PostgreSQL): the
 # test must not hold one open, so every test here commits for real.
@@ -294,13 +295,16 @@ def test_an_expired_lease_lets_the_next_coordinator_in(season: Season, post_scor
         rankview.pointer_publish(r, keys, token=holder, expected=1, version=2)
 
 
-def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores: Post) -> None:
-    r = materializer.redis_get()
-    keys = keys_of(season)
+def _version_one(season: Season, post_scores: Post) -> tuple[Any, rankview.Keys, Manifest, Events]:
+    """Version 1 of a and b published: (the client, the season's keys, its manifest, the events)."""
     ev = Events()
     post_ok(post_scores, season, [ev.result("a", 10), ev.result("b", 20)])
     assert publish(season) == 1
-    current = current_manifest(season)
+    return materializer.redis_get(), keys_of(season), current_manifest(season), ev
+
+
+def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores: Post) -> None:
+    r, keys, current, ev = _version_one(season, post_scores)
 
     stale = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert stale is not None
@@ -363,6 +367,36 @@ def test_a_failed_stamp_gives_the_lease_back(season: Season, post_scores: Post) 
     r.delete(fence)
     r.hset(fence, mapping=held)
     assert materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is not None
+
+
+def test_a_copy_no_replica_acknowledged_is_never_published(season: Season, post_scores: Post,
+                                                            settings: Any) -> None:
+    r, keys, _, ev = _version_one(season, post_scores)
+    post_ok(post_scores, season, [ev.result("a", 30)])
+    # The test Redis has no replica: WAIT 1 never gets its acknowledgement.
+    settings.VIEW_REPLICAS_WAIT, settings.VIEW_REPLICAS_WAIT_MS = 1, 50
+    with pytest.raises(rankview.ReplicasBehind):
+        epoch(season)
+    assert rankview.pointer_get(r, keys) == 1
+    target = rankview.copy_meta_load(r, keys, "1")
+    assert target is not None and target.state == rankview.STATE_BROKEN  # rebuilt by the next epoch
+    assert r.get(keys.lease) is None
+    assert reader_of(season).rank("a").entry.score == 10  # type: ignore[union-attr]
+    settings.VIEW_REPLICAS_WAIT = 0
+    assert publish(season) == 2
+    assert assert_matches_ledger(season) == 2
+
+
+def test_a_current_copy_whose_slot_group_lost_writes_is_lost_not_idle(season: Season, post_scores: Post) -> None:
+    r, keys, current, ev = _version_one(season, post_scores)
+    # What a failover leaves when the promoted replica of a group's master never got the
+    # version's last writes: the group names an older generation than the version.
+    r.hset(keys.fence(current.copy, current.groups - 1), "gen", current.gen - 1)
+    result = epoch(season)  # no new change: still not idle
+    assert result.status == "lost" and result.rebuild_wanted is not None, result
+    job = recovery_jobs(season)[0]
+    assert rebuild_run(job_id=job.pk).status == "published"
+    assert assert_matches_ledger(season) == current_manifest(season).version > 1
 
 
 @pytest.mark.parametrize("stolen_at", ["before_apply", "before_manifest", "before_publish"])

@@ -56,6 +56,7 @@ from leaderboard.views.materializer import (
     copy_changes_apply,
     copy_regions_boards,
     manifest_record,
+    replicas_wait,
     season_copies_build,
     season_epoch_run,
     season_epoch_run_locked,
@@ -460,7 +461,8 @@ def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season
     problems = rankview.copy_verify_counts(r, keys, shadow, range(shadow.layout.size), lookups=True)
     if problems:
         raise EpochError(f"shadow {shadow.copy} failed verification: {'; '.join(problems)}")
-    return (rankview.copy_finish(r, keys, token, shadow, watermark=watermark, version=version),
+    return (rankview.copy_finish(r, keys, token, shadow, watermark=watermark, version=version,
+                                 **replicas_wait()),
             {change[2] for change in changes})
 
 

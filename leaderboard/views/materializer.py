@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import psycopg
 import redis
@@ -52,6 +52,7 @@ from leaderboard.models import ACTIVE_REBUILD_STATUSES, PlayerScore, RebuildJob,
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
+from leaderboard.views.rankview.reads import copy_groups_hold
 from leaderboard.views.signals import version_published_on_commit
 from seasons.models import Season
 
@@ -121,6 +122,16 @@ class RebuildWanted:
     kind: str  # a RebuildJob.Kind
     layout: BucketLayout
     reason: str
+
+
+class ReplicasWait(TypedDict):
+    replicas: int
+    replicas_ms: int
+
+
+def replicas_wait() -> ReplicasWait:
+    """copy_finish's durability arguments from the settings (VIEW_REPLICAS_WAIT, _MS)."""
+    return {"replicas": settings.VIEW_REPLICAS_WAIT, "replicas_ms": settings.VIEW_REPLICAS_WAIT_MS}
 
 
 def season_keys(season: Season) -> rankview.Keys:
@@ -239,10 +250,11 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
 def _catch_up_quietly(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
                       read: StreamRead | None) -> float | None:
     # The version is already published: a failed catch-up only leaves the copy to the
-    # next epoch (applying: re-applied from its watermark; broken: rebuilt).
+    # next epoch (broken, or not acknowledged by the replicas: rebuilt; failed before its
+    # first chunk, still applying: re-applied from its watermark).
     try:
         return season_idle_copy_catch_up(season=season, r=r, keys=keys, token=token, read=read)
-    except (EpochError, rankview.FenceLost, rankview.CopyMismatch, redis.RedisError):
+    except (EpochError, rankview.FenceLost, rankview.CopyMismatch, rankview.ReplicasBehind, redis.RedisError):
         log.warning("season %s: idle copy not caught up; the next epoch applies its changes", season.slug,
                     exc_info=True)
         return None
@@ -282,8 +294,11 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
     its pointer swap. The copy keeps its old version number (its generation moves on,
     so that version now reads as expired) and stays exact if it was.
 
-    A crash part-way leaves the copy "applying" at its old watermark: the next epoch
-    re-applies from there with old scores read from the copy (changes are absolute).
+    A crash once its chunks began leaves the copy broken (a chunk spans slot groups
+    written one by one), and the next epoch rebuilds it; one before the first chunk
+    leaves it "applying" at its old watermark, re-applied from there with old scores read
+    from the copy (changes are absolute). With VIEW_REPLICAS_WAIT the copy is made ready
+    only once the masters' replicas acknowledged its writes (else broken, as above).
     `read`: the rows the epoch just read, used when they cover the range (else the
     stream is read). `season.final_version` is taken as the epoch refreshed it.
     Returns the milliseconds spent after the grace period, or None with nothing to do.
@@ -310,7 +325,8 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
                                      ties=idle.ties, regions=bool(idle.boards)))
     idle = rankview.copy_begin_mutation(r, keys, token, idle)
     copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes, exact=exact)
-    rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version, exact=exact)
+    rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version, exact=exact,
+                         **replicas_wait())
     return (time.monotonic() - started) * 1000
 
 
@@ -349,7 +365,11 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     season.refresh_from_db(fields=["published_version", "layout", "final_version"])
     current_version = rankview.pointer_get(r, keys)
     current = rankview.manifest_get(r, keys, current_version) if current_version else None
-    if current is not None and not rankview.copy_holds(r, keys, current):
+    if current is not None and not (rankview.copy_holds(r, keys, current)
+                                    and copy_groups_hold(r, keys, current)):
+        # The copy meta moved on, or a slot group no longer names the version's generation
+        # (a failover promoted a replica without writes the version counted): readers
+        # refuse it, so it is lost, not current, and a recovery build replaces it.
         current = None
     if current is None and season.published_version > 0:
         # Versions were published, but the pointer, its manifest or its copy is gone
@@ -414,7 +434,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     # Exact now: it applied every change committed before this epoch read the stream,
     # which is after any scan that built it.
     target = rankview.copy_finish(r, keys, token, target, watermark=head, version=version,
-                                  exact=True)
+                                  exact=True, **replicas_wait())
     as_of = datetime.now(UTC)
     manifest = Manifest(
         season=season.slug, version=version, as_of=as_of.isoformat(timespec="milliseconds"),
@@ -565,8 +585,8 @@ def season_copies_build(
     The rows stream out of PostgreSQL on a connection of the build's own
     (`_score_batches`), so progress and heartbeats still commit on Django's meanwhile.
     Each batch is encoded once, its bucket, key and checksum computed once for every
-    copy, and a helper thread sends batch i (one transaction per copy, fenced by `token`
-    when an epoch builds under its lease) while this one reads and encodes batch i+1:
+    copy, and a helper thread sends batch i (fenced slot-group scripts, every master at
+    once, fenced by `token` when an epoch builds under its lease) while this one reads and encodes batch i+1:
     Redis's inserts and Python's encoding overlap on two cores. Every write must report
     each of its members and fields as new: with the bucket sizes checked at the end, the
     copy then holds exactly the pairs its counts and checksums were computed from (a

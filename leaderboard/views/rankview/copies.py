@@ -30,6 +30,7 @@ from leaderboard.core.tiebreak import (
 from leaderboard.views.rankview.fence import (
     _HLEN_SUM,
     GroupOp,
+    ReplicasBehind,
     _fenced,
     copy_groups_stamp,
     group_unlink_call,
@@ -56,7 +57,7 @@ from leaderboard.views.rankview.wire import _script_call, nodes_round_trip, roun
 # ---------------------------------------------------------------------------- copies
 
 
-# Players per fenced chunk transaction of an epoch's apply.
+# Players per chunk of an epoch's apply (its fenced slot-group scripts, every master at once).
 APPLY_CHUNK = 2000
 
 @dataclass(slots=True)
@@ -289,12 +290,13 @@ class CopyMismatch(RuntimeError):
 def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
                old_scores: Mapping[str, IndexValue | None], new_scores: Mapping[str, IndexValue],
                regions: RegionMoves | None = None) -> dict[str, set[int]]:
-    """Move each changed player to its new score, in fenced MULTI/EXEC chunks.
+    """Move each changed player to its new score, in chunks of fenced slot-group scripts.
 
-    Each chunk is planned from the counts and checksums the previous one left and
-    writes them with its moves, so after a crash the copy is consistent at a chunk
-    boundary and re-planning from its lookup finishes the job. Returns the touched
-    buckets of each board ("" the global one).
+    Each chunk is planned from the counts and checksums the previous one left; its group
+    writes go to every master at once, then its counts to the copy meta. A chunk spans
+    slot groups written one by one, so a crash can leave one half-landed: the copy reads
+    as broken from its first chunk until the last landed, and the next epoch rebuilds a
+    copy left so. Returns the touched buckets of each board ("" the global one).
 
     `regions`: a copy with regional boards moves each player on their old and new
     region's boards in the same chunk, with the region shards, so a player is never on
@@ -525,12 +527,21 @@ def _board_ops(meta: CopyMeta, plan: EpochPlan) -> Iterator[tuple[int, str, list
 
 
 def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: Watermark,
-                version: int, exact: bool = False) -> CopyMeta:
+                version: int, exact: bool = False, replicas: int = 0, replicas_ms: int = 0) -> CopyMeta:
     """Mark the copy ready at `watermark`; `exact` only when it applied every change committed so far.
 
     Every group fence gets the copy's generation first (the one its manifests carry), so
-    a reader of a group this mutation did not write still finds the generation it expects."""
-    copy_groups_stamp(r, keys, meta.copy, meta.groups, token=token, gen=meta.gen)
+    a reader of a group this mutation did not write still finds the generation it expects.
+    `replicas`: the copy is made ready only once that many replicas of every master it
+    lives on acknowledged its writes (copy_groups_stamp); else it is marked broken (the
+    next epoch rebuilds it) and ReplicasBehind is raised: a copy a failover could take
+    writes from is never published."""
+    try:
+        copy_groups_stamp(r, keys, meta.copy, meta.groups, token=token, gen=meta.gen, replicas=replicas,
+                          replicas_ms=replicas_ms)
+    except ReplicasBehind:
+        copy_broken_mark(r, keys, meta.copy, token=token)
+        raise
     meta.watermark = watermark
     meta.state = STATE_READY
     meta.version = version

@@ -16,6 +16,7 @@ from leaderboard.views.rankview.wire import (
     _pack,
     _script_call,
     _transaction,
+    node_clients,
     nodes_packed_send,
     nodes_round_trip,
     slot_client,
@@ -25,6 +26,11 @@ from leaderboard.views.rankview.wire import (
 
 class FenceLost(RuntimeError):
     """Another coordinator holds the season now; this one must stop writing."""
+
+
+class ReplicasBehind(RuntimeError):
+    """Fewer replicas than required acknowledged a copy's writes in time: a failover now
+    could promote a replica without them, so the copy is not trusted."""
 
 
 def lease_acquire(r: redis.Redis, keys: Keys, *, token: int, ttl_ms: int) -> int | None:
@@ -341,7 +347,7 @@ def groups_replies_check(replies: list[Any]) -> list[Any]:
 
 
 def copy_groups_stamp(r: redis.Redis, keys: Keys, copy: str, groups: int, *, token: int | None,
-                      gen: int | None = None) -> None:
+                      gen: int | None = None, replicas: int = 0, replicas_ms: int = 0) -> None:
     """Write `token` (and `gen`, when given) into every group fence of a copy, all masters at once.
 
     A coordinator that takes a season over stamps its token into every group of every copy
@@ -350,7 +356,20 @@ def copy_groups_stamp(r: redis.Redis, keys: Keys, copy: str, groups: int, *, tok
     before lay inside a mutation it had opened in the control slot under the lease, which
     the copy meta shows. Raises FenceLost when a newer token got there first. `gen`: a
     copy made ready stamps its generation, the one its manifests carry, into every group,
-    so a reader that finds another in the group it read knows the copy moved under it."""
-    calls = [(fence, group_write_call(fence, token, gen, []))
-             for fence in (keys.fence(copy, group) for group in range(groups))]
-    groups_send(r, calls)
+    so a reader that finds another in the group it read knows the copy moved under it.
+
+    `replicas`: then WAIT for that many replicas of each master, on the connection the
+    stamps went on and after them. A master replicates its writes in one ordered stream,
+    so replicas that acknowledged the stamp hold every earlier write of that master too
+    (the copy's whole mutation or build, whichever connection sent it). ReplicasBehind
+    when a master got fewer acknowledgements within `replicas_ms`."""
+    fences = [keys.fence(copy, group) for group in range(groups)]
+    calls = [(fence, group_write_call(fence, token, gen, [])) for fence in fences]
+    if replicas > 0:
+        # One WAIT per master, routed by one of its own fences so it follows its stamps.
+        calls += [(fences[indexes[-1]], ("WAIT", replicas, replicas_ms))
+                  for _, indexes in node_clients(r, fences).values()]
+    acknowledged = [int(n) for n in groups_send(r, calls)[groups:]]
+    if any(n < replicas for n in acknowledged):
+        raise ReplicasBehind(f"copy {copy}: {min(acknowledged)} of {replicas} replicas acknowledged its writes "
+                             f"within {replicas_ms} ms on some master")

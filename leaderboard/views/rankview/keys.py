@@ -43,8 +43,8 @@ A season with regions keeps, in each copy, one more bucketed board per region be
 global one: the same layout and member encoding, holding only that region's players. A
 player's value is read from the global lookup and their region from the region shards,
 so a regional board costs its sorted-set members and one small hash field per player.
-The epoch moves a player between regional boards in the same chunk transactions that
-move them on the global board, and the copy meta and manifest carry every board's counts
+The epoch moves a player between regional boards in the same chunk (the same slot-group
+scripts) that moves them on the global board, and the copy meta and manifest carry every board's counts
 and checksums: one version, one copy generation, all boards.
 """
 

@@ -30,9 +30,11 @@ def manifest_store(r: redis.Redis, keys: Keys, manifest: Manifest, *, token: int
 
 
 def copy_holds(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
-    """Whether the manifest's copy still holds exactly its version.
+    """Whether the manifest's copy meta (in the control slot) still names its version.
 
-    The generation alone is not enough: a dropped and rebuilt copy (or one rebuilt after
+    The meta only: whether every slot group still holds the version's generation (a
+    failover can take a group's last writes) is reads.copy_groups_hold, one more round
+    trip to every master. The generation alone is not enough: a dropped and rebuilt copy (or one rebuilt after
     Redis lost it) counts its generations again from the start, so an old manifest could
     match it. Version numbers are never reused; (generation, version) is unique.
     """
