@@ -16,6 +16,7 @@ import pytest
 
 from leaderboard.redis_client import redis_cluster_of, redis_get
 from leaderboard.views import rankview
+from leaderboard.views.rankview import fence
 from seasons.models import Season
 from tests.conftest import redis_flush
 from tests.support import Events, apply_events, assert_matches_ledger, current_manifest, epoch, keys_of, publish
@@ -111,3 +112,19 @@ def test_a_group_write_refused_with_moved_is_sent_again_on_a_fresh_map(on_replic
     replies = rankview.groups_send(redis_get(), calls)
     assert replies == [[1]] * len(fences)
     assert [client.hget(fence, "token") for fence in fences] == [b"7"] * len(fences)
+
+
+def test_a_fenced_transaction_refused_with_moved_is_sent_again_on_a_fresh_map(on_replicated: LocalCluster) -> None:
+    """The control slot's fenced MULTI/EXEC on a stale map: the WATCH of the lease meets
+    MOVED on the old master, nothing of the transaction runs there, and it runs once on
+    the promoted replica."""
+    cluster = on_replicated
+    client = redis_cluster_of(redis_get())
+    assert client is not None
+    keys = rankview.Keys(prefix="lbt", season="redirect-control")
+    client.set(keys.copies, "before")  # the map knows the control slot's master
+    promoted = _manual_failover(cluster, cluster.key_master(keys.lease))
+    cluster.node(promoted).set(keys.lease, 11)  # around the client, whose map stays stale
+    assert fence._fenced(redis_get(), keys, 11, [("INCR", keys.due), ("SET", keys.copies, "after")]) == [1, b"OK"]
+    assert cluster.node(promoted).get(keys.copies) == b"after"
+    assert cluster.node(promoted).get(keys.due) == b"1"
