@@ -4,14 +4,17 @@ API error (reads, writes, the live socket), range messages that say "out of rang
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import redis
+import redis.asyncio
 from rest_framework.test import APIClient
 
 from leaderboard.api.errors import api_exception_handler
@@ -193,6 +196,17 @@ def test_a_cluster_with_every_node_stopped_answers_503_on_both_read_paths(
                 assert response.status_code == 503, (path, url, response.status_code, response.content[:300])
                 assert response.json()["error"] == "unavailable", (path, url)
                 assert response.headers["Retry-After"], (path, url)
+
+        async def live_round() -> None:
+            # A stopped node's URL: the live boards' own (asyncio) client finds no node either.
+            client = redis.asyncio.RedisCluster.from_url(f"redis://127.0.0.1:{cluster.ports[0]}")
+            try:
+                await live.pipeline_raw(cast(redis.asyncio.Redis, client), [("GET", "x")])
+            finally:
+                await client.aclose()
+
+        with pytest.raises(redis.exceptions.ConnectionError):
+            asyncio.run(live_round())
     finally:
         redis_get.cache_clear()
         rankview.manifest_cache_clear()

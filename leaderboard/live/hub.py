@@ -71,6 +71,7 @@ from leaderboard.core.ranking import Entry, ranked_values
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import IndexValue, index_key, index_value, lookup_value, value_score
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
+from leaderboard.redis_client import cluster_outage, cluster_unreachable
 from leaderboard.views import rankview
 from leaderboard.views.rankview.reads import groups_hold
 from leaderboard.views.rankview.wire import slot_batches
@@ -227,8 +228,9 @@ async def _nodes_pipeline_raw(r: redis.asyncio.RedisCluster, commands: list[Call
     order within a node, so the seqlock's reads of a slot group run after the group's
     data reads), every node's batch written before any reply is read. A stale slot map
     (a failover) drops the connections, refreshes the map and fails the round: the
-    round's caller reads the next version or retries."""
-    await r.initialize()
+    round's caller reads the next version or retries. No node answering is a redis
+    ConnectionError, as on the sync client (redis_client.cluster_outage)."""
+    await _cluster_call(r.initialize())
     nodes = r.nodes_manager
     batches = slot_batches(nodes, commands)
     taken = []
@@ -250,11 +252,22 @@ async def _nodes_pipeline_raw(r: redis.asyncio.RedisCluster, commands: list[Call
         for _, connection, _ in taken:
             await connection.disconnect()
         if isinstance(exc, redis.exceptions.RedisError):
-            await nodes.initialize()
+            await _cluster_call(nodes.initialize())
         raise
     finally:
         for node, connection, _ in taken:
             node.release(connection)
+
+
+async def _cluster_call(call: Awaitable[Any]) -> Any:
+    """An asyncio cluster client's call that may find no node or slot available: then the
+    outage every caller already handles (redis ConnectionError), not RedisClusterException."""
+    try:
+        return await call
+    except redis.exceptions.RedisClusterException as exc:
+        if not cluster_unreachable(exc):
+            raise
+        raise cluster_outage(exc) from exc
 
 
 async def _connection_acquire(node: Any) -> Any:
