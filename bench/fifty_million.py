@@ -186,12 +186,13 @@ def step_memory(args: argparse.Namespace, players: int, season: Any, out: dict[s
         # Every shard_stride-th lookup shard: players spread evenly over them (crc32 of the id).
         lookups = [keys.lookup(copy, k, groups=meta.groups) for k in range(0, meta.lookup_shards, args.shard_stride)]
         out[f"zsets_{copy}_per_player"] = memory.keys_usage(r, buckets, args.samples) / players
-        out[f"hashes_{copy}_per_player"] = memory.keys_usage(r, lookups, args.samples) / players
+        out[f"hashes_{copy}_per_player"] = (memory.keys_usage(r, lookups, args.samples) * meta.lookup_shards
+                                            / len(lookups) / players)
         out[f"shards_{copy}"] = meta.lookup_shards
-        out[f"listpacks_{copy}"] = memory.keys_listpacks(r, lookups)
+        out[f"listpacks_{copy}"] = f"{memory.keys_listpacks(r, lookups)} of {len(lookups)} sampled"
         print(f"#   copy {copy}: sorted sets {out[f'zsets_{copy}_per_player']:.1f} + lookup "
               f"{out[f'hashes_{copy}_per_player']:.1f} bytes/player (MEMORY USAGE), {meta.lookup_shards:,} shards, "
-              f"{out[f'listpacks_{copy}']:,} listpacks", flush=True)
+              f"listpacks: {out[f'listpacks_{copy}']}", flush=True)
     out["usage_seconds"] = time.perf_counter() - started
     with connection.cursor() as cursor:
         for table in ("leaderboard_playerscore", "leaderboard_scoreevent", "leaderboard_scorechange"):
@@ -319,10 +320,12 @@ def step_fresh(args: argparse.Namespace, players: int, season: Any, out: dict[st
 
 def step_final(args: argparse.Namespace, players: int, season: Any, out: dict[str, Any], env: dict[str, str]
                ) -> None:
-    """A FINAL candidate's reconciliation (every check, the full scans: what the lifecycle
-    tick runs before a candidate can be proposed), then the approval's INSERT ... SELECT and
-    hash and page reads in a transaction rolled back (bench/final.py; FINAL rows refuse
-    DELETE, so the season stays measurable)."""
+    """The approval's INSERT ... SELECT and hash and page reads in a transaction rolled back
+    (bench/final.py; FINAL rows refuse DELETE, so the season stays measurable), then, with
+    --candidate, a FINAL candidate's reconciliation (every check and the full scans: what
+    the lifecycle tick runs before a candidate can be proposed). Its full scan of the
+    index keeps every player's value in Python (~190 bytes a player measured at 1M): ~9.5
+    GB at 50M beside the views, more than this machine has, hence off by default."""
     import final
 
     from leaderboard.recovery.reconcile import version_reconcile
@@ -330,6 +333,10 @@ def step_final(args: argparse.Namespace, players: int, season: Any, out: dict[st
     from leaderboard.views import rankview
     from leaderboard.views.materializer import season_keys
 
+    out.update(final.run_once(season, players, explain=False))
+    print(f"# FINAL standings write {out['write_s']:.0f}s (hash alone {out['hash_s']:.0f}s), rolled back", flush=True)
+    if not args.candidate:
+        return
     r = redis_get()
     keys = season_keys(season)
     version = rankview.pointer_get(r, keys)
@@ -342,8 +349,6 @@ def step_final(args: argparse.Namespace, players: int, season: Any, out: dict[st
     out["python_max_rss_after_reconcile"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"# FINAL candidate reconciliation of v{version}: {out['candidate_reconcile_s']:.0f}s, "
           f"{'ok' if report.ok else report.failures()}", flush=True)
-    out.update(final.run_once(season, players, explain=False))
-    print(f"# FINAL standings write {out['write_s']:.0f}s (hash alone {out['hash_s']:.0f}s), rolled back", flush=True)
 
 
 # --------------------------------------------------------------------------- recovery
@@ -387,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-max-gb", type=float, default=16.0)
     parser.add_argument("--min-free-gb", type=float, default=2.0)
     parser.add_argument("--samples", type=int, default=5, help="MEMORY USAGE ... SAMPLES")
+    parser.add_argument("--shard-stride", type=int, default=16,
+                        help="MEMORY USAGE of every Nth lookup shard, scaled (memory step)")
+    parser.add_argument("--candidate", action="store_true",
+                        help="final step: also reconcile a FINAL candidate in full (needs ~190 bytes a player)")
     parser.add_argument("--changes", default="1k,10k", help="changed players per epoch (epoch step)")
     parser.add_argument("--epoch-repeats", type=int, default=5)
     parser.add_argument("--connections", type=int, default=32, help="wrk connections (reads step)")
