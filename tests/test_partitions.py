@@ -170,8 +170,11 @@ def test_the_same_new_event_id_on_two_partitions_at_once_is_a_conflict_not_an_er
 def test_two_shared_new_event_ids_in_opposite_orders_deadlock_into_conflicts_not_an_error(
         season_factory: Callable[..., Season]) -> None:
     """Batch A (partition 2) inserts x, then y; batch B (partition 5) inserts y, then x in
-    between: each waits for the other's insert. PostgreSQL aborts B (it waited first);
-    B runs again after A commits and sees both of A's events."""
+    between: each waits for the other's insert. PostgreSQL aborts B (the only session
+    whose deadlock check runs within the test); B runs again after A commits and sees
+    both of A's events. A holds its transaction open across two batches, which no
+    production writer does: were A the one aborted, only its second batch would roll
+    back and it would wait for B again."""
     season = season_factory(slug="opposite", partitions=8)
     (a,), (b,) = players_in(8, 2, 1, "a"), players_in(8, 5, 1, "b")
     base = {"match_id": "m", "completed_at": "2026-11-15T12:00:00Z"}
@@ -183,6 +186,8 @@ def test_two_shared_new_event_ids_in_opposite_orders_deadlock_into_conflicts_not
 
     def run_a() -> None:
         with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET deadlock_timeout = '60s'")
             apply(season, [x_a])
             first_done.set()
             assert go.wait(10)
@@ -190,7 +195,13 @@ def test_two_shared_new_event_ids_in_opposite_orders_deadlock_into_conflicts_not
 
     a_run = in_thread(run_a)
     assert first_done.wait(10)
-    b_run = in_thread(lambda: apply(season, [y_b, x_b]))
+    def run_b() -> ApplyResult:
+        with connection.cursor() as cursor:
+            # Long enough for A's second insert to close the cycle before B checks.
+            cursor.execute("SET deadlock_timeout = '3s'")
+        return apply(season, [y_b, x_b])
+
+    b_run = in_thread(run_b)
     time.sleep(0.5)  # B has inserted y and waits for A's x
     go.set()
     a_run.result(timeout=20)

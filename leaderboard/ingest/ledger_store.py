@@ -280,14 +280,13 @@ SELECT 1
 
 
 def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-                     regions: Mapping[str, str] | None = None, partitions: Mapping[str, int] | None = None) -> None:
+                     partitions: Mapping[str, int], regions: Mapping[str, str] | None = None) -> None:
     """Write the plan; `regions` are the batch's players' regions in the season
     (player_regions_fetch; none for a season without regions). A score write never moves
     a player's region: a new player takes it, an existing one keeps its own. `partitions`:
-    each changed player's ledger partition (none: all in partition 0); each partition's
-    changes take that partition's next commit number."""
+    every player of the batch's ledger partition (the one whose lock the batch holds);
+    each partition's changes take that partition's next commit number."""
     regions = regions or {}
-    partitions = partitions or {}
     if plan.conflicts:
         ScoreEventConflict.objects.bulk_create(
             ScoreEventConflict(
@@ -367,7 +366,7 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "c_reached": _text_array([utc(c.reached_at) for c in changes]),
         "c_old_reached": _text_array([utc(c.old_reached_at) for c in changes]),
         "c_region": _text_array([regions.get(c.player_id, "") for c in changes]),
-        "c_part": _int_array(change_parts := [partitions.get(c.player_id, 0) for c in changes]),
+        "c_part": _int_array(change_parts := [partitions[c.player_id] for c in changes]),
         "parts": _int_array(sorted(set(change_parts))),
     }
     with connection.cursor() as cursor:
@@ -419,7 +418,7 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
                 season_id=season_id, player_id=c.player_id, old_score=c.old_score,
                 new_score=c.new_score, score_version=c.score_version, event_id=c.event_id,
                 reached_at=c.reached_at, old_reached_at=c.old_reached_at, committed_at=now,
-                txid=partitions.get(c.player_id, 0) << TXID_PARTITION_SHIFT,
+                txid=partitions[c.player_id] << TXID_PARTITION_SHIFT,
                 region=regions.get(c.player_id, ""), old_region=regions.get(c.player_id, ""),
             )
             for c in plan.changes
