@@ -74,11 +74,6 @@ class Season(models.Model):
         return BucketLayout.from_dict(self.layout)
 
     @property
-    def partition_ids(self) -> range:
-        """The ids of the partitions new writes go to."""
-        return range(self.partition_base, self.partition_base + self.partitions)
-
-    @property
     def ingest_watermark(self) -> Watermark | None:
         """The seal's watermark (None before the seal)."""
         if self.ingest_watermark_txid is None:

@@ -117,11 +117,6 @@ class Watermark:
         """How many partitions it names (the ones after them are at their start)."""
         return len(self.cursors)
 
-    @property
-    def single_cursor(self) -> Cursor:
-        """Partition 0's cursor: the whole watermark when the stream has one partition."""
-        return self.cursors[0]
-
     def covers(self, txid: int, id: int) -> bool:  # noqa: A002 - the column's name
         """Whether the change (txid, id) is at or before this watermark (in its partition)."""
         return (txid, id) <= self.cursor(txid >> TXID_PARTITION_SHIFT)
