@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import zlib
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from leaderboard.core.partitions import (
+    MAX_PARTITIONS,
     TXID_PARTITION_SHIFT,
     Watermark,
     layout_check,
@@ -20,6 +25,7 @@ from leaderboard.core.partitions import (
     txid_partition,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 players = st.text(min_size=1, max_size=64)
 
 
@@ -132,3 +138,16 @@ def test_stream_heads_watermark_covers_every_id_at_or_below_each_head() -> None:
     assert w.covers(7, 10**12) and not w.covers(8, 1)
     assert not w.covers(*_cursor(1, 1, 1))  # partition 1: nothing committed yet
     assert w.covers(*_cursor(2, 3, 99)) and not w.covers(*_cursor(2, 4, 1))
+
+
+def test_season_partitions_above_the_maximum_stop_the_process_at_start() -> None:
+    """SEASON_PARTITIONS is bounded like a season's count (layout_check): a value above
+    MAX_PARTITIONS is refused when the settings load, not at the first season created."""
+    env = {**os.environ, "SEASON_PARTITIONS": str(MAX_PARTITIONS + 1), "SECRET_KEY": "x"}
+    refused = subprocess.run([sys.executable, "-c", "import config.settings"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and f"SEASON_PARTITIONS must be <= {MAX_PARTITIONS}" in refused.stderr
+    env["SEASON_PARTITIONS"] = str(MAX_PARTITIONS)
+    accepted = subprocess.run([sys.executable, "-c", "import config.settings"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert accepted.returncode == 0, accepted.stderr
