@@ -394,6 +394,9 @@ def test_a_current_copy_whose_slot_group_lost_writes_is_lost_not_idle(season: Se
     r.hset(keys.fence(current.copy, current.groups - 1), "gen", current.gen - 1)
     result = epoch(season)  # no new change: still not idle
     assert result.status == "lost" and result.rebuild_wanted is not None, result
+    # A change meanwhile: the recovery does not take the lost version for a live one to
+    # bring up to date before it compares.
+    post_ok(post_scores, season, [ev.result("a", 40)])
     job = recovery_jobs(season)[0]
     assert rebuild_run(job_id=job.pk).status == "published"
     assert assert_matches_ledger(season) == current_manifest(season).version > 1

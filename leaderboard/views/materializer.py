@@ -129,6 +129,14 @@ class ReplicasWait(TypedDict):
     replicas_ms: int
 
 
+def version_holds(*, r: redis.Redis, keys: rankview.Keys, manifest: Manifest) -> bool:
+    """Whether a published version's copy still holds it: its meta names the version, and
+    every slot group names its generation. A group that does not lost writes the version
+    counted (a failover promoted a replica without them): readers refuse the version, so
+    it is lost, not current, and a recovery build replaces it."""
+    return rankview.copy_holds(r, keys, manifest) and copy_groups_hold(r, keys, manifest)
+
+
 def replicas_wait() -> ReplicasWait:
     """copy_finish's durability arguments from the settings (VIEW_REPLICAS_WAIT, _MS)."""
     return {"replicas": settings.VIEW_REPLICAS_WAIT, "replicas_ms": settings.VIEW_REPLICAS_WAIT_MS}
@@ -365,11 +373,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     season.refresh_from_db(fields=["published_version", "layout", "final_version"])
     current_version = rankview.pointer_get(r, keys)
     current = rankview.manifest_get(r, keys, current_version) if current_version else None
-    if current is not None and not (rankview.copy_holds(r, keys, current)
-                                    and copy_groups_hold(r, keys, current)):
-        # The copy meta moved on, or a slot group no longer names the version's generation
-        # (a failover promoted a replica without writes the version counted): readers
-        # refuse it, so it is lost, not current, and a recovery build replaces it.
+    if current is not None and not version_holds(r=r, keys=keys, manifest=current):
         current = None
     if current is None and season.published_version > 0:
         # Versions were published, but the pointer, its manifest or its copy is gone
