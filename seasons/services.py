@@ -157,7 +157,7 @@ def season_regions_set(*, season: Season, regions: Sequence[str], actor: Actor, 
 
 
 def _locked_season(season: Season) -> Season:
-    """Take the season's write lock (ingest writers take it too) and re-read the row."""
+    """Take the season's write lock (exclusive: ingest batches hold it shared) and re-read the row."""
     ledger_store.season_write_lock(season_id=season.pk)
     return Season.objects.select_for_update().get(pk=season.pk)
 

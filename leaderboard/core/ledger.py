@@ -131,7 +131,7 @@ def batch_plan(
     `recorded` holds earlier ledger rows for the batch's event ids, `current` the current
     state of the batch's players; neither is mutated. `digests`, when given, are the
     events' payload hashes, in order: the service computes them before it takes the
-    season lock, since hashing is a third of this function's time.
+    partitions' locks, since hashing is a third of this function's time.
     """
     if digests is None:
         digests = [event.payload_hash() for event in events]

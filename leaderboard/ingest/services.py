@@ -56,8 +56,8 @@ def score_events_apply(
 ) -> ApplyResult:
     """Apply one validated batch to the ledger (docs/rules.md, Writes: per-event outcomes) in a single transaction.
 
-    A constant number of statements per batch, whatever its size: lock the season's
-    writers, fetch prior events and player states, decide in memory, write everything
+    A constant number of statements per batch, whatever its size: lock the batch's ledger
+    partitions, fetch prior events and player states, decide in memory, write everything
     (ledger, current scores, change stream) in one set-based statement.
 
     `actor` is the staff member whose approved correction this is (the revocation flow):
@@ -65,8 +65,8 @@ def score_events_apply(
     (`client`) is recorded as `held` and queued for staff review. `public_reason` is what
     the public FINAL corrections list says of a change to a FINAL season.
 
-    The locks are those of the batch's ledger partitions only (docs/architecture.md,
-    Partitions): batches on disjoint partitions run in parallel. An event id is unique in
+    The locks are the season's, shared, and those of the batch's ledger partitions
+    (docs/architecture.md, Partitions): batches on disjoint partitions run in parallel. An event id is unique in
     the season across partitions; when a batch on another partition inserts the same new
     event id at the same moment, the unique index makes this one wait for it and fail,
     and the whole batch runs again: its event then sees the other's and is a duplicate or
