@@ -8,6 +8,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
@@ -40,8 +41,9 @@ NOW = datetime.now(UTC)
 
 def test_create_season_writes_the_season_and_an_audit_row() -> None:
     out = create_season("winter-2026", "2026-11-01T00:00:00Z", iso(NOW + timedelta(days=30)))
-    assert out.strip() == "season winter-2026 created, state OPEN"
     season = Season.objects.get(slug="winter-2026")
+    assert out.strip() == f"season winter-2026 created, state OPEN, {season.partitions} ledger partitions"
+    assert season.partitions == settings.SEASON_PARTITIONS
     assert season.name == "Winter 2026"
     assert season.starts_at == datetime(2026, 11, 1, tzinfo=UTC)
     assert season.state == "OPEN"
@@ -64,7 +66,7 @@ def test_create_season_initial_state_follows_the_clock(
     start_offset: timedelta, cutoff_offset: timedelta, state: str
 ) -> None:
     out = create_season("s", iso(NOW + start_offset), iso(NOW + cutoff_offset))
-    assert out.strip() == f"season s created, state {state}"
+    assert out.strip() == f"season s created, state {state}, {settings.SEASON_PARTITIONS} ledger partitions"
     assert Season.objects.get(slug="s").state == state
 
 
