@@ -73,7 +73,7 @@ from leaderboard.core.tiebreak import IndexValue, index_key, index_value, lookup
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.redis_client import cluster_outage, cluster_unreachable
 from leaderboard.views import rankview
-from leaderboard.views.rankview.reads import groups_hold
+from leaderboard.views.rankview.reads import seqlock_commands, seqlock_holds
 from leaderboard.views.rankview.wire import slot_batches
 from leaderboard.views.selectors import leaderboard_reader, read_unavailable
 from seasons.models import Season
@@ -389,15 +389,10 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     keyed = {value: index_key(layout, ties, value) for value in rank_queries}
     counts: list[Call] = [("ZCOUNT", bucket_key(keyed[value][0]), "-inf", f"({keyed[value][1]}")
                           for value in rank_queries]
-    # Each group's `gen` on its node after every read of it (the earlier round trips
-    # answered before this one was sent), and the copy meta's (generation, version).
-    fences = sorted(touched)
-    replies = yield [*counts, *(("HGET", keys.fence(copy, group), "gen") for group in fences),
-                     ("HMGET", keys.copy_meta(copy), "gen", "version")]
-    gen, version = replies[-1]
-    if gen is None or version is None or int(gen) != manifest.gen or int(version) != manifest.version:
-        raise rankview.Torn()
-    if not groups_hold(manifest, replies[len(counts):-1]):
+    # The seqlock's reads after every data read (the earlier round trips answered before
+    # this one was sent).
+    replies = yield [*counts, *seqlock_commands(keys, manifest, sorted(touched))]
+    if not seqlock_holds(manifest, replies[len(counts):]):
         raise rankview.Torn()
     rank_of_score = {
         value: bucket_rank(manifest.higher, keyed[value][0], int(replies[index]))

@@ -185,11 +185,8 @@ class RankReader:
         """The replies of `commands`, sent in one round trip with the seqlock's reads after
         them: the `gen` of each slot group in `groups` and the copy's (generation, version).
         Raises _Torn when the copy moved, or with `started` when the read is past its deadline."""
-        fences = [("HGET", self.keys.fence(manifest.copy, group), "gen") for group in dict.fromkeys(groups)]
-        replies = round_trip(self.r, [*commands, *fences, ("HMGET", self.keys.copy_meta(manifest.copy), "gen",
-                                                           "version")])
-        gen, held = replies.pop()
-        if not _holds(manifest, gen, held) or not groups_hold(manifest, replies[len(commands):]):
+        replies = round_trip(self.r, [*commands, *seqlock_commands(self.keys, manifest, groups)])
+        if not seqlock_holds(manifest, replies[len(commands):]):
             raise _Torn()
         if started is not None and time.monotonic() - started > self.deadline:
             raise _Torn()
@@ -463,6 +460,19 @@ class RankReader:
             except _Torn:
                 self._torn_pinned(version)
         raise Unavailable()
+
+
+def seqlock_commands(keys: Keys, manifest: Manifest, groups: Iterable[int]) -> list[tuple[Any, ...]]:
+    """The reads that close a checked round trip, after its data reads: the `gen` of each
+    slot group in `groups` (on that group's node) and the copy's (generation, version)."""
+    fences = [("HGET", keys.fence(manifest.copy, group), "gen") for group in dict.fromkeys(groups)]
+    return [*fences, ("HMGET", keys.copy_meta(manifest.copy), "gen", "version")]
+
+
+def seqlock_holds(manifest: Manifest, replies: list[Any]) -> bool:
+    """Whether the replies of `seqlock_commands` say the copy still holds the version."""
+    gen, held = replies[-1]
+    return _holds(manifest, gen, held) and groups_hold(manifest, replies[:-1])
 
 
 def groups_hold(manifest: Manifest, gens: Iterable[bytes | None]) -> bool:
