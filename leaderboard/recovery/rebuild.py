@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -592,20 +593,20 @@ def season_split_recommendations(*, season: Season, window_seconds: float = 600.
         changes[live.layout.bucket_of(score)] += 1
     parts = 4
     quantiles: dict[int, list[int]] = {}
-    with r.pipeline(transaction=False) as pipe:
-        order = []
-        for bucket, count in enumerate(live.counts):
-            if count >= parts:
-                for k in range(1, parts):
-                    pipe.zrange(keys.bucket(live.copy, live.layout.layout_id, bucket, groups=live.groups),
-                                count * k // parts,
-                                count * k // parts, withscores=True)
-                    order.append(bucket)
-        replies = pipe.execute()
+    order: list[int] = []
+    commands: list[tuple[Any, ...]] = []
+    for bucket, count in enumerate(live.counts):
+        if count >= parts:
+            key = keys.bucket(live.copy, live.layout.layout_id, bucket, groups=live.groups)
+            for k in range(1, parts):
+                commands.append(("ZRANGE", key, count * k // parts, count * k // parts, "WITHSCORES"))
+                order.append(bucket)
+    replies = rankview.round_trip(r, commands) if commands else []
     for bucket, reply in zip(order, replies, strict=True):
         if reply:
+            member_score = reply[0] if isinstance(reply[0], list) else reply  # RESP3 nests the pair
             # Boundaries go just above a quantile score, so its ties stay on one side.
-            score = value_score(index_value(live.layout, live.ties, bucket, reply[0][1]))
+            score = value_score(index_value(live.layout, live.ties, bucket, float(member_score[1])))
             quantiles.setdefault(bucket, []).append(score + 1)
     return split_recommendations(layout=live.layout, counts=live.counts, changes=changes,
                                  quantile_scores=quantiles, parts=parts)
