@@ -63,8 +63,8 @@ from leaderboard.views.materializer import (
     season_epoch_run_locked,
     season_keys,
     season_lease_acquire,
-    version_holds,
 )
+from leaderboard.views.rankview.reads import version_holds
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -363,7 +363,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             raise RebuildError(f"shadow copy {job.copy} is gone")
         live_version = rankview.pointer_get(r, keys)
         live = rankview.manifest_get(r, keys, live_version) if live_version else None
-        if live is not None and not version_holds(r=r, keys=keys, manifest=live):
+        if live is not None and not version_holds(r, keys, live):
             live = None  # its copy is gone or lost writes: nothing to compare with
         if live is not None and _changes_after(season, live.watermark):
             # Publish a live version of everything committed first (we hold the lease), and

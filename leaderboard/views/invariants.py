@@ -28,7 +28,7 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, board_check, board_sample, stratified_positions, version_boards
 from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score, value_token
 from leaderboard.views import rankview
-from leaderboard.views.rankview.reads import copy_groups_hold
+from leaderboard.views.rankview.reads import version_holds
 
 # Sampled positions read at once: each costs a few round trips that mostly wait on Redis.
 SAMPLE_READERS = 8
@@ -60,8 +60,8 @@ def version_check(
     if manifest is None:
         report.add("manifest", False, f"manifest of version {wanted} is gone")
         return report
-    if not rankview.copy_holds(r, keys, manifest):
-        report.add("copy", False, f"copy {manifest.copy} no longer holds version {wanted}")
+    if not version_holds(r, keys, manifest):
+        report.add("copy", False, f"copy {manifest.copy} no longer holds version {wanted} (its meta or a slot group)")
         return report
 
     boards = version_boards(manifest)
@@ -74,7 +74,7 @@ def version_check(
         _check_sampled_ranks(r, keys, board, report, sample=board_sample(sample, board=board, regions=len(boards) - 1),
                              seed=seed)
 
-    if not rankview.copy_holds(r, keys, manifest) or not copy_groups_hold(r, keys, manifest):
+    if not version_holds(r, keys, manifest):
         report.add("copy", False, "the copy was mutated during the check; its results are void")
     return report
 

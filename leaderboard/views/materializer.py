@@ -52,7 +52,7 @@ from leaderboard.models import ACTIVE_REBUILD_STATUSES, PlayerScore, RebuildJob,
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
-from leaderboard.views.rankview.reads import copy_groups_hold
+from leaderboard.views.rankview.reads import version_holds
 from leaderboard.views.signals import version_published_on_commit
 from seasons.models import Season
 
@@ -127,14 +127,6 @@ class RebuildWanted:
 class ReplicasWait(TypedDict):
     replicas: int
     replicas_ms: int
-
-
-def version_holds(*, r: redis.Redis, keys: rankview.Keys, manifest: Manifest) -> bool:
-    """Whether a published version's copy still holds it: its meta names the version, and
-    every slot group names its generation. A group that does not lost writes the version
-    counted (a failover promoted a replica without them): readers refuse the version, so
-    it is lost, not current, and a recovery build replaces it."""
-    return rankview.copy_holds(r, keys, manifest) and copy_groups_hold(r, keys, manifest)
 
 
 def replicas_wait() -> ReplicasWait:
@@ -373,7 +365,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     season.refresh_from_db(fields=["published_version", "layout", "final_version"])
     current_version = rankview.pointer_get(r, keys)
     current = rankview.manifest_get(r, keys, current_version) if current_version else None
-    if current is not None and not version_holds(r=r, keys=keys, manifest=current):
+    if current is not None and not version_holds(r, keys, current):
         current = None
     if current is None and season.published_version > 0:
         # Versions were published, but the pointer, its manifest or its copy is gone

@@ -33,10 +33,11 @@ def copy_holds(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
     """Whether the manifest's copy meta (in the control slot) still names its version.
 
     The meta only: whether every slot group still holds the version's generation (a
-    failover can take a group's last writes) is reads.copy_groups_hold, one more round
-    trip to every master. The generation alone is not enough: a dropped and rebuilt copy (or one rebuilt after
-    Redis lost it) counts its generations again from the start, so an old manifest could
-    match it. Version numbers are never reused; (generation, version) is unique.
+    failover can take a group's last writes) is reads.version_holds, which reads the meta
+    too, in one round trip to every master. The generation alone is not enough: a dropped
+    and rebuilt copy (or one rebuilt after Redis lost it) counts its generations again from
+    the start, so an old manifest could match it. Version numbers are never reused;
+    (generation, version) is unique.
     """
     gen, version, groups = r.hmget(keys.copy_meta(manifest.copy), ["gen", "version", "groups"])
     # A copy that records no slot groups was made before its keys were spread over them:

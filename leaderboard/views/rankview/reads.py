@@ -484,8 +484,12 @@ def groups_hold(manifest: Manifest, gens: Iterable[bytes | None]) -> bool:
     return all(gen is not None and int(gen) == manifest.gen for gen in gens)
 
 
-def copy_groups_hold(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
-    """Whether every slot group of the manifest's copy still holds the version (`groups_hold`),
-    read in one round trip (on a cluster, every node at once)."""
-    gens = round_trip(r, [("HGET", keys.fence(manifest.copy, group), "gen") for group in range(manifest.groups)])
-    return groups_hold(manifest, gens)
+def version_holds(r: redis.Redis, keys: Keys, manifest: Manifest) -> bool:
+    """Whether a published version's copy still holds it: its meta names the version, and
+    every slot group names its generation (the seqlock over the whole copy), in one round
+    trip (on a cluster, every node at once). A group that does not lost writes the version
+    counted (a failover promoted a replica without them): readers refuse the version, so
+    it is lost, not current, and a recovery build replaces it. A copy from before slot
+    groups has no fences under these names, so it holds no version either."""
+    replies = round_trip(r, seqlock_commands(keys, manifest, range(manifest.groups)))
+    return seqlock_holds(manifest, replies)
