@@ -19,6 +19,7 @@ from config.env import (
     env_url,
     env_urls,
 )
+from config.ledger_urls import ledger_databases_parse
 from leaderboard.core.partitions import MAX_PARTITIONS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -113,7 +114,14 @@ elif _db["ENGINE"] == "django.db.backends.postgresql" and env_int("DB_POOL_SIZE"
             "timeout": env_float("DB_POOL_TIMEOUT", 10.0, minimum=0.1),
         },
     }
-DATABASES = {"default": _db}
+# Ledger partitions of new seasons in PostgreSQL databases of their own (docs/operations.md,
+# Ledger databases): "4-7=postgresql://host/lb_ledger_b ..."; each database is the alias
+# ledger_<name>. A season records where its partitions live when it is created
+# (Season.ledger_databases), so a later change applies to new seasons only.
+LEDGER_PARTITION_URLS = env_str("LEDGER_PARTITION_URLS", "") or ""
+_ledger_databases, LEDGER_PARTITION_ALIASES = ledger_databases_parse(
+    LEDGER_PARTITION_URLS, default=_db, max_partitions=MAX_PARTITIONS)
+DATABASES = {"default": _db, **_ledger_databases}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: the materialized views; the Celery broker and the channel layer, by default

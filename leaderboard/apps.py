@@ -7,6 +7,8 @@ class LeaderboardConfig(AppConfig):
 
     def ready(self) -> None:
         # The live boards subscribe to publications; the views never import them.
+        # Registers the system check of the seasons' ledger databases.
+        import leaderboard.ledger_databases  # noqa: F401
         from leaderboard.live.hub import live_version_published
         from leaderboard.recovery.rebuild import rebuild_job_queued
         from leaderboard.tasks import rebuild_job_enqueue

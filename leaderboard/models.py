@@ -33,7 +33,9 @@ class ScoreEvent(models.Model):
     # deferred FK check and each extra index costs every one of a batch's rows inside
     # the season write lock (17.0k vs 13.6k events/s measured, README). Seasons and API
     # clients are never deleted (PROTECT still holds in the ORM), the writers read the
-    # season under the lock, and the composite indexes all lead with season_id.
+    # season under the lock, and the composite indexes all lead with season_id. A ledger
+    # partition may also live in a database of its own (LEDGER_PARTITION_URLS) that holds
+    # no Season or ApiClient rows, where such a constraint could never hold.
     season = models.ForeignKey(
         "seasons.Season", on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False
     )
@@ -72,11 +74,13 @@ class ScoreEventConflict(models.Model):
     never applied, written in the batch's transaction. Append-only, like the ledger
     (migration 0010); the console shows it on the player's and the season's pages."""
 
-    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+")
+    # No database FK constraints: a ledger partition's rows may live in a database of its own
+    # (LEDGER_PARTITION_URLS), which holds no Season or ApiClient rows (see ScoreEvent).
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+", db_constraint=False)
     event_id = models.CharField(max_length=64)
     payload_hash = models.CharField(max_length=64)
     payload = models.JSONField()
-    client = models.ForeignKey(ApiClient, null=True, on_delete=models.PROTECT, related_name="+")
+    client = models.ForeignKey(ApiClient, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False)
     received_at = models.DateTimeField()
 
     class Meta:
@@ -170,6 +174,30 @@ class StreamHead(models.Model):
     head = models.BigIntegerField(default=0)
 
 
+class LedgerEventClaim(models.Model):
+    """An event id taken in a season whose ledger partitions span databases (in "default").
+
+    Each database's unique index only sees its own partitions' events, so a batch claims
+    its new event ids here, committed before any partition's write: the claim keeps an
+    event id unique in the season across databases and names the partition (so the
+    database) that records it (docs/architecture.md, Ledger databases). Seasons in one
+    database write none.
+    """
+
+    # A hot table, like ScoreEvent: no FK constraint or season-only index.
+    season = models.ForeignKey(
+        "seasons.Season", on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False
+    )
+    event_id = models.CharField(max_length=64)
+    partition = models.PositiveSmallIntegerField()
+    payload_hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["season", "event_id"], name="ledger_event_claim_unique_event_id"),
+        ]
+
+
 class Manifest(models.Model):
     """A published leaderboard version, as recorded after its pointer swap in Redis."""
 
@@ -228,7 +256,9 @@ class LateResult(models.Model):
         APPLIED = "applied"
         DISMISSED = "dismissed"
 
-    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+")
+    # Next to its ledger row, in the partition's database, which holds no Season rows: no
+    # FK constraint to the season (the one to the ledger row stays, same database).
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+", db_constraint=False)
     ledger_event = models.OneToOneField(ScoreEvent, on_delete=models.PROTECT, related_name="late_result")
     player_id = models.CharField(max_length=64)
     best_score = models.IntegerField()

@@ -45,6 +45,11 @@ class Season(models.Model):
     # season_repartition command moves a season to a new layout numbered above this one.
     partitions = models.PositiveSmallIntegerField(default=1)
     partition_base = models.PositiveSmallIntegerField(default=0)
+    # The database alias of each partition id (index), recorded at creation from
+    # LEDGER_PARTITION_URLS (leaderboard.ledger_databases); empty: every partition in
+    # "default". Kept whatever the setting says later, so no row is ever looked for in
+    # another database than the one it was written to.
+    ledger_databases = models.JSONField(default=list, blank=True)
     final_version = models.BigIntegerField(null=True, blank=True)
     finalized_at = models.DateTimeField(null=True, blank=True)
     # The season's fixed set of regions (docs/rules.md, Regional and friends boards): each

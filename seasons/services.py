@@ -34,6 +34,7 @@ from leaderboard.core.season_options import (
 from leaderboard.core.tiebreak import first_reached_problem, reached_text
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import changes_after_q, stream_last_watermark
+from leaderboard.ledger_databases import ledger_placement_extended, ledger_placement_for
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import ScoreChange
 from leaderboard.recovery.reconcile import display_order_sql, version_reconcile
@@ -86,7 +87,7 @@ def season_create(
         season = Season.objects.create(
             slug=slug, name=name, starts_at=starts_at, cutoff=cutoff, state=state.value,
             layout=(layout or BucketLayout.uniform()).as_dict(), regions=list(regions), tie_break=tie_break,
-            partitions=partitions,
+            partitions=partitions, ledger_databases=ledger_placement_for(partitions=partitions),
         )
         audit_log(
             actor=actor,
@@ -99,6 +100,7 @@ def season_create(
                 "starts_at": starts_at.isoformat(), "cutoff": cutoff.isoformat(),
                 "buckets": len(season.layout["lower_bounds"]),
                 "regions": season.regions, "tie_break": season.tie_break, "partitions": partitions,
+                **({"ledger_databases": season.ledger_databases} if season.ledger_databases else {}),
             },
         )
     return season
@@ -125,9 +127,16 @@ def season_repartition(*, season: Season, partitions: int, actor: Actor, reason:
             layout_check(base=base, partitions=partitions)
         except ValueError as exc:
             raise SeasonError(str(exc)) from exc
+        try:
+            # A repartition's new partitions live where the old ones do: no row moves, so a
+            # season split over databases cannot be repartitioned.
+            placement = ledger_placement_extended(season=locked, partitions=partitions)
+        except ValueError as exc:
+            raise SeasonError(f"{exc}: a season split over ledger databases cannot be repartitioned") from exc
         before = {"partitions": locked.partitions, "partition_base": locked.partition_base}
         locked.partitions, locked.partition_base = partitions, base
-        locked.save(update_fields=["partitions", "partition_base"])
+        locked.ledger_databases = placement
+        locked.save(update_fields=["partitions", "partition_base", "ledger_databases"])
         audit_log(actor=actor, action="season.repartitioned", target_type="season", target_id=locked.slug,
                   season_slug=locked.slug, before=before,
                   after={"partitions": partitions, "partition_base": base}, reason=reason)

@@ -96,6 +96,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, reason in missing.items():
             if reason is not None and item.get_closest_marker(marker) is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
+    ledger_databases_allow(items)
+
+
+def ledger_databases_allow(items: list[pytest.Item]) -> None:
+    """With LEDGER_PARTITION_URLS set, a season's ledger rows live in several databases:
+    every test that uses a database may use all of them (pytest-django then creates, and
+    empties between tests, each one's test database). Unset, nothing changes."""
+    if not os.environ.get("LEDGER_PARTITION_URLS"):
+        return
+    for item in items:
+        marker = item.get_closest_marker("django_db")
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if marker is None and not fixtures & {"db", "transactional_db", "live_server"}:
+            continue
+        kwargs = dict(marker.kwargs) if marker is not None else {}
+        if marker is None and fixtures & {"transactional_db", "live_server"}:
+            kwargs["transaction"] = True
+        kwargs["databases"] = "__all__"
+        args = marker.args if marker is not None else ()
+        item.add_marker(pytest.mark.django_db(*args, **kwargs), append=False)
 
 
 # Ledger partitions of the seasons tests create (unless a test names its own): 1, so the

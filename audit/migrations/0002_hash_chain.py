@@ -16,17 +16,19 @@ def chain_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
 
     entry_model = apps.get_model("audit", "AuditEntry")
     head_model = apps.get_model("audit", "AuditChainHead")
+    # The database being migrated (every ledger database runs these migrations too).
+    db = schema_editor.connection.alias
     prev, seq = GENESIS, 0
-    for entry in entry_model.objects.order_by("id").iterator(chunk_size=2000):
+    for entry in entry_model.objects.using(db).order_by("id").iterator(chunk_size=2000):
         seq += 1
         content = {f: getattr(entry, f) for f in (
             "created_at", "actor_type", "actor_id", "actor_label", "action", "target_type", "target_id",
             "season_slug", "before", "after", "reason")}
         content["seq"] = seq
         digest = row_hash(prev_hash=prev, content=content)
-        entry_model.objects.filter(pk=entry.pk).update(seq=seq, prev_hash=prev, row_hash=digest)
+        entry_model.objects.using(db).filter(pk=entry.pk).update(seq=seq, prev_hash=prev, row_hash=digest)
         prev = digest
-    head_model.objects.create(pk=1, seq=seq, row_hash=prev if seq else "")
+    head_model.objects.using(db).create(pk=1, seq=seq, row_hash=prev if seq else "")
 
 
 class Migration(migrations.Migration):

@@ -31,20 +31,23 @@ def roles_create(apps, schema_editor):  # type: ignore[no-untyped-def]
     content_type_model = apps.get_model("contenttypes", "ContentType")
     permission_model = apps.get_model("auth", "Permission")
     group_model = apps.get_model("auth", "Group")
-    content_type, _ = content_type_model.objects.get_or_create(app_label="seasons", model="staffconsole")
+    # The database being migrated (every ledger database runs these migrations too).
+    db = schema_editor.connection.alias
+    content_type, _ = content_type_model.objects.using(db).get_or_create(app_label="seasons", model="staffconsole")
     permissions = {
-        codename: permission_model.objects.get_or_create(
+        codename: permission_model.objects.using(db).get_or_create(
             content_type=content_type, codename=codename, defaults={"name": name}
         )[0]
         for codename, name in PERMISSIONS.items()
     }
     for role, codenames in ROLES.items():
-        group, _ = group_model.objects.get_or_create(name=role)
+        group, _ = group_model.objects.using(db).get_or_create(name=role)
         group.permissions.set([permissions[c] for c in codenames])
 
 
 def roles_remove(apps, schema_editor):  # type: ignore[no-untyped-def]
-    apps.get_model("auth", "Group").objects.filter(name__in=list(ROLES)).delete()
+    apps.get_model("auth", "Group").objects.using(schema_editor.connection.alias).filter(
+        name__in=list(ROLES)).delete()
 
 
 class Migration(migrations.Migration):

@@ -24,6 +24,7 @@ from django.utils import timezone
 from audit.services import Actor
 from config import embedded_redis
 from leaderboard.ingest.services import api_client_create
+from leaderboard.ledger_databases import ledger_aliases_configured
 from leaderboard.management.commands.simulate_matches import TOKEN_ENV
 from leaderboard.simulation import player_ids
 from seasons.selectors import season_get
@@ -52,7 +53,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-simulator", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        call_command("migrate", verbosity=0, interactive=False)
+        # Every ledger database (LEDGER_PARTITION_URLS) runs the same migrations as "default".
+        for alias in ledger_aliases_configured():
+            call_command("migrate", verbosity=0, interactive=False, database=alias)
         slug = options["season"]
         if season_get(slug=slug) is None:
             now = timezone.now()

@@ -9,6 +9,7 @@ from audit.services import Actor
 from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, BucketLayout, LayoutError
 from leaderboard.core.events import parse_rfc3339
 from leaderboard.core.season_options import MAX_REGIONS, REGION_RULE, TIE_BREAK_SHARED, TIE_BREAKS
+from leaderboard.ledger_databases import ledger_aliases
 from seasons.services import SeasonError, season_create
 
 
@@ -55,5 +56,9 @@ class Command(BaseCommand):
         except SeasonError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"season {season.slug} created, state {season.state}, {season.partitions} ledger partitions")
+        if season.ledger_databases:
+            where = ledger_aliases(season=season)
+            self.stdout.write("ledger databases: " + "; ".join(
+                f"{alias} partitions {', '.join(map(str, parts))}" for alias, parts in where.items()))
         if season.regions or season.tie_break != TIE_BREAK_SHARED:
             self.stdout.write(f"regions: {', '.join(season.regions) or 'none'}; tie-break: {season.tie_break}")

@@ -1,0 +1,161 @@
+"""Which database holds each ledger partition of a season (docs/architecture.md, Ledger databases).
+
+A season's ledger rows, current scores, change stream, stream heads, conflicts and late
+results of partition p live in the database `ledger_alias(season=..., partition=p)`:
+"default", or an alias LEDGER_PARTITION_URLS configured (`ledger_<database name>`).
+Where they live is recorded on the season when it is created (Season.ledger_databases,
+one alias per partition id; empty: all in "default") and never follows the setting
+afterwards: a row is only ever looked for in the database it was written to. Everything
+else (seasons, manifests, audit, the season's lock, event-id claims) stays in "default".
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import transaction
+
+from leaderboard.core.errors import DomainError
+from leaderboard.core.partitions import layout_partition
+
+if TYPE_CHECKING:
+    from seasons.models import Season
+
+DEFAULT_ALIAS = "default"
+# What a writer facing a season whose database this process lacks waits before it retries:
+# a deployment fixes its settings in minutes, not seconds.
+_MISSING_RETRY_AFTER = 60
+
+
+class LedgerDatabaseMissing(DomainError):
+    """A season's partitions live in a database this process has no settings for."""
+
+    code = "ledger_database_missing"
+    status = 503
+
+    def __init__(self, *, season_slug: str, alias: str) -> None:
+        super().__init__(
+            f"season {season_slug}'s ledger partitions live in the database {alias!r}, which this server's "
+            "LEDGER_PARTITION_URLS does not name",
+            extra={"reason": "ledger_database_missing", "database": alias, "retry_after": _MISSING_RETRY_AFTER},
+        )
+
+
+def ledger_aliases_configured() -> list[str]:
+    """"default", then every ledger database LEDGER_PARTITION_URLS names."""
+    return [DEFAULT_ALIAS, *sorted(set(settings.LEDGER_PARTITION_ALIASES.values()))]
+
+
+def ledger_placement_for(*, partitions: int) -> list[str]:
+    """The alias of each partition 0..partitions-1 of a new season, as the setting places
+    them; [] when every one is in "default" (a season exactly as before)."""
+    placed = settings.LEDGER_PARTITION_ALIASES
+    placement = [placed.get(p, DEFAULT_ALIAS) for p in range(partitions)]
+    return placement if any(alias != DEFAULT_ALIAS for alias in placement) else []
+
+
+def ledger_placement_extended(*, season: Season, partitions: int) -> list[str]:
+    """The season's placement with `partitions` more partition ids (a repartition's new
+    layout), in the one database the season's partitions share; [] for "default"."""
+    aliases = list(ledger_aliases(season=season))
+    if len(aliases) > 1:
+        raise ValueError(f"season {season.slug}'s ledger partitions span the databases {', '.join(aliases)}")
+    if not season.ledger_databases:
+        return []
+    total = season.partition_base + season.partitions
+    return [*season.ledger_databases[:total], *[aliases[0]] * partitions]
+
+
+def ledger_alias(*, season: Season, partition: int) -> str:
+    """The database alias of partition id `partition` of `season`."""
+    placement = season.ledger_databases
+    if not placement:
+        return DEFAULT_ALIAS
+    if not 0 <= partition < len(placement):
+        raise ValueError(f"season {season.slug} has no ledger partition {partition}")
+    return _configured(season=season, alias=placement[partition])
+
+
+def ledger_aliases(*, season: Season) -> dict[str, list[int]]:
+    """Every database holding partitions of `season` (every partition id it ever had, the
+    layouts before a repartition included) -> its partitions, ascending; "default" first,
+    then in order of their first partition."""
+    count = season.partition_base + season.partitions
+    placement = season.ledger_databases
+    if not placement:
+        return {DEFAULT_ALIAS: list(range(count))}
+    found: dict[str, list[int]] = {}
+    for partition in range(count):
+        found.setdefault(_configured(season=season, alias=placement[partition]), []).append(partition)
+    if DEFAULT_ALIAS in found:
+        found = {DEFAULT_ALIAS: found.pop(DEFAULT_ALIAS), **found}
+    return found
+
+
+def ledger_alias_of_player(*, season: Season, player_id: str) -> str:
+    """The database of a player's ledger rows in the season's current layout."""
+    partition = layout_partition(player_id, base=season.partition_base, partitions=season.partitions)
+    return ledger_alias(season=season, partition=partition)
+
+
+def season_ledger_is_split(*, season: Season) -> bool:
+    """Whether the season's partitions live in more than one database."""
+    return len(set(season.ledger_databases)) > 1
+
+
+def season_ledger_alias(*, season: Season) -> str:
+    """The one database of a season that is not split (ValueError for a split one)."""
+    aliases = list(ledger_aliases(season=season))
+    if len(aliases) > 1:
+        raise ValueError(f"season {season.slug}'s ledger partitions span the databases {', '.join(aliases)}")
+    return aliases[0]
+
+
+@contextlib.contextmanager
+def ledger_atomic(*, aliases: Iterable[str]) -> Iterator[None]:
+    """One transaction in each database, entered in the order given and committed in the
+    reverse order. NOT atomic across databases: a failure while committing can leave the
+    ones committed first committed. For work whose parts are each correct on their own
+    (per-database atomicity), or that is read-only."""
+    with contextlib.ExitStack() as stack:
+        for alias in dict.fromkeys(aliases):
+            stack.enter_context(transaction.atomic(using=alias))
+        yield
+
+
+def _configured(*, season: Season, alias: str) -> str:
+    if alias not in settings.DATABASES:
+        raise LedgerDatabaseMissing(season_slug=season.slug, alias=alias)
+    return alias
+
+
+@checks.register(checks.Tags.database)
+def ledger_databases_check(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every database a season's partitions were placed in is configured here (run by
+    `migrate` and `check --database default`): a server missing one answers 503 on that
+    season's writes and reads."""
+    if not databases or DEFAULT_ALIAS not in databases:
+        return []
+    from django.db import DatabaseError
+
+    from seasons.models import Season
+
+    try:
+        placements = list(Season.objects.exclude(ledger_databases=[]).values_list("slug", "ledger_databases"))
+    except DatabaseError:
+        # Not migrated yet: no season can name a database.
+        return []
+    errors: list[checks.CheckMessage] = []
+    for slug, placement in placements:
+        for alias in sorted(set(placement) - set(settings.DATABASES)):
+            errors.append(checks.Error(
+                f"season {slug}'s ledger partitions live in the database {alias!r}, which LEDGER_PARTITION_URLS "
+                "does not name",
+                hint="add the database's URL to LEDGER_PARTITION_URLS (its alias is ledger_<database name>)",
+                id="leaderboard.E001",
+            ))
+    return errors
