@@ -7,22 +7,24 @@ mine) recomputed over every bucket, independently of the manifest's prefix count
 lookup score equals the index score; checksums match. Across the regional boards: each
 player is on at most one, the one their region-shard entry names, with the global board's
 value, and the region shards hold exactly the regional boards' members. `full=True` scans
-everything (O(players)); otherwise bucket counts are checked and ranks on a stratified
+everything (O(players) time, a chunk of members in memory: each member is checked
+against its lookup and region-shard entries as it is read, and the sizes of the lookup
+and region shards against the members counted); otherwise bucket counts are checked and ranks on a stratified
 sample of each board, and membership, checksums and the sizes of the lookup and region
 shards (a 10M-player copy has ~260,000 of each) are left to the full run.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import islice
 from typing import TypeVar
 
 import redis
 
-from leaderboard.core.checksum import checksum_of
+from leaderboard.core.checksum import MODULUS, checksum_of
 from leaderboard.core.epoch import rank_after
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, board_check, board_sample, stratified_positions, version_boards
@@ -65,11 +67,12 @@ def version_check(
         return report
 
     boards = version_boards(manifest)
-    _check_counts(manifest, index_sizes(r, keys, manifest, lookups=full), report)
+    sizes = index_sizes(r, keys, manifest, lookups=full)
+    _check_counts(manifest, sizes, report)
     if full:
-        index = _check_full(r, keys, manifest, report)
+        _check_full(r, keys, manifest, sizes, report)
         if manifest.regions:
-            _check_regional_full(r, keys, manifest, index, report)
+            _check_regional_full(r, keys, manifest, sizes, report)
     for board in boards:
         _check_sampled_ranks(r, keys, board, report, sample=board_sample(sample, board=board, regions=len(boards) - 1),
                              seed=seed)
@@ -140,72 +143,166 @@ def _check_counts(manifest: Manifest, sizes: IndexSizes, report: Report) -> None
         report.add("region_shards_total", not problem, problem)
 
 
-def _scan_board(r: redis.Redis, keys: rankview.Keys, board: Manifest, report: Report) -> dict[str, int | str]:
-    """Every member of a board, checked for duplicates, bucket ranges and checksums; returns
-    each member's value token (the score, or "score:reached_ms" on a first_reached board)."""
-    seen: Counter[str] = Counter()
-    tokens: dict[str, int | str] = {}
+# Members of a board read from Redis at a time in the full scan, with their lookup and
+# region-shard entries: the full check holds one chunk, never the whole board (a FINAL
+# candidate of 50M players held ~190 bytes a player when it kept every member's value).
+SCAN_CHUNK = 5000
+# Out-of-place members (a lookup or region shard that disagrees, a value outside its
+# bucket) looked for in every bucket to tell a duplicate: only a broken copy has any,
+# and past this many the check reports that it did not look for the rest.
+PROBE_MAX = 1000
+
+
+@dataclass(slots=True)
+class _BoardScan:
+    """What one board's full scan found: its members, the first problems of each kind with
+    their counts, and the out-of-place members to probe for duplicates."""
+
+    members: int = 0
+    wrong_value: list[str] = field(default_factory=list)
+    wrong_values: int = 0
+    wrong_region: list[str] = field(default_factory=list)
+    wrong_regions: int = 0
+    suspects: dict[str, None] = field(default_factory=dict)
+    unprobed: int = 0
+
+    def suspect(self, player_id: str) -> None:
+        if player_id in self.suspects:
+            return
+        if len(self.suspects) < PROBE_MAX:
+            self.suspects[player_id] = None
+        else:
+            self.unprobed += 1
+
+
+def _entries_get(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, players: list[str], *, regions: bool
+                 ) -> list[bytes | None]:
+    """Each player's lookup entry (`regions`: region-shard entry) in the manifest's copy, in
+    the order of `players`: one HMGET per shard holding some of them, in one round trip."""
+    key_of = keys.region if regions else keys.lookup
+    by_shard = rankview.shards_of(players, manifest.lookup_shards)
+    replies = rankview.round_trip(r, [("HMGET", key_of(manifest.copy, shard, groups=manifest.groups), *names)
+                                      for shard, names in by_shard.items()])
+    found = {p: v for (_, names), values in zip(by_shard.items(), replies, strict=True)
+             for p, v in zip(names, values, strict=True)}
+    return [found[p] for p in players]
+
+
+def _scan_board(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, board: Manifest, report: Report
+                ) -> _BoardScan:
+    """Every member of a board, SCAN_CHUNK at a time: bucket ranges and checksums, and each
+    member's value against its lookup entry (on a regional board also its region-shard
+    entry against the board). Duplicates are found without holding the board: a player in
+    two buckets has a value outside one of them or differing from its lookup there, and
+    such members are then looked for in every bucket (`_duplicates`)."""
+    scan = _BoardScan()
     bad_checksums = []
     misplaced = []
     for bucket in range(board.layout.size):
-        pairs = [(p, value_token(v)) for p, v in rankview.bucket_values_scan(
-            r, keys, board.copy, board.layout, board.ties, bucket, board=board.board, groups=board.groups)]
         low, high = board.layout.range_of(bucket)
-        for player_id, token in pairs:
-            seen[player_id] += 1
-            tokens[player_id] = token
-            score = lookup_value(board.ties, str(token))
-            if not low <= value_score(score) <= high:
-                misplaced.append(f"{player_id}={token} in bucket {bucket}")
-        if checksum_of(pairs) != board.checksums[bucket]:
+        checksum = 0
+        members = rankview.bucket_values_scan(r, keys, board.copy, board.layout, board.ties, bucket,
+                                              batch=SCAN_CHUNK, board=board.board, groups=board.groups)
+        while chunk := [(p, value_token(v), value_score(v)) for p, v in islice(members, SCAN_CHUNK)]:
+            players = [p for p, _, _ in chunk]
+            checksum = (checksum + checksum_of((p, token) for p, token, _ in chunk)) % MODULUS
+            lookups = _entries_get(r, keys, manifest, players, regions=False)
+            shards = _entries_get(r, keys, manifest, players, regions=True) if board.board else None
+            for i, (player_id, token, score) in enumerate(chunk):
+                scan.members += 1
+                if not low <= score <= high:
+                    misplaced.append(f"{player_id}={token} in bucket {bucket}")
+                    scan.suspect(player_id)
+                raw = lookups[i]
+                lookup = None if raw is None else value_token(lookup_value(board.ties, raw))
+                if lookup != token:
+                    scan.wrong_values += 1
+                    if len(scan.wrong_value) < 10:
+                        scan.wrong_value.append(f"{player_id}: lookup {lookup}, index {token}")
+                    scan.suspect(player_id)
+                if shards is not None:
+                    entry = shards[i]
+                    region = None if entry is None else entry.decode()
+                    if region != board.board:
+                        scan.wrong_regions += 1
+                        if len(scan.wrong_region) < 10:
+                            scan.wrong_region.append(f"{player_id}: region shard {region!r}, on {board.board}")
+                        scan.suspect(player_id)
+        if checksum != board.checksums[bucket]:
             bad_checksums.append(bucket)
-    duplicates = [p for p, n in seen.items() if n > 1]
-    report.add(board_check("players_once", board.board), not duplicates,
-               f"{len(duplicates)} players in several buckets: {duplicates[:10]}")
+    duplicates = [p for p, places in _places(r, keys, [board], list(scan.suspects)).items() if len(places) > 1]
+    unprobed = f"; {scan.unprobed} more out-of-place members not looked for" if scan.unprobed else ""
+    report.add(board_check("players_once", board.board), not duplicates and not scan.unprobed,
+               f"{len(duplicates)} players in several buckets: {duplicates[:10]}{unprobed}")
     report.add(board_check("bucket_ranges", board.board), not misplaced, "; ".join(misplaced[:10]))
     report.add(board_check("bucket_checksums", board.board), not bad_checksums,
                f"buckets with a wrong checksum: {bad_checksums[:20]}")
-    return tokens
+    return scan
 
 
-def _check_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, report: Report) -> dict[str, int | str]:
-    """The global board's full scan and its lookup; returns each player's value token."""
-    index_scores = _scan_board(r, keys, manifest, report)
-    mismatched = []
-    lookup_players = 0
-    for raw_player, raw_score in rankview.copy_shards_scan(r, keys, manifest.copy, manifest.lookup_shards,
-                                                              groups=manifest.groups):
-        lookup_players += 1
-        player_id = raw_player.decode()
-        token = value_token(lookup_value(manifest.ties, raw_score))
-        if index_scores.get(player_id) != token:
-            mismatched.append(f"{player_id}: lookup {token}, index {index_scores.get(player_id)}")
-    report.add("lookup_equals_index", not mismatched and lookup_players == len(index_scores),
-               f"{len(mismatched)} mismatches {mismatched[:10]}; lookup {lookup_players}, index {len(index_scores)}")
-    return index_scores
+def _places(r: redis.Redis, keys: rankview.Keys, boards: list[Manifest], players: list[str]
+            ) -> dict[str, list[str]]:
+    """The boards ("" the global one) of every bucket of `boards` that holds each of
+    `players`, looked for in every bucket (PROBE_MAX players at most: only a broken copy
+    has any)."""
+    places = [(board, bucket) for board in boards for bucket in range(board.layout.size)]
+    step = max(1, SCAN_CHUNK // max(1, len(places)))
+    found: dict[str, list[str]] = {}
+    for start in range(0, len(players), step):
+        batch = players[start:start + step]
+        replies = rankview.round_trip(r, [("ZSCORE", _bucket_key(keys, board, bucket), p)
+                                          for p in batch for board, bucket in places])
+        for i, player_id in enumerate(batch):
+            held = replies[i * len(places):(i + 1) * len(places)]
+            found[player_id] = [board.board for (board, _), reply in zip(places, held, strict=True)
+                                if reply is not None]
+    return found
 
 
-def _check_regional_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, index: dict[str, int | str],
+def _check_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, sizes: IndexSizes, report: Report) -> None:
+    """The global board's full scan, each member against its lookup entry; with the
+    lookup's size equal to the members' count (and no duplicates), the lookup and the
+    index hold the same players with the same values."""
+    scan = _scan_board(r, keys, manifest, manifest, report)
+    report.add("lookup_equals_index", not scan.wrong_values and sizes.lookup == scan.members,
+               f"{scan.wrong_values} mismatches {scan.wrong_value}; lookup {sizes.lookup}, index {scan.members}")
+
+
+def _check_regional_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, sizes: IndexSizes,
                          report: Report) -> None:
     """Each regional board scanned like the global one, its members' values against the
-    global board's; then the boards against each other and against the region shards."""
-    boards_of: dict[str, list[str]] = {}
-    for board in version_boards(manifest)[1:]:
-        tokens = _scan_board(r, keys, board, report)
-        wrong = [f"{p}: {token} here, {index.get(p)} on the global board"
-                 for p, token in sorted(tokens.items()) if index.get(p) != token]
-        report.add(board_check("values_equal_global", board.board), not wrong, "; ".join(wrong[:10]))
-        for player_id in tokens:
-            boards_of.setdefault(player_id, []).append(board.board)
-    several = sorted(f"{p} on {', '.join(names)}" for p, names in boards_of.items() if len(names) > 1)
-    report.add("regional_players_once", not several, f"{len(several)} players on several regional boards: "
-                                                     f"{'; '.join(several[:10])}")
-    shards = {raw_player.decode(): raw_region.decode() for raw_player, raw_region in rankview.copy_shards_scan(
-        r, keys, manifest.copy, manifest.lookup_shards, regions=True, groups=manifest.groups)}
-    # A region-shard entry exists exactly for the players on a regional board, and names it.
-    wrong = [f"{p}: region shard {shards.get(p)!r}, on {boards_of.get(p, 'no regional board')}"
-             for p in sorted(set(shards) | set(boards_of)) if [shards.get(p)] != boards_of.get(p)]
-    report.add("region_shards_equal_boards", not wrong, f"{len(wrong)} players; " + "; ".join(wrong[:10]))
+    lookup (the global board's, which lookup_equals_index compares) and their region-shard
+    entries against the board; then the boards against each other (members out of place
+    looked for on every regional board) and the region shards' size against the members'."""
+    regional = version_boards(manifest)[1:]
+    suspects: dict[str, None] = {}
+    unprobed = 0
+    members = wrong_regions = 0
+    wrong_region: list[str] = []
+    for board in regional:
+        scan = _scan_board(r, keys, manifest, board, report)
+        report.add(board_check("values_equal_global", board.board), not scan.wrong_values,
+                   "; ".join(f"{problem} (the global board's value is the lookup's)"
+                             for problem in scan.wrong_value))
+        members += scan.members
+        wrong_regions += scan.wrong_regions
+        wrong_region.extend(scan.wrong_region[:10 - len(wrong_region)])
+        unprobed += scan.unprobed
+        for player_id in scan.suspects:
+            if player_id in suspects or len(suspects) < PROBE_MAX:
+                suspects[player_id] = None
+            else:
+                unprobed += 1
+    several = sorted(f"{p} on {', '.join(sorted(set(names)))}"
+                     for p, names in _places(r, keys, regional, list(suspects)).items() if len(set(names)) > 1)
+    more = f"; {unprobed} more out-of-place members not looked for" if unprobed else ""
+    report.add("regional_players_once", not several and not unprobed,
+               f"{len(several)} players on several regional boards: {'; '.join(several[:10])}{more}")
+    # Every regional member's region-shard entry names its board, and the shards hold as
+    # many entries as the boards members: the same players, each on the board named.
+    report.add("region_shards_equal_boards", not wrong_regions and sizes.placed == members,
+               f"{wrong_regions} players; " + "; ".join(wrong_region)
+               + f"; region shards {sizes.placed}, regional boards {members}")
 
 
 def _key_in(manifest: Manifest, bucket: int, value: IndexValue) -> int | str:
