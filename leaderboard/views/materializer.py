@@ -600,7 +600,9 @@ def season_copies_build(
             rankview.copy_drop(r, keys, old, token=token)
         meta = rankview.copy_meta_init(r, keys, copy, layout, ties, regions=season.regions, lookup_shards=shards,
                                        groups=settings.VIEW_SLOT_GROUPS, token=token)
-        metas.append(rankview.copy_begin_mutation(r, keys, token, meta))
+        # Broken until the verified counts and watermark land, in the same write as
+        # "applying" (below): a build cut short is rebuilt, never finished from there.
+        metas.append(rankview.copy_begin_mutation(r, keys, token, meta, state=rankview.STATE_BROKEN))
     first = metas[0]
     counts = [0] * layout.size
     checksums = [0] * layout.size
@@ -636,10 +638,11 @@ def season_copies_build(
         if problems:
             rankview.copy_broken_mark(r, keys, meta.copy, token=token)
             raise EpochError(f"copy {meta.copy} built from scores failed verification: {'; '.join(problems)}")
-        # Still "applying" until an epoch finishes it with the watermark of what it applied.
+        # "applying", not ready, until an epoch finishes it with the watermark of what it
+        # applied; from here an epoch may take the build over (the changes since `watermark`).
         meta.watermark = watermark
-        rankview.copy_fields_set(r, keys, meta.copy, {k: v for k, v in meta.fields().items() if k != "state"},
-                                 token=token)
+        meta.state = rankview.STATE_APPLYING
+        rankview.copy_fields_set(r, keys, meta.copy, meta.fields(), token=token)
     return metas
 
 

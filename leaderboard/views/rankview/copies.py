@@ -143,9 +143,13 @@ def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
                    ties: FirstReached | None = None, regions: Iterable[str] = (),
                    lookup_shards: int = LOOKUP_SHARDS, *, groups: int, token: int | None) -> CopyMeta:
     """A new, empty copy's meta, written only while `token` holds the lease (None: a
-    shadow copy the rebuild job claimed in the database)."""
+    shadow copy the rebuild job claimed in the database).
+
+    Broken until its build lands: an empty watermark with zero counts would otherwise
+    read as a copy that only needs every change since the start, and a build cut short
+    (its lease lost, its process killed) would be trusted with whatever it had written."""
     meta = CopyMeta(
-        copy=copy, gen=0, state=STATE_READY, watermark=Watermark(), layout=layout,
+        copy=copy, gen=0, state=STATE_BROKEN, watermark=Watermark(), layout=layout,
         counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
         boards={region: ([0] * layout.size, [0] * layout.size) for region in regions}, lookup_shards=lookup_shards,
         groups=groups,
@@ -237,12 +241,15 @@ def copies_set(r: redis.Redis, keys: Keys, copies: list[str]) -> None:
     r.set(keys.copies, orjson.dumps(copies))
 
 
-def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta) -> CopyMeta:
-    """Bump the copy's generation before touching it: readers of its old version retry."""
+def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *,
+                        state: str = STATE_APPLYING) -> CopyMeta:
+    """Bump the copy's generation before touching it: readers of its old version retry.
+
+    `state`: STATE_BROKEN for a build, whose counts and watermark land only at its end."""
     key = keys.copy_meta(meta.copy)
-    _fenced(r, keys, token, [("HINCRBY", key, "gen", 1), ("HSET", key, "state", STATE_APPLYING, "exact", 0)])
+    _fenced(r, keys, token, [("HINCRBY", key, "gen", 1), ("HSET", key, "state", state, "exact", 0)])
     meta.gen += 1
-    meta.state = STATE_APPLYING
+    meta.state = state
     meta.exact = False
     return meta
 

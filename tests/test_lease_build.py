@@ -1,0 +1,77 @@
+"""A copy built from the scores under the season's lease (the epoch that builds a missing
+copy): losing the lease part-way must leave nothing a later epoch trusts, and the next
+holder must publish a correct version from a clean rebuild."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from leaderboard.redis_client import redis_get
+from leaderboard.views import materializer, rankview
+from seasons.models import Season
+from tests.support import Events, apply_events, assert_matches_ledger, current_manifest, epoch, keys_of, publish
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
+
+
+def _season_with_one_copy(season: Season, players: int = 400) -> tuple[Events, str]:
+    """Version 1 published from one copy; the other copy (its name returned) is still to be
+    built, by the next epoch with changes, under the lease."""
+    events = Events(season.slug)
+    apply_events(season, [events.result(f"p{i:04d}", (i * 37) % 5000) for i in range(players)])
+    assert publish(season) == 1
+    r = redis_get()
+    keys = keys_of(season)
+    other = next(c for c in rankview.copies_get(r, keys) if c != current_manifest(season).copy)
+    assert rankview.copy_meta_load(r, keys, other) is None
+    return events, other
+
+
+def _small_build_batches(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    monkeypatch.setattr(materializer, "BUILD_BATCH", size)
+    monkeypatch.setattr(materializer, "BUILD_BATCH_MAX", size)
+
+
+def test_a_build_that_loses_its_lease_midway_leaves_its_copy_broken_and_the_next_holder_rebuilds_it(
+        season: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = redis_get()
+    keys = keys_of(season)
+    events, building = _season_with_one_copy(season)
+    apply_events(season, [events.result("p0001", 9_999), events.result("late", 4_321)])
+    _small_build_batches(monkeypatch, 50)  # 8 batches
+
+    # Another coordinator takes the season while the build is on its fourth batch: its
+    # stamps refuse the rest of the build's writes.
+    real = materializer._build_writes
+    built = {"batches": 0}
+    thief: dict[str, int | None] = {}
+
+    def stealing(*args: Any) -> Any:
+        built["batches"] += 1
+        if built["batches"] == 4:
+            r.delete(keys.lease)
+            thief["token"] = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+        return real(*args)
+
+    monkeypatch.setattr(materializer, "_build_writes", stealing)
+    with pytest.raises(rankview.FenceLost):
+        epoch(season)
+    monkeypatch.setattr(materializer, "_build_writes", real)
+    token = thief["token"]
+    assert token is not None and r.get(keys.lease) == str(token).encode()
+
+    # Half a build, its counts and watermark never written: nothing may take it for a copy
+    # that only needs the changes since its watermark.
+    meta = rankview.copy_meta_load(r, keys, building)
+    assert meta is not None and meta.state == rankview.STATE_BROKEN
+    assert rankview.pointer_get(r, keys) == 1
+
+    rankview.lease_release(r, keys, token)
+    assert publish(season) == 2
+    assert current_manifest(season).copy == building
+    assert_matches_ledger(season)
+    apply_events(season, [events.result("p0002", 8_888)])
+    assert publish(season) == 3
+    assert_matches_ledger(season)
