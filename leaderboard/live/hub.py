@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass, field
@@ -281,8 +282,19 @@ async def _connection_acquire(node: Any) -> Any:
             await asyncio.sleep(0.002)
 
 
+try:
+    import hiredis
+
+    _pack_command: Callable[..., bytes] | None = hiredis.pack_command
+except ImportError:  # redis-py without hiredis
+    _pack_command = None
+
+
 def resp_pack(commands: list[Call]) -> bytes:
-    """Commands in the Redis protocol (RESP arrays of bulk strings)."""
+    """Commands in the Redis protocol (RESP arrays of bulk strings): hiredis's packer (C,
+    half the time of the loop below on a round's thousands of commands) when it is there."""
+    if _pack_command is not None:
+        return b"".join(map(_pack_command, commands))
     out: list[bytes] = []
     for command in commands:
         out.append(b"*%d\r\n" % len(command))
@@ -517,6 +529,55 @@ def send_started(coro: Coroutine[Any, Any, None]) -> _Rest | None:
     return _Rest(coro, waiting)
 
 
+def text_frame(data: bytes) -> bytes:
+    """A whole server-to-client text frame (RFC 6455 5.2: FIN, opcode 1, unmasked, no
+    extension) carrying `data`, byte for byte what the server's own send writes for it
+    on a connection without extensions. Built once per distinct text of a round, the same
+    bytes then go to every socket that sends that text."""
+    length = len(data)
+    if length < 126:
+        return struct.pack("!BB", 0x81, length) + data
+    if length < 65536:
+        return struct.pack("!BBH", 0x81, 126, length) + data
+    return struct.pack("!BBQ", 0x81, 127, length) + data
+
+
+try:
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+    from websockets.protocol import State as _WsState
+
+    _SANSIO: type[Any] | None = WebSocketsSansIOProtocol
+except ImportError:  # another server, or uvicorn without the sans-I/O implementation
+    _SANSIO = None
+
+
+def wire_of(send: Callable[..., Any]) -> Any | None:
+    """The server connection behind an ASGI send when the fan-out may write frames to its
+    transport itself: uvicorn's sans-I/O websocket protocol (its default implementation),
+    whose send is a bound method of the connection. None for any other server or
+    implementation (and the test communicator): those sockets get the ASGI send."""
+    owner = getattr(send, "__self__", None)
+    if _SANSIO is None or not isinstance(owner, _SANSIO):
+        return None
+    return owner
+
+
+def wire_write(wire: Any, frame: bytes) -> bool:
+    """Write a whole frame to an open connection's transport, as the server's send would;
+    False (nothing written) whenever that send would do anything else: wait for the
+    client to drain its buffer, raise for a closed or closing connection, refuse a
+    message before the handshake, or compress (a negotiated permessage-deflate). The
+    connection's own writes are always whole frames written at once (its protocol object
+    keeps none pending), so a frame written here never lands inside one of them."""
+    conn = wire.conn
+    if (not wire.handshake_complete or wire.close_sent or wire.disconnected or wire.initial_response is not None
+            or not wire.writable.is_set() or conn.state is not _WsState.OPEN or conn.extensions or conn.writes
+            or wire.transport.is_closing()):
+        return False
+    wire.transport.write(frame)
+    return True
+
+
 # ------------------------------------------------------------------------------ sockets
 
 
@@ -546,6 +607,11 @@ class Socket:
     busy: bool = True
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
+    # The server connection the fan-out writes frames to directly (`wire_of`), or None.
+    wire: Any = None
+
+    def __post_init__(self) -> None:
+        self.wire = wire_of(self.send)
 
     def sent(self, version: int, mark: PlayerMark | None) -> None:
         self.sent_version, self.mark, self.unavailable = version, mark, None
@@ -582,6 +648,7 @@ class HubStats:
     announcements: int = 0
     skipped_busy: int = 0  # sockets a fan-out passed over because a send to them was in flight
     slow: int = 0  # sends that had to wait for their client
+    direct: int = 0  # frames the fan-out wrote to a connection's transport itself (`wire_write`)
     dropped: int = 0  # sockets closed because their client did not take a frame in time
 
 
@@ -725,8 +792,10 @@ class SeasonHub:
         return players
 
     async def _fan_out(self, rnd: Round, *, with_player: bool) -> None:
-        # Sockets without a player that last sent the same version get the same text.
+        # Sockets without a player that last sent the same version get the same text, and
+        # the same frame (built when a socket first needs it).
         texts: dict[int | None, str] = {}
+        frames: dict[int | None, bytes] = {}
         sockets = [s for s in self.sockets.values() if (s.subscription.player_id is not None) is with_player]
         for index, socket in enumerate(sockets):
             if index and index % FAN_OUT_SLICE == 0:
@@ -745,7 +814,12 @@ class SeasonHub:
                                            sent_version=socket.sent_version, subscription=socket.subscription,
                                            mark=None)
                     texts[socket.sent_version] = text
-                self._send(socket, text, rnd.version, None)
+                frame = None
+                if socket.wire is not None:
+                    frame = frames.get(socket.sent_version)
+                    if frame is None:
+                        frame = frames[socket.sent_version] = text_frame(text.encode())
+                self._send(socket, text, rnd.version, None, frame)
                 continue
             if rnd.players is None:
                 continue  # superseded before its players were read: the next version follows
@@ -759,9 +833,21 @@ class SeasonHub:
                                       mark=socket.mark, entry=read.entry, window=read.window)
             self._send(socket, text, rnd.version, mark)
 
-    def _send(self, socket: Socket, text: str, version: int | None, mark: PlayerMark | None) -> None:
-        """Send one socket its message from the fan-out; `version` None: an unavailable message."""
+    def _send(self, socket: Socket, text: str, version: int | None, mark: PlayerMark | None,
+              frame: bytes | None = None) -> None:
+        """Send one socket its message from the fan-out; `version` None: an unavailable message.
+
+        On a connection the hub can write to (`Socket.wire`) the frame goes to its
+        transport at once (`frame`: the text's frame, shared by the sockets that send the
+        same text): no ASGI message, coroutine, encoding or frame object per socket. When
+        that connection's own send would not just write (its client is not reading, it is
+        closing), the ASGI send below does what it does.
+        """
         try:
+            if socket.wire is not None and wire_write(socket.wire, frame or text_frame(text.encode())):
+                self.stats.direct += 1
+                _sent(socket, text, version, mark)
+                return
             rest = send_started(socket.send(socket.message(text)))
         except Exception:
             self._gone(socket)  # the client went away: its consumer hears of it too

@@ -1,0 +1,144 @@
+"""The fan-out's own frames (leaderboard.live.hub.text_frame, wire_write): a version's text
+is framed once and the same bytes are written to the transport of every socket that
+sends it, byte for byte what the server's websocket send writes; and the sockets this
+cannot serve (a negotiated permessage-deflate, a closing connection) get the server's
+send as before. Through a real uvicorn (its sans-I/O websocket implementation, the
+default) in this process, real clients, epochs publishing real versions."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+import uvicorn
+from asgiref.sync import async_to_sync, sync_to_async
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from websockets.typing import Origin
+
+from config.asgi import application
+from leaderboard.core.live import top_apply
+from leaderboard.live import hub as live
+from seasons.models import Season
+from tests.support import Events, db_standings, post_ok, publish
+
+TIMEOUT = 10
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70001])
+def test_a_frame_is_what_the_servers_send_writes(size: int) -> None:
+    data = ("é" * size).encode()[:size]
+    server = ServerProtocol()
+    server.state = State.OPEN
+    server.send_text(data)
+    sent = b"".join(server.data_to_send())
+    assert live.text_frame(data) == sent
+    assert Frame(Opcode.TEXT, data).serialize(mask=False) == sent
+
+
+def test_commands_are_packed_alike_with_or_without_hiredis(monkeypatch: pytest.MonkeyPatch) -> None:
+    commands: list[live.Call] = [("ZCOUNT", "lb:{s}:b:3", "-inf", "(1234"), ("ZRANGE", "k", 0, 10, "WITHSCORES"),
+                                 ("HMGET", "k", b"p\xc3\xa9", "p\u00e9"), ("GET", "")]
+    packed = live.resp_pack(commands)
+    monkeypatch.setattr(live, "_pack_command", None)
+    assert live.resp_pack(commands) == packed
+    assert packed.startswith(b"*4\r\n$6\r\nZCOUNT\r\n$10\r\nlb:{s}:b:3\r\n")
+
+
+def test_only_uvicorns_sans_io_connections_are_written_to_directly() -> None:
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    assert live.wire_of(send) is None  # the test communicator, another server
+
+
+class Server:
+    """uvicorn serving the application in the running event loop (so the test sees its hubs)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(application, ws="websockets-sansio", lifespan="off", log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Server:
+        self.task = asyncio.ensure_future(self.server.serve(sockets=[self.sock]))
+        async with asyncio.timeout(TIMEOUT):
+            while not self.server.started:
+                await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        assert self.task is not None
+        await asyncio.wait_for(self.task, TIMEOUT)
+        self.sock.close()
+
+    def url(self, slug: str, query: str = "") -> str:
+        return f"ws://127.0.0.1:{self.port}/ws/v1/seasons/{slug}/live" + (f"?{query}" if query else "")
+
+
+async def receive(client: ClientConnection) -> dict[str, Any]:
+    message: dict[str, Any] = orjson.loads(await asyncio.wait_for(client.recv(), TIMEOUT))
+    return message
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    async_to_sync(body)()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rank_views")
+def test_every_socket_gets_every_version_in_order_through_either_path(season: Season, post_scores: Any) -> None:
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i:03d}", 1000 + 10 * i) for i in range(150)])
+    assert publish(season) == 1
+    apost = sync_to_async(post_ok)
+    apublish = sync_to_async(publish)
+    origin = Origin("http://testserver")
+
+    async def body() -> None:
+        async with Server() as server:
+            plain = [await connect(server.url(season.slug), origin=origin, compression=None) for _ in range(3)]
+            player = await connect(server.url(season.slug, "player_id=p020&radius=2"), origin=origin,
+                                   compression=None)
+            # permessage-deflate, as browsers offer it: every frame compressed by the server's send.
+            deflated = await connect(server.url(season.slug), origin=origin, compression="deflate")
+            everyone = [*plain, player, deflated]
+            snaps = [await receive(c) for c in everyone]
+            assert {s["type"] for s in snaps} == {"snapshot"}
+            tops = [s["top"] for s in snaps]
+            hub = live.registry().hubs[season.slug]
+            for version in (2, 3, 4):
+                await apost(post_scores, season, [ev.result("p020", 2000 + version), ev.result(f"n{version}", 500)])
+                assert await apublish(season) == version
+                standings = await sync_to_async(db_standings)(season)
+                got = [await receive(c) for c in everyone]
+                assert [(m["type"], m["leaderboard_version"], m["previous_version"]) for m in got] == \
+                    [("version", version, version - 1)] * len(everyone)
+                # The sockets without a player shared one text: the same message, whichever path.
+                assert got[0] == got[1] == got[2] == got[4]
+                for index, message in enumerate(got):
+                    tops[index] = top_apply(tops[index], message["top_diff"])
+                    assert tops[index] == [e.as_dict() for e in standings.top(100)]
+                me = standings.entry("p020")
+                assert me is not None and got[3]["player"]["entry"] == me.as_dict()
+                assert got[3]["player"]["neighbors"] == [e.as_dict() for e in standings.neighbors("p020", 2)]
+            # Three versions to four plain sockets went straight to their transports; the
+            # deflate socket's went through the server's send, compressed.
+            assert hub.stats.direct == 3 * 4
+            assert (plain[0].protocol.extensions, deflated.protocol.extensions != []) == ([], True)
+            for c in everyone:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(c.recv(), 0.2)
+                await c.close()
+
+    run(body)
