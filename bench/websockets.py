@@ -83,6 +83,7 @@ def client_worker(args: argparse.Namespace) -> int:
 
     import orjson
     from websockets.client import ClientProtocol
+    from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory
     from websockets.frames import Frame, Opcode
     from websockets.http11 import Response
     from websockets.typing import Origin
@@ -101,7 +102,11 @@ def client_worker(args: argparse.Namespace) -> int:
 
     class Client(asyncio.Protocol):
         def __init__(self, url: str, opened: asyncio.Future[None]):
-            self.conn = ClientProtocol(parse_uri(url), origin=Origin(args.origin), max_size=2**22)
+            # As browsers do with --deflate: offer permessage-deflate (the server then
+            # compresses every frame it sends this socket).
+            extensions = [ClientPerMessageDeflateFactory(client_max_window_bits=True)] if args.deflate else None
+            self.conn = ClientProtocol(parse_uri(url), origin=Origin(args.origin), max_size=2**22,
+                                       extensions=extensions)
             self.opened = opened
             self.transport: asyncio.Transport | None = None
             self.held: int | None = None
@@ -197,7 +202,12 @@ def client_worker(args: argparse.Namespace) -> int:
             if transport is not None:
                 transport.abort()
 
-    asyncio.run(main())
+    if args.client_loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
     return 0
 
 
@@ -347,7 +357,7 @@ def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, 
         url = f"ws://127.0.0.1:{port}/ws/v1/seasons/{season.slug}/live"
         print(f"# [{label}] uvicorn --workers {args.workers} from {root} on port {port}; opening "
               f"{args.clients:,} sockets ({len(player_ids):,} with player_id) from {args.client_procs} client "
-              f"processes", flush=True)
+              f"processes ({args.client_loop}{', permessage-deflate' if args.deflate else ''})", flush=True)
         share = [args.clients // args.client_procs + (1 if i < args.clients % args.client_procs else 0)
                  for i in range(args.client_procs)]
         offset = 0
@@ -359,7 +369,8 @@ def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, 
             process = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--client-worker", "--url", url,
                  "--origin", f"http://127.0.0.1:{port}", "--count", str(count),
-                 "--worker-players", ",".join(mine), "--connect-concurrency", str(args.connect_concurrency)],
+                 "--worker-players", ",".join(mine), "--connect-concurrency", str(args.connect_concurrency),
+                 "--client-loop", args.client_loop, *(["--deflate"] if args.deflate else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
             )
             worker = Worker(process=process, count=count)
@@ -487,7 +498,7 @@ def run(args: argparse.Namespace) -> int:
     variants = [("current", ROOT)]
     if args.baseline_root:
         baseline = Path(args.baseline_root).resolve()
-        if not (baseline / "leaderboard" / "live.py").is_file():
+        if not (baseline / "config" / "asgi.py").is_file():
             raise SystemExit(f"--baseline-root {baseline} is not a checkout of this project")
         variants.insert(0, ("baseline", baseline))
 
@@ -518,7 +529,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"{args.clients:,} clients ({subscribed:,} with player_id), {args.players:,} players, "
           f"{args.changes:,} changes per version, {args.versions} versions per run, uvicorn --workers "
-          f"{args.workers}, {args.client_procs} client processes; medians over {args.runs} run(s)")
+          f"{args.workers}, {args.client_procs} client processes ({args.client_loop} loop"
+          f"{', permessage-deflate' if args.deflate else ''}); medians over {args.runs} run(s)")
     print()
     rows = []
     summary: dict[str, dict[str, float]] = {}
@@ -562,6 +574,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--connect-concurrency", type=int, default=100, help="handshakes in flight per client process")
+    parser.add_argument("--client-loop", choices=["uvloop", "asyncio"], default="uvloop",
+                        help="the client processes' event loop (uvloop: less of the shared cores taken by the "
+                             "clients; asyncio: the clients of the figures before 2026-12-01)")
+    parser.add_argument("--deflate", action="store_true",
+                        help="clients offer permessage-deflate, as browsers do (frames compressed per socket)")
     parser.add_argument("--connect-timeout", type=float, default=180.0)
     parser.add_argument("--round-timeout", type=float, default=30.0)
     parser.add_argument("--pause", type=float, default=0.3, help="seconds between versions")
