@@ -53,7 +53,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 # This file is bench/websockets.py: with bench/ first on sys.path (as it is when the file
 # is run), `import websockets` would import this script instead of the library.
@@ -113,8 +113,8 @@ def client_worker(args: argparse.Namespace) -> int:
             self.first = True
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            assert isinstance(transport, asyncio.Transport)
-            self.transport = transport
+            # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+            self.transport = cast(asyncio.Transport, transport)
             self.conn.send_request(self.conn.connect())
             self.flush()
 
