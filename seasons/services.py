@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
 from audit.selectors import staff_role_granters
@@ -35,6 +35,7 @@ from leaderboard.core.tiebreak import first_reached_problem, reached_text
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import changes_after_q, stream_last_watermark
 from leaderboard.ledger_databases import ledger_placement_extended, ledger_placement_for
+from leaderboard.ledger_reads import ledger_databases_list, ledger_is_default, ledger_rows_exist
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import ScoreChange
 from leaderboard.recovery.reconcile import display_order_sql, version_reconcile
@@ -292,7 +293,7 @@ def season_final_candidate_build(*, season: Season, actor: Actor, sample: int | 
         )
     report = version_reconcile(
         r=redis_get(), keys=season_keys(season), season_id=season.pk, version=manifest.version,
-        sample=sample if sample is not None else settings.FINAL_SAMPLE_SIZE,
+        sample=sample if sample is not None else settings.FINAL_SAMPLE_SIZE, season=season,
     )
     with transaction.atomic():
         FinalCandidate.objects.filter(
@@ -382,7 +383,7 @@ def season_final_approve(*, candidate: FinalCandidate, actor: Actor, reason: str
         manifest_row = ManifestRow.objects.get(season=season, version=locked.version)
         newer = ScoreChange.objects.filter(season_id=season.pk).filter(changes_after_q(Watermark.from_columns(
             manifest_row.watermark_txid, manifest_row.watermark_id, manifest_row.watermark_vector)))
-        if newer.exists():
+        if ledger_rows_exist(season=season, queryset=newer):
             raise SeasonError("the ledger changed after the candidate version: build a new candidate")
         digest, total = final_standings_write(season=season)
         if total != manifest_row.total_players:
@@ -415,6 +416,11 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
     In a first_reached season both order equal scores by reached_at, and rank() shares a
     rank only between equal (score, reached_at). In a season with regions the same two,
     partitioned by region, give each player with a region their regional place.
+
+    A season whose partitions live in other databases too is ranked the same way from a
+    temporary table in "default" that each database's rows are streamed into first
+    (`_final_scores_gather`): the same rows ranked by the same statement, so the standings
+    and their hash are the ones one database would give.
     """
     first_reached = season.tie_break == TIE_BREAK_FIRST_REACHED
     order = display_order_sql(first_reached=first_reached)
@@ -428,17 +434,50 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
     else:
         # PlayerScore.region is "" here anyway; spelled out so such a season's rows never differ.
         regional = "'', NULL, NULL"
+    source = "leaderboard_playerscore WHERE season_id = %s" if ledger_is_default(season=season) else None
     with connection.cursor() as cursor:
+        if source is None:
+            _final_scores_gather(season=season)
+            source = f"{_FINAL_SCORES} WHERE season_id = %s"
         cursor.execute(
             "INSERT INTO seasons_finalstanding (season_id, position, rank, player_id, score, reached_at, "
             "region, regional_position, regional_rank) "
             f"SELECT %s, row_number() OVER w, rank() OVER ({ties}), player_id, score, "
             f"{'reached_at' if first_reached else 'NULL'}, {regional} "
-            f"FROM leaderboard_playerscore WHERE season_id = %s WINDOW w AS ({order})",
+            f"FROM {source} WINDOW w AS ({order})",
             [season.pk, season.pk],
         )
+        if source.startswith(_FINAL_SCORES):
+            cursor.execute(f"DROP TABLE {_FINAL_SCORES}")
     season.save(update_fields=["final_regional"])
     return final_standings_hash(season_id=season.pk)
+
+
+# The temporary table a split season's current scores are gathered into for its standings.
+_FINAL_SCORES = "final_scores_gathered"
+_FINAL_COLUMNS = "season_id, player_id, score, reached_at, region"
+
+
+def _final_scores_gather(*, season: Season) -> None:
+    """Every ledger database's current scores of the season into a temporary table of
+    "default" (this session's only), with the columns' own types: "default"'s rows by an
+    INSERT ... SELECT, each other database's by a binary COPY streamed from it into this
+    one, a chunk at a time (the rows never all in memory)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {_FINAL_SCORES}")
+        cursor.execute(f"CREATE TEMPORARY TABLE {_FINAL_SCORES} AS SELECT {_FINAL_COLUMNS} "
+                       "FROM leaderboard_playerscore WITH NO DATA")
+        for alias in ledger_databases_list(season=season):
+            if alias == DEFAULT_DB_ALIAS:
+                cursor.execute(f"INSERT INTO {_FINAL_SCORES} SELECT {_FINAL_COLUMNS} FROM leaderboard_playerscore "
+                               "WHERE season_id = %s", [season.pk])
+                continue
+            with connections[alias].cursor() as source, source.copy(
+                f"COPY (SELECT {_FINAL_COLUMNS} FROM leaderboard_playerscore WHERE season_id = %s) "
+                "TO STDOUT (FORMAT BINARY)", [season.pk],
+            ) as rows, cursor.copy(f"COPY {_FINAL_SCORES} FROM STDIN (FORMAT BINARY)") as into:
+                for chunk in rows:
+                    into.write(chunk)
 
 
 def final_standings_hash(*, season_id: int) -> tuple[str, int]:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from django.conf import settings
@@ -22,9 +22,18 @@ from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.lifecycle import ACCEPTING_STATES
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.splits import SplitProposal
+from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias_of_player
+from leaderboard.ledger_reads import (
+    ledger_queryset_of_player,
+    ledger_querysets_each,
+    ledger_rows_count,
+    ledger_rows_list,
+    ledger_rows_merged,
+)
 from leaderboard.metrics import LAG_BOUNDS, season_backlog_seconds
 from leaderboard.models import (
     ACTIVE_REBUILD_STATUSES,
+    ApiClient,
     FriendList,
     LateResult,
     Manifest,
@@ -132,7 +141,8 @@ def seasons_overview(*, now: datetime | None = None, window_seconds: int = DEFAU
             players_per_version=[m[2] for m in reversed(manifests)],
             open_disputes=Dispute.objects.filter(season=season, status__in=[Dispute.Status.OPEN,
                                                                             Dispute.Status.REVOCATION_PROPOSED]).count(),
-            pending_late=LateResult.objects.filter(season=season, status=LateResult.Status.PENDING).count(),
+            pending_late=ledger_rows_count(season=season, queryset=LateResult.objects.filter(
+                season=season, status=LateResult.Status.PENDING)),
             pending_revocations=ScoreRevocation.objects.filter(season=season,
                                                                status=ScoreRevocation.Status.PROPOSED).count(),
             active_rebuild=RebuildJob.objects.filter(season=season, status__in=ACTIVE_REBUILD_STATUSES).first(),
@@ -320,9 +330,11 @@ def _bucket_changes(season: Season, layout: BucketLayout, window_seconds: float)
     covered = min(window_seconds, (now - max(season.starts_at, season.created_at)).total_seconds())
     counts = [0] * layout.size
     rows = (ScoreChange.objects.filter(season=season).order_by("-txid", "-id")
-            .values_list("new_score", "committed_at")[:CHANGE_SAMPLE])
+            .values_list("new_score", "committed_at", "txid", "id"))
     read, oldest = 0, now
-    for score, committed_at in rows.iterator(chunk_size=20_000):
+    # Each ledger database's newest, merged (a txid names its partition: one order for all).
+    for score, committed_at, _, _ in ledger_rows_merged(season=season, queryset=rows,
+                                                        key=lambda row: (-row[2], -row[3]), limit=CHANGE_SAMPLE):
         if committed_at < since:
             break
         counts[layout.bucket_of(score)] += 1
@@ -374,9 +386,10 @@ class PlayerDetail:
 def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
     from leaderboard.views.selectors import leaderboard_reader
 
-    events = list(ScoreEvent.objects.filter(season=season, player_id=player_id).select_related("client")
-                  .order_by("id"))
-    score = PlayerScore.objects.filter(season=season, player_id=player_id).first()
+    events = _with_clients(ledger_queryset_of_player(
+        season=season, player_id=player_id,
+        queryset=ScoreEvent.objects.filter(season=season, player_id=player_id).order_by("id")))
+    score = player_score_get(season=season, player_id=player_id)
     setter = None
     if score is not None:
         setter = next((e for e in reversed(events) if e.status == "applied" and e.score_after == score.score), None)
@@ -410,12 +423,40 @@ def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
         revocations=list(ScoreRevocation.objects.filter(season=season, player_id=player_id).order_by("-id")),
         disputes=list(Dispute.objects.filter(season=season, player_id=player_id).order_by("-id")),
         conflicts=_conflict_rows(
-            ScoreEventConflict.objects.filter(season=season)
-            .filter(Q(event_id__in=[e.event_id for e in events]) | Q(payload__player_id=player_id))
-            .select_related("client").order_by("-id")[:CONFLICTS_SHOWN],
+            _conflicts_newest(season=season, limit=CONFLICTS_SHOWN, queryset=ScoreEventConflict.objects.filter(
+                season=season).filter(Q(event_id__in=[e.event_id for e in events]) | Q(payload__player_id=player_id))),
             season=season, known={e.event_id: e for e in events},
         ),
     )
+
+
+_Clients = TypeVar("_Clients", ScoreEvent, ScoreEventConflict)
+
+
+def _with_clients(queryset: QuerySet[_Clients], *, limit: int | None = None) -> list[_Clients]:
+    """The (first `limit`) rows with their API clients: joined in "default"; a ledger
+    database holds no ApiClient rows, so there they are read from "default" in one query."""
+    if queryset.db == DEFAULT_ALIAS:
+        return list(queryset.select_related("client")[:limit])
+    rows = list(queryset[:limit])
+    clients = ApiClient.objects.in_bulk({row.client_id for row in rows if row.client_id is not None})
+    field = queryset.model._meta.get_field("client")
+    for row in rows:
+        if row.client_id is not None:
+            # Cached, not assigned: the router refuses a relation across databases.
+            field.set_cached_value(row, clients[row.client_id])  # type: ignore[union-attr]
+    return rows
+
+
+def _conflicts_newest(*, season: Season, queryset: QuerySet[ScoreEventConflict], limit: int
+                      ) -> list[ScoreEventConflict]:
+    """The newest `limit` conflicts of `queryset` across the season's ledger databases (by
+    arrival: ids are per database)."""
+    parts = [_with_clients(qs.order_by("-id"), limit=limit)
+             for qs in ledger_querysets_each(season=season, queryset=queryset)]
+    if len(parts) == 1:
+        return parts[0]
+    return sorted((c for part in parts for c in part), key=lambda c: c.received_at, reverse=True)[:limit]
 
 
 # The conflicting deliveries a page lists (newest first); the season page counts them all.
@@ -439,7 +480,8 @@ def _conflict_rows(conflicts: Iterable[ScoreEventConflict], *, season: Season,
     originals = dict(known or {})
     missing = {c.event_id for c in rows} - set(originals)
     if missing:
-        originals.update((e.event_id, e) for e in ScoreEvent.objects.filter(season=season, event_id__in=missing))
+        originals.update((e.event_id, e) for e in ledger_rows_list(
+            season=season, queryset=ScoreEvent.objects.filter(season=season, event_id__in=missing)))
     out = []
     for conflict in rows:
         original = originals.get(conflict.event_id)
@@ -465,8 +507,9 @@ class SeasonConflicts:
 def season_conflicts(*, season: Season, limit: int = 20) -> SeasonConflicts:
     """How many conflicting deliveries the season has had, and the newest `limit` of them."""
     qs = ScoreEventConflict.objects.filter(season=season)
-    return SeasonConflicts(total=qs.count(),
-                           recent=_conflict_rows(qs.select_related("client").order_by("-id")[:limit], season=season))
+    return SeasonConflicts(total=ledger_rows_count(season=season, queryset=qs),
+                           recent=_conflict_rows(_conflicts_newest(season=season, queryset=qs, limit=limit),
+                                                 season=season))
 
 
 def dispute_notes(*, dispute: Dispute) -> list[DisputeNote]:
@@ -478,7 +521,8 @@ def dispute_revocations(*, dispute: Dispute) -> list[ScoreRevocation]:
 
 
 def player_score_get(*, season: Season, player_id: str) -> PlayerScore | None:
-    return PlayerScore.objects.filter(season=season, player_id=player_id).first()
+    return ledger_queryset_of_player(season=season, player_id=player_id,
+                                     queryset=PlayerScore.objects.filter(season=season, player_id=player_id)).first()
 
 
 # ---------------------------------------------------------------- regions and friends
@@ -529,8 +573,11 @@ def season_region_sizes(*, season: Season) -> SeasonRegionSizes:
     cached: SeasonRegionSizes | None = cache.get(key)
     if cached is None:
         started = time.monotonic()
-        counts = dict(PlayerScore.objects.filter(season=season).values("region").order_by()
-                      .annotate(players=Count("id")).values_list("region", "players"))
+        counts: dict[str, int] = {}
+        for region, players in ledger_rows_list(season=season, queryset=PlayerScore.objects.filter(
+                season=season).values("region").order_by().annotate(players=Count("id")).values_list(
+                "region", "players")):
+            counts[region] = counts.get(region, 0) + players
         total = sum(counts.values())
         unlisted = sorted(set(counts) - set(season.regions) - {""})
         cached = SeasonRegionSizes(
@@ -587,12 +634,21 @@ def player_regions(*, player_id: str) -> PlayerRegions:
     # By (season, player): the unique constraint's index answers it; by player alone, nothing would.
     held = dict(PlayerScore.objects.filter(season_id__in=list(seasons), player_id=player_id)
                 .values_list("season_id", "region"))
+    region_moves = (ScoreChange.objects.filter(player_id=player_id, event_id__startswith=REGION_MOVE_PREFIX)
+                    .order_by("season_id", "txid", "id")
+                    .values_list("season_id", "old_region", "region", "event_id", "committed_at", "txid", "id"))
+    rows = list(region_moves)
+    # Seasons whose player's partition lives in another database: their rows from there.
+    elsewhere = {pk: ledger_alias_of_player(season=s, player_id=player_id)
+                 for pk, s in seasons.items() if s.ledger_databases}
+    for pk, alias in elsewhere.items():
+        if alias != DEFAULT_ALIAS:
+            held.update(PlayerScore.objects.using(alias).filter(season_id=pk, player_id=player_id)
+                        .values_list("season_id", "region"))
+            rows += list(region_moves.using(alias).filter(season_id=pk))
     moves: dict[int, list[RegionMove]] = {}
-    for season_id, old_region, region, event_id, committed_at, txid, change_id in (
-        ScoreChange.objects.filter(player_id=player_id, event_id__startswith=REGION_MOVE_PREFIX)
-        .order_by("season_id", "txid", "id")
-        .values_list("season_id", "old_region", "region", "event_id", "committed_at", "txid", "id")
-    ):
+    for season_id, old_region, region, event_id, committed_at, txid, change_id in sorted(
+            rows, key=lambda row: (row[0], row[5], row[6])):
         moves.setdefault(season_id, []).append(RegionMove(
             old_region=old_region, region=region, profile_version=int(event_id.removeprefix(REGION_MOVE_PREFIX)),
             committed_at=committed_at, txid=txid, change_id=change_id))
@@ -664,10 +720,12 @@ def revocations_filtered(*, status: str = "", season: str = "") -> QuerySet[Scor
 
 
 def late_results(*, season: Season, status: str = LateResult.Status.PENDING) -> list[LateResult]:
+    """The first 500 in arrival order, from each ledger database (a late result lives
+    with its ledger event)."""
     qs = LateResult.objects.filter(season=season).select_related("ledger_event").order_by("id")
     if status:
         qs = qs.filter(status=status)
-    return list(qs[:500])
+    return ledger_rows_merged(season=season, queryset=qs, key=lambda late: (late.received_at, late.pk), limit=500)
 
 
 def final_candidates(*, season: Season) -> list[FinalCandidate]:

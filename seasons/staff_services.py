@@ -38,6 +38,7 @@ from leaderboard.core.events import (
 from leaderboard.core.ledger import APPLIED
 from leaderboard.core.lifecycle import two_person_refusal
 from leaderboard.ingest.services import score_events_apply
+from leaderboard.ledger_reads import ledger_queryset_of_player
 from leaderboard.models import LateResult, PlayerScore, ReconciliationRun
 from leaderboard.ratelimit import rate_take, request_address
 from leaderboard.recovery.reconcile import reconciliation_run
@@ -333,7 +334,10 @@ def dispute_reject(*, dispute: Dispute, reason: str, actor: Actor) -> Dispute:
 
 
 def _player_state(season: Season, player_id: str) -> tuple[int | None, int]:
-    row = PlayerScore.objects.filter(season=season, player_id=player_id).values_list("score", "score_version").first()
+    row = ledger_queryset_of_player(
+        season=season, player_id=player_id,
+        queryset=PlayerScore.objects.filter(season=season, player_id=player_id).values_list("score", "score_version"),
+    ).first()
     return (row[0], int(row[1])) if row is not None else (None, 0)
 
 

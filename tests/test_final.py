@@ -193,6 +193,35 @@ def test_end_to_end_seal_candidate_two_person_approval_and_durable_hashed_standi
         season_final_candidate_build(season=season, actor=SYSTEM)
 
 
+def test_a_season_split_over_ledger_databases_gets_the_standings_and_hash_of_one_database(
+    season_factory: SeasonFactory, post_scores: Post
+) -> None:
+    """The same scores in a season of 8 ledger partitions and in one of a single partition:
+    with LEDGER_PARTITION_URLS placing partitions 4-7 in a database of their own the first
+    is split (its standings are ranked from every database's rows gathered in "default"),
+    the second is all in "default"; their standings and hashes are the same, byte for byte."""
+    from leaderboard.ledger_databases import ledger_aliases
+
+    cutoff = datetime.now(UTC) - timedelta(minutes=5)
+    split, whole = (season_factory(slug=slug, starts_at=cutoff - timedelta(days=10), cutoff=cutoff,
+                                   partitions=partitions)
+                    for slug, partitions in (("final-split", 8), ("final-whole", 1)))
+    assert list(ledger_aliases(season=whole)) == ["default"]
+    for season in (split, whole):
+        load(post_scores, season, Events(season.slug, in_season(season)))
+        finalize(season)
+    rows = final_rows(split)
+    assert rows == final_rows(whole) == as_rows(Standings(SCORES))
+    hashes = [ManifestRow.objects.get(season=s, is_final=True).content_hash for s in (split, whole)]
+    assert hashes[0] == hashes[1] == canonical_sha256(rows)
+    assert final_standings_hash(season_id=split.pk) == (hashes[0], len(SCORES))
+    # Split, some of those players' rows live in the second database only.
+    aliases = list(ledger_aliases(season=split))
+    for alias in aliases[1:]:
+        assert PlayerScore.objects.using(alias).filter(season_id=split.pk).exists()
+    assert sum(PlayerScore.objects.using(alias).filter(season_id=split.pk).count() for alias in aliases) == len(SCORES)
+
+
 def test_final_standings_rows_are_immutable_in_the_database(season_factory: SeasonFactory, post_scores: Post) -> None:
     season = closing_season(season_factory, "immutable")
     load(post_scores, season, Events("imm", in_season(season)), {"a": 5, "b": 3})

@@ -45,6 +45,7 @@ from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
 from leaderboard.core.tiebreak import first_reached_problem, index_value, value_score
 from leaderboard.ingest.selectors import score_change_heads_after, stream_changes_between
+from leaderboard.ledger_reads import ledger_querysets_each
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.recovery.reconcile import recovery_reconcile, version_reconcile
 from leaderboard.redis_client import redis_get
@@ -398,10 +399,10 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             rankview.manifest_store(r, keys, candidate, token=token)
             if built:
                 report = recovery_reconcile(r=r, keys=keys, season_id=season.pk, version=version, replayed=replayed,
-                                            sample=settings.REBUILD_SAMPLE_SIZE)
+                                            sample=settings.REBUILD_SAMPLE_SIZE, season=season)
             else:
                 report = version_reconcile(r=r, keys=keys, season_id=season.pk, version=version,
-                                           sample=settings.REBUILD_SAMPLE_SIZE)
+                                           sample=settings.REBUILD_SAMPLE_SIZE, season=season)
         RebuildJob.objects.filter(pk=job.pk).update(compared_version=live.version if live else None,
                                                     report=report.as_dict())
         job.report = report.as_dict()
@@ -589,8 +590,13 @@ def season_split_recommendations(*, season: Season, window_seconds: float = 600.
     changes = [0] * live.layout.size
     recent = ScoreChange.objects.filter(season_id=season.pk, committed_at__gte=since).values_list("new_score",
                                                                                                  flat=True)
-    for score in recent[:200_000].iterator(chunk_size=20_000):
-        changes[live.layout.bucket_of(score)] += 1
+    left = 200_000
+    for rows in ledger_querysets_each(season=season, queryset=recent):
+        for score in rows[:left].iterator(chunk_size=20_000):
+            changes[live.layout.bucket_of(score)] += 1
+            left -= 1
+        if left <= 0:
+            break
     parts = 4
     quantiles: dict[int, list[int]] = {}
     order: list[int] = []

@@ -17,7 +17,7 @@ of its full scan (docs/architecture.md, Reconciling a recovery, says why that is
 from __future__ import annotations
 
 import time
-from bisect import bisect_right
+from bisect import bisect_left
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, connections
 from django.db.models import Count
 from django.utils import timezone
 
@@ -45,6 +45,12 @@ from leaderboard.core.reconciliation import (
 )
 from leaderboard.core.tiebreak import FirstReached, IndexValue, index_key, lookup_value, value_score, value_token
 from leaderboard.ingest.selectors import changes_after_q
+from leaderboard.ledger_reads import (
+    ledger_databases_list,
+    ledger_players_group,
+    ledger_querysets_each,
+    ledger_snapshot,
+)
 from leaderboard.models import PlayerScore, ReconciliationRun, ScoreChange
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
@@ -99,49 +105,57 @@ def _rank_key(value: IndexValue) -> Any:
 
 
 class ScoreHistogram:
-    """count(ahead of v) for any value v on one board, from (value, players) rows of a
-    GROUP BY over the ledger's current scores: players with a higher score, or on a
-    first_reached board the same score reached earlier.
+    """One board of the ledger as of a version's watermark, in counts: its players, its
+    players per bucket of `layout`, and count(ahead of v) for each value v of `queries`
+    (players with a higher score, or on a first_reached board the same score reached
+    earlier), the values asked for being known before the rows are read.
 
-    `moved` maps players whose value on this board changed after the version's watermark
-    to their current value and their value at the watermark (None: not on the board then),
-    so the histogram is the ledger's as of that watermark.
+    Fed (value, players) rows of a GROUP BY over the current scores one at a time (`add`),
+    then `finish`ed with `moved`: players whose value on this board changed after the
+    watermark, with their current value and their value at the watermark (None: not on
+    the board then). It holds a count per value asked for and per bucket, never the rows:
+    a first_reached season has about a row per player.
     """
 
-    def __init__(self, rows: Iterable[tuple[IndexValue, int]], moved: Moved | None = None):
-        counts: dict[Any, int] = {}
-        for value, n in rows:
-            counts[_rank_key(value)] = counts.get(_rank_key(value), 0) + n
+    def __init__(self, *, queries: Iterable[IndexValue] = (), layout: BucketLayout | None = None):
+        self._keys = sorted({_rank_key(value) for value in queries})
+        # _slots[i]: the players ahead of exactly the values _keys[:i] (bisect_left of theirs).
+        self._slots = [0] * (len(self._keys) + 1)
+        self._ahead: dict[Any, int] = {}
+        self.layout = layout
+        self._counts = [0] * layout.size if layout is not None else []
+        self.total = 0
+
+    def add(self, value: IndexValue, players: int) -> None:
+        self._slots[bisect_left(self._keys, _rank_key(value))] += players
+        if self.layout is not None:
+            self._counts[self.layout.bucket_of(value_score(value))] += players
+        self.total += players
+
+    def finish(self, moved: Moved | None = None) -> ScoreHistogram:
         for now, then in (moved or {}).values():
             if now is not None:
-                counts[_rank_key(now)] -= 1
+                self.add(now, -1)
             if then is not None:
-                counts[_rank_key(then)] = counts.get(_rank_key(then), 0) + 1
-        rows_ = sorted((score, n) for score, n in counts.items() if n)
-        self.scores = [score for score, _ in rows_]
-        self.at_or_below: list[int] = []
+                self.add(then, 1)
         running = 0
-        for _, count in rows_:
-            running += count
-            self.at_or_below.append(running)
-        self.total = running
+        for i in range(len(self._keys), 0, -1):
+            running += self._slots[i]
+            self._ahead[self._keys[i - 1]] = running
+        return self
 
-    def higher_than(self, score: IndexValue) -> int:
-        index = bisect_right(self.scores, _rank_key(score))
-        below = self.at_or_below[index - 1] if index else 0
-        return self.total - below
+    def higher_than(self, value: IndexValue) -> int:
+        """count(ahead of `value`): one of the values it was made for."""
+        return self._ahead[_rank_key(value)]
 
     def bucket_counts(self, layout: BucketLayout) -> list[int]:
-        """The players in each bucket of `layout`: exact, from the same rows as the ranks."""
-        counts = [0] * layout.size
-        below = 0
-        for key, at_or_below in zip(self.scores, self.at_or_below, strict=True):
-            counts[layout.bucket_of(key if isinstance(key, int) else key[0])] += at_or_below - below
-            below = at_or_below
-        return counts
+        """The players in each bucket of `layout` (the one it was made with): exact, from
+        the same rows as the ranks."""
+        assert self.layout is not None and layout.lower_bounds == self.layout.lower_bounds
+        return list(self._counts)
 
 
-def ledger_moved_since(*, season_id: int, watermark: Watermark, ties: FirstReached | None = None,
+def ledger_moved_since(*, season: Season, watermark: Watermark, ties: FirstReached | None = None,
                        regions: bool = False) -> LedgerMoves:
     """Players changed after `watermark`, with their values (and with `regions`, their
     regions) now and at the watermark.
@@ -151,21 +165,23 @@ def ledger_moved_since(*, season_id: int, watermark: Watermark, ties: FirstReach
     retained watermark is the current table plus these few rows. Read in (txid, id)
     order: partition after partition, each in commit order, which is every player's
     order (a player's changes are in one partition, or after a repartition in partitions
-    numbered in the order they were used).
+    numbered in the order they were used). With several ledger databases, each database's
+    changes in that order: a player's changes all live in one of them.
     """
     moved: dict[str, IndexValue | None] = {}
     was_in: dict[str, str] = {}
     after = (
-        ScoreChange.objects.filter(season_id=season_id)
+        ScoreChange.objects.filter(season_id=season.pk)
         .filter(changes_after_q(watermark))
         .order_by("txid", "id")
         .values_list("player_id", "old_score", "old_reached_at", "old_region")
     )
-    for player_id, old_score, old_reached, old_region in after.iterator(chunk_size=20_000):
-        if player_id not in moved:
-            moved[player_id] = _value(ties, old_score, old_reached) if old_score is not None else None
-            was_in[player_id] = old_region
-    current = {p: (value, region) for p, value, region in _scores(season_id, ties, players=list(moved),
+    for rows in ledger_querysets_each(season=season, queryset=after):
+        for player_id, old_score, old_reached, old_region in rows.iterator(chunk_size=20_000):
+            if player_id not in moved:
+                moved[player_id] = _value(ties, old_score, old_reached) if old_score is not None else None
+                was_in[player_id] = old_region
+    current = {p: (value, region) for p, value, region in _scores(season, ties, players=list(moved),
                                                                   regions=regions)}
     values = {p: (current[p][0] if p in current else None, then) for p, then in moved.items()}
     if not regions:
@@ -177,54 +193,59 @@ def _value(ties: FirstReached | None, score: int, reached_at: datetime | None) -
     return score if ties is None else (score, ties.reached_ms(reached_at))
 
 
-def ledger_histograms(*, season_id: int, ties: FirstReached | None, moves: LedgerMoves,
-                      regions: Sequence[str] = ()) -> dict[str, ScoreHistogram]:
+def ledger_histograms(*, season: Season, ties: FirstReached | None, moves: LedgerMoves,
+                      boards: Sequence[Manifest], queries: dict[str, list[IndexValue]]) -> dict[str, ScoreHistogram]:
     """Each board's histogram of the ledger as of the version's watermark ("" the global
-    board, then each of `regions`), from one GROUP BY over the current scores."""
-    rows = _histogram(season_id, ties, by_region=bool(regions))
-    histograms = {"": ScoreHistogram(((value, n) for _, value, n in rows), moves.on_board(""))}
-    for region in regions:
-        histograms[region] = ScoreHistogram(((value, n) for where, value, n in rows if where == region),
-                                            moves.on_board(region))
-    return histograms
+    board, then each regional one of `boards`), for the values `queries` names per board,
+    from one GROUP BY over the current scores of each ledger database, streamed."""
+    histograms = {board.board: ScoreHistogram(queries=queries.get(board.board, ()), layout=board.layout)
+                  for board in boards}
+    by_region = len(histograms) > 1
+    everyone = histograms[""]
+    for region, value, n in _histogram(season, ties, by_region=by_region):
+        everyone.add(value, n)
+        if region and region in histograms:
+            histograms[region].add(value, n)
+    return {name: histogram.finish(moves.on_board(name)) for name, histogram in histograms.items()}
 
 
-def _histogram(season_id: int, ties: FirstReached | None = None, *, by_region: bool = False
-               ) -> list[tuple[str, IndexValue, int]]:
-    """(region, value, players) rows; the region is "" unless `by_region`."""
-    if ties is not None:
-        fields = ("region", "score", "reached_at") if by_region else ("score", "reached_at")
-        grouped = (PlayerScore.objects.filter(season_id=season_id).values(*fields)
-                   .annotate(n=Count("id")).order_by().values_list(*fields, "n"))
-        return [(row[0] if by_region else "", _value(ties, row[-3], row[-2]), int(row[-1])) for row in grouped]
-    group = "region, score" if by_region else "score"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {group}, count(*) FROM leaderboard_playerscore WHERE season_id = %s GROUP BY {group}",
-            [season_id],
-        )
-        return [(str(row[0]) if by_region else "", int(row[-2]), int(row[-1])) for row in cursor.fetchall()]
+def _histogram(season: Season, ties: FirstReached | None = None, *, by_region: bool = False
+               ) -> Iterator[tuple[str, IndexValue, int]]:
+    """(region, value, players) rows, from each ledger database on a server-side cursor;
+    the region is "" unless `by_region`."""
+    fields = ("score", *(("reached_at",) if ties is not None else ()))
+    fields = ("region", *fields) if by_region else fields
+    grouped = (PlayerScore.objects.filter(season_id=season.pk).values(*fields)
+               .annotate(n=Count("id")).order_by().values_list(*fields, "n"))
+    for rows in ledger_querysets_each(season=season, queryset=grouped):
+        for row in rows.iterator(chunk_size=20_000):
+            value = int(row[-2]) if ties is None else _value(ties, row[-3], row[-2])
+            yield (str(row[0]) if by_region else "", value, int(row[-1]))
 
 
-def ledger_top(*, season_id: int, limit: int = 100, moved: Moved | None = None,
+def ledger_top(*, season: Season, limit: int = 100, moved: Moved | None = None,
                ties: FirstReached | None = None, region: str = "") -> list[tuple[str, IndexValue]]:
     """The first `limit` players of a board ("" the global one, else `region`'s) in display
-    order, as of the watermark `moved` was taken at (its moves as that board sees them)."""
+    order, as of the watermark `moved` was taken at (its moves as that board sees them):
+    each ledger database's first ones, merged by the sort below."""
     moved = moved or {}
     where = "season_id = %s AND region = %s" if region else "season_id = %s"
-    params: list[Any] = [season_id, region] if region else [season_id]
-    if ties is None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT player_id, score FROM leaderboard_playerscore WHERE {where} {display_order_sql()} LIMIT %s",
-                [*params, limit + len(moved)],
-            )
-            rows: list[tuple[str, IndexValue]] = [(p, int(score)) for p, score in cursor.fetchall() if p not in moved]
-    else:
-        top = PlayerScore.objects.raw(
-            f"SELECT id, player_id, score, reached_at FROM leaderboard_playerscore WHERE {where} "
-            f"{display_order_sql(first_reached=True)} LIMIT %s", [*params, limit + len(moved)])
-        rows = [(row.player_id, _value(ties, row.score, row.reached_at)) for row in top if row.player_id not in moved]
+    params: list[Any] = [season.pk, region] if region else [season.pk]
+    rows: list[tuple[str, IndexValue]] = []
+    for alias in ledger_databases_list(season=season):
+        if ties is None:
+            with connections[alias].cursor() as cursor:
+                cursor.execute(
+                    f"SELECT player_id, score FROM leaderboard_playerscore WHERE {where} {display_order_sql()} "
+                    "LIMIT %s", [*params, limit + len(moved)],
+                )
+                rows += [(p, int(score)) for p, score in cursor.fetchall() if p not in moved]
+        else:
+            top = PlayerScore.objects.using(alias).raw(
+                f"SELECT id, player_id, score, reached_at FROM leaderboard_playerscore WHERE {where} "
+                f"{display_order_sql(first_reached=True)} LIMIT %s", [*params, limit + len(moved)])
+            rows += [(row.player_id, _value(ties, row.score, row.reached_at)) for row in top
+                     if row.player_id not in moved]
     rows += [(p, then) for p, (_, then) in moved.items() if then is not None]
     rows.sort(key=lambda row: (tuple(-x for x in _as_tuple(_rank_key(row[1]))), row[0].encode()))
     return rows[:limit]
@@ -234,7 +255,7 @@ def _as_tuple(key: Any) -> tuple[int, ...]:
     return key if isinstance(key, tuple) else (key,)
 
 
-def ledger_bucket_checksums(*, season_id: int, manifest: Manifest, moves: LedgerMoves
+def ledger_bucket_checksums(*, season: Season, manifest: Manifest, moves: LedgerMoves
                             ) -> dict[str, tuple[list[int], list[int]]]:
     """Each board's (counts, checksums) per bucket of the manifest's layout ("" the global
     board, then each of its regions), of the ledger as of its watermark, in one scan."""
@@ -252,7 +273,7 @@ def ledger_bucket_checksums(*, season_id: int, manifest: Manifest, moves: Ledger
         if region and region in boards:
             add(region, player_id, value)
 
-    for player_id, value, region in _scores(season_id, manifest.ties, regions=bool(manifest.regions)):
+    for player_id, value, region in _scores(season, manifest.ties, regions=bool(manifest.regions)):
         if player_id not in moves.values:
             place(player_id, value, region)
     for player_id, (_, then) in moves.values.items():
@@ -261,31 +282,40 @@ def ledger_bucket_checksums(*, season_id: int, manifest: Manifest, moves: Ledger
     return boards
 
 
-def _scores(season_id: int, ties: FirstReached | None = None, players: list[str] | None = None,
+def _scores(season: Season, ties: FirstReached | None = None, players: list[str] | None = None,
             regions: bool = False) -> Iterator[tuple[str, IndexValue, str]]:
     """(player_id, value, region) of the season's current scores (of `players` only, when
-    given); the region is read only with `regions` ("" otherwise)."""
-    rows = PlayerScore.objects.filter(season_id=season_id)
-    if players is not None:
-        rows = rows.filter(player_id__in=players)
+    given, each asked of the database holding it); the region is read only with `regions`
+    ("" otherwise)."""
     columns = ("player_id", "score", *(("reached_at",) if ties is not None else ()), *(("region",) if regions else ()))
-    for row in rows.values_list(*columns).iterator(chunk_size=20_000):
-        value = row[1] if ties is None else _value(ties, row[1], row[2])
-        yield row[0], value, row[-1] if regions else ""
+    rows = PlayerScore.objects.filter(season_id=season.pk)
+    if players is None:
+        querysets = ledger_querysets_each(season=season, queryset=rows)
+    else:
+        querysets = [rows.using(alias).filter(player_id__in=names)
+                     for alias, names in ledger_players_group(season=season, player_ids=players).items()]
+    for queryset in querysets:
+        for row in queryset.values_list(*columns).iterator(chunk_size=20_000):
+            value = row[1] if ties is None else _value(ties, row[1], row[2])
+            yield row[0], value, row[-1] if regions else ""
 
 
 def version_reconcile(
-    *, r: redis.Redis, keys: rankview.Keys, season_id: int, version: int, sample: int = 1000, seed: int | None = None
+    *, r: redis.Redis, keys: rankview.Keys, season_id: int, version: int, sample: int = 1000, seed: int | None = None,
+    season: Season | None = None,
 ) -> Report:
     """Every check of docs/rules.md (FINAL candidate and approval) on one version, on each
     of its boards (the global one and every region's); each finding says what differs and
-    by how much, and names its board (core.reconciliation.board_check)."""
-    return _reconcile(r=r, keys=keys, season_id=season_id, version=version, sample=sample, seed=seed, replayed=None)
+    by how much, and names its board (core.reconciliation.board_check). In bounded
+    memory: the index is scanned a chunk at a time (invariants.version_check), the ledger
+    on server-side cursors into per-bucket counts and checksums."""
+    return _reconcile(r=r, keys=keys, season=season or Season.objects.get(pk=season_id), version=version,
+                      sample=sample, seed=seed, replayed=None)
 
 
 def recovery_reconcile(
     *, r: redis.Redis, keys: rankview.Keys, season_id: int, version: int, replayed: Collection[str],
-    sample: int = 1000, seed: int | None = None,
+    sample: int = 1000, seed: int | None = None, season: Season | None = None,
 ) -> Report:
     """A recovery's candidate against the ledger, without a full read of either side.
 
@@ -297,11 +327,11 @@ def recovery_reconcile(
     as of the watermark (one GROUP BY); each replayed player's value, buckets and region
     against it one by one; the invariant checker's bucket sizes and sampled ranks.
     """
-    return _reconcile(r=r, keys=keys, season_id=season_id, version=version, sample=sample, seed=seed,
-                      replayed=replayed)
+    return _reconcile(r=r, keys=keys, season=season or Season.objects.get(pk=season_id), version=version,
+                      sample=sample, seed=seed, replayed=replayed)
 
 
-def _reconcile(*, r: redis.Redis, keys: rankview.Keys, season_id: int, version: int, sample: int,
+def _reconcile(*, r: redis.Redis, keys: rankview.Keys, season: Season, version: int, sample: int,
                seed: int | None, replayed: Collection[str] | None) -> Report:
     report = version_check(r=r, keys=keys, version=version, sample=sample, full=replayed is None, seed=seed)
     manifest = rankview.manifest_get(r, keys, version)
@@ -309,19 +339,25 @@ def _reconcile(*, r: redis.Redis, keys: rankview.Keys, season_id: int, version: 
     if manifest is None or unreadable:
         return report
 
-    outer = connection.in_atomic_block
-    with transaction.atomic():
-        if connection.vendor == "postgresql" and not outer:
-            # One snapshot for every ledger read below: the table and the changes made
-            # after the version's watermark then describe the same moment.
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        _ledger_checks(r=r, keys=keys, season_id=season_id, manifest=manifest, sample=sample, seed=seed,
+    # One snapshot per ledger database for every ledger read below: the table and the
+    # changes made after the version's watermark then describe the same moment of each
+    # database's partitions (a player's rows all live in one database).
+    with ledger_snapshot(season=season):
+        _ledger_checks(r=r, keys=keys, season=season, manifest=manifest, sample=sample, seed=seed,
                        report=report, replayed=replayed)
     return report
 
 
-def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manifest: Manifest, sample: int,
+@dataclass(frozen=True, slots=True)
+class _Sampled:
+    """A board's sampled entries and their ledger values as of the watermark (value, region)."""
+
+    entries: list[Entry]
+    ledger: dict[str, tuple[IndexValue | None, str]]
+    unreadable: list[str]
+
+
+def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season: Season, manifest: Manifest, sample: int,
                    seed: int | None, report: Report, replayed: Collection[str] | None) -> None:
     """`replayed` None: every check, the per-bucket checksums recomputed from every row;
     else a recovery's (recovery_reconcile): per-bucket counts, and the replayed players."""
@@ -329,12 +365,22 @@ def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manif
     # the version's watermark (a recovery under sustained writes must still publish).
     ties = manifest.ties
     regions = list(manifest.regions)
-    moves = ledger_moved_since(season_id=season_id, watermark=manifest.watermark, ties=ties, regions=bool(regions))
-    histograms = ledger_histograms(season_id=season_id, ties=ties, moves=moves, regions=regions)
-    ledger_boards = (ledger_bucket_checksums(season_id=season_id, manifest=manifest, moves=moves)
-                     if replayed is None else None)
+    boards = version_boards(manifest)
+    moves = ledger_moved_since(season=season, watermark=manifest.watermark, ties=ties, regions=bool(regions))
     reader = rankview.RankReader(r, keys, deadline=3600)
-    for board in version_boards(manifest):
+    # The values whose ranks are checked are read first, so the histograms are counted for
+    # them in one pass over the ledger and never held whole.
+    tops = {board.board: ledger_top(season=season, limit=100, moved=moves.on_board(board.board), ties=ties,
+                                    region=board.board) for board in boards}
+    sampled = {board.board: _ledger_sampled(reader=reader, season=season, board=board, moves=moves,
+                                            sample=board_sample(sample, board=board, regions=len(regions)),
+                                            seed=seed) for board in boards}
+    queries = {name: [value for _, value in tops[name]]
+               + [value for value, _ in sampled[name].ledger.values() if value is not None] for name in tops}
+    histograms = ledger_histograms(season=season, ties=ties, moves=moves, boards=boards, queries=queries)
+    ledger_boards = (ledger_bucket_checksums(season=season, manifest=manifest, moves=moves)
+                     if replayed is None else None)
+    for board in boards:
         name = board.board
         histogram = histograms[name]
         report.add(
@@ -346,13 +392,10 @@ def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manif
                    f"sum of bucket counts {sum(board.counts)}, total {board.total}")
         expected_top = [
             {"position": i + 1, "rank": histogram.higher_than(value) + 1, "player_id": p, "score": value_score(value)}
-            for i, (p, value) in enumerate(ledger_top(season_id=season_id, limit=100, moved=moves.on_board(name),
-                                                      ties=ties, region=name))
+            for i, (p, value) in enumerate(tops[name])
         ]
         report.add(board_check("top_100", name), board.top == expected_top, first_mismatch(expected_top, board.top))
-        _ledger_sampled_ranks(reader=reader, season_id=season_id, board=board, moves=moves, histogram=histogram,
-                              sample=board_sample(sample, board=board, regions=len(regions)), seed=seed,
-                              report=report)
+        _ledger_sampled_ranks(board=board, sampled=sampled[name], histogram=histogram, report=report)
         if ledger_boards is None:
             counts = histogram.bucket_counts(board.layout)
             bad = [f"bucket {b}: ledger {counts[b]} players, version {board.counts[b]}"
@@ -368,14 +411,14 @@ def _ledger_checks(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manif
         ]
         report.add(board_check("ledger_bucket_checksums", name), not bad, "; ".join(bad[:10]))
     if replayed is not None:
-        _ledger_replayed_players(r=r, keys=keys, season_id=season_id, manifest=manifest, moves=moves,
+        _ledger_replayed_players(r=r, keys=keys, season=season, manifest=manifest, moves=moves,
                                  players=replayed, report=report)
 
 
-def _ledger_sampled_ranks(*, reader: rankview.RankReader, season_id: int, board: Manifest, moves: LedgerMoves,
-                          histogram: ScoreHistogram, sample: int, seed: int | None, report: Report) -> None:
-    """Sampled entries of one board against the ledger as of the watermark: the score, on a
-    regional board the player's region, and the rank as 1 + count(ahead) on that board."""
+def _ledger_sampled(*, reader: rankview.RankReader, season: Season, board: Manifest, moves: LedgerMoves,
+                    sample: int, seed: int | None) -> _Sampled:
+    """Sampled entries of one board, and their players' values and regions in the ledger
+    as of the watermark."""
     def entries_at(position: int) -> list[Entry] | str:
         try:
             return reader.entries_at(board, position, 1)
@@ -383,15 +426,22 @@ def _ledger_sampled_ranks(*, reader: rankview.RankReader, season_id: int, board:
             return f"position {position}: unreadable"
 
     read = sampled_reads(entries_at, stratified_positions(board.total, sample, seed=seed))
-    wrong = [found for found in read if isinstance(found, str)]
-    sampled = [entry for found in read if not isinstance(found, str) for entry in found]
-    players = [e.player_id for e in sampled]
+    unreadable = [found for found in read if isinstance(found, str)]
+    entries = [entry for found in read if not isinstance(found, str) for entry in found]
+    players = [e.player_id for e in entries]
     ledger: dict[str, tuple[IndexValue | None, str]] = {
-        p: (value, region) for p, value, region in _scores(season_id, board.ties, players=players,
+        p: (value, region) for p, value, region in _scores(season, board.ties, players=players,
                                                            regions=bool(board.board))}
     ledger.update({p: (then, moves.regions.get(p, ("", ""))[1]) for p, (_, then) in moves.values.items()})
-    for entry in sampled:
-        value, region = ledger.get(entry.player_id, (None, ""))
+    return _Sampled(entries=entries, ledger=ledger, unreadable=unreadable)
+
+
+def _ledger_sampled_ranks(*, board: Manifest, sampled: _Sampled, histogram: ScoreHistogram, report: Report) -> None:
+    """Sampled entries of one board against the ledger as of the watermark: the score, on a
+    regional board the player's region, and the rank as 1 + count(ahead) on that board."""
+    wrong = list(sampled.unreadable)
+    for entry in sampled.entries:
+        value, region = sampled.ledger.get(entry.player_id, (None, ""))
         if value is None or value_score(value) != entry.score:
             wrong.append(f"{entry.player_id}: version score {entry.score}, ledger {value}")
             continue
@@ -403,14 +453,14 @@ def _ledger_sampled_ranks(*, reader: rankview.RankReader, season_id: int, board:
         if ledger_rank != entry.rank:
             wrong.append(f"{entry.player_id}: version rank {entry.rank}, ledger 1 + count(higher) = {ledger_rank}")
     report.add(board_check("ledger_sampled_ranks", board.board), not wrong,
-               f"{len(sampled)} sampled; " + "; ".join(wrong[:10]))
+               f"{len(sampled.entries)} sampled; " + "; ".join(wrong[:10]))
 
 
 # Replayed players read from the ledger per query, and their checks sent per round trip.
 REPLAYED_BATCH = 10_000
 
 
-def _ledger_replayed_players(*, r: redis.Redis, keys: rankview.Keys, season_id: int, manifest: Manifest,
+def _ledger_replayed_players(*, r: redis.Redis, keys: rankview.Keys, season: Season, manifest: Manifest,
                              moves: LedgerMoves, players: Collection[str], report: Report) -> None:
     """Each player a recovery's catch-up replayed, against the ledger as of the watermark,
     one by one: the lookup's value, the member in the bucket of that value (by its sort
@@ -422,7 +472,7 @@ def _ledger_replayed_players(*, r: redis.Redis, keys: rankview.Keys, season_id: 
     ledger: dict[str, tuple[IndexValue | None, str]] = {}
     for start in range(0, len(wanted), REPLAYED_BATCH):
         ledger.update({p: (value, region) for p, value, region in _scores(
-            season_id, ties, players=wanted[start:start + REPLAYED_BATCH], regions=bool(boards))})
+            season, ties, players=wanted[start:start + REPLAYED_BATCH], regions=bool(boards))})
     expected = {p: ledger.get(p, (None, "")) for p in wanted}
     expected.update({p: (then, moves.regions.get(p, ("", ""))[1])
                      for p, (_, then) in moves.values.items() if p in expected})
@@ -515,13 +565,13 @@ def _ledger_spot_check(*, r: redis.Redis, keys: rankview.Keys, season: Season, m
         read = sampled_reads(partial(_entry_at, reader, board), positions)
         sampled.append((board, [entry for entries in read for entry in entries]))
     players = list({e.player_id for _, entries in sampled for e in entries})
-    moved = set(
-        ScoreChange.objects.filter(season_id=season.pk, player_id__in=players)
-        .filter(changes_after_q(manifest.watermark))
-        .values_list("player_id", flat=True)
-    )
-    ledger = {p: (score, region) for p, score, region in PlayerScore.objects.filter(
-        season_id=season.pk, player_id__in=players).values_list("player_id", "score", "region")}
+    moved: set[str] = set()
+    ledger: dict[str, tuple[int, str]] = {}
+    for alias, names in ledger_players_group(season=season, player_ids=players).items():
+        moved.update(ScoreChange.objects.using(alias).filter(season_id=season.pk, player_id__in=names)
+                     .filter(changes_after_q(manifest.watermark)).values_list("player_id", flat=True))
+        ledger.update((p, (score, region)) for p, score, region in PlayerScore.objects.using(alias).filter(
+            season_id=season.pk, player_id__in=names).values_list("player_id", "score", "region"))
     # On a first_reached board the reached_at of these players is checked by the rank and
     # checksum comparisons of version_reconcile; the spot check compares scores.
     for board, entries in sampled:

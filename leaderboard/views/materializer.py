@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypedDict
 import psycopg
 import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connections, transaction
 from django.db.models import Count, Q
 
 from leaderboard.core.buckets import BucketLayout
@@ -48,6 +48,7 @@ from leaderboard.ingest.selectors import (
     stream_committed_watermark,
 )
 from leaderboard.metrics import metrics_epoch_observe
+from leaderboard.ledger_reads import ledger_databases_list, ledger_rows_count, ledger_rows_list
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, PlayerScore, RebuildJob, ScoreChange
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
@@ -482,7 +483,8 @@ def _metrics_observe(*, season: Season, r: redis.Redis, after: Watermark | None,
         if after is not None:
             rows = rows.filter(changes_after_q(after))
         batches = rows.values("committed_at").annotate(n=Count("id")).order_by().values_list("committed_at", "n")
-        lags = [((published_at - committed_at).total_seconds(), int(n)) for committed_at, n in batches]
+        lags = [((published_at - committed_at).total_seconds(), int(n))
+                for committed_at, n in ledger_rows_list(season=season, queryset=batches)]
         metrics_epoch_observe(season_slug=season.slug, duration_ms=epoch_ms, lags=lags, r=r)
     except Exception:  # noqa: BLE001 - best effort
         log.warning("season %s: epoch metrics not recorded", season.slug, exc_info=True)
@@ -591,7 +593,7 @@ def season_copies_build(
     keys = season_keys(season)
     ties = season_ties(season)
     # Counted first: the copies' lookup shards are sized for the players they will hold.
-    total = PlayerScore.objects.filter(season_id=season.pk).count()
+    total = ledger_rows_count(season=season, queryset=PlayerScore.objects.filter(season_id=season.pk))
     shards = lookup_shards_for(players=total)
     metas = []
     for copy in copies:
@@ -668,12 +670,20 @@ def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool,
     per second of the COPY text it replaced, split and parsed in Python, and ~15x keyset
     pages ordered by player_id), with reached_at already in ms (no timestamp parsed per
     row). Inside a transaction (tests that never commit), and on SQLite, keyset pages
-    through the ORM on Django's connection.
+    through the ORM on Django's connection. Each ledger database of the season in turn (a
+    build does not need the rows in any order).
     """
-    if connection.vendor == "postgresql" and not connection.in_atomic_block:
-        yield from _score_batches_fetched(season=season, ties=ties, regional=regional, size=size)
+    for alias in ledger_databases_list(season=season):
+        yield from _score_batches_of(season=season, alias=alias, ties=ties, regional=regional, size=size)
+
+
+def _score_batches_of(*, season: Season, alias: str, ties: FirstReached | None, regional: bool, size: int
+                      ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
+    """`_score_batches` of one ledger database."""
+    if connections[alias].vendor == "postgresql" and not connections[alias].in_atomic_block:
+        yield from _score_batches_fetched(season=season, alias=alias, ties=ties, regional=regional, size=size)
         return
-    scores = PlayerScore.objects.filter(season_id=season.pk)
+    scores = PlayerScore.objects.using(alias).filter(season_id=season.pk)
     columns: tuple[str, ...] = ("player_id", "score") if ties is None else ("player_id", "score", "reached_at")
     if regional:
         columns = (*columns, "region")
@@ -693,7 +703,7 @@ def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool,
 _score_of = itemgetter(1)  # a fetched row's score
 
 
-def _score_batches_fetched(*, season: Season, ties: FirstReached | None, regional: bool, size: int
+def _score_batches_fetched(*, season: Season, alias: str, ties: FirstReached | None, regional: bool, size: int
                            ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
     columns = ["player_id", "score"]
     if ties is not None:
@@ -702,7 +712,7 @@ def _score_batches_fetched(*, season: Season, ties: FirstReached | None, regiona
         columns.append("region")
     params: list[Any] = [ties.origin_ms] if ties is not None else []
     sql = f"SELECT {', '.join(columns)} FROM leaderboard_playerscore WHERE season_id = %s"
-    conn = psycopg.connect(**connection.get_connection_params())
+    conn = psycopg.connect(**connections[alias].get_connection_params())
     try:
         # One statement, one snapshot, taken after the watermark was read (as COPY's was).
         with conn.transaction(), conn.cursor(name=f"build-{season.pk}") as cursor:

@@ -9,9 +9,11 @@ from django.conf import settings
 from leaderboard.core.errors import ReadUnavailable, retry_after_seconds
 from leaderboard.core.ranking import Entry
 from leaderboard.ingest.services import api_token_hash
+from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias_of_player
 from leaderboard.models import ApiClient, FriendList, PlayerScore
 from leaderboard.redis_client import redis_get
 from leaderboard.views.rankview import Keys, RankReader
+from seasons.models import Season
 
 # reached_at is stored to the millisecond, so the product is a whole number.
 
@@ -46,17 +48,28 @@ def player_pending_score(*, season_slug: str, player_id: str, published: Entry |
     """The ledger's committed score when the published version does not have it yet.
 
     `region`: on that region's board, so only while the ledger has the player in it (a
-    player the ledger has moved elsewhere has nothing pending on this board)."""
-    scores = PlayerScore.objects.filter(season__slug=season_slug, player_id=player_id)
+    player the ledger has moved elsewhere has nothing pending on this board).
+
+    One query joined to the season, in "default"; only when that finds no row is the
+    season looked at, and the player's row asked of their ledger database if it is
+    another (whose tables hold no Season rows to join)."""
+    scores = PlayerScore.objects.filter(player_id=player_id)
     if region is not None:
         scores = scores.filter(region=region)
     row = (
-        scores
+        scores.filter(season__slug=season_slug)
         .values_list("score", "score_version", "season__published_version")
         .first()
     )
     if row is None:
-        return None
+        season = Season.objects.filter(slug=season_slug).first()
+        alias = ledger_alias_of_player(season=season, player_id=player_id) if season is not None else DEFAULT_ALIAS
+        if season is None or alias == DEFAULT_ALIAS:
+            return None
+        found = scores.using(alias).filter(season_id=season.pk).values_list("score", "score_version").first()
+        if found is None:
+            return None
+        row = (*found, season.published_version)
     score, score_version, published_version = row
     if published is not None and published.score == score:
         return None
