@@ -10,11 +10,12 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from leaderboard.ledger_reads import ledger_is_default
 from leaderboard.models import LateResult
 from seasons import staff_forms as f
 from seasons import staff_selectors as sel
@@ -274,8 +275,14 @@ def late_results(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 def _late(slug: str, late_id: int) -> LateResult:
-    return get_object_or_404(LateResult.objects.select_related("season", "ledger_event"), pk=late_id,
+    late = get_object_or_404(LateResult.objects.select_related("season", "ledger_event"), pk=late_id,
                              season__slug=slug)
+    if not ledger_is_default(season=late.season):
+        # Its late results live in several databases, each numbering its own: an id does
+        # not name one, and a change there could not commit with its audit row in
+        # "default". They are listed, and applied or dismissed nowhere here.
+        raise Http404("late results of a season whose ledger spans databases are not acted on here")
+    return late
 
 
 @GET_OR_POST
