@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, transaction
@@ -72,27 +72,6 @@ def ledger_rows_merged(*, season: Season, queryset: QuerySet[_M, _Row], key: Cal
     parts = [list(qs if limit is None else qs[:limit]) for qs in querysets]
     merged = heapq.merge(*parts, key=key)
     return list(merged) if limit is None else [row for _, row in zip(range(limit), merged, strict=False)]
-
-
-def ledger_sql_rows(*, season: Season, sql: str, params: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
-    """The rows of one SQL query run on each of the season's databases, database after database."""
-    for alias in ledger_aliases(season=season):
-        with connections[alias].cursor() as cursor:
-            cursor.execute(sql, params)
-            yield from cursor.fetchall()
-
-
-def ledger_sql_merged(*, season: Season, sql: str, params: Sequence[Any], key: Callable[[tuple[Any, ...]], Any]
-                      ) -> list[tuple[Any, ...]]:
-    """The rows of one ordered SQL query run on each of the season's databases, merged in
-    the order `key` gives (with a LIMIT in `sql`, take that many of the result)."""
-    aliases = list(ledger_aliases(season=season))
-    parts = []
-    for alias in aliases:
-        with connections[alias].cursor() as cursor:
-            cursor.execute(sql, params)
-            parts.append(cursor.fetchall())
-    return parts[0] if len(parts) == 1 else list(heapq.merge(*parts, key=key))
 
 
 @contextlib.contextmanager
