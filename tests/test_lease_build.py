@@ -75,3 +75,68 @@ def test_a_build_that_loses_its_lease_midway_leaves_its_copy_broken_and_the_next
     apply_events(season, [events.result("p0002", 8_888)])
     assert publish(season) == 3
     assert_matches_ledger(season)
+
+
+def test_a_lease_that_expires_mid_build_stops_the_build_at_its_next_batch(
+        season: Season, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Nobody took the season (its lease just expired): no newer token refuses the build's
+    writes, so only the build's own renewal notices, before the next batch."""
+    r = redis_get()
+    keys = keys_of(season)
+    events, building = _season_with_one_copy(season)
+    apply_events(season, [events.result("p0003", 7_777)])
+    _small_build_batches(monkeypatch, 50)
+    real = materializer._build_writes
+    built = {"batches": 0}
+
+    def expiring(*args: Any) -> Any:
+        built["batches"] += 1
+        if built["batches"] == 3:
+            r.delete(keys.lease)
+        return real(*args)
+
+    monkeypatch.setattr(materializer, "_build_writes", expiring)
+    with caplog.at_level("WARNING", logger=materializer.__name__), pytest.raises(rankview.FenceLost):
+        epoch(season)
+    monkeypatch.setattr(materializer, "_build_writes", real)
+    assert built["batches"] == 3, "the build went on writing without its lease"
+    assert f"lease was lost while building copy {building}" in caplog.text
+    meta = rankview.copy_meta_load(r, keys, building)
+    assert meta is not None and meta.state == rankview.STATE_BROKEN
+
+    assert publish(season) == 2
+    assert_matches_ledger(season)
+
+
+def test_a_build_that_holds_the_interpreter_longer_than_the_lease_keeps_it(
+        season: Season, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """The build's fetch holds the interpreter (as psycopg does converting a big fetch's
+    rows) for three leases: the keeper thread cannot renew meanwhile, and the build keeps
+    the season only because it holds the longer build lease."""
+    import ctypes
+
+    import psycopg
+
+    r = redis_get()
+    keys = keys_of(season)
+    events, building = _season_with_one_copy(season)
+    apply_events(season, [events.result("p0004", 6_666)])
+    settings.EPOCH_LEASE_SECONDS = 0.5
+    _small_build_batches(monkeypatch, 100)
+    hold = ctypes.PyDLL(None).usleep  # a C call that keeps the interpreter lock (PyDLL)
+    real = psycopg.ServerCursor.fetchmany
+    fetches = {"n": 0}
+
+    def converting(self: Any, size: int = 0) -> Any:
+        fetches["n"] += 1
+        if fetches["n"] == 2:
+            hold(1_500_000)
+        return real(self, size)
+
+    monkeypatch.setattr(psycopg.ServerCursor, "fetchmany", converting)
+    assert publish(season) == 2
+    monkeypatch.setattr(psycopg.ServerCursor, "fetchmany", real)
+    assert fetches["n"] >= 2, "the build did not read the scores through the server-side cursor"
+    assert current_manifest(season).copy == building
+    assert r.get(keys.lease) is None  # given back, not left to expire
+    assert_matches_ledger(season)

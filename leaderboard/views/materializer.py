@@ -8,6 +8,7 @@ watermark (first start, lost views, the bulk loader).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import zlib
@@ -77,6 +78,16 @@ BUILD_BATCH = 200_000
 BUILD_SHARD_FILL = 4
 BUILD_BATCH_MAX = 1 << 20
 BUILD_TRANSACTION_WRITES = 50_000
+# A batch's rows are fetched and sorted this many at a time, in sorted runs: psycopg
+# converts a fetch's rows, and list.sort sorts, in one call each that holds the
+# interpreter, and the lease's keeper thread cannot renew meanwhile (a fetch of 1M rows
+# held it 0.3 s at load 7, its sort 0.3-0.7 s; 200,000 at a time, about a fifth of that).
+BUILD_FETCH_PIECE = 200_000
+# An epoch that builds a copy from the scores holds the season's lease this long between
+# renewals (rankview.LeaseKeeper.stretched) instead of EPOCH_LEASE_SECONDS: a build pauses
+# its process for a second and more on a loaded machine, and a killed coordinator's build
+# is lost anyway, so another taking over 30 s later instead of 2 costs nothing readers see.
+BUILD_LEASE_SECONDS = 30.0
 # A coordinator runs the epochs noted while it held the season back to back for at most
 # this long, then leaves the note to the next tick's task (another worker may take it).
 EPOCH_HOLD_SECONDS = 15.0
@@ -230,7 +241,7 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
         keeper.start()
         result: EpochResult | None = None
         while True:
-            run, read = _epoch(season=season, r=r, keys=keys, token=token)
+            run, read = _epoch(season=season, r=r, keys=keys, token=token, keeper=keeper)
             if catch_up and run.status == "published":
                 run = replace(run, catch_up_ms=_catch_up_quietly(season=season, r=r, keys=keys, token=token,
                                                                  read=read))
@@ -359,9 +370,10 @@ def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Ke
     return _epoch(season=season, r=r, keys=keys, token=token)[0]
 
 
-def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
-           ) -> tuple[EpochResult, StreamRead | None]:
-    """The epoch, and the stream rows it applied (for the catch-up) when it published."""
+def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
+           keeper: rankview.LeaseKeeper | None = None) -> tuple[EpochResult, StreamRead | None]:
+    """The epoch, and the stream rows it applied (for the catch-up) when it published.
+    `keeper`: the lease's keeper, whose lease a build from the scores stretches."""
     started = time.monotonic()
     season.refresh_from_db(fields=["published_version", "layout", "final_version"])
     current_version = rankview.pointer_get(r, keys)
@@ -414,7 +426,10 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int
     # ledger at its watermark (one HMGET of every changed player fewer: ~10% of an epoch).
     exact = target is not None and not rebuild and target.exact and target.state == rankview.STATE_READY
     if target is None or rebuild:
-        target = season_copy_build(season=season, copy=target_name, layout=layout, r=r, token=token)
+        with (keeper.stretched(int(BUILD_LEASE_SECONDS * 1000)) if keeper is not None
+              else contextlib.nullcontext()):
+            target = season_copy_build(season=season, copy=target_name, layout=layout, r=r, token=token,
+                                       lease=keeper)
         changes = list(_changes_after(season_id=season.pk, cursor=target.watermark, ties=ties,
                                       regions=regional))
         if current is not None:
@@ -561,15 +576,16 @@ def manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_m
 
 def season_copy_build(
     *, season: Season, copy: str, layout: BucketLayout, r: redis.Redis, token: int | None,
-    progress: BuildProgress | None = None,
+    progress: BuildProgress | None = None, lease: rankview.LeaseKeeper | None = None,
 ) -> rankview.CopyMeta:
     """Fill `copy` from the current-scores table (`season_copies_build` of one copy)."""
-    return season_copies_build(season=season, copies=[copy], layout=layout, r=r, token=token, progress=progress)[0]
+    return season_copies_build(season=season, copies=[copy], layout=layout, r=r, token=token, progress=progress,
+                               lease=lease)[0]
 
 
 def season_copies_build(
     *, season: Season, copies: list[str], layout: BucketLayout, r: redis.Redis, token: int | None,
-    progress: BuildProgress | None = None,
+    progress: BuildProgress | None = None, lease: rankview.LeaseKeeper | None = None,
 ) -> list[rankview.CopyMeta]:
     """Fill each of `copies` from the current-scores table, from a change-stream watermark
     taken first, in one read of the table.
@@ -579,6 +595,9 @@ def season_copies_build(
     newer one); every change after the watermark is replayed by whoever finishes the
     copy (an epoch, or a rebuild's catch-up), and replay is absolute and keeps the newest
     version per player, so a score the scan already saw changing is harmless.
+
+    `lease`: the keeper of the lease `token` holds, renewed before each batch: a lease
+    lost mid-build stops it at the next batch instead of at its end, minutes later.
 
     The rows stream out of PostgreSQL on a connection of the build's own
     (`_score_batches`), so progress and heartbeats still commit on Django's meanwhile.
@@ -615,21 +634,33 @@ def season_copies_build(
     shard_keys = _ShardKeys(keys, shards, first.groups)
     sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"build-{season.slug}")
     in_flight: Future[None] | None = None
+    started = time.monotonic()
     try:
-        for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards),
-                                             size=min(BUILD_BATCH_MAX, max(BUILD_BATCH, BUILD_SHARD_FILL * shards))):
-            with gc_paused():  # tuples and lists by the hundred thousand, none in a cycle
+        # The collector off for the whole loop, not batch by batch: turned back on while a
+        # batch is alive (rows, writes, their encoding: millions of objects), its next
+        # collection walks them all in one call that holds the interpreter (1.7 s for a
+        # batch of 1M rows at load 9), and the lease's keeper cannot renew meanwhile. The
+        # loop makes no cycles; each batch is freed by reference counting once sent.
+        size = min(BUILD_BATCH_MAX, max(BUILD_BATCH, BUILD_SHARD_FILL * shards))
+        with gc_paused():
+            for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards), size=size):
+                if lease is not None:
+                    lease.renew()
                 writes = _build_writes(keys, first, batch, counts, checksums, regions, copies, shard_keys, token)
                 # Routed to their masters and encoded here, while the sender waits on Redis.
                 packed = rankview.nodes_pack(r, [(fence, call) for _, fence, call, _ in writes])
+                if in_flight is not None:
+                    in_flight.result()
+                in_flight = sender.submit(_send_build_batch, r, keys, writes, packed, token)
+                done += len(batch)
+                if progress is not None:
+                    progress.advance(done)
+                del batch, regions, writes, packed  # gone before the collector is back on
             if in_flight is not None:
                 in_flight.result()
-            in_flight = sender.submit(_send_build_batch, r, keys, writes, packed, token)
-            done += len(batch)
-            if progress is not None:
-                progress.advance(done)
-        if in_flight is not None:
-            in_flight.result()
+    except rankview.FenceLost:
+        _build_lease_lost(season=season, copies=copies, done=done, total=total, started=started)
+        raise
     finally:
         sender.shutdown(wait=True)
     for meta in metas:
@@ -644,8 +675,18 @@ def season_copies_build(
         # applied; from here an epoch may take the build over (the changes since `watermark`).
         meta.watermark = watermark
         meta.state = rankview.STATE_APPLYING
-        rankview.copy_fields_set(r, keys, meta.copy, meta.fields(), token=token)
+        try:
+            rankview.copy_fields_set(r, keys, meta.copy, meta.fields(), token=token)
+        except rankview.FenceLost:
+            _build_lease_lost(season=season, copies=copies, done=done, total=total, started=started)
+            raise
     return metas
+
+
+def _build_lease_lost(*, season: Season, copies: list[str], done: int, total: int, started: float) -> None:
+    log.warning("season %s: the season's lease was lost while building copy %s from the scores (%s of %s players "
+                "written, %.0f s): the copy stays broken and the next lease holder builds it again",
+                season.slug, ", ".join(copies), f"{done:,}", f"{total:,}", time.monotonic() - started)
 
 
 def _send_build_batch(r: redis.Redis, keys: rankview.Keys, writes: list[_BuildWrite],
@@ -717,11 +758,7 @@ def _score_batches_fetched(*, season: Season, alias: str, ties: FirstReached | N
         # One statement, one snapshot, taken after the watermark was read (as COPY's was).
         with conn.transaction(), conn.cursor(name=f"build-{season.pk}") as cursor:
             cursor.execute(sql, [*params, season.pk])
-            while rows := cursor.fetchmany(size):
-                # Score descending is the index's order: each bucket's ZADD then inserts each
-                # member next to the previous one, so Redis's skiplist search stays in cache
-                # (into a 5M-member set ~2.3 us a member in batches of 200k, ~5.9 unsorted).
-                rows.sort(key=_score_of, reverse=True)
+            while rows := _rows_sorted_fetch(cursor, size):
                 regions = [row[-1] for row in rows] if regional else None
                 if ties is None:
                     yield [(row[0], row[1]) for row in rows], regions
@@ -729,6 +766,20 @@ def _score_batches_fetched(*, season: Season, alias: str, ties: FirstReached | N
                     yield [(row[0], (row[1], row[2])) for row in rows], regions
     finally:
         conn.close()
+
+
+def _rows_sorted_fetch(cursor: psycopg.ServerCursor[Any], size: int) -> list[Any]:
+    """Up to `size` rows in runs of BUILD_FETCH_PIECE, each sorted score descending, fetched
+    and sorted a run at a time so that no call holding the interpreter is long (merging
+    the runs would be one more: 0.6 s for 1M rows at load 6). Score descending is the
+    index's order: each bucket's ZADD then inserts each member of a run next to the
+    previous one, so Redis's skiplist search stays in cache (into a 5M-member set ~2.3 us
+    a member in sorted batches of 200k, ~5.9 unsorted)."""
+    rows: list[Any] = []
+    while len(rows) < size and (piece := cursor.fetchmany(min(BUILD_FETCH_PIECE, size - len(rows)))):
+        piece.sort(key=_score_of, reverse=True)
+        rows += piece
+    return rows
 
 
 class _ShardKeys:

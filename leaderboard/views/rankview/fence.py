@@ -1,8 +1,10 @@
 """The season's lease, fencing tokens, fenced transactions and the atomic pointer swap."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -123,6 +125,7 @@ class LeaseKeeper:
 
     def __init__(self, r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int, max_seconds: float):
         self.r, self.keys, self.token, self.ttl_ms = r, keys, token, ttl_ms
+        self.base_ttl_ms = ttl_ms
         self.deadline = time.monotonic() + max_seconds
         self.lost = False
         self._stop = threading.Event()
@@ -142,8 +145,33 @@ class LeaseKeeper:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def renew(self) -> None:
+        """Renew now, from the caller's thread: a long job's own loop proves it progresses
+        (the keeper's renewals only that its process lives). FenceLost once the lease is lost."""
+        if self.lost or not lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms):
+            self.lost = True
+            raise FenceLost(f"season {self.keys.season}: lease {self.token} lost (expired or taken over)")
+
+    @contextlib.contextmanager
+    def stretched(self, ttl_ms: int) -> Iterator[LeaseKeeper]:
+        """The lease renewed with `ttl_ms` (not less than its own) for the block: a copy's
+        build from the scores holds the interpreter in single calls (a fetch converting
+        its rows, a sort, a garbage collection) and waits on Redis behind long scripts, for
+        more than a 2 s lease on a loaded machine. The keeper still renews every third of
+        the short lease; a dead holder keeps the season `ttl_ms` at most, against the
+        minutes its build would have taken. Fencing is unchanged."""
+        self.ttl_ms = max(ttl_ms, self.base_ttl_ms)
+        try:
+            self.renew()
+            yield self
+        finally:
+            self.ttl_ms = self.base_ttl_ms
+            if not self.lost:
+                with contextlib.suppress(FenceLost, redis.RedisError):
+                    self.renew()  # back to the short lease now, not at the keeper's next tick
+
     def _run(self) -> None:
-        while not self._stop.wait(self.ttl_ms / 3000) and time.monotonic() < self.deadline:
+        while not self._stop.wait(self.base_ttl_ms / 3000) and time.monotonic() < self.deadline:
             try:
                 if not lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms):
                     self.lost = True
