@@ -11,6 +11,7 @@ from leaderboard.core.lifecycle import MATERIALIZED_STATES
 from leaderboard.metrics import metrics_seasons_sample
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
 from leaderboard.recovery.reconcile import reconciliation_run
+from leaderboard.views.rankview import FenceLost
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,14 @@ def season_epoch(season_id: int) -> str:
     season = Season.objects.filter(pk=season_id).first()
     if season is None:
         return "missing"
-    result = season_epoch_advance(season=season)
+    try:
+        result = season_epoch_advance(season=season)
+    except FenceLost as lost:
+        # Another coordinator holds the season, or this one's lease expired: nothing was
+        # published, and the next lease holder goes on from what is left (a copy cut short
+        # reads as broken and is built again).
+        log.warning("season %s: the epoch lost the season's lease and published nothing: %s", season.slug, lost)
+        return "lease lost"
     if result.status == "published":
         log.info("season %s: published v%s (%s players changed, %.1f ms; older copy caught up in %s ms)",
                  season.slug, result.version, result.changed_players, result.duration_ms,
