@@ -559,7 +559,16 @@ def wire_of(send: Callable[..., Any]) -> Any | None:
     owner = getattr(send, "__self__", None)
     if _SANSIO is None or not isinstance(owner, _SANSIO):
         return None
+    # What `wire_write` reads, checked once: a uvicorn or websockets release that renamed
+    # any of it gets the ASGI send rather than a socket dropped by an AttributeError.
+    conn = getattr(owner, "conn", None)
+    if not (all(hasattr(owner, name) for name in _WIRE_FIELDS)
+            and all(hasattr(conn, name) for name in ("state", "extensions", "writes"))):
+        return None
     return owner
+
+
+_WIRE_FIELDS = ("transport", "writable", "handshake_complete", "close_sent", "disconnected", "initial_response")
 
 
 def wire_write(wire: Any, frame: bytes) -> bool:
