@@ -115,6 +115,44 @@ def season_ledger_alias(*, season: Season) -> str:
     return aliases[0]
 
 
+# Season id -> its placement (Season.ledger_databases, or ("default",)): fixed for good
+# once the season exists (a repartition keeps a season in its one database and refuses a
+# split one), so the change-stream readers of every epoch look it up once per process.
+_placements: dict[int, tuple[str, ...]] = {}
+
+
+def season_placement_by_id(*, season_id: int) -> tuple[str, ...]:
+    """The season's placement by id, cached: one alias when its partitions share a
+    database (whatever partitions a repartition adds), else one per partition id."""
+    placement = _placements.get(season_id)
+    if placement is None:
+        from seasons.models import Season
+
+        slug, recorded = Season.objects.filter(pk=season_id).values_list("slug", "ledger_databases").get()
+        distinct = list(dict.fromkeys(recorded or [DEFAULT_ALIAS]))
+        for alias in distinct:
+            if alias not in settings.DATABASES:
+                raise LedgerDatabaseMissing(season_slug=slug, alias=alias)
+        placement = _placements[season_id] = tuple(distinct if len(distinct) == 1 else recorded)
+    return placement
+
+
+def ledger_alias_by_id(*, season_id: int, partition: int) -> str:
+    """ledger_alias for a season known by its id (the change-stream readers)."""
+    placement = season_placement_by_id(season_id=season_id)
+    return placement[0] if len(placement) == 1 else placement[partition]
+
+
+def ledger_databases_by_id(*, season_id: int) -> list[str]:
+    """Every database holding partitions of the season known by its id, "default" first."""
+    distinct = list(dict.fromkeys(season_placement_by_id(season_id=season_id)))
+    return sorted(distinct, key=lambda alias: alias != DEFAULT_ALIAS)
+
+
+def ledger_placement_cache_clear() -> None:
+    _placements.clear()
+
+
 @contextlib.contextmanager
 def ledger_atomic(*, aliases: Iterable[str]) -> Iterator[None]:
     """One transaction in each database, entered in the order given and committed in the

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +36,7 @@ from tests.support import (
     db_scores,
     final_rows,
     finalize,
+    ledger_rows,
     materialize,
 )
 
@@ -52,6 +53,12 @@ def players_in(partitions: int, partition: int, count: int, prefix: str = "p") -
             found.append(player)
         i += 1
     return found
+
+
+def connections_close() -> None:
+    """A thread's connections back (to the pool): every database's, the ledger databases' too."""
+    for conn in connections.all(initialized_only=True):
+        conn.close()
 
 
 def apply(season: Season, events: list[dict[str, Any]]) -> ApplyResult:
@@ -87,7 +94,7 @@ class HeldBatch:
             self.error = exc
             self.applied.set()
         finally:
-            connection.close()
+            connections_close()
 
     def release(self) -> None:
         self._release.set()
@@ -101,7 +108,7 @@ def in_thread(fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         finally:
-            connection.close()
+            connections_close()
 
     return ThreadPoolExecutor(1).submit(run)
 
@@ -127,9 +134,9 @@ def test_writers_on_disjoint_partitions_hold_their_locks_at_the_same_time(
         held.release()
     assert statuses_of(same.result(timeout=10)) == ["applied"]
     assert db_scores(season) == {a: 10, b: 20, c: 30}
-    changes = list(ScoreChange.objects.filter(season=season).order_by("id").values_list("player_id", "txid"))
+    changes = ledger_rows(ScoreChange, season, "player_id", "txid")
     assert {p: txid_partition(t) for p, t in changes} == {a: 1, b: 6, c: 1}
-    assert dict(StreamHead.objects.filter(season=season).values_list("partition", "head")) == {
+    assert dict(ledger_rows(StreamHead, season, "partition", "head")) == {
         1: 1 << TXID_PARTITION_SHIFT | 2, 6: 6 << TXID_PARTITION_SHIFT | 1}
 
 
@@ -155,14 +162,13 @@ def test_the_same_new_event_id_on_two_partitions_at_once_is_a_conflict_not_an_er
     if first_commits:
         assert statuses_of(result) == ["conflict", "applied"]
         assert db_scores(season) == {a: 5, b: 9}
-        assert list(ScoreEventConflict.objects.filter(season=season).values_list("event_id", flat=True)) == [
-            "shared"]
+        assert ledger_rows(ScoreEventConflict, season, "event_id") == ["shared"]
     else:
         assert statuses_of(result) == ["applied", "applied"]
         assert db_scores(season) == {b: 9}
     # Each change exactly once: nothing of the second batch's failed attempt was kept.
-    assert ScoreChange.objects.filter(season=season).count() == 2
-    assert list(ScoreChange.objects.filter(season=season, player_id=b).values_list("event_id", flat=True)) == (
+    assert len(ledger_rows(ScoreChange, season, "id")) == 2
+    assert [e for e, p in ledger_rows(ScoreChange, season, "event_id", "player_id") if p == b] == (
         ["own"] if first_commits else ["shared", "own"])
 
 
@@ -207,7 +213,7 @@ def test_two_shared_new_event_ids_in_opposite_orders_deadlock_into_conflicts_not
     a_run.result(timeout=20)
     assert statuses_of(b_run.result(timeout=20)) == ["conflict", "conflict"]
     assert db_scores(season) == {a: 6}
-    assert sorted(ScoreEventConflict.objects.filter(season=season).values_list("event_id", flat=True)) == ["x", "y"]
+    assert sorted(ledger_rows(ScoreEventConflict, season, "event_id")) == ["x", "y"]
 
 
 def advisory_locks_held() -> int:
@@ -259,14 +265,14 @@ def test_a_batch_spanning_partitions_commits_as_a_whole_with_a_number_per_partit
     ev = Events("sp")
     result = apply(season, [ev.result(p, 10 + i) for i, p in enumerate(players)])
     assert statuses_of(result) == ["applied"] * 8
-    rows = list(ScoreChange.objects.filter(season=season).values_list("player_id", "txid"))
+    rows = ledger_rows(ScoreChange, season, "player_id", "txid")
     for player, txid in rows:
         assert txid == partition_of(player, 4) << TXID_PARTITION_SHIFT | 1
     # A failing batch leaves nothing in any partition (one transaction).
     bad = [ev.result(players[0], 99), {**ev.result(players[5], 98), "score_version": -1}]
     with pytest.raises(Exception):  # noqa: B017,PT011 - rejected at parse time: nothing reaches the ledger
         apply(season, bad)
-    assert ScoreChange.objects.filter(season=season).count() == 8
+    assert len(ledger_rows(ScoreChange, season, "id")) == 8
 
 
 @pytest.mark.django_db(transaction=True)
@@ -285,7 +291,7 @@ def test_concurrent_writers_on_partitions_never_lose_or_repeat_a_change(
                 # Each writer owns its players; a batch touches up to three partitions.
                 apply(season, [ev.result(f"w{w}-p{(i + k) % 7}", 10 * i + k) for k in range(3)])
         finally:
-            connection.close()
+            connections_close()
 
     seen: list[tuple[int, int, str, int]] = []
     cursor = Watermark()
@@ -303,7 +309,7 @@ def test_concurrent_writers_on_partitions_never_lose_or_repeat_a_change(
         for f in futures:
             f.result()
     poll()
-    expected = list(ScoreChange.objects.filter(season=season).values_list("id", flat=True))
+    expected = ledger_rows(ScoreChange, season, "id")
     assert sorted(i for _, i, _, _ in seen) == sorted(expected)
     assert len(seen) == len(set(seen)) == writers * per_writer * 3
     versions: dict[str, int] = {}
@@ -348,7 +354,7 @@ def test_concurrent_writers_on_a_partitioned_season_match_the_reference_model(
                 outcomes.extend(o.as_dict() for o in result.outcomes)
             return outcomes
         finally:
-            connection.close()
+            connections_close()
 
     with ThreadPoolExecutor(writers) as pool:
         results = list(pool.map(write, by_writer))
@@ -389,7 +395,7 @@ def test_repartitioning_an_open_season_under_write_load_loses_and_doubles_nothin
                 apply(season, [wev.result(f"p{(w * 7 + n + k) % 30}", 1000 + n * 10 + k) for k in range(3)])
                 n += 1
         finally:
-            connection.close()
+            connections_close()
         return n
 
     with ThreadPoolExecutor(2) as pool:
@@ -402,7 +408,7 @@ def test_repartitioning_an_open_season_under_write_load_loses_and_doubles_nothin
         assert all(f.result() > 0 for f in futures)
     season.refresh_from_db()
     assert (season.partition_base, season.partitions) == (1, 4)
-    parts = {txid_partition(t) for t in ScoreChange.objects.filter(season=season).values_list("txid", flat=True)}
+    parts = {txid_partition(t) for t in ledger_rows(ScoreChange, season, "txid")}
     assert 0 in parts and parts - {0}, parts  # changes before and after the repartition
     # Each change read exactly once from the start, and the published board is the ledger's.
     read: list[int] = []
@@ -410,7 +416,7 @@ def test_repartitioning_an_open_season_under_write_load_loses_and_doubles_nothin
     while page := score_change_heads_after(season_id=season.pk, cursor=cursor, limit=25):
         read.extend(row[1] for row in page)
         cursor = cursor.advanced(page)
-    assert sorted(read) == sorted(ScoreChange.objects.filter(season=season).values_list("id", flat=True))
+    assert sorted(read) == sorted(ledger_rows(ScoreChange, season, "id"))
     assert len(read) == len(set(read))
     materialize(season)
     assert_matches_ledger(season)

@@ -8,15 +8,20 @@ tests run the same suite on both.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 
-from django.db import connection
+from django.db import DatabaseError, connection, connections, transaction
 
 from leaderboard.core.ledger import BatchPlan, LedgerRow, PlayerState, RecordedEvent
 from leaderboard.core.partitions import TXID_PARTITION_SHIFT, layout_partition
+from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias
 from leaderboard.models import LateResult, PlayerProfile, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
 from seasons.models import Season
+
+log = logging.getLogger(__name__)
 
 # Namespaces of the writers' advisory locks (pg_advisory_xact_lock(int, int)), two levels:
 # the season's lock, (0x5C11, season), taken shared by every batch and exclusively by a
@@ -57,15 +62,15 @@ def _utc(instant: datetime | None) -> str | None:
     return None if instant is None else instant.astimezone(UTC).isoformat()
 
 
-def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
+def is_postgres(*, using: str = DEFAULT_ALIAS) -> bool:
+    return connections[using].vendor == "postgresql"
 
 
 def partition_lock_key(partition: int) -> int:
     return _PARTITION_0_LOCK if partition == 0 else _PARTITION_LOCK_BASE + partition
 
 
-def partition_write_locks(*, season_id: int, partitions: Iterable[int]) -> None:
+def partition_write_locks(*, season_id: int, partitions: Iterable[int], using: str = DEFAULT_ALIAS) -> None:
     """Serialize the writers of these ledger partitions of one season until the transaction
     ends, and hold off the season-wide writes (season_write_lock) meanwhile.
 
@@ -75,14 +80,51 @@ def partition_write_locks(*, season_id: int, partitions: Iterable[int]) -> None:
     commit in parallel. The season's lock is taken first (shared), then the partitions'
     in ascending order, so two batches sharing partitions never deadlock. On SQLite,
     BEGIN IMMEDIATE (settings) already serializes every writer.
+
+    `using`: the partitions' database (their locks are taken there: each database
+    serializes its own partitions' writers). The season's lock is always in "default",
+    where the season-wide writes take it (in the caller's transaction there; a batch
+    spanning databases holds it for its session too: season_lock_shared_hold).
     """
-    if is_postgres():
+    season_lock_shared(season_id=season_id)
+    if is_postgres(using=using):
         keys = [partition_lock_key(p) for p in sorted(set(partitions))]
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", [_SEASON_LOCK, season_id])
+        with connections[using].cursor() as cursor:
             # A function scan returns the array in order: the locks are taken in that order.
             cursor.execute("SELECT count(pg_advisory_xact_lock(k, %s)) FROM unnest(%s::int[]) AS u(k)",
                            [season_id, _int_array(keys)])
+
+
+def season_lock_shared(*, season_id: int) -> None:
+    """The season's lock, shared, until the transaction on "default" ends: what every
+    batch holds, so no season-wide write (season_write_lock) runs between its reads and
+    its commit."""
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", [_SEASON_LOCK, season_id])
+
+
+@contextlib.contextmanager
+def season_lock_shared_hold(*, season_id: int) -> Iterator[None]:
+    """The season's lock, shared, held by the "default" connection's session (not a
+    transaction) for the block: a batch spanning ledger databases commits one transaction
+    per database, and no season-wide write (a lifecycle transition: the seal) may run
+    between those commits. Released on the way out, error or not; a connection that dies
+    releases it with itself."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock_shared(%s, %s)", [_SEASON_LOCK, season_id])
+    try:
+        yield
+    finally:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock_shared(%s, %s)", [_SEASON_LOCK, season_id])
+        except DatabaseError:
+            # The connection is gone, and its session's locks with it: close it so that a
+            # pool never hands it out again still holding the lock.
+            log.warning("season %s: could not release the season's shared lock; closing the connection",
+                        season_id, exc_info=True)
+            connection.close()
 
 
 def season_write_lock(*, season_id: int) -> None:
@@ -108,14 +150,44 @@ def fence_token_issue(*, season_id: int) -> int:
         return int(cursor.fetchone()[0])
 
 
-def recorded_events_fetch(*, season_id: int, event_ids: Iterable[str]) -> dict[str, RecordedEvent]:
+def event_claims_take(*, season_id: int, claims: Iterable[tuple[str, int, str]]) -> dict[str, tuple[int, str]]:
+    """Claim event ids in a season split over ledger databases (models.LedgerEventClaim,
+    in "default"): `claims` are (event_id, partition, payload_hash); an id claimed before
+    keeps its claim. Committed before it returns (the caller writes no partition before):
+    a claim outlives a batch that fails afterwards, and its next attempt resumes it.
+    Returns every claim of these ids, the earlier ones included: event_id -> (partition,
+    payload_hash). Inserted in event-id order, so two batches claiming the same new ids
+    wait for each other instead of deadlocking."""
+    rows = sorted({c[0]: c for c in reversed(list(claims))}.values())
+    ids = [r[0] for r in rows]
+    with transaction.atomic(using=DEFAULT_ALIAS), connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO leaderboard_ledgereventclaim (season_id, event_id, partition, payload_hash) "
+            "SELECT %s, u.e, u.p, u.h FROM unnest(%s::text[], %s::int[], %s::text[]) AS u(e, p, h) "
+            "ON CONFLICT (season_id, event_id) DO NOTHING",
+            [season_id, _text_array(ids), _int_array([r[1] for r in rows]), _text_array([r[2] for r in rows])],
+        )
+    # A new statement, a new snapshot: a concurrent claim of one of these ids made the
+    # insert above wait for its commit, so it is visible here.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.event_id, c.partition, c.payload_hash FROM unnest(%s::text[]) AS u(event_id) "
+            "CROSS JOIN LATERAL (SELECT event_id, partition, payload_hash FROM leaderboard_ledgereventclaim c "
+            "WHERE c.season_id = %s AND c.event_id = u.event_id LIMIT 1) AS c",
+            [_text_array(ids), season_id],
+        )
+        return {event_id: (partition, digest) for event_id, partition, digest in cursor.fetchall()}
+
+
+def recorded_events_fetch(*, season_id: int, event_ids: Iterable[str], using: str) -> dict[str, RecordedEvent]:
+    """The ledger rows of these event ids in the database `using` (the partitions there)."""
     ids = list(set(event_ids))
     fields = (
         "event_id", "payload_hash", "status", "status_reason", "player_id",
         "score_after", "version_after", "pending_version",
     )
-    if is_postgres():
-        with connection.cursor() as cursor:
+    if is_postgres(using=using):
+        with connections[using].cursor() as cursor:
             # One unique-index probe per id, whatever the statistics say: with `event_id =
             # ANY(...)` a planner that underestimates the season's rows (a new season, stale
             # statistics) scans every ledger row of the season instead, a cost that grows
@@ -129,7 +201,7 @@ def recorded_events_fetch(*, season_id: int, event_ids: Iterable[str]) -> dict[s
             rows = cursor.fetchall()
     else:
         rows = list(
-            ScoreEvent.objects.filter(season_id=season_id, event_id__in=ids).values_list(*fields)
+            ScoreEvent.objects.using(using).filter(season_id=season_id, event_id__in=ids).values_list(*fields)
         )
     return {
         row[0]: RecordedEvent(
@@ -140,10 +212,10 @@ def recorded_events_fetch(*, season_id: int, event_ids: Iterable[str]) -> dict[s
     }
 
 
-def player_states_fetch(*, season_id: int, player_ids: Iterable[str]) -> dict[str, PlayerState]:
+def player_states_fetch(*, season_id: int, player_ids: Iterable[str], using: str) -> dict[str, PlayerState]:
     ids = list(set(player_ids))
-    if is_postgres():
-        with connection.cursor() as cursor:
+    if is_postgres(using=using):
+        with connections[using].cursor() as cursor:
             # Unique-index probes, as for the ledger above (ANY(...) may turn into a scan of
             # the season's current scores).
             cursor.execute(
@@ -155,20 +227,22 @@ def player_states_fetch(*, season_id: int, player_ids: Iterable[str]) -> dict[st
             rows = cursor.fetchall()
     else:
         rows = list(
-            PlayerScore.objects.filter(season_id=season_id, player_id__in=ids).values_list(
+            PlayerScore.objects.using(using).filter(season_id=season_id, player_id__in=ids).values_list(
                 "player_id", "score", "score_version", "reached_at"
             )
         )
     return {row[0]: PlayerState(score=row[1], score_version=row[2], reached_at=row[3]) for row in rows}
 
 
-def player_regions_fetch(*, season_id: int, season_regions: list[str], player_ids: Iterable[str]) -> dict[str, str]:
+def player_regions_fetch(*, season_id: int, season_regions: list[str], player_ids: Iterable[str],
+                         using: str) -> dict[str, str]:
     """The batch's players' regions in a season with regions: a player with a score keeps
     the season's record of it; a new one takes the profile's region when the season has
     it. One query, under the batch's locks (a profile move takes the season's lock
-    exclusively, so it waits for the batch and the batch for it)."""
+    exclusively, so it waits for the batch and the batch for it). `using`: the players'
+    ledger database; profiles are in "default" (two queries when that is another one)."""
     ids = list(set(player_ids))
-    if is_postgres():
+    if using == DEFAULT_ALIAS and is_postgres():
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT u.player_id, COALESCE(s.region, CASE WHEN p.region = ANY(%s::text[]) THEN p.region END, '') "
@@ -179,7 +253,8 @@ def player_regions_fetch(*, season_id: int, season_regions: list[str], player_id
                 [_text_array(season_regions), _text_array(ids), season_id],
             )
             return dict(cursor.fetchall())
-    held = dict(PlayerScore.objects.filter(season_id=season_id, player_id__in=ids).values_list("player_id", "region"))
+    held = dict(PlayerScore.objects.using(using).filter(season_id=season_id, player_id__in=ids).values_list(
+        "player_id", "region"))
     profiles = dict(PlayerProfile.objects.filter(player_id__in=[i for i in ids if i not in held]).values_list(
         "player_id", "region"))
     return {i: held[i] if i in held else (profiles.get(i, "") if profiles.get(i) in season_regions else "")
@@ -193,20 +268,38 @@ def season_players_region_move(*, season_id: int, season_regions: list[str], mov
     with a score in the season move, to the region if the season has it, else to none;
     each move is a change-stream row with the score unchanged and both regions, numbered
     like a score batch in the player's ledger partition. Call under the season's write lock
-    (season_write_lock)."""
-    base, count = Season.objects.filter(pk=season_id).values_list("partition_base", "partitions").get()
+    (season_write_lock). A season split over ledger databases moves each database's
+    players in a transaction there (nested in the caller's on "default"): each database's
+    moves are atomic, and a failure after one committed leaves it moved, which a retry of
+    the profile write finds done."""
+    season = Season.objects.get(pk=season_id)
     wanted = {player_id: region if region in season_regions else "" for player_id, (region, _) in moves.items()}
-    held = list(PlayerScore.objects.select_for_update().filter(season_id=season_id, player_id__in=list(wanted)))
+    partition = {player_id: layout_partition(player_id, base=season.partition_base, partitions=season.partitions)
+                 for player_id in wanted}
+    by_alias: dict[str, list[str]] = {}
+    for player_id, part in partition.items():
+        by_alias.setdefault(ledger_alias(season=season, partition=part), []).append(player_id)
+    moved = 0
+    for alias, players in by_alias.items():
+        with transaction.atomic(using=alias):
+            moved += _region_moves_write(season_id=season_id, players=players, wanted=wanted, moves=moves,
+                                         partition=partition, now=now, using=alias)
+    return moved
+
+
+def _region_moves_write(*, season_id: int, players: list[str], wanted: Mapping[str, str],
+                        moves: Mapping[str, tuple[str, int]], partition: Mapping[str, int], now: datetime,
+                        using: str) -> int:
+    held = list(PlayerScore.objects.using(using).select_for_update().filter(season_id=season_id, player_id__in=players))
     moved = [(score, score.region) for score in held if score.region != wanted[score.player_id]]
     if not moved:
         return 0
     for score, _ in moved:
         score.region, score.updated_at = wanted[score.player_id], now
-    PlayerScore.objects.bulk_update([score for score, _ in moved], ["region", "updated_at"])
-    partition = {score.player_id: layout_partition(score.player_id, base=base, partitions=count)
-                 for score, _ in moved}
-    txids = stream_numbers_take(season_id=season_id, partitions=set(partition.values()))
-    ScoreChange.objects.bulk_create(
+    PlayerScore.objects.using(using).bulk_update([score for score, _ in moved], ["region", "updated_at"])
+    txids = stream_numbers_take(season_id=season_id, partitions={partition[score.player_id] for score, _ in moved},
+                                using=using)
+    ScoreChange.objects.using(using).bulk_create(
         ScoreChange(
             season_id=season_id, player_id=score.player_id, old_score=score.score, new_score=score.score,
             score_version=score.score_version, reached_at=score.reached_at, old_reached_at=score.reached_at,
@@ -218,14 +311,14 @@ def season_players_region_move(*, season_id: int, season_regions: list[str], mov
     return len(moved)
 
 
-def stream_numbers_take(*, season_id: int, partitions: Iterable[int]) -> dict[int, int]:
+def stream_numbers_take(*, season_id: int, partitions: Iterable[int], using: str) -> dict[int, int]:
     """Each partition's next commit number (models.StreamHead), as the score write
     statement takes them; on SQLite, where writers are serialized and ids are in commit
     order, the partition's bits alone."""
     ids = sorted(set(partitions))
-    if not is_postgres():
+    if not is_postgres(using=using):
         return {p: p << TXID_PARTITION_SHIFT for p in ids}
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(f"WITH {_HEADS_TAKE} SELECT partition, head FROM head",
                        {"season": season_id, "parts": _int_array(ids)})
         return dict(cursor.fetchall())
@@ -280,15 +373,16 @@ SELECT 1
 
 
 def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-                     partitions: Mapping[str, int], regions: Mapping[str, str] | None = None) -> None:
+                     partitions: Mapping[str, int], using: str, regions: Mapping[str, str] | None = None) -> None:
     """Write the plan; `regions` are the batch's players' regions in the season
     (player_regions_fetch; none for a season without regions). A score write never moves
     a player's region: a new player takes it, an existing one keeps its own. `partitions`:
     every player of the batch's ledger partition (the one whose lock the batch holds);
-    each partition's changes take that partition's next commit number."""
+    each partition's changes take that partition's next commit number. `using`: the
+    database of those partitions (the conflicts are kept there, beside the event)."""
     regions = regions or {}
     if plan.conflicts:
-        ScoreEventConflict.objects.bulk_create(
+        ScoreEventConflict.objects.using(using).bulk_create(
             ScoreEventConflict(
                 season_id=season_id,
                 event_id=event.event_id,
@@ -308,16 +402,16 @@ def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, 
         )
     if not plan.ledger_rows:
         return
-    if is_postgres():
+    if is_postgres(using=using):
         _pg_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions,
-                  partitions=partitions)
+                  partitions=partitions, using=using)
     else:
         _orm_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions,
-                   partitions=partitions)
+                   partitions=partitions, using=using)
 
 
 def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-              regions: Mapping[str, str], partitions: Mapping[str, int]) -> None:
+              regions: Mapping[str, str], partitions: Mapping[str, int], using: str) -> None:
     rows = plan.ledger_rows
     states = plan.player_states
     changes = plan.changes
@@ -369,13 +463,13 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "c_part": _int_array(change_parts := [partitions[c.player_id] for c in changes]),
         "parts": _int_array(sorted(set(change_parts))),
     }
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_PG_WRITE, params)
 
 
 def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-               regions: Mapping[str, str], partitions: Mapping[str, int]) -> None:
-    ScoreEvent.objects.bulk_create(
+               regions: Mapping[str, str], partitions: Mapping[str, int], using: str) -> None:
+    ScoreEvent.objects.using(using).bulk_create(
         ScoreEvent(
             season_id=season_id,
             event_id=r.event.event_id,
@@ -399,7 +493,7 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
         for r in plan.ledger_rows
     )
     if plan.player_states:
-        PlayerScore.objects.bulk_create(
+        PlayerScore.objects.using(using).bulk_create(
             [
                 PlayerScore(
                     season_id=season_id, player_id=player_id, score=state.score,
@@ -413,7 +507,7 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
             update_fields=["score", "score_version", "reached_at", "updated_at"],
         )
     if plan.changes:
-        ScoreChange.objects.bulk_create(
+        ScoreChange.objects.using(using).bulk_create(
             ScoreChange(
                 season_id=season_id, player_id=c.player_id, old_score=c.old_score,
                 new_score=c.new_score, score_version=c.score_version, event_id=c.event_id,
@@ -425,14 +519,14 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
         )
 
 
-def late_results_record(*, season_id: int, rows: list[LedgerRow], now: datetime) -> None:
-    """Queue pre-cutoff results that arrived after the seal, next to their ledger rows."""
+def late_results_record(*, season_id: int, rows: list[LedgerRow], now: datetime, using: str) -> None:
+    """Queue pre-cutoff results that arrived after the seal, next to their ledger rows (in
+    their database, `using`)."""
     ledger_ids = dict(
-        ScoreEvent.objects.filter(season_id=season_id, event_id__in=[r.event.event_id for r in rows]).values_list(
-            "event_id", "id"
-        )
+        ScoreEvent.objects.using(using).filter(
+            season_id=season_id, event_id__in=[r.event.event_id for r in rows]).values_list("event_id", "id")
     )
-    LateResult.objects.bulk_create(
+    LateResult.objects.using(using).bulk_create(
         LateResult(
             season_id=season_id, ledger_event_id=ledger_ids[r.event.event_id], player_id=r.event.player_id,
             best_score=r.event.best_score, completed_at=r.event.completed_at.astimezone(UTC), received_at=now,

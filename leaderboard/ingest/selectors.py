@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import Q
 
 from leaderboard.core.partitions import (
@@ -13,10 +13,11 @@ from leaderboard.core.partitions import (
     partition_end,
     partition_start,
     stream_heads_watermark,
-    txid_partition,
 )
 from leaderboard.core.tiebreak import instant_ms
+from leaderboard.ledger_databases import ledger_alias_by_id, ledger_databases_by_id
 from leaderboard.models import ScoreChange, StreamHead
+from seasons.models import Season
 
 # Larger than any row id: a watermark at (head, MAX_CURSOR_ID) covers every change of its
 # partition numbered at or below head.
@@ -121,15 +122,25 @@ def score_change_reached_after(*, season_id: int, cursor: ChangeCursor | Waterma
 
 def stream_committed_watermark(*, season_id: int) -> Watermark:
     """Each ledger partition's last committed commit number, as a watermark: every change
-    at or below it is committed and visible to any read that starts now."""
+    at or below it is committed and visible to any read that starts now. A partition's
+    head is in its own database (one query per database of the season)."""
     if connection.vendor != "postgresql":
         # SQLite serializes writers (BEGIN IMMEDIATE): ids are in commit order, and each
         # partition's changes carry its bits alone as their txid.
         last = ScoreChange.objects.filter(season_id=season_id).order_by("-id").values_list("id", flat=True).first()
         partitions = _stream_partitions(season_id=season_id, watermark=Watermark())
         return Watermark.of_partitions({p: (partition_start(p)[0], last or 0) for p in partitions})
-    heads = dict(StreamHead.objects.filter(season_id=season_id).values_list("partition", "head"))
+    heads: dict[int, int] = {}
+    for alias in ledger_databases_by_id(season_id=season_id):
+        heads.update(_heads(season_id=season_id, using=alias))
     return stream_heads_watermark(heads, last_id=MAX_CURSOR_ID)
+
+
+def _heads(*, season_id: int, using: str) -> dict[int, int]:
+    """The stream heads of the season's partitions in one database (a split season's
+    databases each hold only their own partitions' heads)."""
+    heads = dict(StreamHead.objects.using(using).filter(season_id=season_id).values_list("partition", "head"))
+    return {p: h for p, h in heads.items() if ledger_alias_by_id(season_id=season_id, partition=p) == using}
 
 
 def stream_last_watermark(*, season_id: int) -> Watermark:
@@ -138,7 +149,8 @@ def stream_last_watermark(*, season_id: int) -> Watermark:
     last = {}
     for partition in _stream_partitions(season_id=season_id, watermark=Watermark()):
         start = partition_start(partition)
-        row = (ScoreChange.objects.filter(season_id=season_id, txid__gte=start[0], txid__lt=partition_end(partition))
+        row = (ScoreChange.objects.using(ledger_alias_by_id(season_id=season_id, partition=partition))
+               .filter(season_id=season_id, txid__gte=start[0], txid__lt=partition_end(partition))
                .order_by("-txid", "-id").values_list("txid", "id").first())
         if row is not None:
             last[partition] = row
@@ -149,7 +161,8 @@ def stream_oldest_after(*, season_id: int, watermark: Watermark) -> datetime | N
     """The commit time of the oldest change after `watermark`: the first change of each
     partition after its cursor (one short scan of the cursor index each)."""
     firsts = [
-        ScoreChange.objects.filter(season_id=season_id, txid__lt=partition_end(p))
+        ScoreChange.objects.using(ledger_alias_by_id(season_id=season_id, partition=p))
+        .filter(season_id=season_id, txid__lt=partition_end(p))
         .filter(Q(txid__gt=txid) | Q(txid=txid, id__gt=ident))
         .order_by("txid", "id").values_list("committed_at", flat=True).first()
         for p in _stream_partitions(season_id=season_id, watermark=watermark)
@@ -175,9 +188,13 @@ def changes_covered_q(watermark: Watermark) -> Q:
 
 
 def stream_changes_between(*, season_id: int, after: Watermark, upto: Watermark) -> bool:
-    """Whether the stream holds a change after `after` and at or before `upto`."""
-    return ScoreChange.objects.filter(season_id=season_id).filter(
-        changes_after_q(after) & changes_covered_q(upto)).exists()
+    """Whether the stream holds a change after `after` and at or before `upto` (in any of
+    the season's databases)."""
+    return any(
+        ScoreChange.objects.using(alias).filter(season_id=season_id).filter(
+            changes_after_q(after) & changes_covered_q(upto)).exists()
+        for alias in ledger_databases_by_id(season_id=season_id)
+    )
 
 
 def _as_watermark(cursor: ChangeCursor | Watermark) -> Watermark:
@@ -185,14 +202,20 @@ def _as_watermark(cursor: ChangeCursor | Watermark) -> Watermark:
 
 
 def _stream_partitions(*, season_id: int, watermark: Watermark) -> list[int]:
-    """The partitions to read: every one the season's stream has (a stream head), and
-    those the watermark names."""
+    """The partitions to read: every one the season's stream has (a stream head, in each
+    of its databases), and those the watermark names."""
     if connection.vendor == "postgresql":
-        heads = set(StreamHead.objects.filter(season_id=season_id).values_list("partition", flat=True))
+        heads: set[int] = set()
+        for alias in ledger_databases_by_id(season_id=season_id):
+            heads |= set(_heads(season_id=season_id, using=alias))
     else:
-        # SQLite: no stream heads; a partition's changes all carry its bits as their txid.
-        txids = ScoreChange.objects.filter(season_id=season_id).values_list("txid", flat=True).distinct()
-        heads = {txid_partition(txid) for txid in txids}
+        # SQLite (one database, no stream heads): the partition ids the season has had
+        # (old layouts included: a repartition numbers the new one above them) that hold a
+        # change, one index probe each instead of a scan of the season's changes.
+        base, count = Season.objects.filter(pk=season_id).values_list("partition_base", "partitions").get()
+        heads = {p for p in range(base + count)
+                 if ScoreChange.objects.filter(season_id=season_id, txid__gte=partition_start(p)[0],
+                                               txid__lt=partition_end(p)).exists()}
     return sorted(heads | set(range(watermark.partitions)))
 
 
@@ -207,8 +230,9 @@ def _change_rows(*, season_id: int, cursor: ChangeCursor | Watermark, limit: int
     for partition in _stream_partitions(season_id=season_id, watermark=watermark):
         txid, ident = watermark.cursor(partition)
         want = limit - len(rows)
-        if connection.vendor == "postgresql":
-            with connection.cursor() as db:
+        alias = ledger_alias_by_id(season_id=season_id, partition=partition)
+        if connections[alias].vendor == "postgresql":
+            with connections[alias].cursor() as db:
                 db.execute(
                     f"SELECT {', '.join(columns)} "
                     "FROM leaderboard_scorechange "
@@ -218,7 +242,7 @@ def _change_rows(*, season_id: int, cursor: ChangeCursor | Watermark, limit: int
                 )
                 rows += db.fetchall()
         else:
-            rows += ScoreChange.objects.filter(
+            rows += ScoreChange.objects.using(alias).filter(
                 season_id=season_id, txid__lt=partition_end(partition)).filter(
                 Q(txid__gt=txid) | Q(txid=txid, id__gt=ident)).order_by("txid", "id").values_list(*columns)[:want]
         if len(rows) >= limit:

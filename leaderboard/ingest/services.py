@@ -16,12 +16,20 @@ from django.utils import timezone
 from audit.services import Actor, audit_log
 from leaderboard.core.errors import DomainError
 from leaderboard.core.events import ScoreEvent
-from leaderboard.core.ledger import HELD, REJECTED, BatchPlan, Outcome, batch_plan
+from leaderboard.core.ledger import HELD, REJECTED, BatchPlan, Outcome, RecordedEvent, batch_plan
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
 from leaderboard.core.partitions import layout_partition
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import reached_rejection
 from leaderboard.ingest import ledger_store
+from leaderboard.ledger_databases import (
+    DEFAULT_ALIAS,
+    ledger_alias,
+    ledger_aliases,
+    ledger_atomic,
+    season_ledger_alias,
+    season_ledger_is_split,
+)
 from leaderboard.metrics import metrics_outcomes_count
 from leaderboard.models import ApiClient
 from seasons.models import FinalCorrection, Season
@@ -74,20 +82,20 @@ def score_events_apply(
     shared new ids in opposite orders wait for each other: PostgreSQL aborts one of them
     (a deadlock), and it runs again in the same way. A batch that loses every attempt is
     an outage for its client (503 with Retry-After): retrying it is safe.
+
+    A season whose partitions live in one database (LEDGER_PARTITION_URLS) runs exactly
+    this in that database, the season's lock staying in "default". One split over several
+    databases commits one transaction per database (_split_batch_apply).
     """
     # Hashing needs no database state: do it before taking any lock.
     digests = [event.payload_hash() for event in events]
-    for attempt in range(1, EVENT_ID_RACE_ATTEMPTS + 1):
-        try:
-            return _batch_apply(season=season, events=events, client=client, actor=actor,
-                                public_reason=public_reason, digests=digests)
-        except (IntegrityError, OperationalError) as exc:
-            if not _event_id_race(exc):
-                raise
-            if attempt == EVENT_ID_RACE_ATTEMPTS:
-                raise OperationalError(f"the batch lost {attempt} event-id races in a row") from exc
-            log.info("season %s: an event id of the batch was inserted concurrently; applying it again", season.slug)
-    raise AssertionError("unreachable")
+    if season_ledger_is_split(season=season):
+        return _split_batch_apply(season=season, events=events, client=client, actor=actor,
+                                  public_reason=public_reason, digests=digests)
+    using = season_ledger_alias(season=season)
+    plan, published = _part_apply_retrying(season=season, events=events, client=client, actor=actor,
+                                           public_reason=public_reason, digests=digests, using=using)
+    return ApplyResult(outcomes=plan.outcomes, leaderboard_version=published)
 
 
 # A batch that lost an event-id race runs again; a third loss in a row answers 503.
@@ -107,21 +115,99 @@ def _event_id_race(exc: IntegrityError | OperationalError) -> bool:
     return getattr(diag, "constraint_name", None) == "score_event_unique_event_id"
 
 
-def _partitions_lock(*, season: Season, events: list[ScoreEvent]) -> tuple[tuple[Any, ...], dict[str, int]]:
+def _split_batch_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient | None, actor: Actor | None,
+                       public_reason: str, digests: list[str]) -> ApplyResult:
+    """A batch of a season whose partitions span databases: per-database atomicity
+    (docs/architecture.md, Ledger databases).
+
+    1. The season's lock, shared, held by the "default" session across every part, so no
+       lifecycle transition (the seal) runs between the parts' commits.
+    2. The batch's event ids are claimed in "default" and the claims committed before any
+       partition is written: an id stays unique in the season across databases, and its
+       claim names the one partition that records it. An event whose claim carries another
+       payload is a conflict (kept in the claim's database); one whose claim carries its
+       own payload goes to the claim's partition, where the ledger decides it as ever
+       (recorded there: a duplicate; not yet, after a batch that failed between its claim
+       and its commit: applied now).
+    3. One transaction per database, "default" first, each under its partitions' locks and
+       re-reading the recorded events under them. A part that fails fails the request (503,
+       retry-safe): the parts committed before it stay, and the batch sent again answers
+       their events `duplicate` with their first outcome.
+    """
+    # Every database configured (LedgerDatabaseMissing otherwise) before anything is claimed.
+    ledger_aliases(season=season)
+    base, count = season.partition_base, season.partitions
+    part_of = {e.player_id: layout_partition(e.player_id, base=base, partitions=count) for e in events}
+    outcomes: list[Outcome | None] = [None] * len(events)
+    published_seen: list[int] = []
+    with ledger_store.season_lock_shared_hold(season_id=season.pk):
+        claims = ledger_store.event_claims_take(
+            season_id=season.pk, claims=[(e.event_id, part_of[e.player_id], d) for e, d in zip(events, digests,
+                                                                                               strict=True)])
+        # Each database's events in batch order, and the conflicts it keeps.
+        parts: dict[str, list[int]] = {}
+        conflicts: dict[str, list[int]] = {}
+        for i, (event, digest) in enumerate(zip(events, digests, strict=True)):
+            partition, claimed = claims[event.event_id]
+            alias = ledger_alias(season=season, partition=partition)
+            (parts if claimed == digest else conflicts).setdefault(alias, []).append(i)
+        for alias in sorted(parts.keys() | conflicts.keys(), key=lambda a: (a != DEFAULT_ALIAS, a)):
+            mine, theirs = parts.get(alias, []), conflicts.get(alias, [])
+            conflict_plan = batch_plan(
+                events=[events[i] for i in theirs], digests=[digests[i] for i in theirs], current={},
+                recorded={events[i].event_id: _claimed_elsewhere(claims[events[i].event_id][1]) for i in theirs},
+                rejection=lambda _: None, pending_version=0,
+            )
+            plan, published = _part_apply_retrying(
+                season=season, events=[events[i] for i in mine], digests=[digests[i] for i in mine],
+                client=client, actor=actor, public_reason=public_reason, using=alias, refused=conflict_plan)
+            published_seen.append(published)
+            for i, outcome in zip([*mine, *theirs], [*plan.outcomes, *conflict_plan.outcomes], strict=True):
+                outcomes[i] = outcome
+    assert all(o is not None for o in outcomes)
+    return ApplyResult(outcomes=[o for o in outcomes if o is not None], leaderboard_version=min(published_seen))
+
+
+def _claimed_elsewhere(payload_hash: str) -> RecordedEvent:
+    """What the ledger rules need to call an event whose id is claimed with another
+    payload a conflict: only the claim's payload hash."""
+    return RecordedEvent(payload_hash=payload_hash, status="", reason="", player_id="", score=None,
+                         score_version=None, pending_version=None)
+
+
+def _part_apply_retrying(*, season: Season, events: list[ScoreEvent], client: ApiClient | None,
+                         actor: Actor | None, public_reason: str, digests: list[str], using: str,
+                         refused: BatchPlan | None = None) -> tuple[BatchPlan, int]:
+    for attempt in range(1, EVENT_ID_RACE_ATTEMPTS + 1):
+        try:
+            return _part_apply(season=season, events=events, client=client, actor=actor,
+                               public_reason=public_reason, digests=digests, using=using,
+                               refused=refused or BatchPlan())
+        except (IntegrityError, OperationalError) as exc:
+            if not _event_id_race(exc):
+                raise
+            if attempt == EVENT_ID_RACE_ATTEMPTS:
+                raise OperationalError(f"the batch lost {attempt} event-id races in a row") from exc
+            log.info("season %s: an event id of the batch was inserted concurrently; applying it again", season.slug)
+    raise AssertionError("unreachable")
+
+
+def _partitions_lock(*, season: Season, events: list[ScoreEvent], using: str,
+                     ) -> tuple[tuple[Any, ...], dict[str, int]]:
     """Take the locks of the batch's partitions and read the season under them: its row
     (state, starts_at, cutoff, published_version, tie_break, regions) and each player's
     partition. A repartition changes the layout under the season's lock, which the batch
     holds shared from its first lock on, so the layout read once the locks are held is
     the one the batch commits against; when it moved since the caller read the season,
     the new layout's partitions (numbered above the old ones: still ascending) are locked
-    too."""
+    too. `using`: the partitions' database; the season's lock is in "default"."""
     base, count = season.partition_base, season.partitions
     held: set[int] = set()
     while True:
         players = {e.player_id for e in events}
         parts = {p: layout_partition(p, base=base, partitions=count) for p in players}
         if wanted := set(parts.values()) - held:
-            ledger_store.partition_write_locks(season_id=season.pk, partitions=wanted)
+            ledger_store.partition_write_locks(season_id=season.pk, partitions=wanted, using=using)
             held |= wanted
         *row, base_now, count_now = Season.objects.filter(pk=season.pk).values_list(
             "state", "starts_at", "cutoff", "published_version", "tie_break", "regions", "partition_base",
@@ -131,21 +217,26 @@ def _partitions_lock(*, season: Season, events: list[ScoreEvent]) -> tuple[tuple
         base, count = base_now, count_now
 
 
-def _batch_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient | None, actor: Actor | None,
-                 public_reason: str, digests: list[str]) -> ApplyResult:
+def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient | None, actor: Actor | None,
+                public_reason: str, digests: list[str], using: str, refused: BatchPlan) -> tuple[BatchPlan, int]:
+    """Decide and write `events` in the database `using` in one transaction there (and
+    one on "default", committed after it: the season's lock, FINAL corrections and their
+    audit rows). The whole batch on "default": exactly one transaction. `refused`: the
+    conflicts of events whose id is claimed with another payload, kept with this part's
+    rows (their outcomes are the caller's)."""
     now = timezone.now()
-    with transaction.atomic():
+    with ledger_atomic(aliases=[DEFAULT_ALIAS, using]):
         # Read under the locks: a lifecycle transition takes the season's lock exclusively,
         # so the state that admits these events is the one they commit against.
-        row, partitions = _partitions_lock(season=season, events=events)
+        row, partitions = _partitions_lock(season=season, events=events, using=using)
         state, starts_at, cutoff, published, tie_break, season_regions = row
         first_reached = tie_break == TIE_BREAK_FIRST_REACHED
         recorded = ledger_store.recorded_events_fetch(
-            season_id=season.pk, event_ids=(e.event_id for e in events)
-        )
+            season_id=season.pk, event_ids=(e.event_id for e in events), using=using,
+        ) if events else {}
         current = ledger_store.player_states_fetch(
-            season_id=season.pk, player_ids=(e.player_id for e in events)
-        )
+            season_id=season.pk, player_ids=(e.player_id for e in events), using=using,
+        ) if events else {}
 
         def rejection(event: ScoreEvent) -> str | None:
             why = admission_rejection(
@@ -166,25 +257,26 @@ def _batch_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient 
             digests=digests,
             reached_orders=first_reached,
         )
+        plan.conflicts.extend(refused.conflicts)
         regions = ledger_store.player_regions_fetch(
-            season_id=season.pk, season_regions=season_regions, player_ids=plan.player_states,
+            season_id=season.pk, season_regions=season_regions, player_ids=plan.player_states, using=using,
         ) if season_regions and plan.player_states else None
         ledger_store.batch_plan_write(
             season_id=season.pk, plan=plan, client_id=client.pk if client else None, now=now, regions=regions,
-            partitions=partitions,
+            partitions=partitions, using=using,
         )
         # Both wait in one queue for staff: pre-cutoff results that arrived after the seal,
         # and corrections held since the seal.
         late = [row for row in plan.ledger_rows
                 if (row.status == REJECTED and row.reason == LATE_AFTER_SEAL) or row.status == HELD]
         if late:
-            ledger_store.late_results_record(season_id=season.pk, rows=late, now=now)
+            ledger_store.late_results_record(season_id=season.pk, rows=late, now=now, using=using)
         if state == SeasonState.FINAL and plan.changes:
             _final_corrections_record(season=season, plan=plan, actor=actor or _client_actor(client), now=now,
                                       public_reason=public_reason)
-        outcomes = [(o.status, o.reason) for o in plan.outcomes]
-        transaction.on_commit(lambda: _outcomes_count(season.slug, outcomes))
-    return ApplyResult(outcomes=plan.outcomes, leaderboard_version=published)
+        outcomes = [(o.status, o.reason) for o in [*plan.outcomes, *refused.outcomes]]
+        transaction.on_commit(lambda: _outcomes_count(season.slug, outcomes), using=DEFAULT_ALIAS)
+    return plan, published
 
 
 def _outcomes_count(season_slug: str, outcomes: list[tuple[str, str]]) -> None:

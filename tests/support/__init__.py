@@ -53,6 +53,7 @@ from tests.support.writes import (
     db_scores,
     db_standings,
     is_postgres,
+    ledger_rows,
     players,
     post_ok,
     scores_at_watermark,
@@ -68,7 +69,7 @@ __all__ = [
     "assert_matches_ledger", "board_read", "board_snapshot", "canonical_sha256", "change_head",
     "child_database_url", "child_env", "closing_season", "copy_contents", "current_manifest", "db_scores",
     "db_standings", "epoch", "epoch_child", "epoch_child_killed_inside_apply", "fast_get", "final_rows", "finalize",
-    "full_check", "in_season", "is_postgres", "iso", "keys_of", "materialize", "players", "post_ok",
+    "full_check", "in_season", "is_postgres", "iso", "ledger_rows", "keys_of", "materialize", "players", "post_ok",
     "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build", "staff",
     "statuses",
 ]

@@ -15,6 +15,7 @@ from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import Standings
 from leaderboard.ingest.selectors import stream_last_watermark
 from leaderboard.ingest.services import score_events_apply
+from leaderboard.ledger_databases import ledger_aliases
 from leaderboard.models import PlayerScore, ScoreChange
 from seasons.models import Season
 
@@ -90,8 +91,19 @@ def players(prefix: str, n: int) -> Iterable[str]:
     return (f"{prefix}{i:05d}" for i in range(n))
 
 
+def ledger_rows(model: type[Any], season: Season, *fields: str) -> list[Any]:
+    """`model`'s rows of the season (a ledger-side table: ScoreEvent, PlayerScore,
+    ScoreChange, StreamHead, ...) from every database holding its partitions: objects,
+    tuples of `fields`, or the values of one field."""
+    rows: list[Any] = []
+    for alias in ledger_aliases(season=season):
+        query = model.objects.using(alias).filter(season_id=season.pk)
+        rows += query.values_list(*fields, flat=len(fields) == 1) if fields else query
+    return rows
+
+
 def db_scores(season: Season) -> dict[str, int]:
-    return dict(PlayerScore.objects.filter(season=season).values_list("player_id", "score"))
+    return dict(ledger_rows(PlayerScore, season, "player_id", "score"))
 
 
 def db_standings(season: Season) -> Standings:
@@ -109,8 +121,8 @@ def scores_at_watermark(season: Season, watermark: Watermark) -> dict[str, int]:
     """The board a version with this watermark must hold, replayed from the change stream
     alone: per player, the newest (highest score_version) change at or below the cursor."""
     newest: dict[str, tuple[int, int]] = {}
-    for txid, ident, player_id, score, version in ScoreChange.objects.filter(season=season).values_list(
-        "txid", "id", "player_id", "new_score", "score_version"
+    for txid, ident, player_id, score, version in ledger_rows(
+        ScoreChange, season, "txid", "id", "player_id", "new_score", "score_version"
     ):
         if not watermark.covers(txid, ident):
             continue

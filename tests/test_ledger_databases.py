@@ -1,0 +1,458 @@
+"""Ledger partitions in PostgreSQL databases of their own (docs/architecture.md, Ledger
+databases): the setting, where a season's partitions live, the write path of a season
+split over two databases (event-id claims, per-database atomicity, the season's session
+lock), and its change stream.
+
+The database tests need a second database: run them with, for example,
+LEDGER_PARTITION_URLS="4-7=postgresql://postgres@127.0.0.1:5432/<db>_ledger_b" (pytest-django
+creates its test database; .ci/run does this). Without it they are skipped; the setting's
+own tests always run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import DatabaseError, OperationalError, connection, connections, transaction
+
+from config.ledger_urls import ledger_databases_parse
+from leaderboard.core.partitions import Watermark, partition_of, txid_partition
+from leaderboard.ingest import ledger_store
+from leaderboard.ingest.selectors import (
+    score_changes_after,
+    stream_committed_watermark,
+    stream_last_watermark,
+)
+from leaderboard.ledger_databases import (
+    DEFAULT_ALIAS,
+    LedgerDatabaseMissing,
+    ledger_alias,
+    ledger_alias_of_player,
+    ledger_aliases,
+    ledger_databases_check,
+    ledger_placement_cache_clear,
+    ledger_placement_for,
+    season_ledger_is_split,
+)
+from leaderboard.models import LedgerEventClaim, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict, StreamHead
+from seasons.models import Season
+from seasons.services import SeasonError, season_repartition
+from tests.support import TEST_ACTOR, Events, board_read, db_scores, materialize, post_ok, reader_of
+from tests.test_partitions import apply, statuses_of
+from tests.test_partitions import players_in as partitioned_players
+
+PG = {"ENGINE": "django.db.backends.postgresql", "NAME": "lb", "CONN_MAX_AGE": 0, "OPTIONS": {"pool": {"x": 1}}}
+URL_B = "postgresql://postgres@127.0.0.1:5432/lb_ledger_b"
+
+
+# --- the setting -------------------------------------------------------------------------
+
+
+def test_unset_adds_no_database_and_places_nothing() -> None:
+    assert ledger_databases_parse("", default=PG, max_partitions=64) == ({}, {})
+    assert ledger_databases_parse("  ", default={"ENGINE": "django.db.backends.sqlite3"}, max_partitions=64) == (
+        {}, {})
+
+
+def test_ranges_and_single_partitions_map_to_one_alias_per_database() -> None:
+    databases, placement = ledger_databases_parse(
+        f"4-5={URL_B}, 7={URL_B} 6=postgresql://h2/lb_ledger_c", default=PG, max_partitions=64)
+    assert placement == {4: "ledger_lb_ledger_b", 5: "ledger_lb_ledger_b", 7: "ledger_lb_ledger_b",
+                         6: "ledger_lb_ledger_c"}
+    b = databases["ledger_lb_ledger_b"]
+    assert (b["NAME"], b["ENGINE"], b["CONN_MAX_AGE"], b["OPTIONS"]) == (
+        "lb_ledger_b", PG["ENGINE"], 0, {"pool": {"x": 1}})
+    assert databases["ledger_lb_ledger_c"]["HOST"] == "h2"
+
+
+@pytest.mark.parametrize(("text", "default", "says"), [
+    (f"4-7={URL_B}", {"ENGINE": "django.db.backends.sqlite3", "NAME": "x"}, "PostgreSQL as the default"),
+    (f"4-7={URL_B} 6-8={URL_B}", PG, "named twice"),
+    (f"60-64={URL_B}", PG, "within 0..63"),
+    (f"5-4={URL_B}", PG, "not a range"),
+    ("4=sqlite:///x.db", PG, "not a PostgreSQL URL"),
+    (f"4={URL_B} 5=postgresql://other-host/lb_ledger_b", PG, "two URLs name a database 'lb_ledger_b'"),
+    ("4=postgresql://h/lb", PG, "the default database's name"),
+    (f"4:{URL_B}", PG, "is not P=URL"),
+])
+def test_a_bad_setting_stops_the_settings_with_a_clear_message(text: str, default: dict[str, Any],
+                                                               says: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=says):
+        ledger_databases_parse(text, default=default, max_partitions=64)
+
+
+def test_a_new_season_is_placed_by_the_setting_and_all_default_is_the_empty_list(settings: Any) -> None:
+    settings.LEDGER_PARTITION_ALIASES = {}
+    assert ledger_placement_for(partitions=8) == []
+    settings.LEDGER_PARTITION_ALIASES = {2: "ledger_x", 3: "ledger_x"}
+    assert ledger_placement_for(partitions=4) == ["default", "default", "ledger_x", "ledger_x"]
+    assert ledger_placement_for(partitions=2) == []
+
+
+@pytest.mark.django_db
+def test_without_the_setting_a_season_records_no_placement_and_writes_no_claims(
+        season_factory: Callable[..., Season], settings: Any) -> None:
+    settings.LEDGER_PARTITION_ALIASES = {}
+    season = season_factory(slug="plain", partitions=8)
+    assert season.ledger_databases == []
+    assert ledger_aliases(season=season) == {DEFAULT_ALIAS: list(range(8))}
+    assert not season_ledger_is_split(season=season)
+    ev = Events("plain")
+    apply(season, [ev.result(f"p{i}", 10 + i) for i in range(20)])
+    assert LedgerEventClaim.objects.count() == 0
+    assert ScoreEvent.objects.filter(season=season).count() == 20
+
+
+# --- a season over two databases -----------------------------------------------------------
+
+needs_ledger_b = pytest.mark.skipif(
+    not settings.LEDGER_PARTITION_ALIASES,
+    reason="needs a second ledger database: LEDGER_PARTITION_URLS=\"4-7=postgresql://.../<db>_ledger_b\"")
+
+
+def ledger_b() -> str:
+    return sorted(set(settings.LEDGER_PARTITION_ALIASES.values()))[0]
+
+
+def split_partitions() -> tuple[int, int]:
+    """A partition of an 8-partition season in "default", and one in the ledger database."""
+    placed = settings.LEDGER_PARTITION_ALIASES
+    return min(p for p in range(8) if p not in placed), min(p for p in range(8) if p in placed)
+
+
+def players_in(partition: int, count: int, prefix: str) -> list[str]:
+    return partitioned_players(8, partition, count, prefix)
+
+
+def rows_per_database(model: type[Any], season: Season) -> dict[str, int]:
+    return {alias: model.objects.using(alias).filter(season_id=season.pk).count()
+            for alias in (DEFAULT_ALIAS, ledger_b())}
+
+
+@pytest.fixture
+def split_season(season_factory: Callable[..., Season]) -> Iterator[Season]:
+    ledger_placement_cache_clear()
+    yield season_factory(slug=f"split-{time.monotonic_ns()}", partitions=8)
+    ledger_placement_cache_clear()
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+def test_a_season_records_where_its_partitions_live_and_keeps_it(split_season: Season, settings: Any) -> None:
+    b = ledger_b()
+    expected = [settings.LEDGER_PARTITION_ALIASES.get(p, DEFAULT_ALIAS) for p in range(8)]
+    assert split_season.ledger_databases == expected
+    assert season_ledger_is_split(season=split_season)
+    assert ledger_aliases(season=split_season) == {
+        DEFAULT_ALIAS: [p for p in range(8) if expected[p] == DEFAULT_ALIAS],
+        b: [p for p in range(8) if expected[p] == b]}
+    home, away = split_partitions()
+    assert ledger_alias(season=split_season, partition=away) == b
+    assert ledger_alias_of_player(season=split_season, player_id=players_in(home, 1, "x")[0]) == DEFAULT_ALIAS
+    # A later setting changes new seasons only.
+    settings.LEDGER_PARTITION_ALIASES = {}
+    split_season.refresh_from_db()
+    assert split_season.ledger_databases == expected
+    with pytest.raises(SeasonError, match="split over ledger databases cannot be repartitioned"):
+        season_repartition(season=split_season, partitions=4, actor=TEST_ACTOR)
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+def test_a_season_in_one_ledger_database_repartitions_there(season_factory: Callable[..., Season]) -> None:
+    season = season_factory(slug="all-b", partitions=2)
+    Season.objects.filter(pk=season.pk).update(ledger_databases=[ledger_b()] * 2)
+    season.refresh_from_db()
+    ledger_placement_cache_clear()
+    season = season_repartition(season=season, partitions=3, actor=TEST_ACTOR)
+    assert season.ledger_databases == [ledger_b()] * 5
+    ev = Events("allb")
+    assert statuses_of(apply(season, [ev.result(f"q{i}", i + 1) for i in range(12)])) == ["applied"] * 12
+    assert rows_per_database(ScoreEvent, season) == {DEFAULT_ALIAS: 0, ledger_b(): 12}
+    assert LedgerEventClaim.objects.filter(season=season).count() == 0
+    assert len(score_changes_after(season_id=season.pk, cursor=Watermark())) == 12
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+def test_a_season_naming_an_unconfigured_database_answers_503_and_fails_the_check(
+        season_factory: Callable[..., Season], post_scores: Callable[..., Any]) -> None:
+    season = season_factory(slug="lost", partitions=2)
+    Season.objects.filter(pk=season.pk).update(ledger_databases=["default", "ledger_gone"])
+    ledger_placement_cache_clear()
+    response = post_scores("lost", {"events": [Events("lost").result(f"g{i}", 5) for i in range(6)]})
+    assert response.status_code == 503, response.content
+    assert response.json()["error"] == "ledger_database_missing"
+    assert response.json()["database"] == "ledger_gone"
+    assert response["Retry-After"]
+    errors = ledger_databases_check(databases=[DEFAULT_ALIAS])
+    assert [e.id for e in errors] == ["leaderboard.E001"]
+    assert "ledger_gone" in errors[0].msg
+    with pytest.raises(LedgerDatabaseMissing):
+        stream_committed_watermark(season_id=season.pk)
+    ledger_placement_cache_clear()
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+def test_events_land_in_their_partitions_database_and_a_spanning_batch_applies_whole(
+        split_season: Season, post_scores: Callable[..., Any]) -> None:
+    home, away = split_partitions()
+    here, there = players_in(home, 3, "h"), players_in(away, 3, "t")
+    ev = Events("span")
+    batch = [ev.result(p, 100 + i) for i, p in enumerate([*here, *there])]
+    results = post_ok(post_scores, split_season, batch)
+    assert [r["status"] for r in results] == ["applied"] * 6
+    assert [r["event_id"] for r in results] == [e["event_id"] for e in batch]
+    for model in (ScoreEvent, PlayerScore, ScoreChange):
+        assert rows_per_database(model, split_season) == {DEFAULT_ALIAS: 3, ledger_b(): 3}, model
+    assert set(PlayerScore.objects.using(ledger_b()).values_list("player_id", flat=True)) == set(there)
+    assert {txid_partition(t) for t in ScoreChange.objects.using(ledger_b()).values_list("txid", flat=True)} == {away}
+    assert set(StreamHead.objects.using(ledger_b()).filter(season_id=split_season.pk).values_list(
+        "partition", flat=True)) == {away}
+    claims = dict(LedgerEventClaim.objects.filter(season=split_season).values_list("event_id", "partition"))
+    assert claims == {e["event_id"]: partition_of(e["player_id"], 8) for e in batch}
+    assert LedgerEventClaim.objects.using(ledger_b()).count() == 0
+    assert db_scores(split_season) == {p: 100 + i for i, p in enumerate([*here, *there])}
+    # The whole batch again: every event a duplicate of its first outcome, nothing written twice.
+    again = post_ok(post_scores, split_season, batch)
+    assert [(r["status"], r["first_status"]) for r in again] == [("duplicate", "applied")] * 6
+    assert rows_per_database(ScoreEvent, split_season) == {DEFAULT_ALIAS: 3, ledger_b(): 3}
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+def test_an_event_id_reused_for_a_player_in_the_other_database_is_a_conflict(split_season: Season) -> None:
+    home, away = split_partitions()
+    (here,), (there,) = players_in(home, 1, "h"), players_in(away, 1, "t")
+    ev = Events("reuse")
+    first = ev.result(here, 50)
+    assert statuses_of(apply(split_season, [first])) == ["applied"]
+    reused = {**ev.result(there, 60), "event_id": first["event_id"]}
+    same_batch = {**ev.result(there, 70), "event_id": "fresh-1"}
+    twice = {**ev.result(here, 80), "event_id": "fresh-1"}
+    result = apply(split_season, [reused, same_batch, twice])
+    assert statuses_of(result) == ["conflict", "applied", "conflict"]
+    assert ScoreEvent.objects.using(ledger_b()).filter(event_id=first["event_id"]).count() == 0
+    assert ScoreEventConflict.objects.using(DEFAULT_ALIAS).filter(event_id=first["event_id"]).count() == 1
+    assert ScoreEventConflict.objects.using(ledger_b()).filter(event_id="fresh-1").count() == 1
+    assert db_scores(split_season) == {here: 50, there: 70}
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_a_part_failing_after_the_claims_answers_503_and_the_resend_is_exactly_once(
+        split_season: Season, post_scores: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    home, away = split_partitions()
+    here, there = players_in(home, 2, "h"), players_in(away, 2, "t")
+    ev = Events("crash")
+    batch = [ev.result(p, 10 * (i + 1)) for i, p in enumerate([here[0], there[0], here[1], there[1]])]
+    write = ledger_store.batch_plan_write
+
+    def b_down(**kwargs: Any) -> None:
+        if kwargs["using"] == ledger_b():
+            raise OperationalError("the ledger database went away")
+        write(**kwargs)
+
+    monkeypatch.setattr(ledger_store, "batch_plan_write", b_down)
+    response = post_scores(split_season.slug, {"events": batch})
+    assert response.status_code == 503, response.content
+    assert response["Retry-After"]
+    # The claims were committed first, then default's part; the other database's failed.
+    assert LedgerEventClaim.objects.filter(season=split_season).count() == 4
+    assert rows_per_database(ScoreEvent, split_season) == {DEFAULT_ALIAS: 2, ledger_b(): 0}
+    monkeypatch.setattr(ledger_store, "batch_plan_write", write)
+    results = post_ok(post_scores, split_season, batch)
+    assert [(r["status"], r.get("first_status")) for r in results] == [
+        ("duplicate", "applied"), ("applied", None), ("duplicate", "applied"), ("applied", None)]
+    assert rows_per_database(ScoreEvent, split_season) == {DEFAULT_ALIAS: 2, ledger_b(): 2}
+    assert rows_per_database(ScoreChange, split_season) == {DEFAULT_ALIAS: 2, ledger_b(): 2}
+    assert db_scores(split_season) == {here[0]: 10, there[0]: 20, here[1]: 30, there[1]: 40}
+    # The season's session lock was released after the failure: a season-wide write runs now.
+    with transaction.atomic():
+        ledger_store.season_write_lock(season_id=split_season.pk)
+
+
+def held_in(alias: str, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Batches writing their part in `alias` from a thread marked `held` stop inside it
+    (partition locks taken, nothing committed) until released: (reached, release)."""
+    reached, release = threading.Event(), threading.Event()
+    write = ledger_store.batch_plan_write
+
+    def paused(**kwargs: Any) -> None:
+        if kwargs["using"] == alias and getattr(threading.current_thread(), "held", False):
+            reached.set()
+            assert release.wait(20)
+        write(**kwargs)
+
+    monkeypatch.setattr(ledger_store, "batch_plan_write", paused)
+    return reached, release
+
+
+def in_thread(fn: Callable[[], Any], *, held: bool = False) -> Any:
+    def run() -> Any:
+        threading.current_thread().held = held  # type: ignore[attr-defined]
+        try:
+            return fn()
+        finally:
+            threading.current_thread().held = False  # type: ignore[attr-defined]
+            for alias in connections:
+                connections[alias].close()
+
+    return ThreadPoolExecutor(1).submit(run)
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_a_season_wide_write_cannot_run_between_the_parts_commits(
+        split_season: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, away = split_partitions()
+    (here,), (there,) = players_in(home, 1, "h"), players_in(away, 1, "t")
+    ev = Events("seal")
+    reached, release = held_in(ledger_b(), monkeypatch)
+    batch = in_thread(lambda: apply(split_season, [ev.result(here, 1), ev.result(there, 2)]), held=True)
+    assert reached.wait(10)
+    # Default's part is committed, the other database's is not: the window a seal must not enter.
+    assert ScoreEvent.objects.filter(season=split_season).count() == 1
+
+    def seal_lock() -> float:
+        with transaction.atomic():
+            ledger_store.season_write_lock(season_id=split_season.pk)
+            return time.monotonic()
+
+    seal = in_thread(seal_lock)
+    time.sleep(0.5)
+    assert not seal.done(), "a season-wide write ran between a split batch's commits"
+    released_at = time.monotonic()
+    release.set()
+    assert statuses_of(batch.result(timeout=20)) == ["applied", "applied"]
+    assert seal.result(timeout=20) >= released_at
+    assert rows_per_database(ScoreEvent, split_season) == {DEFAULT_ALIAS: 1, ledger_b(): 1}
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_writers_on_disjoint_databases_hold_their_locks_at_the_same_time(
+        split_season: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, away = split_partitions()
+    (here,), (there,) = players_in(home, 1, "h"), players_in(away, 1, "t")
+    (same,) = players_in(home, 1, "s")
+    ev = Events("disjoint")
+    reached, release = held_in(DEFAULT_ALIAS, monkeypatch)
+    held = in_thread(lambda: apply(split_season, [ev.result(here, 1)]), held=True)
+    try:
+        assert reached.wait(10)
+        # The other database's partition is free: that batch commits while default's is held.
+        other = in_thread(lambda: apply(split_season, [ev.result(there, 2)]))
+        assert statuses_of(other.result(timeout=10)) == ["applied"]
+        waiting = in_thread(lambda: apply(split_season, [ev.result(same, 3)]))
+        time.sleep(0.5)
+        assert not waiting.done(), "a batch on a held partition did not wait for its lock"
+    finally:
+        release.set()
+    assert statuses_of(held.result(timeout=20)) == ["applied"]
+    assert statuses_of(waiting.result(timeout=20)) == ["applied"]
+    assert db_scores(split_season) == {here: 1, there: 2, same: 3}
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_the_same_new_event_id_from_two_writers_in_two_databases_is_recorded_once(
+        split_season: Season) -> None:
+    home, away = split_partitions()
+    ev = Events("race")
+    for round_ in range(6):
+        (here,), (there,) = players_in(home, 1, f"h{round_}-"), players_in(away, 1, f"t{round_}-")
+        event_id = f"race-{round_}"
+        start = threading.Barrier(2)
+
+        def write(player: str, score: int, event_id: str = event_id, start: threading.Barrier = start) -> str:
+            start.wait(5)
+            return statuses_of(apply(split_season, [{**ev.result(player, score), "event_id": event_id}]))[0]
+
+        a = in_thread(lambda here=here: write(here, 1))  # type: ignore[misc]
+        b = in_thread(lambda there=there: write(there, 2))  # type: ignore[misc]
+        outcomes = sorted([a.result(timeout=20), b.result(timeout=20)])
+        assert outcomes == ["applied", "conflict"], outcomes
+        recorded = sum(ScoreEvent.objects.using(alias).filter(event_id=event_id).count()
+                       for alias in (DEFAULT_ALIAS, ledger_b()))
+        assert recorded == 1
+
+
+# --- the change stream and an epoch over both databases ------------------------------------
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+@pytest.mark.usefixtures("rank_views")
+def test_the_stream_reads_each_partition_from_its_database_and_an_epoch_publishes_both(
+        split_season: Season) -> None:
+    ev = Events("stream")
+    players = [f"s{i}" for i in range(40)]
+    apply(split_season, [ev.result(p, 1000 + i) for i, p in enumerate(players)])
+    per_db = rows_per_database(ScoreChange, split_season)
+    assert per_db[DEFAULT_ALIAS] > 0 and per_db[ledger_b()] > 0 and sum(per_db.values()) == 40
+    changes = score_changes_after(season_id=split_season.pk, cursor=Watermark())
+    assert sorted(c.player_id for c in changes) == sorted(players)
+    # Each partition's changes in its own order, partitions ascending.
+    parts = [txid_partition(c.cursor.txid) for c in changes]
+    assert parts == sorted(parts)
+    committed, last = stream_committed_watermark(season_id=split_season.pk), stream_last_watermark(
+        season_id=split_season.pk)
+    assert last <= committed
+    assert {p for p in range(8) if last.cursor(p)[1] > 0} == {txid_partition(c.cursor.txid) for c in changes}
+    # A page that stops inside one database and goes on in the next.
+    page = score_changes_after(season_id=split_season.pk, cursor=Watermark(), limit=25)
+    rest = score_changes_after(season_id=split_season.pk, cursor=Watermark().advanced(
+        [(c.cursor.txid, c.cursor.id) for c in page]))
+    assert [c.player_id for c in [*page, *rest]] == [c.player_id for c in changes]
+    materialize(split_season)
+    _, board = board_read(reader_of(split_season))
+    assert {e.player_id: e.score for e in board} == {p: 1000 + i for i, p in enumerate(players)}
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+def test_the_ledger_database_runs_the_same_migrations(capsys: pytest.CaptureFixture[str]) -> None:
+    """The partition database has every ledger table, and `migrate --database` finds
+    nothing left to do."""
+    with connections[ledger_b()].cursor() as cursor:
+        tables = connections[ledger_b()].introspection.table_names(cursor)
+    assert {"leaderboard_scoreevent", "leaderboard_playerscore", "leaderboard_scorechange",
+            "leaderboard_streamhead", "leaderboard_lateresult", "leaderboard_scoreeventconflict"} <= set(tables)
+    call_command("migrate", database=ledger_b(), verbosity=1, interactive=False)
+    assert "No migrations to apply" in capsys.readouterr().out
+
+
+@pytest.mark.django_db
+def test_a_dead_connection_releasing_the_session_lock_is_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unlock of a connection that died is logged and the connection closed (its
+    session's locks died with it); the error the batch met is the one raised."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's session locks")
+    closed: list[bool] = []
+    monkeypatch.setattr(connection, "close", lambda: closed.append(True))
+    real_cursor = connection.cursor
+    calls = {"n": 0}
+
+    def cursor() -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise DatabaseError("server closed the connection unexpectedly")
+        return real_cursor()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(connection, "cursor", cursor)
+        with pytest.raises(RuntimeError, match="the batch's own error"):  # noqa: SIM117 - the order matters
+            with ledger_store.season_lock_shared_hold(season_id=987654):
+                raise RuntimeError("the batch's own error")
+    assert closed == [True]
+    with connection.cursor() as db:
+        db.execute("SELECT pg_advisory_unlock_shared(%s, %s)", [ledger_store._SEASON_LOCK, 987654])
