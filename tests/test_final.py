@@ -17,6 +17,7 @@ from audit.models import AuditEntry
 from audit.services import SYSTEM
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.core.ranking import Standings
+from leaderboard.ledger_reads import ledger_rows_count, ledger_rows_list
 from leaderboard.models import LateResult, PlayerScore
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
@@ -152,7 +153,8 @@ def test_end_to_end_seal_candidate_two_person_approval_and_durable_hashed_standi
 
     # The standings are the ledger's scores ranked by docs/rules.md (Ranking), in the database.
     rows = final_rows(season)
-    expected = as_rows(Standings(dict(PlayerScore.objects.filter(season=season).values_list("player_id", "score"))))
+    expected = as_rows(Standings(dict(ledger_rows_list(
+        season=season, queryset=PlayerScore.objects.filter(season=season).values_list("player_id", "score")))))
     assert rows == expected
     assert [r[2] for r in rows[2:10]] == ["-alice", ".alice", "9alice", "ALICE", "Alice", "_alice", "a:lice", "alice"]
     assert [r[1] for r in rows[2:10]] == [3] * 8  # one shared rank; positions go on
@@ -279,7 +281,8 @@ def test_a_revoked_champion_after_final_gets_a_corrected_version_and_final_never
     # A plain result after FINAL is a late result: queued, never into the board.
     late = events.result("newcomer", 999_000)
     assert statuses(post_ok(post_scores, season, [late])) == [("rejected", "late_after_seal")]
-    assert LateResult.objects.filter(season=season, player_id="newcomer").count() == 1
+    assert ledger_rows_count(season=season, queryset=LateResult.objects.filter(season=season,
+                                                                             player_id="newcomer")) == 1
 
     manifest = materialize(season)
     assert manifest.version == final_version + 1

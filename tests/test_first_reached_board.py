@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Standings
 from leaderboard.core.tiebreak import instant_ms
+from leaderboard.ledger_reads import ledger_rows_list
 from leaderboard.models import PlayerScore
 from leaderboard.recovery.rebuild import rebuild_publish, rebuild_run, season_rebuild_start, season_split_propose
 from leaderboard.recovery.reconcile import version_reconcile
@@ -99,8 +100,9 @@ def expected_standings(model: ReferenceLedger) -> Standings:
 
 def check_version(season: Season, model: ReferenceLedger) -> None:
     expected = expected_standings(model)
-    db = {p: (score, reached) for p, score, reached in
-          PlayerScore.objects.filter(season=season).values_list("player_id", "score", "reached_at")}
+    db = {p: (score, reached) for p, score, reached in ledger_rows_list(
+          season=season, queryset=PlayerScore.objects.filter(season=season).values_list("player_id", "score",
+                                                                                           "reached_at"))}
     assert db == {p: (score, model.reached[p]) for p, (score, _) in model.players.items()}
     reader = reader_of(season)
     assert_board_equals(reader, expected, players=PLAYERS, absent=["never-seen"], radius=10, window_limits=(1, 3))
@@ -280,5 +282,6 @@ def test_a_wrong_reached_at_in_the_live_copy_fails_the_checks(season_factory: Ca
 
 
 def expected_board(season: Season) -> Standings:
-    rows = PlayerScore.objects.filter(season=season).values_list("player_id", "score", "reached_at")
+    rows = ledger_rows_list(season=season, queryset=PlayerScore.objects.filter(season=season).values_list(
+        "player_id", "score", "reached_at"))
     return Standings({p: s for p, s, _ in rows}, {p: at for p, _, at in rows})

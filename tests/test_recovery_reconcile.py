@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import leaderboard.recovery.rebuild as rebuild_module
+from leaderboard.ledger_reads import ledger_queryset_of_player, ledger_rows_count, ledger_rows_list
 from leaderboard.models import PlayerScore, RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
 from leaderboard.recovery.reconcile import version_reconcile
@@ -188,7 +189,8 @@ def test_a_change_the_catch_up_never_applied_is_refused(season_factory: Callable
     assert {"player_count", "ledger_bucket_counts"} <= failed, failed
     assert detail(job, "player_count") == f"ledger {PLAYERS + 1}, version {PLAYERS} (difference -1)"
     low, high = NARROW.range_of(NARROW.bucket_of(5))
-    ledger = PlayerScore.objects.filter(season=season, score__gte=low, score__lte=high).count()
+    ledger = ledger_rows_count(season=season, queryset=PlayerScore.objects.filter(season=season, score__gte=low,
+                                                                                  score__lte=high))
     assert detail(job, "ledger_bucket_counts") == f"bucket 0: ledger {ledger} players, version {ledger - 1}"
 
 
@@ -206,8 +208,10 @@ def test_a_player_left_on_two_regional_boards_is_refused(season_factory: Callabl
     moved: dict[str, str] = {}
 
     def move() -> None:
-        player = next(p for p, (g,) in ((p, (g,)) for p, g in PlayerScore.objects.filter(
-            season=season).values_list("player_id", "region")) if g == "eu")
+        player = next(p for p, (g,) in ((p, (g,)) for p, g in ledger_rows_list(season=season, queryset=PlayerScore
+                                                                          .objects.filter(season=season)
+                                                                          .values_list("player_id", "region")))
+                      if g == "eu")
         board.profiles.set(**{player: "na"})
         board.score([player])  # the region move reaches the stream with the player's next result
         moved["player"] = player
@@ -215,7 +219,8 @@ def test_a_player_left_on_two_regional_boards_is_refused(season_factory: Callabl
     def also_on_eu(shadow: rankview.CopyMeta, replayed: set[str]) -> None:
         player = moved["player"]
         assert player in replayed
-        score = PlayerScore.objects.get(season=season, player_id=player).score
+        score = ledger_queryset_of_player(season=season, player_id=player,
+                                          queryset=PlayerScore.objects.filter(season=season)).get(player_id=player).score
         bucket = shadow.layout.bucket_of(score)
         r.zadd(keys.bucket(shadow.copy, shadow.layout.layout_id, bucket, "eu", groups=shadow.groups), {player: -score})
         shadow.boards["eu"][0][bucket] += 1
