@@ -181,3 +181,17 @@ def test_the_full_invariant_check_finds_duplicates_and_wrong_lookups_a_chunk_at_
     assert {"players_once", "lookup_equals_index", "bucket_counts"} <= failed, report.failures()
     detail = {f.check: f.detail for f in report.findings}
     assert member.decode() in detail["players_once"]
+
+
+def test_a_pending_score_of_a_player_in_the_second_database_is_read_there(
+    season_factory: Callable[..., Season], post_scores: Post
+) -> None:
+    from rest_framework.test import APIClient
+
+    season, events = seeded(season_factory, post_scores, "lr-pending")
+    player_id = far(5)[3]
+    where(season, player_id)
+    post_ok(post_scores, season, [events.result(player_id, 990)])  # committed, not yet published
+    body = APIClient().get(f"/v1/seasons/{season.slug}/players/{player_id}/rank", {"include_pending": "true"}).json()
+    assert body["pending"]["score"] == 990, body
+    assert body["pending"]["pending_version"] == current_manifest(season).version + 1
