@@ -44,7 +44,17 @@ from leaderboard.ledger_databases import (
 from leaderboard.models import LedgerEventClaim, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict, StreamHead
 from seasons.models import Season
 from seasons.services import SeasonError, season_repartition
-from tests.support import TEST_ACTOR, Events, board_read, db_scores, materialize, post_ok, reader_of
+from tests.support import (
+    TEST_ACTOR,
+    Events,
+    Profiles,
+    board_read,
+    db_scores,
+    ledger_rows,
+    materialize,
+    post_ok,
+    reader_of,
+)
 from tests.test_partitions import apply, statuses_of
 from tests.test_partitions import players_in as partitioned_players
 
@@ -384,6 +394,30 @@ def test_the_same_new_event_id_from_two_writers_in_two_databases_is_recorded_onc
         recorded = sum(ScoreEvent.objects.using(alias).filter(event_id=event_id).count()
                        for alias in (DEFAULT_ALIAS, ledger_b()))
         assert recorded == 1
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+def test_profile_regions_reach_players_in_both_databases(season_factory: Callable[..., Season]) -> None:
+    """A new player takes the profile's region (profiles live in "default", the player's
+    score in its partition's database); a region change moves each player in their own
+    database, with a change-stream row there."""
+    season = season_factory(slug="regions-split", partitions=8, regions=["eu", "na"])
+    home, away = split_partitions()
+    (here,), (there,) = players_in(home, 1, "rh"), players_in(away, 1, "rt")
+    profiles = Profiles()
+    profiles.set(**{here: "eu", there: "na"})
+    ev = Events("regions")
+    assert statuses_of(apply(season, [ev.result(here, 10), ev.result(there, 20)])) == ["applied", "applied"]
+    regions = dict(ledger_rows(PlayerScore, season, "player_id", "region"))
+    assert regions == {here: "eu", there: "na"}
+    profiles.set(**{here: "na", there: "eu"})
+    assert PlayerScore.objects.using(ledger_b()).get(season_id=season.pk, player_id=there).region == "eu"
+    assert PlayerScore.objects.get(season_id=season.pk, player_id=here).region == "na"
+    moves = {alias: list(ScoreChange.objects.using(alias).filter(
+        season_id=season.pk, event_id__startswith="region:").values_list("player_id", "old_region", "region"))
+        for alias in (DEFAULT_ALIAS, ledger_b())}
+    assert moves == {DEFAULT_ALIAS: [(here, "eu", "na")], ledger_b(): [(there, "na", "eu")]}
 
 
 # --- the change stream and an epoch over both databases ------------------------------------
