@@ -128,7 +128,11 @@ def season_placement_by_id(*, season_id: int) -> tuple[str, ...]:
     if placement is None:
         from seasons.models import Season
 
-        slug, recorded = Season.objects.filter(pk=season_id).values_list("slug", "ledger_databases").get()
+        row = Season.objects.filter(pk=season_id).values_list("slug", "ledger_databases").first()
+        if row is None:
+            # No such season: nothing of it anywhere (not cached: an id is never reused).
+            return (DEFAULT_ALIAS,)
+        slug, recorded = row
         distinct = list(dict.fromkeys(recorded or [DEFAULT_ALIAS]))
         for alias in distinct:
             if alias not in settings.DATABASES:
