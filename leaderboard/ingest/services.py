@@ -165,7 +165,8 @@ def _split_batch_apply(*, season: Season, events: list[ScoreEvent], client: ApiC
             for i, outcome in zip([*mine, *theirs], [*plan.outcomes, *conflict_plan.outcomes], strict=True):
                 outcomes[i] = outcome
     assert all(o is not None for o in outcomes)
-    return ApplyResult(outcomes=[o for o in outcomes if o is not None], leaderboard_version=min(published_seen))
+    return ApplyResult(outcomes=[o for o in outcomes if o is not None],
+                       leaderboard_version=min(published_seen, default=season.published_version))
 
 
 def _claimed_elsewhere(payload_hash: str) -> RecordedEvent:
