@@ -1,9 +1,11 @@
-"""The fan-out's own frames (leaderboard.live.hub.text_frame, wire_write): a version's text
-is framed once and the same bytes are written to the transport of every socket that
-sends it, byte for byte what the server's websocket send writes; and the sockets this
-cannot serve (a negotiated permessage-deflate, a closing connection) get the server's
-send as before. Through a real uvicorn (its sans-I/O websocket implementation, the
-default) in this process, real clients, epochs publishing real versions."""
+"""The fan-out's own frames (leaderboard.live.hub.frame_build, wire_write): a version's text
+is framed once (compressed once, on permessage-deflate without server context takeover,
+leaderboard.live.protocol) and the same bytes are written to the transport of every
+socket that sends it, byte for byte what the server's websocket send writes; and the
+sockets this cannot serve (uvicorn's own permessage-deflate, with a context per socket)
+get the server's send as before. Through a real uvicorn (its sans-I/O websocket
+implementation, the default, or live.protocol's) in this process, real clients, epochs
+publishing real versions."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 import uvicorn
 from asgiref.sync import async_to_sync, sync_to_async
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.extensions.permessage_deflate import PerMessageDeflate
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
@@ -42,6 +45,31 @@ def test_a_frame_is_what_the_servers_send_writes(size: int) -> None:
     assert Frame(Opcode.TEXT, data).serialize(mask=False) == sent
 
 
+def test_a_deflated_frame_is_what_the_servers_send_writes_and_the_same_for_every_socket() -> None:
+    texts = [b"", b"x", orjson.dumps({"top": [{"player_id": f"p{i:06d}", "score": 1000 - i} for i in range(100)]})]
+    kind = live.Deflate(12, (("memLevel", 5),))
+    for text in texts:
+        frames = []
+        for _ in range(2):  # two messages on one connection, then on another: no context carried over
+            server = ServerProtocol()
+            server.state = State.OPEN
+            deflate = PerMessageDeflate(remote_no_context_takeover=False, local_no_context_takeover=True,
+                                        remote_max_window_bits=12, local_max_window_bits=12,
+                                        compress_settings={"memLevel": 5})
+            server.extensions = [deflate]
+            server.send_text(text)
+            server.send_text(text)
+            frames.extend(server.data_to_send())
+        assert frames == [live.frame_build(text, kind)] * 4
+        # A client that keeps its context (as browsers do) reads it back.
+        client = PerMessageDeflate(remote_no_context_takeover=True, local_no_context_takeover=False,
+                                   remote_max_window_bits=12, local_max_window_bits=12)
+        frame = live.frame_build(text, kind)
+        body = frame[2:] if frame[1] < 126 else frame[4:]
+        for _ in range(2):
+            assert client.decode(Frame(Opcode.TEXT, body, rsv1=True)).data == text
+
+
 def test_commands_are_packed_alike_with_or_without_hiredis(monkeypatch: pytest.MonkeyPatch) -> None:
     commands: list[live.Call] = [("ZCOUNT", "lb:{s}:b:3", "-inf", "(1234"), ("ZRANGE", "k", 0, 10, "WITHSCORES"),
                                  ("HMGET", "k", b"p\xc3\xa9", "p\u00e9"), ("GET", "")]
@@ -61,11 +89,11 @@ def test_only_uvicorns_sans_io_connections_are_written_to_directly() -> None:
 class Server:
     """uvicorn serving the application in the running event loop (so the test sees its hubs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ws: str) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(application, ws="websockets-sansio", lifespan="off", log_level="warning")
+        config = uvicorn.Config(application, ws=ws, lifespan="off", log_level="warning")
         self.server = uvicorn.Server(config)
         self.task: asyncio.Task[None] | None = None
 
@@ -97,7 +125,14 @@ def run(body: Callable[[], Awaitable[None]]) -> None:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("rank_views")
-def test_every_socket_gets_every_version_in_order_through_either_path(season: Season, post_scores: Any) -> None:
+@pytest.mark.parametrize(("ws", "deflate_direct"), [
+    # uvicorn's negotiation: a compression context per socket, so the server's send compresses.
+    ("websockets-sansio", False),
+    # Without server context takeover: compressed once, the same bytes to every deflate socket.
+    ("leaderboard.live.protocol:LiveWebSocketProtocol", True),
+])
+def test_every_socket_gets_every_version_in_order_through_either_path(season: Season, post_scores: Any, ws: str,
+                                                                     deflate_direct: bool) -> None:
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i:03d}", 1000 + 10 * i) for i in range(150)])
     assert publish(season) == 1
@@ -106,7 +141,7 @@ def test_every_socket_gets_every_version_in_order_through_either_path(season: Se
     origin = Origin("http://testserver")
 
     async def body() -> None:
-        async with Server() as server:
+        async with Server(ws) as server:
             plain = [await connect(server.url(season.slug), origin=origin, compression=None) for _ in range(3)]
             player = await connect(server.url(season.slug, "player_id=p020&radius=2"), origin=origin,
                                    compression=None)
@@ -132,9 +167,9 @@ def test_every_socket_gets_every_version_in_order_through_either_path(season: Se
                 me = standings.entry("p020")
                 assert me is not None and got[3]["player"]["entry"] == me.as_dict()
                 assert got[3]["player"]["neighbors"] == [e.as_dict() for e in standings.neighbors("p020", 2)]
-            # Three versions to four plain sockets went straight to their transports; the
-            # deflate socket's went through the server's send, compressed.
-            assert hub.stats.direct == 3 * 4
+            # Three versions to four plain sockets went straight to their transports, and to
+            # the deflate socket too when its messages compress alike on every socket.
+            assert hub.stats.direct == 3 * (5 if deflate_direct else 4)
             assert (plain[0].protocol.extensions, deflated.protocol.extensions != []) == ([], True)
             for c in everyone:
                 with pytest.raises(TimeoutError):

@@ -43,6 +43,7 @@ import contextlib
 import logging
 import struct
 import weakref
+import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -542,8 +543,39 @@ def text_frame(data: bytes) -> bytes:
     return struct.pack("!BBQ", 0x81, 127, length) + data
 
 
+@dataclass(frozen=True, slots=True)
+class Deflate:
+    """permessage-deflate without server context takeover, with these zlib parameters."""
+
+    window_bits: int
+    settings: tuple[tuple[str, Any], ...] = ()
+
+
+# How a connection's frames are made (`frame_kind`): PLAIN, or Deflate.
+PLAIN = "plain"
+FrameKind = str | Deflate
+
+
+def frame_build(data: bytes, kind: FrameKind) -> bytes:
+    """The frame of a text message on a connection of `kind`: `text_frame`, or its
+    permessage-deflate frame (RFC 7692: RSV1 set, the message compressed from a fresh
+    context, the sync flush's trailing 00 00 ff ff removed), byte for byte what the
+    websockets library's extension writes on such a connection."""
+    if not isinstance(kind, Deflate):
+        return text_frame(data)
+    encoder = zlib.compressobj(wbits=-kind.window_bits, **dict(kind.settings))
+    body = (encoder.compress(data) + encoder.flush(zlib.Z_SYNC_FLUSH))[:-4]
+    length = len(body)
+    if length < 126:
+        return struct.pack("!BB", 0xC1, length) + body
+    if length < 65536:
+        return struct.pack("!BBH", 0xC1, 126, length) + body
+    return struct.pack("!BBQ", 0xC1, 127, length) + body
+
+
 try:
     from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+    from websockets.extensions.permessage_deflate import PerMessageDeflate as _PerMessageDeflate
     from websockets.protocol import State as _WsState
 
     _SANSIO: type[Any] | None = WebSocketsSansIOProtocol
@@ -571,16 +603,33 @@ def wire_of(send: Callable[..., Any]) -> Any | None:
 _WIRE_FIELDS = ("transport", "writable", "handshake_complete", "close_sent", "disconnected", "initial_response")
 
 
+def frame_kind(wire: Any) -> FrameKind | None:
+    """How frames for this connection are made, from the extensions its handshake
+    negotiated (fixed from then on): PLAIN without any; a deflate kind for
+    permessage-deflate without server context takeover (`live.protocol`), whose
+    messages compress alike on every connection; None (the server's send compresses
+    each socket's frames itself) for context takeover, uvicorn's default, or anything
+    else."""
+    extensions = wire.conn.extensions
+    if not extensions:
+        return PLAIN
+    if len(extensions) == 1 and isinstance(extensions[0], _PerMessageDeflate):
+        deflate = extensions[0]
+        if deflate.local_no_context_takeover:
+            return Deflate(deflate.local_max_window_bits, tuple(sorted(deflate.compress_settings.items())))
+    return None
+
+
 def wire_write(wire: Any, frame: bytes) -> bool:
     """Write a whole frame to an open connection's transport, as the server's send would;
     False (nothing written) whenever that send would do anything else: wait for the
     client to drain its buffer, raise for a closed or closing connection, refuse a
-    message before the handshake, or compress (a negotiated permessage-deflate). The
+    message before the handshake. `frame` is of the connection's `frame_kind`. The
     connection's own writes are always whole frames written at once (its protocol object
     keeps none pending), so a frame written here never lands inside one of them."""
     conn = wire.conn
     if (not wire.handshake_complete or wire.close_sent or wire.disconnected or wire.initial_response is not None
-            or not wire.writable.is_set() or conn.state is not _WsState.OPEN or conn.extensions or conn.writes
+            or not wire.writable.is_set() or conn.state is not _WsState.OPEN or conn.writes
             or wire.transport.is_closing()):
         return False
     wire.transport.write(frame)
@@ -616,11 +665,15 @@ class Socket:
     busy: bool = True
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
-    # The server connection the fan-out writes frames to directly (`wire_of`), or None.
+    # The server connection the fan-out writes frames to directly (`wire_of`), and how
+    # they are made for it (`frame_kind`); None: it gets the ASGI send.
     wire: Any = None
+    kind: FrameKind | None = None
 
     def __post_init__(self) -> None:
-        self.wire = wire_of(self.send)
+        wire = wire_of(self.send)
+        self.kind = frame_kind(wire) if wire is not None else None
+        self.wire = wire if self.kind is not None else None
 
     def sent(self, version: int, mark: PlayerMark | None) -> None:
         self.sent_version, self.mark, self.unavailable = version, mark, None
@@ -804,7 +857,7 @@ class SeasonHub:
         # Sockets without a player that last sent the same version get the same text, and
         # the same frame (built when a socket first needs it).
         texts: dict[int | None, str] = {}
-        frames: dict[int | None, bytes] = {}
+        frames: dict[tuple[int | None, FrameKind], bytes] = {}
         sockets = [s for s in self.sockets.values() if (s.subscription.player_id is not None) is with_player]
         for index, socket in enumerate(sockets):
             if index and index % FAN_OUT_SLICE == 0:
@@ -824,10 +877,10 @@ class SeasonHub:
                                            mark=None)
                     texts[socket.sent_version] = text
                 frame = None
-                if socket.wire is not None:
-                    frame = frames.get(socket.sent_version)
+                if socket.kind is not None:
+                    frame = frames.get((socket.sent_version, socket.kind))
                     if frame is None:
-                        frame = frames[socket.sent_version] = text_frame(text.encode())
+                        frame = frames[socket.sent_version, socket.kind] = frame_build(text.encode(), socket.kind)
                 self._send(socket, text, rnd.version, None, frame)
                 continue
             if rnd.players is None:
@@ -853,7 +906,7 @@ class SeasonHub:
         closing), the ASGI send below does what it does.
         """
         try:
-            if socket.wire is not None and wire_write(socket.wire, frame or text_frame(text.encode())):
+            if socket.kind is not None and wire_write(socket.wire, frame or frame_build(text.encode(), socket.kind)):
                 self.stats.direct += 1
                 _sent(socket, text, version, mark)
                 return
