@@ -4,7 +4,8 @@
 1. A fresh season of --players players is loaded (bench/loader.py: PostgreSQL COPY, both
    copies built, version 1 published).
 2. uvicorn serves config.asgi:application with --workers 2 (uvicorn[standard]: httptools
-   and the sans-I/O `websockets` protocol), on a free port, with LIVE_SOCKETS_PER_ADDRESS
+   and the sans-I/O `websockets` protocol, as leaderboard.live.protocol configures it when
+   the checkout has that module), on a free port, with LIVE_SOCKETS_PER_ADDRESS
    raised to --clients (every client comes from one address).
 3. --client-procs client processes (this script in --client-worker mode, the `websockets`
    client library) open --clients sockets in all to /ws/v1/seasons/{season}/live, a
@@ -252,11 +253,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def websocket_protocol(root: Path) -> str:
+    """The checkout's own websocket protocol for uvicorn when it has one (permessage-deflate
+    without server context takeover, so the live hub compresses a message once for every
+    socket), else uvicorn's sans-I/O implementation, which checkouts before it ran on."""
+    if (root / "leaderboard" / "live" / "protocol.py").is_file():
+        return "leaderboard.live.protocol:LiveWebSocketProtocol"
+    return "websockets-sansio"
+
+
 def server_start(env: dict[str, str], port: int, workers: int, root: Path = ROOT) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
          "--workers", str(workers), "--log-level", "warning", "--lifespan", "off", "--backlog", "4096",
-         "--ws", "websockets-sansio"],
+         "--ws", websocket_protocol(root)],
         cwd=root, env={**os.environ, **env}, start_new_session=True,
     )
     deadline = time.monotonic() + 60
