@@ -535,12 +535,17 @@ def text_frame(data: bytes) -> bytes:
     extension) carrying `data`, byte for byte what the server's own send writes for it
     on a connection without extensions. Built once per distinct text of a round, the same
     bytes then go to every socket that sends that text."""
-    length = len(data)
+    return _frame(0x81, data)
+
+
+def _frame(head: int, payload: bytes) -> bytes:
+    """A frame's header (first byte `head`, unmasked, RFC 6455's three length forms) and payload."""
+    length = len(payload)
     if length < 126:
-        return struct.pack("!BB", 0x81, length) + data
+        return struct.pack("!BB", head, length) + payload
     if length < 65536:
-        return struct.pack("!BBH", 0x81, 126, length) + data
-    return struct.pack("!BBQ", 0x81, 127, length) + data
+        return struct.pack("!BBH", head, 126, length) + payload
+    return struct.pack("!BBQ", head, 127, length) + payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -564,13 +569,7 @@ def frame_build(data: bytes, kind: FrameKind) -> bytes:
     if not isinstance(kind, Deflate):
         return text_frame(data)
     encoder = zlib.compressobj(wbits=-kind.window_bits, **dict(kind.settings))
-    body = (encoder.compress(data) + encoder.flush(zlib.Z_SYNC_FLUSH))[:-4]
-    length = len(body)
-    if length < 126:
-        return struct.pack("!BB", 0xC1, length) + body
-    if length < 65536:
-        return struct.pack("!BBH", 0xC1, 126, length) + body
-    return struct.pack("!BBQ", 0xC1, 127, length) + body
+    return _frame(0xC1, (encoder.compress(data) + encoder.flush(zlib.Z_SYNC_FLUSH))[:-4])
 
 
 try:
