@@ -142,3 +142,40 @@ def test_a_build_that_holds_the_interpreter_longer_than_the_lease_keeps_it(
     assert current_manifest(season).copy == building
     assert r.get(keys.lease) is None  # given back, not left to expire
     assert_matches_ledger(season)
+
+
+def test_a_lease_lost_after_the_build_landed_leaves_a_copy_the_next_holder_finishes_without_building_again(
+        season: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = redis_get()
+    keys = keys_of(season)
+    events, building = _season_with_one_copy(season)
+    apply_events(season, [events.result("p0005", 5_555)])
+    real_finish = rankview.copy_finish
+
+    def stolen_before_finish(*args: Any, **kwargs: Any) -> Any:
+        r.delete(keys.lease)
+        materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+        return real_finish(*args, **kwargs)
+
+    monkeypatch.setattr(rankview, "copy_finish", stolen_before_finish)
+    with pytest.raises(rankview.FenceLost):
+        epoch(season)
+    monkeypatch.setattr(rankview, "copy_finish", real_finish)
+    # The build's verified counts and watermark landed: "applying" from there.
+    meta = rankview.copy_meta_load(r, keys, building)
+    assert meta is not None and meta.state == rankview.STATE_APPLYING and sum(meta.counts) == 400
+
+    r.delete(keys.lease)  # the other coordinator died: its lease ran out
+    builds = {"n": 0}
+    real_build = materializer.season_copies_build
+
+    def counted(**kwargs: Any) -> Any:
+        builds["n"] += 1
+        return real_build(**kwargs)
+
+    monkeypatch.setattr(materializer, "season_copies_build", counted)
+    apply_events(season, [events.result("p0006", 4_444)])
+    assert publish(season) == 2
+    assert builds["n"] == 0, "the next holder built the copy again"
+    assert current_manifest(season).copy == building
+    assert_matches_ledger(season)

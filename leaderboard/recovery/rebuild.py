@@ -371,7 +371,7 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
             # catch the shadow up to the same point: the build scanned the scores in pages
             # after taking its watermark, so it may hold scores newer than the watermark,
             # or than an older live version; at the head both show one state.
-            season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
+            season_epoch_run_locked(season=season, r=r, keys=keys, token=token, keeper=keeper)
             live_version = rankview.pointer_get(r, keys)
             live = rankview.manifest_get(r, keys, live_version or 0)
             if live is None or stream_changes_between(season_id=season.pk, after=live.watermark,
