@@ -365,9 +365,11 @@ def copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, targe
     return len(newest)
 
 
-def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int) -> EpochResult:
-    """The epoch itself, for a caller that already holds the season's lease (`token`)."""
-    return _epoch(season=season, r=r, keys=keys, token=token)[0]
+def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
+                            keeper: rankview.LeaseKeeper | None = None) -> EpochResult:
+    """The epoch itself, for a caller that already holds the season's lease (`token`),
+    renewed by `keeper` (which a build from the scores stretches)."""
+    return _epoch(season=season, r=r, keys=keys, token=token, keeper=keeper)[0]
 
 
 def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
