@@ -26,7 +26,7 @@ from websockets.server import ServerProtocol
 from websockets.typing import Origin
 
 from config.asgi import application
-from leaderboard.core.live import top_apply
+from leaderboard.core.live import splice, top_apply
 from leaderboard.live import hub as live
 from seasons.models import Season
 from tests.support import Events, db_standings, post_ok, publish
@@ -68,6 +68,27 @@ def test_a_deflated_frame_is_what_the_servers_send_writes_and_the_same_for_every
         body = frame[2:] if frame[1] < 126 else frame[4:]
         for _ in range(2):
             assert client.decode(Frame(Opcode.TEXT, body, rsv1=True)).data == text
+
+
+def test_a_spliced_text_deflates_from_its_shared_part_to_the_same_text() -> None:
+    kind = live.Deflate(12, (("memLevel", 5),))
+    # A shared text long enough that zlib has written out part of it before the socket's fields.
+    full = orjson.dumps({"type": "version", "top": [{"player_id": f"p{i:06d}", "rank": i} for i in range(5000)]})
+    diff = orjson.dumps({"type": "version", "top_diff": {"set": []}})
+    deflater = live.SplicedDeflate(kind, (diff.decode(), full.decode()))
+    # A browser keeps its decompression context across messages: frames made from copies of
+    # one compressor, one after another, must each decode alone.
+    client = PerMessageDeflate(remote_no_context_takeover=True, local_no_context_takeover=False,
+                               remote_max_window_bits=12, local_max_window_bits=12)
+    for common in (full, diff, full):
+        for player in ("p1", "p000042", "zé"):
+            text = splice(common.decode(), {"previous_version": 3, "player": {"player_id": player}})
+            frame = deflater.frame(text)
+            assert frame[0] == 0xC1
+            body = frame[2:] if frame[1] < 126 else frame[4:] if frame[1] == 126 else frame[10:]
+            assert client.decode(Frame(Opcode.TEXT, body, rsv1=True), max_size=2**22).data == text.encode()
+    # A text that is not spliced onto either shared text is compressed whole.
+    assert deflater.frame('{"type":"other"}') == live.frame_build(b'{"type":"other"}', kind)
 
 
 def test_commands_are_packed_alike_with_or_without_hiredis(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,9 +166,11 @@ def test_every_socket_gets_every_version_in_order_through_either_path(season: Se
             plain = [await connect(server.url(season.slug), origin=origin, compression=None) for _ in range(3)]
             player = await connect(server.url(season.slug, "player_id=p020&radius=2"), origin=origin,
                                    compression=None)
+            deflated_player = await connect(server.url(season.slug, "player_id=p020&radius=2"), origin=origin,
+                                            compression="deflate")
             # permessage-deflate, as browsers offer it: every frame compressed by the server's send.
             deflated = await connect(server.url(season.slug), origin=origin, compression="deflate")
-            everyone = [*plain, player, deflated]
+            everyone = [*plain, player, deflated, deflated_player]
             snaps = [await receive(c) for c in everyone]
             assert {s["type"] for s in snaps} == {"snapshot"}
             tops = [s["top"] for s in snaps]
@@ -161,6 +184,7 @@ def test_every_socket_gets_every_version_in_order_through_either_path(season: Se
                     [("version", version, version - 1)] * len(everyone)
                 # The sockets without a player shared one text: the same message, whichever path.
                 assert got[0] == got[1] == got[2] == got[4]
+                assert got[3] == got[5]
                 for index, message in enumerate(got):
                     tops[index] = top_apply(tops[index], message["top_diff"])
                     assert tops[index] == [e.as_dict() for e in standings.top(100)]
@@ -169,7 +193,7 @@ def test_every_socket_gets_every_version_in_order_through_either_path(season: Se
                 assert got[3]["player"]["neighbors"] == [e.as_dict() for e in standings.neighbors("p020", 2)]
             # Three versions to four plain sockets went straight to their transports, and to
             # the deflate socket too when its messages compress alike on every socket.
-            assert hub.stats.direct == 3 * (5 if deflate_direct else 4)
+            assert hub.stats.direct == 3 * (6 if deflate_direct else 4)
             assert (plain[0].protocol.extensions, deflated.protocol.extensions != []) == ([], True)
             for c in everyone:
                 with pytest.raises(TimeoutError):

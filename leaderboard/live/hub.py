@@ -572,6 +572,32 @@ def frame_build(data: bytes, kind: FrameKind) -> bytes:
     return _frame(0xC1, (encoder.compress(data) + encoder.flush(zlib.Z_SYNC_FLUSH))[:-4])
 
 
+class SplicedDeflate:
+    """Deflated frames of the player sockets' texts, each a round's shared text with the
+    socket's own fields spliced on (core.live.splice: the shared text up to its closing
+    brace, a comma, then the socket's fields): the shared part is compressed once per
+    round, and each socket's frame from a copy of that compressor, which then compresses
+    only the socket's own fields. The stream differs from compressing the whole text in
+    one go only in where zlib's output is cut, and decompresses to the same text."""
+
+    def __init__(self, kind: Deflate, shared: tuple[str | None, ...]):
+        self.kind = kind
+        self.starts: list[tuple[str, bytes, Any]] = []
+        for common in shared:
+            if common and common.endswith("}"):
+                prefix = common[:-1] + ","
+                encoder = zlib.compressobj(wbits=-kind.window_bits, **dict(kind.settings))
+                self.starts.append((prefix, encoder.compress(prefix.encode()), encoder))
+
+    def frame(self, text: str) -> bytes:
+        for prefix, head, encoder in self.starts:
+            if text.startswith(prefix):
+                copy = encoder.copy()
+                body = head + copy.compress(text[len(prefix):].encode()) + copy.flush(zlib.Z_SYNC_FLUSH)
+                return _frame(0xC1, body[:-4])
+        return frame_build(text.encode(), self.kind)
+
+
 try:
     from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
     from websockets.extensions.permessage_deflate import PerMessageDeflate as _PerMessageDeflate
@@ -857,6 +883,8 @@ class SeasonHub:
         # the same frame (built when a socket first needs it).
         texts: dict[int | None, str] = {}
         frames: dict[tuple[int | None, FrameKind], bytes] = {}
+        # Sockets with a player on deflate connections: the shared part compressed once.
+        spliced: dict[Deflate, SplicedDeflate] = {}
         sockets = [s for s in self.sockets.values() if (s.subscription.player_id is not None) is with_player]
         for index, socket in enumerate(sockets):
             if index and index % FAN_OUT_SLICE == 0:
@@ -892,7 +920,13 @@ class SeasonHub:
             text, mark = version_text(version=rnd.version, full=rnd.full, diff=rnd.diff,
                                       sent_version=socket.sent_version, subscription=socket.subscription,
                                       mark=socket.mark, entry=read.entry, window=read.window)
-            self._send(socket, text, rnd.version, mark)
+            frame = None
+            if isinstance(socket.kind, Deflate):
+                deflater = spliced.get(socket.kind)
+                if deflater is None:
+                    deflater = spliced[socket.kind] = SplicedDeflate(socket.kind, (rnd.diff, rnd.full))
+                frame = deflater.frame(text)
+            self._send(socket, text, rnd.version, mark, frame)
 
     def _send(self, socket: Socket, text: str, version: int | None, mark: PlayerMark | None,
               frame: bytes | None = None) -> None:
