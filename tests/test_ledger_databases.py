@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.db import DatabaseError, OperationalError, connection, connections, transaction
 
+from audit.models import AuditEntry
 from config.ledger_urls import ledger_databases_parse
 from leaderboard.core.partitions import Watermark, partition_of, txid_partition
 from leaderboard.ingest import ledger_store
@@ -41,15 +43,24 @@ from leaderboard.ledger_databases import (
     ledger_placement_for,
     season_ledger_is_split,
 )
-from leaderboard.models import LedgerEventClaim, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict, StreamHead
+from leaderboard.models import (
+    LateResult,
+    LedgerEventClaim,
+    PlayerScore,
+    ScoreChange,
+    ScoreEvent,
+    ScoreEventConflict,
+    StreamHead,
+)
 from seasons.models import Season
-from seasons.services import SeasonError, season_repartition
+from seasons.services import SeasonError, season_repartition, season_seal_ingest
 from tests.support import (
     TEST_ACTOR,
     Events,
     Profiles,
     board_read,
     db_scores,
+    in_season,
     ledger_rows,
     materialize,
     post_ok,
@@ -418,6 +429,33 @@ def test_profile_regions_reach_players_in_both_databases(season_factory: Callabl
         season_id=season.pk, event_id__startswith="region:").values_list("player_id", "old_region", "region"))
         for alias in (DEFAULT_ALIAS, ledger_b())}
     assert moves == {DEFAULT_ALIAS: [(here, "eu", "na")], ledger_b(): [(there, "na", "eu")]}
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+def test_late_results_and_held_corrections_queue_beside_their_ledger_rows(
+        season_factory: Callable[..., Season]) -> None:
+    """After the seal, a late result and a held correction are recorded in their
+    partition's database with their late-result rows (one FK, same database); the seal's
+    audit row stays in "default"."""
+    cutoff = datetime.now(UTC) - timedelta(minutes=5)
+    season = season_factory(slug=f"late-{time.monotonic_ns()}", starts_at=cutoff - timedelta(days=10), cutoff=cutoff,
+                            partitions=8)
+    assert season.state == "CLOSING" and season_ledger_is_split(season=season)
+    ledger_placement_cache_clear()
+    home, away = split_partitions()
+    (here,), (there,) = players_in(home, 1, "lh"), players_in(away, 1, "lt")
+    ev = Events("late", completed_at=in_season(season))
+    assert statuses_of(apply(season, [ev.result(here, 10), ev.result(there, 20)])) == ["applied", "applied"]
+    season = season_seal_ingest(season=season, actor=TEST_ACTOR)
+    late = apply(season, [ev.result(there, 30), ev.correction(here, 5)])
+    assert [(o.status, o.reason) for o in late.outcomes] == [
+        ("rejected", "late_after_seal"), ("held", "correction_after_seal")]
+    queued = {alias: list(LateResult.objects.using(alias).filter(season_id=season.pk).values_list(
+        "player_id", "ledger_event__event_id")) for alias in (DEFAULT_ALIAS, ledger_b())}
+    assert queued == {DEFAULT_ALIAS: [(here, ev.sent[-1]["event_id"])], ledger_b(): [(there, ev.sent[-2]["event_id"])]}
+    assert db_scores(season) == {here: 10, there: 20}
+    assert AuditEntry.objects.filter(season_slug=season.slug, action__contains="seal").exists()
 
 
 # --- the change stream and an epoch over both databases ------------------------------------
