@@ -114,3 +114,47 @@ def test_a_rebuild_gets_the_lease_from_epochs_running_back_to_back(
     assert "published" in epochs
     assert season_epoch_advance(season=season).status in ("published", "idle")
     assert_matches_ledger(season, exhaustive=False)
+
+
+def test_a_build_loops_renewal_rides_out_one_redis_error_but_never_renews_a_lost_lease(
+        season: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LeaseKeeper.renew() from a build's loop: a transient Redis error while the last
+    renewal still covers the lease is tolerated (as the keeper thread tolerates it), one
+    past that is raised, and a lease lost is never renewed again."""
+    import redis
+
+    from leaderboard.views.rankview.fence import FenceLost, LeaseKeeper
+
+    r = redis_get()
+    keys = keys_of(season)
+    token = materializer.season_lease_acquire(season=season, r=r, ttl_ms=1_000)
+    assert token is not None
+    keeper = LeaseKeeper(r, keys, token, ttl_ms=1_000, max_seconds=60)  # not started: the loop renews alone
+    real_eval = r.eval
+    failing = {"n": 0}
+
+    def eval_flaky(*args: object, **kwargs: object) -> object:
+        if failing["n"]:
+            failing["n"] -= 1
+            raise redis.ConnectionError("Connection reset by peer")
+        return real_eval(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(r, "eval", eval_flaky)
+    keeper.renew()
+    failing["n"] = 1
+    keeper.renew()  # within the lease's TTL: tried again by the next call
+    assert not keeper.lost
+    keeper.renew()
+    assert 0 < r.pttl(keys.lease) <= 1_000
+    time.sleep(1.1)  # the last renewal no longer covers the lease
+    failing["n"] = 1
+    with pytest.raises(redis.ConnectionError):
+        keeper.renew()
+    # Expired meanwhile and taken over: lost for good, whatever Redis answers next.
+    assert materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is not None
+    with pytest.raises(FenceLost):
+        keeper.renew()
+    failing["n"] = 1
+    with pytest.raises(FenceLost):
+        keeper.renew()
+    assert keeper.lost

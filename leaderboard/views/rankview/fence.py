@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from leaderboard.views.rankview.wire import (
     slot_client,
     slot_map_refresh,
 )
+
+log = logging.getLogger(__name__)
 
 
 class FenceLost(RuntimeError):
@@ -128,6 +131,8 @@ class LeaseKeeper:
         self.base_ttl_ms = ttl_ms
         self.deadline = time.monotonic() + max_seconds
         self.lost = False
+        # When the lease was last known held and for how long (it was acquired just before).
+        self.renewed_at, self.renewed_ttl_ms = time.monotonic(), ttl_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{keys.season}", daemon=True)
 
@@ -147,10 +152,31 @@ class LeaseKeeper:
 
     def renew(self) -> None:
         """Renew now, from the caller's thread: a long job's own loop proves it progresses
-        (the keeper's renewals only that its process lives). FenceLost once the lease is lost."""
-        if self.lost or not lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms):
+        (the keeper's renewals only that its process lives). FenceLost once the lease is lost.
+
+        A transient Redis error is tolerated as the keeper thread tolerates it, while the
+        last renewal still covers the lease (less than one TTL ago, so nobody can have taken
+        it over): the next call tries again. Past that it raises: the lease may be lost."""
+        if self.lost:
+            raise FenceLost(f"season {self.keys.season}: lease {self.token} lost (expired or taken over)")
+        started = time.monotonic()
+        try:
+            held = lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms)
+        except redis.RedisError:
+            if started - self.renewed_at < self.renewed_ttl_ms / 1000:
+                log.warning("season %s: lease renewal failed; it still holds, trying again later", self.keys.season,
+                            exc_info=True)
+                return
+            raise
+        if not held:
             self.lost = True
             raise FenceLost(f"season {self.keys.season}: lease {self.token} lost (expired or taken over)")
+        self._renewed(started)
+
+    def _renewed(self, started: float) -> None:
+        # The lease runs from before the request was sent: a renewal's TTL counts from when
+        # Redis ran it, which is no earlier.
+        self.renewed_at, self.renewed_ttl_ms = started, self.ttl_ms
 
     @contextlib.contextmanager
     def stretched(self, ttl_ms: int) -> Iterator[LeaseKeeper]:
@@ -172,10 +198,12 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         while not self._stop.wait(self.base_ttl_ms / 3000) and time.monotonic() < self.deadline:
+            started = time.monotonic()
             try:
                 if not lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms):
                     self.lost = True
                     return
+                self._renewed(started)
             except redis.RedisError:
                 continue  # try again at the next tick; the TTL covers two more
 
