@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import transaction
+from django.db import connections, transaction
 
 from leaderboard.core.errors import DomainError
 from leaderboard.core.partitions import layout_partition
@@ -167,6 +167,30 @@ def ledger_atomic(*, aliases: Iterable[str]) -> Iterator[None]:
         for alias in dict.fromkeys(aliases):
             stack.enter_context(transaction.atomic(using=alias))
         yield
+
+
+class LedgerWriteNested(RuntimeError):
+    """A write of a season whose ledger lives outside "default" called inside an open
+    transaction: a programming error, refused before anything is written."""
+
+
+def ledger_write_unnested_check(*, season: Season) -> None:
+    """Refuse a write of a season with partitions outside "default" inside an open
+    transaction (of any database it touches). Such a write commits in the other database
+    at once while an outer transaction on "default" could still roll back its claims,
+    FINAL corrections and audit rows: the event would be recorded without its claim, and
+    an outer rollback would be invisible to a retry. The test runner's own wrapping
+    transaction (as for a durable atomic block) is not the caller's and does not count."""
+    aliases = list(ledger_aliases(season=season))
+    if aliases == [DEFAULT_ALIAS]:
+        return
+    for alias in dict.fromkeys([DEFAULT_ALIAS, *aliases]):
+        blocks = connections[alias].atomic_blocks
+        if blocks and not getattr(blocks[-1], "_from_testcase", False):
+            raise LedgerWriteNested(
+                f"season {season.slug}'s ledger partitions live outside the database 'default': its writes "
+                f"commit per database and must not run inside a transaction (one is open on {alias!r})"
+            )
 
 
 def _configured(*, season: Season, alias: str) -> str:

@@ -9,6 +9,7 @@ an object may move between) are enforced here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -35,9 +36,10 @@ from leaderboard.core.events import (
     check_int,
     check_player_id,
 )
-from leaderboard.core.ledger import APPLIED
+from leaderboard.core.ledger import APPLIED, DUPLICATE, Outcome
 from leaderboard.core.lifecycle import two_person_refusal
 from leaderboard.ingest.services import score_events_apply
+from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_aliases
 from leaderboard.ledger_reads import ledger_queryset_of_player
 from leaderboard.models import LateResult, PlayerScore, ReconciliationRun
 from leaderboard.ratelimit import rate_take, request_address
@@ -401,12 +403,18 @@ class ApprovalResult:
         return self.status == APPLIED
 
 
-def _correction_time(season: Season, late_result: LateResult | None, now: datetime) -> datetime:
+# An approval's attempt recorded before its ledger write, whose outcome is not recorded yet
+# (a season with partitions outside "default": score_revocation_approve).
+APPROVAL_PENDING = "pending"
+
+
+def _correction_time(season: Season, late_result: LateResult | None, proposed_at: datetime) -> datetime:
     # The ledger admits a correction only with a completed_at inside the season; a late
-    # result keeps its own (pre-cutoff) time.
+    # result keeps its own (pre-cutoff) time. From the proposal, not the clock: an
+    # interrupted approval sends the same payload again.
     if late_result is not None:
         return late_result.completed_at
-    return max(min(now, season.cutoff), season.starts_at)
+    return max(min(proposed_at, season.cutoff), season.starts_at)
 
 
 def _revocation_proposed_locked(revocation: ScoreRevocation) -> ScoreRevocation:
@@ -415,6 +423,14 @@ def _revocation_proposed_locked(revocation: ScoreRevocation) -> ScoreRevocation:
     if locked.status != ScoreRevocation.Status.PROPOSED:
         raise StaffError(f"revocation {locked.pk} is {locked.status}")
     return locked
+
+
+def _approval_not_pending(revocation: ScoreRevocation) -> None:
+    """An interrupted approval may have changed the ledger already: only approving again,
+    which finds out and records it, may follow it."""
+    if revocation.last_outcome == APPROVAL_PENDING:
+        raise StaffError(f"an approval of revocation {revocation.pk} was interrupted and may have changed the "
+                         "score already: approve it again to finish it")
 
 
 def score_revocation_rebase(*, revocation: ScoreRevocation, actor: Actor, reason: str = "") -> ScoreRevocation:
@@ -429,6 +445,7 @@ def score_revocation_rebase(*, revocation: ScoreRevocation, actor: Actor, reason
     reason = _text(reason, field="reason", required=False, limit=10_000)
     with transaction.atomic():
         locked = _revocation_proposed_locked(revocation)
+        _approval_not_pending(locked)
         before = {"score": locked.score_before, "score_version": locked.base_version,
                   "proposed_by": locked.proposed_by_label}
         locked.score_before, locked.base_version = _player_state(locked.season, locked.player_id)
@@ -451,10 +468,34 @@ def score_revocation_approve(*, revocation: ScoreRevocation, actor: Actor, reaso
     the player meanwhile the ledger answers `stale`: nothing changes, the proposal stays
     open with the new state shown, and a staff member may re-propose it on the player's
     state now (score_revocation_rebase), for another to approve.
-    The ledger row, the revocation's state and the audit row commit together.
+
+    A season whose ledger is all in "default" commits the ledger row, the revocation's
+    state and the audit row together. One with partitions in another database cannot (the
+    ledger write commits there on its own, and refuses to run inside a transaction): the
+    attempt is recorded first (last_outcome "pending"), the correction applied outside any
+    transaction, its outcome recorded after. An approval interrupted between the two is
+    approved again with the same event (same id, same payload), which the ledger answers
+    `duplicate` of an applied event: that counts as applied, and the approval completes.
     """
     approver_id = _user_id(actor)
     reason = _text(reason, field="reason", required=False, limit=10_000)
+    season = Season.objects.get(pk=revocation.season_id)
+    one_transaction = list(ledger_aliases(season=season)) == [DEFAULT_ALIAS]
+    with transaction.atomic() if one_transaction else contextlib.nullcontext():
+        locked, event = _approval_attempt_begin(revocation=revocation, actor=actor, approver_id=approver_id)
+        outcome = score_events_apply(season=locked.season, events=[event], client=None, actor=actor,
+                                     public_reason=locked.public_reason).outcomes[0]
+        return _approval_attempt_finish(revocation=locked, event=event, outcome=outcome, actor=actor,
+                                        approver_id=approver_id, reason=reason)
+
+
+def _approval_attempt_begin(*, revocation: ScoreRevocation, actor: Actor, approver_id: int,
+                            ) -> tuple[ScoreRevocation, ScoreEvent]:
+    """Check the approval and record its attempt; returns the revocation and the attempt's event.
+
+    An attempt whose outcome was never recorded (`pending`) is sent again as it was: its
+    completed_at derives from the proposal (not the clock), so the resend carries the
+    same payload and the ledger recognizes it."""
     with transaction.atomic():
         locked = _revocation_proposed_locked(revocation)
         if locked.proposed_by_id == approver_id:
@@ -463,29 +504,49 @@ def score_revocation_approve(*, revocation: ScoreRevocation, actor: Actor, reaso
                                      approver_granted_by=staff_role_granters(user_id=approver_id))
         if refusal is not None:
             raise StaffError(refusal)
+        late_result = (LateResult.objects.get(pk=locked.late_result_id) if locked.late_result_id else None)
+        if late_result is not None and late_result.status != LateResult.Status.PENDING:
+            raise StaffError(f"late result {late_result.pk} is {late_result.status}")
+        if locked.last_outcome != APPROVAL_PENDING or not locked.attempts:
+            locked.attempts += 1
+            locked.last_outcome = APPROVAL_PENDING
+            locked.save(update_fields=["attempts", "last_outcome"])
+        season = locked.season
+        event = ScoreEvent(
+            event_id=f"staff-revocation-{locked.pk}-{locked.attempts}", match_id=f"staff-revocation-{locked.pk}",
+            player_id=locked.player_id, best_score=locked.new_score, score_version=locked.base_version + 1,
+            completed_at=_correction_time(season, late_result, locked.proposed_at), kind=KIND_CORRECTION,
+            reason=locked.reason,
+        )
+    return locked, event
+
+
+def _approval_attempt_finish(*, revocation: ScoreRevocation, event: ScoreEvent, outcome: Outcome, actor: Actor,
+                             approver_id: int, reason: str) -> ApprovalResult:
+    """Record an attempt's outcome with its audit row (and close what an applied one
+    resolves). Another approval that recorded its outcome first wins: an attempt that
+    changed nothing leaves it as it is."""
+    applied = outcome.status == APPLIED or (outcome.status == DUPLICATE and outcome.first_status == APPLIED)
+    status = APPLIED if applied else outcome.status
+    with transaction.atomic():
+        locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(
+            pk=revocation.pk)
+        current = f"staff-revocation-{locked.pk}-{locked.attempts}" == event.event_id
+        if locked.status != ScoreRevocation.Status.PROPOSED or not (
+                applied or (current and locked.last_outcome == APPROVAL_PENDING)):
+            return ApprovalResult(revocation=locked, status=status, detail=locked.last_outcome_detail)
         season = locked.season
         based_on = {"score": locked.score_before, "score_version": locked.base_version}
         # The dispute before the late result, the season lock and the audit head (_dispute_locked).
         dispute = _dispute_locked(locked.dispute) if locked.dispute_id else None  # type: ignore[arg-type]
         late_result = (LateResult.objects.select_for_update().get(pk=locked.late_result_id)
                        if locked.late_result_id else None)
-        if late_result is not None and late_result.status != LateResult.Status.PENDING:
-            raise StaffError(f"late result {late_result.pk} is {late_result.status}")
         now = timezone.now()
-        locked.attempts += 1
-        event_id = f"staff-revocation-{locked.pk}-{locked.attempts}"
-        event = ScoreEvent(
-            event_id=event_id, match_id=f"staff-revocation-{locked.pk}", player_id=locked.player_id,
-            best_score=locked.new_score, score_version=locked.base_version + 1,
-            completed_at=_correction_time(season, late_result, now), kind=KIND_CORRECTION, reason=locked.reason,
-        )
-        outcome = score_events_apply(season=season, events=[event], client=None, actor=actor,
-                                     public_reason=locked.public_reason).outcomes[0]
-        locked.last_outcome = outcome.status
-        if outcome.status == APPLIED:
+        locked.last_outcome = status
+        if applied:
             locked.status = ScoreRevocation.Status.APPLIED
             locked.decided_by_id, locked.decided_by_label, locked.decided_at = approver_id, actor.label, now
-            locked.decision_reason, locked.event_id = reason, event_id
+            locked.decision_reason, locked.event_id = reason, event.event_id
             locked.last_outcome_detail = (f"score {locked.score_before} -> {outcome.score} (version "
                                           f"{outcome.score_version}), visible from leaderboard version "
                                           f"{outcome.pending_version}")
@@ -500,16 +561,16 @@ def score_revocation_approve(*, revocation: ScoreRevocation, actor: Actor, reaso
             locked.last_outcome_detail = f"{outcome.status}: {outcome.reason or 'not applied'}; nothing changed"
         locked.save()
         audit_log(actor=actor,
-                  action="revocation.approved" if outcome.status == APPLIED else "revocation.approval_failed",
+                  action="revocation.approved" if applied else "revocation.approval_failed",
                   target_type="revocation", target_id=str(locked.pk), season_slug=season.slug,
                   before=based_on,
-                  after={"outcome": outcome.status, "event_id": event_id, "score": outcome.score,
+                  after={"outcome": status, "event_id": event.event_id, "score": outcome.score,
                          "score_version": outcome.score_version, "pending_version": outcome.pending_version,
                          "proposed_by": locked.proposed_by_label},
                   reason=reason or locked.reason)
-        if outcome.status == APPLIED:
+        if applied:
             _revocation_resolves(locked, dispute=dispute, late_result=late_result, actor=actor, now=now)
-    return ApprovalResult(revocation=locked, status=outcome.status, detail=locked.last_outcome_detail)
+    return ApprovalResult(revocation=locked, status=status, detail=locked.last_outcome_detail)
 
 
 def _revocation_resolves(revocation: ScoreRevocation, *, dispute: Dispute | None, late_result: LateResult | None,
@@ -541,6 +602,7 @@ def score_revocation_reject(*, revocation: ScoreRevocation, actor: Actor, reason
     reason = _text(reason, field="a reason")
     with transaction.atomic():
         locked = _revocation_proposed_locked(revocation)
+        _approval_not_pending(locked)
         now = timezone.now()
         locked.status = ScoreRevocation.Status.REJECTED
         locked.decided_by_id, locked.decided_by_label, locked.decided_at = decider_id, actor.label, now

@@ -10,6 +10,7 @@ own tests always run."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from leaderboard.ingest.selectors import (
 from leaderboard.ledger_databases import (
     DEFAULT_ALIAS,
     LedgerDatabaseMissing,
+    LedgerWriteNested,
     ledger_alias,
     ledger_alias_of_player,
     ledger_aliases,
@@ -503,28 +505,150 @@ def test_the_ledger_database_runs_the_same_migrations(capsys: pytest.CaptureFixt
     assert "No migrations to apply" in capsys.readouterr().out
 
 
-@pytest.mark.django_db
-def test_a_dead_connection_releasing_the_session_lock_is_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The unlock of a connection that died is logged and the connection closed (its
-    session's locks died with it); the error the batch met is the one raised."""
+@pytest.mark.django_db(transaction=True)
+def test_a_session_lock_whose_release_fails_goes_with_its_session_not_into_the_pool() -> None:
+    """An unlock that fails on a live session (here: its transaction aborted) ends that
+    session, and the season's lock with it: a pooled connection handed back to the pool
+    would keep the lock, and every seal of the season would wait for it. The error the
+    caller met is the one raised, and the next query gets a working connection."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's session locks")
-    closed: list[bool] = []
-    monkeypatch.setattr(connection, "close", lambda: closed.append(True))
-    real_cursor = connection.cursor
-    calls = {"n": 0}
+    import psycopg
 
-    def cursor() -> Any:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise DatabaseError("server closed the connection unexpectedly")
-        return real_cursor()
+    season_id = 987654
+    with pytest.raises(DatabaseError, match="division by zero"):  # noqa: SIM117 - the order matters
+        with transaction.atomic():
+            with ledger_store.season_lock_shared_hold(season_id=season_id), connection.cursor() as cursor:
+                cursor.execute("SELECT 1/0")
+    s = connection.settings_dict
+    with psycopg.connect(dbname=s["NAME"], user=s["USER"], host=s["HOST"], port=s["PORT"] or 5432,
+                         autocommit=True) as other:
+        held = other.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+                             "AND objid = %s", [ledger_store._SEASON_LOCK, season_id]).fetchone()
+        assert held == (0,)
+    with transaction.atomic():
+        ledger_store.season_write_lock(season_id=season_id)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(connection, "cursor", cursor)
-        with pytest.raises(RuntimeError, match="the batch's own error"):  # noqa: SIM117 - the order matters
-            with ledger_store.season_lock_shared_hold(season_id=987654):
-                raise RuntimeError("the batch's own error")
-    assert closed == [True]
-    with connection.cursor() as db:
-        db.execute("SELECT pg_advisory_unlock_shared(%s, %s)", [ledger_store._SEASON_LOCK, 987654])
+
+# --- writes that must not nest, and what a resend repairs -----------------------------------
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_a_split_seasons_write_inside_a_transaction_is_refused_before_anything_is_written(
+        split_season: Season) -> None:
+    """Its other database would commit at once while the outer transaction could still roll
+    back the claims: the event would be recorded without its claim."""
+    _, away = split_partitions()
+    (there,) = players_in(away, 1, "t")
+    event = Events("nest").result(there, 50)
+    with pytest.raises(LedgerWriteNested), transaction.atomic():
+        apply(split_season, [event])
+    with pytest.raises(LedgerWriteNested), transaction.atomic(using=ledger_b()):
+        apply(split_season, [event])
+    assert rows_per_database(ScoreEvent, split_season) == {DEFAULT_ALIAS: 0, ledger_b(): 0}
+    assert not LedgerEventClaim.objects.filter(season=split_season).exists()
+    assert statuses_of(apply(split_season, [event])) == ["applied"]
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_a_revocation_approval_interrupted_after_the_ledger_write_completes_when_approved_again(
+        split_season: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger write commits in the other database on its own: the approval records its
+    attempt first and its outcome after. Interrupted in between, the revocation stays
+    proposed with the attempt pending (nothing may rebase or reject it); approved again,
+    the same event is `duplicate` of an applied one and the approval completes, audited."""
+    from seasons import staff_services
+    from seasons.models import ScoreRevocation
+    from tests.support.lifecycle import staff
+
+    _, away = split_partitions()
+    (there,) = players_in(away, 1, "t")
+    assert statuses_of(apply(split_season, [Events("rv").result(there, 100)])) == ["applied"]
+    revocation = staff_services.score_revocation_propose(season=split_season, player_id=there, new_score=7,
+                                                         reason="cheat", actor=staff())
+    real = staff_services.audit_log
+
+    def failing(**kwargs: Any) -> Any:
+        if kwargs.get("action") == "revocation.approved":
+            raise OperationalError("the audit chain's head could not be locked")
+        return real(**kwargs)
+
+    monkeypatch.setattr(staff_services, "audit_log", failing)
+    approver = staff()
+    with pytest.raises(OperationalError):
+        staff_services.score_revocation_approve(revocation=revocation, actor=approver)
+    revocation.refresh_from_db()
+    assert (revocation.status, revocation.attempts, revocation.last_outcome) == ("proposed", 1, "pending")
+    assert db_scores(split_season)[there] == 7
+    for refused in (lambda: staff_services.score_revocation_reject(revocation=revocation, actor=approver,
+                                                                   reason="no"),
+                    lambda: staff_services.score_revocation_rebase(revocation=revocation, actor=approver)):
+        with pytest.raises(staff_services.StaffError, match="interrupted"):
+            refused()
+    monkeypatch.setattr(staff_services, "audit_log", real)
+    result = staff_services.score_revocation_approve(revocation=revocation, actor=approver)
+    assert (result.status, result.revocation.status) == ("applied", "applied"), result.detail
+    assert result.revocation.event_id == f"staff-revocation-{revocation.pk}-1"
+    assert AuditEntry.objects.filter(action="revocation.approved", target_id=str(revocation.pk)).count() == 1
+    assert ScoreEvent.objects.using(ledger_b()).filter(season_id=split_season.pk,
+                                                       match_id=f"staff-revocation-{revocation.pk}").count() == 1
+    assert db_scores(split_season)[there] == 7
+    assert ScoreRevocation.objects.get(pk=revocation.pk).last_outcome == "applied"
+
+
+def staff_apply(season: Season, event: dict[str, Any], actor: Any) -> Any:
+    """A correction staff approved, applied as the revocation flow applies it."""
+    from leaderboard.core.events import events_parse
+    from leaderboard.ingest.services import score_events_apply
+
+    return score_events_apply(season=season, events=events_parse({"events": [event]}), client=None, actor=actor)
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+@pytest.mark.usefixtures("rank_views")
+def test_a_final_correction_lost_with_defaults_commit_is_listed_when_the_correction_is_resent(
+        season_factory: Callable[..., Season], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A staff correction to a FINAL season, for a player in the other database: that
+    database commits first, "default" (the FinalCorrection and its audit row) after. When
+    "default"'s commit fails, the resend finds the event applied (`duplicate`) and writes
+    what was lost, once."""
+    from leaderboard.ingest import services
+    from leaderboard.ledger_databases import ledger_atomic
+    from seasons.models import FinalCorrection
+    from tests.support.lifecycle import finalize, staff
+
+    cutoff = datetime.now(UTC) - timedelta(minutes=5)
+    season = season_factory(slug=f"fc-{time.monotonic_ns()}", starts_at=cutoff - timedelta(days=10), cutoff=cutoff,
+                            partitions=8)
+    ledger_placement_cache_clear()
+    home, away = split_partitions()
+    (here,), (there,) = players_in(home, 1, "fh"), players_in(away, 1, "ft")
+    ev = Events("fc", completed_at=in_season(season))
+    assert statuses_of(apply(season, [ev.result(here, 10), ev.result(there, 20)])) == ["applied", "applied"]
+    season = finalize(season)
+    assert season.state == "FINAL"
+
+    @contextlib.contextmanager
+    def default_commit_fails(*, aliases: Any) -> Iterator[None]:
+        with ledger_atomic(aliases=[a for a in aliases if a == DEFAULT_ALIAS]):
+            with ledger_atomic(aliases=[a for a in aliases if a != DEFAULT_ALIAS]):
+                yield
+            raise OperationalError("server closed the connection unexpectedly")  # as at default's COMMIT
+
+    correction = ev.correction(there, 5)
+    approver = staff()
+    monkeypatch.setattr(services, "ledger_atomic", default_commit_fails)
+    with pytest.raises(OperationalError):
+        staff_apply(season, correction, approver)
+    monkeypatch.setattr(services, "ledger_atomic", ledger_atomic)
+    assert db_scores(season)[there] == 5
+    assert not FinalCorrection.objects.filter(season=season).exists()
+    for _ in range(2):
+        [outcome] = staff_apply(season, correction, approver).outcomes
+        assert (outcome.status, outcome.first_status) == ("duplicate", "applied")
+    assert list(FinalCorrection.objects.filter(season=season).values_list(
+        "player_id", "score_before", "score_after", "event_id")) == [(there, 20, 5, correction["event_id"])]
+    assert AuditEntry.objects.filter(season_slug=season.slug, action="season.final.correction").count() == 1

@@ -120,11 +120,23 @@ def season_lock_shared_hold(*, season_id: int) -> Iterator[None]:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock_shared(%s, %s)", [_SEASON_LOCK, season_id])
         except DatabaseError:
-            # The connection is gone, and its session's locks with it: close it so that a
-            # pool never hands it out again still holding the lock.
-            log.warning("season %s: could not release the season's shared lock; closing the connection",
+            log.warning("season %s: could not release the season's shared lock; ending the session",
                         season_id, exc_info=True)
-            connection.close()
+            _session_end()
+
+
+def _session_end() -> None:
+    """End the "default" connection's session, and its session-level locks with it.
+    Django's close() is not enough: it hands a pooled connection back to the pool, session
+    and locks included (after a rollback), and inside a transaction it only marks the
+    connection. The psycopg connection closed first is one the pool discards."""
+    raw = connection.connection
+    if raw is not None:
+        try:
+            raw.close()
+        except Exception:
+            log.warning("could not close the database connection", exc_info=True)
+    connection.close()
 
 
 def season_write_lock(*, season_id: int) -> None:

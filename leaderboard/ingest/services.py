@@ -16,7 +16,17 @@ from django.utils import timezone
 from audit.services import Actor, audit_log
 from leaderboard.core.errors import DomainError
 from leaderboard.core.events import ScoreEvent
-from leaderboard.core.ledger import HELD, REJECTED, BatchPlan, Outcome, RecordedEvent, batch_plan
+from leaderboard.core.ledger import (
+    APPLIED,
+    DUPLICATE,
+    HELD,
+    REJECTED,
+    BatchPlan,
+    Change,
+    Outcome,
+    RecordedEvent,
+    batch_plan,
+)
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
 from leaderboard.core.partitions import layout_partition
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
@@ -27,11 +37,12 @@ from leaderboard.ledger_databases import (
     ledger_alias,
     ledger_aliases,
     ledger_atomic,
+    ledger_write_unnested_check,
     season_ledger_alias,
     season_ledger_is_split,
 )
 from leaderboard.metrics import metrics_outcomes_count
-from leaderboard.models import ApiClient
+from leaderboard.models import ApiClient, ScoreChange
 from seasons.models import FinalCorrection, Season
 
 log = logging.getLogger(__name__)
@@ -85,8 +96,11 @@ def score_events_apply(
 
     A season whose partitions live in one database (LEDGER_PARTITION_URLS) runs exactly
     this in that database, the season's lock staying in "default". One split over several
-    databases commits one transaction per database (_split_batch_apply).
+    databases commits one transaction per database (_split_batch_apply). Both refuse to
+    run inside an open transaction (LedgerWriteNested): their commit in the other database
+    could not be rolled back with it.
     """
+    ledger_write_unnested_check(season=season)
     # Hashing needs no database state: do it before taking any lock.
     digests = [event.payload_hash() for event in events]
     if season_ledger_is_split(season=season):
@@ -272,9 +286,16 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
                 if (row.status == REJECTED and row.reason == LATE_AFTER_SEAL) or row.status == HELD]
         if late:
             ledger_store.late_results_record(season_id=season.pk, rows=late, now=now, using=using)
-        if state == SeasonState.FINAL and plan.changes:
-            _final_corrections_record(season=season, plan=plan, actor=actor or _client_actor(client), now=now,
-                                      public_reason=public_reason)
+        if state == SeasonState.FINAL:
+            changes = list(plan.changes)
+            if using != DEFAULT_ALIAS and actor is not None:
+                changes += _final_corrections_missing(season=season, plan=plan, using=using)
+            if changes:
+                reasons = {event.event_id: event.reason for event in events}
+                pending = {o.event_id: o.pending_version for o in plan.outcomes}
+                _final_corrections_record(season=season, changes=changes, reasons=reasons, pending=pending,
+                                          actor=actor or _client_actor(client), now=now,
+                                          public_reason=public_reason)
         outcomes = [(o.status, o.reason) for o in [*plan.outcomes, *refused.outcomes]]
         transaction.on_commit(lambda: _outcomes_count(season.slug, outcomes), using=DEFAULT_ALIAS)
     return plan, published
@@ -294,11 +315,30 @@ def _client_actor(client: ApiClient | None) -> Actor:
     return Actor(kind="api_client", id=str(client.pk), label=client.name)
 
 
-def _final_corrections_record(*, season: Season, plan: BatchPlan, actor: Actor, now: datetime,
+def _final_corrections_missing(*, season: Season, plan: BatchPlan, using: str) -> list[Change]:
+    """The changes of staff corrections this batch resends, applied to the FINAL season
+    before but without their FinalCorrection: their partition's database committed and
+    "default", committing after it, failed. The resend writes them (and their audit rows)
+    now, so a retry repairs what the failed commit lost."""
+    resent = [o.event_id for o in plan.outcomes if o.status == DUPLICATE and o.first_status == APPLIED]
+    if not resent:
+        return []
+    listed = set(FinalCorrection.objects.filter(season=season, event_id__in=resent).values_list("event_id", flat=True))
+    missing = [event_id for event_id in resent if event_id not in listed]
+    finalized_at = Season.objects.filter(pk=season.pk).values_list("finalized_at", flat=True).get()
+    if not missing or finalized_at is None:
+        return []
+    # Only what changed the board once it was FINAL: an event applied before is no correction of it.
+    rows = ScoreChange.objects.using(using).filter(
+        season_id=season.pk, event_id__in=missing, committed_at__gte=finalized_at).order_by("txid")
+    return [Change(player_id=row.player_id, old_score=row.old_score, new_score=row.new_score,
+                   score_version=row.score_version, event_id=row.event_id) for row in rows]
+
+
+def _final_corrections_record(*, season: Season, changes: list[Change], reasons: dict[str, str],
+                              pending: dict[str, int | None], actor: Actor, now: datetime,
                               public_reason: str) -> None:
     """A change to a FINAL season is listed beside the FINAL and audited; the FINAL itself never changes."""
-    reasons = {row.event.event_id: row.event.reason for row in plan.ledger_rows}
-    pending = {row.event.event_id: row.pending_version for row in plan.ledger_rows}
     FinalCorrection.objects.bulk_create(
         FinalCorrection(
             season=season, player_id=c.player_id, score_before=c.old_score, score_after=c.new_score,
@@ -306,9 +346,9 @@ def _final_corrections_record(*, season: Season, plan: BatchPlan, actor: Actor, 
             actor_label=actor.label, reason=reasons.get(c.event_id, ""), created_at=now,
             actor_ref=actor.public_ref, public_reason=public_reason,
         )
-        for c in plan.changes
+        for c in changes
     )
-    for c in plan.changes:
+    for c in changes:
         audit_log(actor=actor, action="season.final.correction", target_type="player", target_id=c.player_id,
                   season_slug=season.slug, before={"score": c.old_score},
                   after={"score": c.new_score, "score_version": c.score_version, "event_id": c.event_id},
