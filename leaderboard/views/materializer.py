@@ -48,8 +48,8 @@ from leaderboard.ingest.selectors import (
     score_change_reached_after,
     stream_committed_watermark,
 )
-from leaderboard.metrics import metrics_epoch_observe
 from leaderboard.ledger_reads import ledger_databases_list, ledger_rows_count, ledger_rows_list
+from leaderboard.metrics import metrics_epoch_observe
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, PlayerScore, RebuildJob, ScoreChange
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
