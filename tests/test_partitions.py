@@ -105,6 +105,15 @@ class HeldBatch:
             raise self.error
 
 
+@pytest.fixture
+def one_database(request: pytest.FixtureRequest) -> None:
+    """The test's seasons keep every partition in "default", whatever LEDGER_PARTITION_URLS
+    says: the test holds a batch's transaction open from outside (HeldBatch, or several
+    batches in one), which a write of a season with partitions in another database refuses
+    (LedgerWriteNested). tests/test_ledger_databases.py has their split counterparts."""
+    request.getfixturevalue("settings").LEDGER_PARTITION_ALIASES = {}
+
+
 def in_thread(fn: Callable[[], Any]) -> Any:
     def run() -> Any:
         try:
@@ -116,6 +125,7 @@ def in_thread(fn: Callable[[], Any]) -> Any:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("one_database")
 def test_writers_on_disjoint_partitions_hold_their_locks_at_the_same_time(
         season_factory: Callable[..., Season]) -> None:
     season = season_factory(slug="disjoint", partitions=8)
@@ -143,6 +153,7 @@ def test_writers_on_disjoint_partitions_hold_their_locks_at_the_same_time(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("one_database")
 @pytest.mark.parametrize("first_commits", [True, False])
 def test_the_same_new_event_id_on_two_partitions_at_once_is_a_conflict_not_an_error(
         season_factory: Callable[..., Season], first_commits: bool) -> None:
@@ -175,6 +186,7 @@ def test_the_same_new_event_id_on_two_partitions_at_once_is_a_conflict_not_an_er
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("one_database")
 def test_two_shared_new_event_ids_in_opposite_orders_deadlock_into_conflicts_not_an_error(
         season_factory: Callable[..., Season]) -> None:
     """Batch A (partition 2) inserts x, then y; batch B (partition 5) inserts y, then x in
@@ -225,6 +237,7 @@ def advisory_locks_held() -> int:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("one_database")
 def test_a_season_wide_write_takes_one_lock_waits_for_batches_and_holds_off_later_ones(
         season_factory: Callable[..., Season]) -> None:
     """Two lock levels: a season-wide write (lifecycle, repartition, region moves) takes
