@@ -7,7 +7,6 @@ by the build's reply checks). A FINAL candidate is still reconciled in full."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -281,8 +280,6 @@ def test_sampled_reads_keep_the_order_and_raise_what_a_read_raised() -> None:
         sampled_reads(read, list(range(20)))
 
 
-@pytest.mark.skipif(bool(os.environ.get("LEDGER_PARTITION_URLS")), reason=(
-    "its reference, tests/test_regional_boards.py's ledger_regions, reads the current scores of default only"))
 def test_a_build_sent_in_many_small_transactions_is_exact(season_factory: Callable[..., Season],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches sorted into index order and cut into group scripts of a few members and

@@ -16,7 +16,7 @@ from leaderboard.models import PlayerScore
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from seasons.models import Season
-from tests.support import Events, Profiles, apply_events
+from tests.support import Events, Profiles, apply_events, ledger_rows
 from tests.support.publication import NARROW, assert_board_equals, board_read, current_manifest, keys_of, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -29,8 +29,8 @@ def reader(season: Season, region: str | None = None) -> rankview.RankReader:
 
 
 def ledger_regions(season: Season) -> dict[str, tuple[int, str]]:
-    rows = PlayerScore.objects.filter(season=season).values_list("player_id", "score", "region")
-    return {p: (s, g) for p, s, g in rows}
+    """Each player's current score and region, from every database holding the season's partitions."""
+    return {p: (s, g) for p, s, g in ledger_rows(PlayerScore, season, "player_id", "score", "region")}
 
 
 def assert_boards_match_ledger(season: Season, regions: list[str] = REGIONS) -> None:
