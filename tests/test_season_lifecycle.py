@@ -11,13 +11,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connections
 from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
 from audit.services import SYSTEM
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.core.partitions import Watermark
+from leaderboard.ledger_reads import ledger_rows_list
 from leaderboard.models import ApiClient, LateResult, PlayerScore, ScoreChange, ScoreEvent
 from seasons.models import FinalCandidate, FinalStanding, Season
 from seasons.services import (
@@ -40,6 +41,7 @@ from tests.support import (
     finalize,
     in_season,
     iso,
+    ledger_rows,
     materialize,
     post_ok,
     staff,
@@ -180,10 +182,11 @@ def test_a_scheduled_season_rejects_results_until_it_is_opened(
     events = Events("sched", in_season(season, before_cutoff=timedelta(days=1)))
     first = events.result("alice", 500)
     assert statuses(post_ok(post_scores, season, [first])) == [("rejected", "season_not_open")]
-    row = ScoreEvent.objects.get(season=season, event_id=first["event_id"])
+    (row,) = ledger_rows_list(season=season, queryset=ScoreEvent.objects.filter(season=season,
+                                                                                event_id=first["event_id"]))
     assert (row.status, row.status_reason) == ("rejected", "season_not_open")
-    assert not PlayerScore.objects.filter(season=season).exists()
-    assert not LateResult.objects.exists()
+    assert not ledger_rows(PlayerScore, season)
+    assert not ledger_rows(LateResult, season)
 
     season_transition(season=season, target=SeasonState.OPEN, actor=staff())
     results = post_ok(post_scores, season, [events.result("alice", 500)])
@@ -226,7 +229,7 @@ def test_a_closing_season_accepts_pre_cutoff_results_and_rejects_after_cutoff_on
         ("applied", ""), ("applied", ""), ("rejected", "after_cutoff"), ("unchanged", ""), ("applied", ""),
     ]
     assert db_scores(season) == {"alice": 300, "bob": 150}
-    assert not LateResult.objects.exists()
+    assert not ledger_rows(LateResult, season)
 
 
 @pytest.mark.django_db
@@ -255,7 +258,10 @@ def test_after_the_seal_late_results_and_api_corrections_wait_in_the_queue_for_s
     # The held correction is recorded but changes nothing until staff approve it.
     assert db_scores(season) == {"alice": 300, "bob": 200}
 
-    queued = list(LateResult.objects.filter(season=season).order_by("id"))
+    # Each queued row lives beside its ledger row, in its player's database: ids are per
+    # database, so the queue is compared in the order the events were sent.
+    sent = [e["event_id"] for e in events.sent]
+    queued = sorted(ledger_rows(LateResult, season), key=lambda q: sent.index(q.ledger_event.event_id))
     assert [(q.ledger_event.event_id, q.player_id, q.best_score, q.reason, q.status) for q in queued] == [
         (late["event_id"], "alice", 5000, "late_after_seal", "pending"),
         (new_player["event_id"], "dave", 700, "late_after_seal", "pending"),
@@ -272,7 +278,7 @@ def test_after_the_seal_late_results_and_api_corrections_wait_in_the_queue_for_s
     assert (again["status"], again["first_status"], again["reason"]) == ("duplicate", "rejected", "late_after_seal")
     held_again = post_ok(post_scores, season, [correction])[0]
     assert (held_again["status"], held_again["first_status"]) == ("duplicate", "held")
-    assert LateResult.objects.filter(season=season).count() == 3
+    assert len(ledger_rows(LateResult, season)) == 3
     # Nothing after the seal moved the change stream, nor the seal itself.
     assert change_head(season) == watermark
     assert reload(season).ingest_watermark == watermark
@@ -288,11 +294,14 @@ def test_the_seal_records_the_newest_change_of_its_own_season_only(
     theirs = Events("theirs", iso(NOW))
     post_ok(post_scores, season, [mine.result("a", 1), mine.result("b", 2)])
     head = change_head(season)
-    post_ok(post_scores, other, [theirs.result("x", 9)])  # newer, but another season's
+    # Newer, but another season's: the same players, so the same partitions and databases.
+    post_ok(post_scores, other, [theirs.result("a", 9), theirs.result("b", 9)])
     sealed = season_seal_ingest(season=season, actor=SYSTEM)
     assert sealed.ingest_watermark == head
-    # A newer change (a larger id), but not this season's.
-    assert max(i for _, i in head.cursors) < max(i for _, i in change_head(other).cursors)
+    # In each partition this season wrote, a newer change (a larger id in its database), but not this season's.
+    newer = change_head(other)
+    written = [p for p in range(head.partitions) if head.cursor(p) != Watermark().cursor(p)]
+    assert written and all(head.cursor(p)[1] < newer.cursor(p)[1] for p in written)
     # The other season is untouched and still accepts results.
     assert reload(other).state == SeasonState.OPEN
     assert statuses(post_ok(post_scores, other, [theirs.result("y", 3)])) == [("applied", "")]
@@ -490,7 +499,7 @@ def test_race_every_result_is_either_in_the_final_or_in_the_late_queue_exactly_o
         except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
             errors.append(exc)
         finally:
-            connection.close()
+            connections.close_all()  # the thread's sessions of every ledger database too
 
     def seal() -> None:
         try:
@@ -506,7 +515,7 @@ def test_race_every_result_is_either_in_the_final_or_in_the_late_queue_exactly_o
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
-            connection.close()
+            connections.close_all()
 
     threads = [threading.Thread(target=write, args=(t,)) for t in range(WRITERS)]
     threads.append(threading.Thread(target=seal))
@@ -549,27 +558,27 @@ def test_race_every_result_is_either_in_the_final_or_in_the_late_queue_exactly_o
     assert len(accepted) + len(late) + len(after_cutoff) == posted
 
     # None lost, none twice: the ledger holds every posted event once, with the answer given.
-    ledger = dict(ScoreEvent.objects.filter(season=season).values_list("event_id", "status_reason"))
+    ledger = dict(ledger_rows(ScoreEvent, season, "event_id", "status_reason"))
     assert len(ledger) == posted
     assert {e for e, why in ledger.items() if why == "late_after_seal"} == set(late)
     assert {e for e, why in ledger.items() if why == "after_cutoff"} == after_cutoff
-    queued = list(LateResult.objects.filter(season=season).values_list("ledger_event__event_id", flat=True))
+    queued = ledger_rows(LateResult, season, "ledger_event__event_id")
     assert sorted(queued) == sorted(late)  # every late result queued, once; nothing else
-    assert LateResult.objects.filter(season=season).exclude(status="pending").count() == 0
+    assert set(ledger_rows(LateResult, season, "status")) <= {"pending"}
 
     # Every accepted change is at or below the watermark; nothing entered the board after it.
     season.refresh_from_db()
     watermark = season.ingest_watermark
     assert watermark is not None
-    changes = list(ScoreChange.objects.filter(season=season).values_list("txid", "id", "event_id"))
+    changes = ledger_rows(ScoreChange, season, "txid", "id", "event_id")
     above = [(txid, ident, event_id) for txid, ident, event_id in changes if not watermark.covers(txid, ident)]
     assert not above, f"accepted after the watermark {watermark}: {above[:5]}"
     assert Watermark().advanced(sorted((txid, ident) for txid, ident, _ in changes)) == watermark
     changed_events = [event_id for _, _, event_id in changes]
     assert len(changed_events) == len(set(changed_events))
     assert set(changed_events) <= set(accepted)
-    applied_ids = {e for e, _ in ScoreEvent.objects.filter(season=season, status="applied").values_list(
-        "event_id", "status")}
+    applied_ids = set(ledger_rows_list(season=season, queryset=ScoreEvent.objects.filter(
+        season=season, status="applied").values_list("event_id", flat=True)))
     assert set(changed_events) == applied_ids
 
     # The FINAL holds exactly what was accepted before the seal: each player's best accepted
@@ -616,7 +625,7 @@ def test_race_closing_while_results_arrive_loses_nothing(
         except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
             errors.append(exc)
         finally:
-            connection.close()
+            connections.close_all()
 
     def close() -> None:
         try:
@@ -626,7 +635,7 @@ def test_race_closing_while_results_arrive_loses_nothing(
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
-            connection.close()
+            connections.close_all()
 
     threads = [threading.Thread(target=write, args=(t,)) for t in range(2)] + [threading.Thread(target=close)]
     for thread in threads:
@@ -642,6 +651,6 @@ def test_race_closing_while_results_arrive_loses_nothing(
             assert (result["status"], result["reason"]) == ("rejected", "after_cutoff")
         else:
             assert result["status"] == "applied", result
-    assert ScoreEvent.objects.filter(season=season).count() == len(answers)
+    assert len(ledger_rows(ScoreEvent, season)) == len(answers)
     assert db_scores(season) == {f"c{t}-p{k}": 150 + k for t in range(2) for k in range(2)}
-    assert not LateResult.objects.exists()
+    assert not ledger_rows(LateResult, season)
