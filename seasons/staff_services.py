@@ -504,7 +504,12 @@ def _approval_attempt_begin(*, revocation: ScoreRevocation, actor: Actor, approv
                                      approver_granted_by=staff_role_granters(user_id=approver_id))
         if refusal is not None:
             raise StaffError(refusal)
-        late_result = (LateResult.objects.get(pk=locked.late_result_id) if locked.late_result_id else None)
+        # The dispute before the late result, the season lock and the audit head (_dispute_locked):
+        # in one transaction (a season all in "default") they stay held until the outcome.
+        if locked.dispute_id:
+            _dispute_locked(locked.dispute)  # type: ignore[arg-type]
+        late_result = (LateResult.objects.select_for_update().get(pk=locked.late_result_id)
+                       if locked.late_result_id else None)
         if late_result is not None and late_result.status != LateResult.Status.PENDING:
             raise StaffError(f"late result {late_result.pk} is {late_result.status}")
         if locked.last_outcome != APPROVAL_PENDING or not locked.attempts:
@@ -526,8 +531,9 @@ def _approval_attempt_finish(*, revocation: ScoreRevocation, event: ScoreEvent, 
     """Record an attempt's outcome with its audit row (and close what an applied one
     resolves). Another approval that recorded its outcome first wins: an attempt that
     changed nothing leaves it as it is."""
-    applied = outcome.status == APPLIED or (outcome.status == DUPLICATE and outcome.first_status == APPLIED)
-    status = APPLIED if applied else outcome.status
+    # A resent attempt's outcome is the one its first sending got.
+    status = (outcome.first_status or outcome.status) if outcome.status == DUPLICATE else outcome.status
+    applied = status == APPLIED
     with transaction.atomic():
         locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(
             pk=revocation.pk)
@@ -537,7 +543,7 @@ def _approval_attempt_finish(*, revocation: ScoreRevocation, event: ScoreEvent, 
             return ApprovalResult(revocation=locked, status=status, detail=locked.last_outcome_detail)
         season = locked.season
         based_on = {"score": locked.score_before, "score_version": locked.base_version}
-        # The dispute before the late result, the season lock and the audit head (_dispute_locked).
+        # Locked again: taken in _approval_attempt_begin, held still or released with its commit.
         dispute = _dispute_locked(locked.dispute) if locked.dispute_id else None  # type: ignore[arg-type]
         late_result = (LateResult.objects.select_for_update().get(pk=locked.late_result_id)
                        if locked.late_result_id else None)
@@ -550,7 +556,7 @@ def _approval_attempt_finish(*, revocation: ScoreRevocation, event: ScoreEvent, 
             locked.last_outcome_detail = (f"score {locked.score_before} -> {outcome.score} (version "
                                           f"{outcome.score_version}), visible from leaderboard version "
                                           f"{outcome.pending_version}")
-        elif outcome.status == "stale":
+        elif status == "stale":
             now_score, now_version = _player_state(season, locked.player_id)
             locked.last_outcome_detail = (
                 f"stale: the match service moved {locked.player_id} to version {now_version} (score {now_score}) "
@@ -558,7 +564,7 @@ def _approval_attempt_finish(*, revocation: ScoreRevocation, event: ScoreEvent, 
                 "Nothing changed. Check that the proposed score is still right, then retry on the current version."
             )
         else:
-            locked.last_outcome_detail = f"{outcome.status}: {outcome.reason or 'not applied'}; nothing changed"
+            locked.last_outcome_detail = f"{status}: {outcome.reason or 'not applied'}; nothing changed"
         locked.save()
         audit_log(actor=actor,
                   action="revocation.approved" if applied else "revocation.approval_failed",
