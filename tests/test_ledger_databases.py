@@ -652,3 +652,44 @@ def test_a_final_correction_lost_with_defaults_commit_is_listed_when_the_correct
     assert list(FinalCorrection.objects.filter(season=season).values_list(
         "player_id", "score_before", "score_after", "event_id")) == [(there, 20, 5, correction["event_id"])]
     assert AuditEntry.objects.filter(season_slug=season.slug, action="season.final.correction").count() == 1
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_a_profile_write_failing_after_the_other_databases_moves_is_repaired_by_its_resend(
+        season_factory: Callable[..., Season], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The players in the other database move in a transaction there, committed before the
+    profile's in "default": when the profile's then fails they stay moved with the old
+    profile; the same write sent again is applied and moves nobody twice."""
+    from leaderboard import profiles as profile_services
+    from leaderboard.core.profiles import ProfileWrite
+
+    season = season_factory(slug=f"regions-fail-{time.monotonic_ns()}", partitions=8, regions=["eu", "na"])
+    ledger_placement_cache_clear()
+    home, away = split_partitions()
+    (here,), (there,) = players_in(home, 1, "fh"), players_in(away, 1, "ft")
+    Profiles().set(**{here: "eu", there: "eu"})
+    assert statuses_of(apply(season, [Events("rf").result(here, 10), Events("rf2").result(there, 20)])) == [
+        "applied", "applied"]
+    writes = [ProfileWrite(player_id=p, region="na", profile_version=2) for p in (here, there)]
+    follow = profile_services._seasons_follow
+
+    def then_default_fails(**kwargs: Any) -> None:
+        follow(**kwargs)
+        raise OperationalError("server closed the connection unexpectedly")  # as at default's COMMIT
+
+    monkeypatch.setattr(profile_services, "_seasons_follow", then_default_fails)
+    with pytest.raises(OperationalError):
+        profile_services.player_profiles_apply(profiles=writes, client=None)
+    monkeypatch.setattr(profile_services, "_seasons_follow", follow)
+    assert dict(ledger_rows(PlayerScore, season, "player_id", "region")) == {here: "eu", there: "na"}
+
+    def moves() -> list[tuple[str, str, str]]:
+        return sorted(row for alias in (DEFAULT_ALIAS, ledger_b()) for row in ScoreChange.objects.using(alias).filter(
+            season_id=season.pk, event_id__startswith="region:").values_list("player_id", "old_region", "region"))
+
+    assert moves() == [(there, "eu", "na")]
+    outcomes = profile_services.player_profiles_apply(profiles=writes, client=None)
+    assert [o.status for o in outcomes] == ["applied", "applied"]
+    assert dict(ledger_rows(PlayerScore, season, "player_id", "region")) == {here: "na", there: "na"}
+    assert moves() == sorted([(here, "eu", "na"), (there, "eu", "na")])
