@@ -89,7 +89,9 @@ class Command(BaseCommand):
                      "--no-access-log", "--timeout-graceful-shutdown", "2",
                      # The service reads client addresses itself (BEHIND_TLS_PROXY); uvicorn
                      # would otherwise take X-Forwarded-For from any local client.
-                     "--no-proxy-headers"], env),
+                     "--no-proxy-headers",
+                     # Compressed live-board messages built once per version, not per socket.
+                     "--ws", "leaderboard.live.protocol:LiveWebSocketProtocol"], env),
         ]
         simulator = [python, "manage.py", "simulate_matches", slug, "--url", base, "--players",
                      str(options["players"]), "--rate", str(options["rate"]), "--report-every", "0"]
