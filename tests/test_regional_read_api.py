@@ -29,6 +29,7 @@ from tests.support import (
     current_manifest,
     epoch,
     fast_get,
+    ledger_rows,
     publish,
     recovery_jobs,
 )
@@ -72,8 +73,7 @@ def error(target: str, status: int, code: str) -> dict[str, Any]:
 
 def ledger(season: Season) -> dict[str, tuple[int, str]]:
     """player -> (score, region in the season; "" for none) from the ledger."""
-    rows = PlayerScore.objects.filter(season=season).values_list("player_id", "score", "region")
-    return {p: (s, g) for p, s, g in rows}
+    return {p: (s, g) for p, s, g in ledger_rows(PlayerScore, season, "player_id", "score", "region")}
 
 
 def regional_standings(season: Season, region: str) -> Standings:

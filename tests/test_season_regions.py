@@ -15,6 +15,7 @@ from django.core.management import CommandError, call_command
 
 from audit.models import AuditEntry
 from leaderboard.core.lifecycle import SeasonState
+from leaderboard.ledger_databases import ledger_aliases
 from seasons.models import Season
 from seasons.services import SeasonError, season_create, season_regions_set, season_transition
 from tests.support import TEST_ACTOR
@@ -46,11 +47,20 @@ def reload(season: Season) -> Season:
 # --- manage.py create_season -------------------------------------------------------------------
 
 
+def placement_lines(season: Season) -> list[str]:
+    """The line naming the databases of a season's partitions, printed when some are not in
+    "default" (LEDGER_PARTITION_URLS)."""
+    if not season.ledger_databases:
+        return []
+    return ["ledger databases: " + "; ".join(f"{alias} partitions {', '.join(map(str, parts))}"
+                                             for alias, parts in ledger_aliases(season=season).items())]
+
+
 def test_create_season_takes_regions_and_a_tie_break_and_audits_them() -> None:
     out = create_season("reg", "--regions", "na, eu,apac", "--tie-break", "first_reached")
-    assert out.splitlines() == [f"season reg created, state SCHEDULED, {settings.SEASON_PARTITIONS} ledger partitions",
-                                "regions: na, eu, apac; tie-break: first_reached"]
     season = Season.objects.get(slug="reg")
+    assert out.splitlines() == [f"season reg created, state SCHEDULED, {settings.SEASON_PARTITIONS} ledger partitions",
+                                *placement_lines(season), "regions: na, eu, apac; tie-break: first_reached"]
     assert (season.regions, season.tie_break) == (["na", "eu", "apac"], "first_reached")
     entry = AuditEntry.objects.get(action="season.created", season_slug="reg")
     assert entry.after is not None
@@ -58,9 +68,11 @@ def test_create_season_takes_regions_and_a_tie_break_and_audits_them() -> None:
 
 
 def test_create_season_without_options_has_no_regions_and_shared_ties() -> None:
-    assert create_season("plain").strip() == (
-        f"season plain created, state SCHEDULED, {settings.SEASON_PARTITIONS} ledger partitions")
+    out = create_season("plain")
     season = Season.objects.get(slug="plain")
+    assert out.splitlines() == [
+        f"season plain created, state SCHEDULED, {settings.SEASON_PARTITIONS} ledger partitions",
+        *placement_lines(season)]
     assert (season.regions, season.tie_break) == ([], "shared")
 
 
