@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.conf import settings
 from django.db import models
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.core.partitions import Watermark
+
+if TYPE_CHECKING:
+    from leaderboard.models import LateResult
 
 
 def default_layout() -> dict[str, object]:
@@ -226,8 +231,14 @@ class ScoreRevocation(models.Model):
     public_reason = models.CharField(max_length=200, blank=True)
     dispute = models.ForeignKey("Dispute", null=True, blank=True, on_delete=models.PROTECT,
                                 related_name="revocations")
+    # The late result (or held correction) it applies: (late_result_alias, late_result_id), a
+    # row of the ledger database holding the player's partition, which numbers its own rows.
+    # No database constraint: the row may live in another database than this one. Read it
+    # through late_result_get(), never through the relation (which would look in the
+    # revocation's database, or put this row in the late result's).
     late_result = models.ForeignKey("leaderboard.LateResult", null=True, blank=True, on_delete=models.PROTECT,
-                                    related_name="+")
+                                    related_name="+", db_constraint=False)
+    late_result_alias = models.CharField(max_length=64, default="default")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PROPOSED)
     proposed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     proposed_by_label = models.CharField(max_length=200)
@@ -256,6 +267,15 @@ class ScoreRevocation(models.Model):
 
     def __str__(self) -> str:
         return f"revocation {self.pk}: {self.player_id} -> {self.new_score} ({self.status})"
+
+    def late_result_get(self) -> LateResult | None:
+        """The late result it applies, read from the database holding it (None: none)."""
+        if self.late_result_id is None:
+            return None
+        from leaderboard.models import LateResult
+
+        return (LateResult.objects.using(self.late_result_alias).select_related("ledger_event")
+                .get(pk=self.late_result_id))
 
 
 class Dispute(models.Model):

@@ -24,6 +24,7 @@ from leaderboard.core.partitions import Watermark
 from leaderboard.core.splits import SplitProposal
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias_of_player
 from leaderboard.ledger_reads import (
+    ledger_databases_list,
     ledger_queryset_of_player,
     ledger_querysets_each,
     ledger_rows_count,
@@ -719,13 +720,35 @@ def revocations_filtered(*, status: str = "", season: str = "") -> QuerySet[Scor
     return qs
 
 
-def late_results(*, season: Season, status: str = LateResult.Status.PENDING) -> list[LateResult]:
+@dataclass(frozen=True, slots=True)
+class LateResultListed:
+    """A late result and the database holding it: each numbers its own, so (alias, id) names one."""
+
+    late: LateResult
+    alias: str
+
+    @property
+    def in_default(self) -> bool:
+        return self.alias == DEFAULT_ALIAS
+
+
+def late_results(*, season: Season, status: str = LateResult.Status.PENDING) -> list[LateResultListed]:
     """The first 500 in arrival order, from each ledger database (a late result lives
     with its ledger event)."""
     qs = LateResult.objects.filter(season=season).select_related("ledger_event").order_by("id")
     if status:
         qs = qs.filter(status=status)
-    return ledger_rows_merged(season=season, queryset=qs, key=lambda late: (late.received_at, late.pk), limit=500)
+    rows = ledger_rows_merged(season=season, queryset=qs, key=lambda late: (late.received_at, late.pk), limit=500)
+    return [LateResultListed(late=late, alias=late._state.db or DEFAULT_ALIAS) for late in rows]
+
+
+def late_result_get(*, season: Season, alias: str, late_id: int) -> LateResult | None:
+    """The season's late result `late_id` of the database `alias` (None: no such row, or
+    a database not holding the season's partitions)."""
+    if alias not in ledger_databases_list(season=season):
+        return None
+    return (LateResult.objects.using(alias).select_related("ledger_event")
+            .filter(pk=late_id, season_id=season.pk).first())
 
 
 def final_candidates(*, season: Season) -> list[FinalCandidate]:

@@ -24,6 +24,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit.models import AuditEntry
 from audit.selectors import staff_role_granters
 from audit.services import Actor, audit_log
 from leaderboard.core.errors import DomainError
@@ -39,7 +40,7 @@ from leaderboard.core.events import (
 from leaderboard.core.ledger import APPLIED, DUPLICATE, Outcome
 from leaderboard.core.lifecycle import two_person_refusal
 from leaderboard.ingest.services import score_events_apply
-from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_aliases
+from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_aliases, ledger_atomic
 from leaderboard.ledger_reads import ledger_queryset_of_player
 from leaderboard.models import LateResult, PlayerScore, ReconciliationRun
 from leaderboard.ratelimit import rate_take, request_address
@@ -355,7 +356,12 @@ def score_revocation_propose(
     reason = _text(reason, field="a reason", limit=MAX_REASON_LENGTH)
     evidence = _text(evidence, field="evidence", required=False, limit=10_000)
     public_reason = _text(public_reason, field="public reason", required=False, limit=200)
-    with transaction.atomic():
+    late_alias = late_result_alias_of(late_result) if late_result is not None else DEFAULT_ALIAS
+    if late_result is not None:
+        _late_result_applied_repair(alias=late_alias, late_result_id=late_result.pk)
+    # The late result's lock (in its database) is held until the revocation commits in
+    # "default": a dismissal waiting on it then finds the proposal.
+    with ledger_atomic(aliases=[late_alias, DEFAULT_ALIAS]):
         if dispute is not None:
             dispute = _dispute_locked(dispute)
             if dispute.season_id != season.pk or dispute.player_id != player_id:
@@ -365,18 +371,20 @@ def score_revocation_propose(
             if dispute.status != Dispute.Status.OPEN:
                 raise StaffError(f"dispute {dispute.pk} is {dispute.status}")
         if late_result is not None:
-            late_result = LateResult.objects.select_for_update().get(pk=late_result.pk)
-            if late_result.season.pk != season.pk or late_result.player_id != player_id:
+            late_result = _late_result_locked(alias=late_alias, late_result_id=late_result.pk)
+            name = late_result_name(late_result)
+            if late_result.season_id != season.pk or late_result.player_id != player_id:
                 raise StaffError("the revocation must be for the late result's player and season")
             if late_result.status != LateResult.Status.PENDING:
-                raise StaffError(f"late result {late_result.pk} is {late_result.status}")
-            if ScoreRevocation.objects.filter(late_result=late_result, status=ScoreRevocation.Status.PROPOSED).exists():
-                raise StaffError(f"late result {late_result.pk} already has a proposed correction")
+                raise StaffError(f"late result {name} is {late_result.status}")
+            if _late_result_revocations(late_result).filter(status=ScoreRevocation.Status.PROPOSED).exists():
+                raise StaffError(f"late result {name} already has a proposed correction")
         score_before, base_version = _player_state(season, player_id)
         revocation = ScoreRevocation.objects.create(
             season=season, player_id=player_id, score_before=score_before, base_version=base_version,
-            new_score=new_score, reason=reason, evidence=evidence, public_reason=public_reason,
-            dispute=dispute, late_result=late_result,
+            new_score=new_score, reason=reason, evidence=evidence, public_reason=public_reason, dispute=dispute,
+            # By id and alias: assigning the row would place the revocation in the row's database.
+            late_result_id=late_result.pk if late_result else None, late_result_alias=late_alias,
             proposed_by_id=proposer_id, proposed_by_label=actor.label, proposed_at=timezone.now(),
         )
         if dispute is not None:
@@ -387,7 +395,8 @@ def score_revocation_propose(
                   season_slug=season.slug, before={"score": score_before, "score_version": base_version},
                   after={"player_id": player_id, "score": new_score, "evidence": evidence,
                          "dispute": dispute.pk if dispute else None,
-                         "late_result": late_result.pk if late_result else None},
+                         "late_result": late_result.pk if late_result else None,
+                         **({"late_result_database": late_alias} if late_result else {})},
                   reason=reason)
     return revocation
 
@@ -480,6 +489,9 @@ def score_revocation_approve(*, revocation: ScoreRevocation, actor: Actor, reaso
     approver_id = _user_id(actor)
     reason = _text(reason, field="reason", required=False, limit=10_000)
     season = Season.objects.get(pk=revocation.season_id)
+    repaired = _approval_late_result_repair(revocation=revocation)
+    if repaired is not None:
+        return repaired
     one_transaction = list(ledger_aliases(season=season)) == [DEFAULT_ALIAS]
     with transaction.atomic() if one_transaction else contextlib.nullcontext():
         locked, event = _approval_attempt_begin(revocation=revocation, actor=actor, approver_id=approver_id)
@@ -496,7 +508,7 @@ def _approval_attempt_begin(*, revocation: ScoreRevocation, actor: Actor, approv
     An attempt whose outcome was never recorded (`pending`) is sent again as it was: its
     completed_at derives from the proposal (not the clock), so the resend carries the
     same payload and the ledger recognizes it."""
-    with transaction.atomic():
+    with ledger_atomic(aliases=[revocation.late_result_alias, DEFAULT_ALIAS]):
         locked = _revocation_proposed_locked(revocation)
         if locked.proposed_by_id == approver_id:
             raise StaffError("nobody approves their own proposal: another approver must do it")
@@ -508,10 +520,10 @@ def _approval_attempt_begin(*, revocation: ScoreRevocation, actor: Actor, approv
         # in one transaction (a season all in "default") they stay held until the outcome.
         if locked.dispute_id:
             _dispute_locked(locked.dispute)  # type: ignore[arg-type]
-        late_result = (LateResult.objects.select_for_update().get(pk=locked.late_result_id)
+        late_result = (_late_result_locked(alias=locked.late_result_alias, late_result_id=locked.late_result_id)
                        if locked.late_result_id else None)
         if late_result is not None and late_result.status != LateResult.Status.PENDING:
-            raise StaffError(f"late result {late_result.pk} is {late_result.status}")
+            raise StaffError(f"late result {late_result_name(late_result)} is {late_result.status}")
         if locked.last_outcome != APPROVAL_PENDING or not locked.attempts:
             locked.attempts += 1
             locked.last_outcome = APPROVAL_PENDING
@@ -534,7 +546,11 @@ def _approval_attempt_finish(*, revocation: ScoreRevocation, event: ScoreEvent, 
     # A resent attempt's outcome is the one its first sending got.
     status = (outcome.first_status or outcome.status) if outcome.status == DUPLICATE else outcome.status
     applied = status == APPLIED
-    with transaction.atomic():
+    # A late result outside "default" changes in its own database, committed after "default"
+    # (ledger_atomic commits in reverse order): when that commit is lost, the applied
+    # revocation names it, and the next action on either completes it
+    # (_late_result_applied_repair).
+    with ledger_atomic(aliases=[revocation.late_result_alias, DEFAULT_ALIAS]):
         locked = ScoreRevocation.objects.select_for_update(of=("self",)).select_related("season").get(
             pk=revocation.pk)
         current = f"staff-revocation-{locked.pk}-{locked.attempts}" == event.event_id
@@ -545,7 +561,7 @@ def _approval_attempt_finish(*, revocation: ScoreRevocation, event: ScoreEvent, 
         based_on = {"score": locked.score_before, "score_version": locked.base_version}
         # Locked again: taken in _approval_attempt_begin, held still or released with its commit.
         dispute = _dispute_locked(locked.dispute) if locked.dispute_id else None  # type: ignore[arg-type]
-        late_result = (LateResult.objects.select_for_update().get(pk=locked.late_result_id)
+        late_result = (_late_result_locked(alias=locked.late_result_alias, late_result_id=locked.late_result_id)
                        if locked.late_result_id else None)
         now = timezone.now()
         locked.last_outcome = status
@@ -593,13 +609,12 @@ def _revocation_resolves(revocation: ScoreRevocation, *, dispute: Dispute | None
                   season_slug=slug, before={"status": Dispute.Status.REVOCATION_PROPOSED},
                   after={"status": dispute.status, "revocation": revocation.pk}, reason=dispute.resolution_reason)
     if late_result is not None:
-        late_result.status = LateResult.Status.APPLIED
-        late_result.resolved_by_label, late_result.resolved_at = actor.label, now
-        late_result.resolution_reason = f"applied through revocation {revocation.pk}: {revocation.reason}"
-        late_result.save(update_fields=["status", "resolved_by_label", "resolved_at", "resolution_reason"])
-        audit_log(actor=actor, action="late_result.applied", target_type="late_result", target_id=str(late_result.pk),
-                  season_slug=slug, before={"status": LateResult.Status.PENDING},
-                  after={"status": late_result.status, "revocation": revocation.pk, "score": revocation.new_score},
+        _late_result_applied_save(late_result, revocation=revocation, label=actor.label, now=now)
+        audit_log(actor=actor, action="late_result.applied", target_type="late_result",
+                  target_id=late_result_ref(late_result), season_slug=slug,
+                  before={"status": LateResult.Status.PENDING},
+                  after={"status": late_result.status, "revocation": revocation.pk, "score": revocation.new_score,
+                         "database": late_result_alias_of(late_result)},
                   reason=late_result.resolution_reason)
 
 
@@ -629,31 +644,135 @@ def score_revocation_reject(*, revocation: ScoreRevocation, actor: Actor, reason
 # ---------------------------------------------------------------------- late results
 
 
+def late_result_alias_of(late_result: LateResult) -> str:
+    """The database a late result was read from. A season's late results live in its
+    partitions' databases, each numbering its own: (alias, id) names one."""
+    return late_result._state.db or DEFAULT_ALIAS
+
+
+def late_result_ref(late_result: LateResult) -> str:
+    """Its audit target id: the id in "default" (as ever), `alias:id` elsewhere."""
+    alias = late_result_alias_of(late_result)
+    return str(late_result.pk) if alias == DEFAULT_ALIAS else f"{alias}:{late_result.pk}"
+
+
+def late_result_name(late_result: LateResult) -> str:
+    """How messages name it: its id, with its database outside "default"."""
+    alias = late_result_alias_of(late_result)
+    return str(late_result.pk) if alias == DEFAULT_ALIAS else f"{late_result.pk} (in {alias})"
+
+
+def _late_result_locked(*, alias: str, late_result_id: int) -> LateResult:
+    """The late result, locked in its database (after the revocation and the dispute in
+    the lock order, _dispute_locked); the caller holds a transaction there."""
+    return (LateResult.objects.using(alias).select_for_update(of=("self",)).select_related("ledger_event")
+            .get(pk=late_result_id))
+
+
+def _late_result_revocations(late_result: LateResult) -> Any:
+    """The revocations (in "default") applying this late result."""
+    return ScoreRevocation.objects.filter(late_result_id=late_result.pk,
+                                          late_result_alias=late_result_alias_of(late_result))
+
+
+def _late_result_applied_save(late_result: LateResult, *, revocation: ScoreRevocation, label: str,
+                              now: datetime) -> None:
+    late_result.status = LateResult.Status.APPLIED
+    late_result.resolved_by_label, late_result.resolved_at = label, now
+    late_result.resolution_reason = f"applied through revocation {revocation.pk}: {revocation.reason}"
+    late_result.save(update_fields=["status", "resolved_by_label", "resolved_at", "resolution_reason"])
+
+
+def _late_result_applied_repair(*, alias: str, late_result_id: int) -> ScoreRevocation | None:
+    """A late result outside "default" whose revocation was applied (committed in "default",
+    audited there with `late_result.applied`) while its own change, committed after in its
+    database, was lost: marked applied now, as that revocation's approver left it. Returns
+    the revocation when it repaired. In "default" both halves commit together: nothing to do."""
+    if alias == DEFAULT_ALIAS:
+        return None
+    with transaction.atomic(using=alias):
+        late_result = _late_result_locked(alias=alias, late_result_id=late_result_id)
+        if late_result.status != LateResult.Status.PENDING:
+            return None
+        applied = _late_result_revocations(late_result).filter(status=ScoreRevocation.Status.APPLIED).first()
+        if applied is None:
+            return None
+        _late_result_applied_save(late_result, revocation=applied, label=applied.decided_by_label,
+                                  now=applied.decided_at or timezone.now())
+        log.warning("late result %s: its applied state, lost after revocation %s committed, repaired",
+                    late_result_name(late_result), applied.pk)
+        return applied
+
+
+def _approval_late_result_repair(*, revocation: ScoreRevocation) -> ApprovalResult | None:
+    """An approval sent again after its late result's half was lost completes that half
+    (exactly once: the revocation and its audit rows are already in "default")."""
+    if not revocation.late_result_id or revocation.late_result_alias == DEFAULT_ALIAS:
+        return None
+    current = ScoreRevocation.objects.select_related("season").get(pk=revocation.pk)
+    if current.status != ScoreRevocation.Status.APPLIED:
+        return None
+    if _late_result_applied_repair(alias=current.late_result_alias, late_result_id=revocation.late_result_id) is None:
+        return None
+    return ApprovalResult(revocation=current, status=APPLIED, detail=current.last_outcome_detail)
+
+
 def late_result_proposal_score(*, late_result: LateResult) -> int:
     """What applying a queued event means: for a late result, the player's best as if it
     had arrived in time; for a held correction, the score it sets (even when lower)."""
     if late_result.ledger_event.kind == KIND_CORRECTION:
         return late_result.best_score
-    current, _ = _player_state(late_result.season, late_result.player_id)
+    # The season from "default": the late result's database holds no Season rows.
+    current, _ = _player_state(Season.objects.get(pk=late_result.season_id), late_result.player_id)
     return max(current or 0, late_result.best_score)
 
 
 def late_result_dismiss(*, late_result: LateResult, actor: Actor, reason: str) -> LateResult:
+    """Dismiss a pending late result: its state changes in its database, its audit row is
+    written in "default". In "default" both commit in one transaction. Elsewhere they cannot:
+    the state change commits first, then the audit row; dismissing it again after the
+    second was lost writes the missing audit row (once), and otherwise refuses as a
+    dismissed one."""
     _user_id(actor)
     reason = _text(reason, field="a reason")
-    with transaction.atomic():
-        locked = LateResult.objects.select_for_update(of=("self",)).select_related("season").get(pk=late_result.pk)
-        if locked.status != LateResult.Status.PENDING:
-            raise StaffError(f"late result {locked.pk} is {locked.status}")
-        if ScoreRevocation.objects.filter(late_result=locked, status=ScoreRevocation.Status.PROPOSED).exists():
-            raise StaffError("a correction applying this late result is proposed: reject it first")
-        locked.status = LateResult.Status.DISMISSED
-        locked.resolved_by_label, locked.resolved_at, locked.resolution_reason = actor.label, timezone.now(), reason
-        locked.save(update_fields=["status", "resolved_by_label", "resolved_at", "resolution_reason"])
-        audit_log(actor=actor, action="late_result.dismissed", target_type="late_result", target_id=str(locked.pk),
-                  season_slug=locked.season.slug, before={"status": LateResult.Status.PENDING},
-                  after={"status": locked.status, "player_id": locked.player_id, "best_score": locked.best_score},
-                  reason=reason)
+    alias = late_result_alias_of(late_result)
+    _late_result_applied_repair(alias=alias, late_result_id=late_result.pk)
+    with transaction.atomic() if alias == DEFAULT_ALIAS else contextlib.nullcontext():
+        with transaction.atomic(using=alias):
+            locked = _late_result_locked(alias=alias, late_result_id=late_result.pk)
+            dismissed_now = locked.status == LateResult.Status.PENDING
+            if dismissed_now:
+                if _late_result_revocations(locked).filter(status=ScoreRevocation.Status.PROPOSED).exists():
+                    raise StaffError("a correction applying this late result is proposed: reject it first")
+                locked.status = LateResult.Status.DISMISSED
+                locked.resolved_by_label, locked.resolved_at, locked.resolution_reason = (
+                    actor.label, timezone.now(), reason)
+                locked.save(update_fields=["status", "resolved_by_label", "resolved_at", "resolution_reason"])
+            elif locked.status != LateResult.Status.DISMISSED:
+                raise StaffError(f"late result {late_result_name(locked)} is {locked.status}")
+        return _late_result_dismissal_audit(alias=alias, late_result=locked, actor=actor,
+                                            dismissed_now=dismissed_now)
+
+
+def _late_result_dismissal_audit(*, alias: str, late_result: LateResult, actor: Actor,
+                                 dismissed_now: bool) -> LateResult:
+    """The dismissal's audit row, unless it is written already; under the late result's lock,
+    so two dismissals sent again at once write one."""
+    season = Season.objects.get(pk=late_result.season_id)
+    with ledger_atomic(aliases=[alias, DEFAULT_ALIAS]):
+        locked = _late_result_locked(alias=alias, late_result_id=late_result.pk)
+        audited = AuditEntry.objects.filter(action="late_result.dismissed", target_type="late_result",
+                                            target_id=late_result_ref(locked), season_slug=season.slug).exists()
+        if audited:
+            if not dismissed_now:
+                raise StaffError(f"late result {late_result_name(locked)} is {locked.status}")
+            return locked
+        audit_log(actor=actor, action="late_result.dismissed", target_type="late_result",
+                  target_id=late_result_ref(locked), season_slug=season.slug,
+                  before={"status": LateResult.Status.PENDING},
+                  after={"status": locked.status, "player_id": locked.player_id, "best_score": locked.best_score,
+                         "database": alias, "dismissed_by": locked.resolved_by_label},
+                  reason=locked.resolution_reason)
     return locked
 
 

@@ -29,6 +29,11 @@ urlpatterns = [
     path("seasons/<slug:slug>/late/", disputes.late_results, name="late-results"),
     path("seasons/<slug:slug>/late/<int:late_id>/apply", disputes.late_result_apply, name="late-apply"),
     path("seasons/<slug:slug>/late/<int:late_id>/dismiss", disputes.late_result_dismiss_action, name="late-dismiss"),
+    # A late result outside "default", named by its database (each numbers its own).
+    path("seasons/<slug:slug>/late/<str:alias>/<int:late_id>/apply", disputes.late_result_apply,
+         name="late-apply-in"),
+    path("seasons/<slug:slug>/late/<str:alias>/<int:late_id>/dismiss", disputes.late_result_dismiss_action,
+         name="late-dismiss-in"),
     path("seasons/<slug:slug>/final/", final.final_page, name="final"),
     path("seasons/<slug:slug>/final/build", final.final_build, name="final-build"),
     path("seasons/<slug:slug>/final/<int:candidate_id>/propose", final.final_propose, name="final-propose"),

@@ -19,14 +19,15 @@ from django.utils import timezone
 
 from audit.models import AuditEntry
 from leaderboard.core.buckets import BucketLayout
+from leaderboard.ledger_databases import DEFAULT_ALIAS
 from leaderboard.metrics import metrics_seasons_sample
-from leaderboard.models import LateResult, PlayerScore, RebuildJob, ReconciliationRun
+from leaderboard.models import LateResult, RebuildJob, ReconciliationRun
 from leaderboard.recovery.rebuild import rebuild_run
 from seasons.models import Dispute, FinalCandidate, ScoreRevocation, Season
 from seasons.services import season_seal_ingest
 from seasons.staff_services import ROLE_PERMISSIONS, score_revocation_propose
 from tests.staff_support import PASSWORD, actor_of, audit_actions, audit_head, audit_rows, follow_messages
-from tests.support import TEST_ACTOR, Events, closing_season, in_season, materialize, post_ok
+from tests.support import TEST_ACTOR, Events, closing_season, db_scores, in_season, ledger_rows, materialize, post_ok
 
 # The staff fixtures (make_staff, client_as, fast_passwords).
 pytest_plugins = ["tests.staff_fixtures"]
@@ -60,9 +61,22 @@ def world(season_factory: Callable[..., Season], post_scores: Post, make_staff: 
                                            findings=report["findings"], started_at=timezone.now(), duration_ms=3.0)
     candidate = FinalCandidate.objects.create(season=sealed, version=1, built_at=timezone.now(), report=report,
                                               reconciliation_ok=True)
-    late = LateResult.objects.get(season=sealed, player_id="carl")
+    late = late_of(sealed, "carl")
     return {"season": season, "sealed": sealed, "dispute": dispute, "revocation": revocation, "job": job, "run": run,
             "candidate": candidate, "late": late, "events": events, "proposer": proposer}
+
+
+def late_of(season: Season, player_id: str) -> LateResult:
+    """The player's late result, from the database holding their partition."""
+    (late,) = [row for row in ledger_rows(LateResult, season) if row.player_id == player_id]
+    return late
+
+
+def late_url(season: Season, late: LateResult, action: str) -> str:
+    """A late result's action: by id in "default", by database and id elsewhere."""
+    alias = late._state.db or DEFAULT_ALIAS
+    where = f"{late.pk}" if alias == DEFAULT_ALIAS else f"{alias}/{late.pk}"
+    return f"/staff/seasons/{season.slug}/late/{where}/{action}"
 
 
 def pages(w: dict[str, Any]) -> list[str]:
@@ -84,7 +98,7 @@ def form_pages(w: dict[str, Any]) -> list[tuple[str, str]]:
         ("/staff/disputes/new", "disputes_manage"),
         (f"/staff/disputes/{w['dispute'].pk}/revocation", "revocation_propose"),
         ("/staff/revocations/new", "revocation_propose"),
-        (f"/staff/seasons/{w['sealed'].slug}/late/{w['late'].pk}/apply", "revocation_propose"),
+        (late_url(w["sealed"], w["late"], "apply"), "revocation_propose"),
     ]
 
 
@@ -99,7 +113,7 @@ def actions(w: dict[str, Any]) -> list[tuple[str, str]]:
         (f"/staff/seasons/{s}/rebuilds/{job}/publish", "split_publish"),
         (f"/staff/seasons/{s}/rebuilds/{job}/discard", "views_operate"),
         (f"/staff/seasons/{s}/reconciliation/", "views_operate"),
-        (f"/staff/seasons/{sealed}/late/{w['late'].pk}/dismiss", "late_results_dismiss"),
+        (late_url(w["sealed"], w["late"], "dismiss"), "late_results_dismiss"),
         (f"/staff/seasons/{sealed}/final/build", "final_propose"),
         (f"/staff/seasons/{sealed}/final/{c}/propose", "final_propose"),
         (f"/staff/seasons/{sealed}/final/{c}/approve", "final_approve"),
@@ -245,7 +259,7 @@ def test_a_dispute_is_resolved_by_a_revocation_another_approver_approves(world: 
     assert b'id="approve-form"' in page.content
     done = approver.post(f"/staff/revocations/{revocation.pk}/approve", {"reason": "agree"})
     assert follow_messages(approver, done)[0].startswith("Approved and written to the ledger")
-    assert PlayerScore.objects.get(season=season, player_id="alice").score == 950
+    assert db_scores(season)["alice"] == 950
     dispute.refresh_from_db()
     assert dispute.status == "resolved"
     rows = audit_rows(since=start)
@@ -278,7 +292,7 @@ def test_nobody_approves_their_own_proposal_and_a_stale_approval_offers_a_re_pro
     stale = second.post(f"/staff/revocations/{revocation.pk}/approve")
     message = follow_messages(second, stale)[-1]
     assert message.startswith("Not applied. stale: the match service moved alice")
-    assert PlayerScore.objects.get(season=season, player_id="alice").score == 990
+    assert db_scores(season)["alice"] == 990
     page = second.get(f"/staff/revocations/{revocation.pk}/").content.decode()
     assert 'id="retry-form"' in page
     assert f"Re-propose on the current version ({world['events'].versions['alice']})" in page
@@ -288,7 +302,7 @@ def test_nobody_approves_their_own_proposal_and_a_stale_approval_offers_a_re_pro
     assert b'id="own-proposal"' in second.get(f"/staff/revocations/{revocation.pk}/").content
     approved = first.post(f"/staff/revocations/{revocation.pk}/approve")
     assert follow_messages(first, approved)[-1].startswith("Approved")
-    assert PlayerScore.objects.get(season=season, player_id="alice").score == 5
+    assert db_scores(season)["alice"] == 5
     assert audit_actions(season)[-4:] == ["revocation.proposed", "revocation.approval_failed", "revocation.rebased",
                                           "revocation.approved"]
 
@@ -299,20 +313,20 @@ def test_late_results_are_applied_through_a_correction_or_dismissed(world: dict[
     reviewer, approver = client_as("reviewer"), client_as("approver")
     listing = reviewer.get(f"/staff/seasons/{sealed.slug}/late/").content.decode()
     assert f'data-late="{late.pk}"' in listing and "Apply…" in listing
-    form = reviewer.get(f"/staff/seasons/{sealed.slug}/late/{late.pk}/apply").content.decode()
+    form = reviewer.get(late_url(sealed, late, "apply")).content.decode()
     assert 'value="650"' in form  # max(current 400, late 650)
-    reviewer.post(f"/staff/seasons/{sealed.slug}/late/{late.pk}/apply",
-                  {"new_score": "650", "reason": "late but valid"})
+    reviewer.post(late_url(sealed, late, "apply"), {"new_score": "650", "reason": "late but valid"})
     revocation = ScoreRevocation.objects.latest("id")
-    assert revocation.late_result_id == late.pk and revocation.player_id == "carl"
+    assert (revocation.late_result_id, revocation.late_result_alias) == (late.pk, late._state.db)
+    assert revocation.player_id == "carl"
     approver.post(f"/staff/revocations/{revocation.pk}/approve")
     late.refresh_from_db()
-    assert late.status == "applied" and PlayerScore.objects.get(season=sealed, player_id="carl").score == 650
+    assert late.status == "applied" and db_scores(sealed)["carl"] == 650
 
-    other = LateResult.objects.get(season=sealed, player_id="dina")
-    no_reason = reviewer.post(f"/staff/seasons/{sealed.slug}/late/{other.pk}/dismiss", {"reason": ""})
+    other = late_of(sealed, "dina")
+    no_reason = reviewer.post(late_url(sealed, other, "dismiss"), {"reason": ""})
     assert follow_messages(reviewer, no_reason)[-1].startswith("Nothing was done")
-    reviewer.post(f"/staff/seasons/{sealed.slug}/late/{other.pk}/dismiss", {"reason": "test account"})
+    reviewer.post(late_url(sealed, other, "dismiss"), {"reason": "test account"})
     other.refresh_from_db()
     assert other.status == "dismissed" and other.resolution_reason == "test account"
     assert audit_actions(sealed)[-3:] == ["revocation.approved", "late_result.applied", "late_result.dismissed"]

@@ -15,7 +15,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from leaderboard.ledger_reads import ledger_is_default
+from leaderboard.ledger_databases import DEFAULT_ALIAS
 from leaderboard.models import LateResult
 from seasons import staff_forms as f
 from seasons import staff_selectors as sel
@@ -28,6 +28,7 @@ from seasons.staff_services import (
     dispute_note_add,
     dispute_reject,
     late_result_dismiss,
+    late_result_name,
     late_result_proposal_score,
     score_revocation_approve,
     score_revocation_propose,
@@ -161,7 +162,8 @@ def _revocation_form(request: HttpRequest, *, season: Season | None, initial: di
             current = sel.player_score_get(season=chosen, player_id=player_id)
         return render(request, "staff/revocation_new.html", context(
             request, form=form, season=chosen, seasons=Season.objects.order_by("-starts_at"), dispute=dispute,
-            late_result=late_result, current=current, back=back,
+            late_result=late_result, late_name=late_result_name(late_result) if late_result else "", current=current,
+            back=back,
         ))
 
     if request.method != "POST":
@@ -199,8 +201,8 @@ def revocations(request: HttpRequest) -> HttpResponse:
 
 
 def _revocation(revocation_id: int) -> ScoreRevocation:
-    return get_object_or_404(ScoreRevocation.objects.select_related("season", "dispute", "late_result"),
-                             pk=revocation_id)
+    # Not the late result: it lives in its own ledger database (ScoreRevocation.late_result_get).
+    return get_object_or_404(ScoreRevocation.objects.select_related("season", "dispute"), pk=revocation_id)
 
 
 @require_GET
@@ -209,8 +211,10 @@ def revocation_page(request: HttpRequest, revocation_id: int) -> HttpResponse:
     revocation = _revocation(revocation_id)
     current = sel.player_score_get(season=revocation.season, player_id=revocation.player_id)
     moved = current is not None and current.score_version != revocation.base_version
+    late_result = revocation.late_result_get()
     return render(request, "staff/revocation.html", context(
         request, revocation=revocation, current=current, moved=moved, approve_form=f.OptionalReasonForm(),
+        late_result=late_result, late_name=late_result_name(late_result) if late_result else "",
         reject_form=f.ReasonForm(), own=revocation.proposed_by_id == request.user.pk,
     ))
 
@@ -274,40 +278,42 @@ def late_results(request: HttpRequest, slug: str) -> HttpResponse:
     ))
 
 
-def _late(slug: str, late_id: int) -> LateResult:
-    late = get_object_or_404(LateResult.objects.select_related("season", "ledger_event"), pk=late_id,
-                             season__slug=slug)
-    if not ledger_is_default(season=late.season):
-        # Its late results live in several databases, each numbering its own: an id does
-        # not name one, and a change there could not commit with its audit row in
-        # "default". They are listed, and applied or dismissed nowhere here.
-        raise Http404("late results of a season whose ledger spans databases are not acted on here")
-    return late
+def _late(slug: str, late_id: int, alias: str) -> tuple[Season, LateResult]:
+    """The season's late result (alias, id): a season's ledger databases each number their own."""
+    season = get_object_or_404(Season, slug=slug)
+    late = sel.late_result_get(season=season, alias=alias, late_id=late_id)
+    if late is None:
+        raise Http404(f"season {slug} has no late result {late_id} in the database {alias}")
+    return season, late
+
+
+def _late_back(slug: str) -> str:
+    return reverse("staff:late-results", args=[slug])
 
 
 @GET_OR_POST
 @staff_required("revocation_propose")
-def late_result_apply(request: HttpRequest, slug: str, late_id: int) -> HttpResponse:
+def late_result_apply(request: HttpRequest, slug: str, late_id: int, alias: str = DEFAULT_ALIAS) -> HttpResponse:
     """Apply a queued event through the two-person correction flow: a late result prefilled
     with max(current, late), a held correction with the score it sets and its reason."""
-    late = _late(slug, late_id)
+    season, late = _late(slug, late_id, alias)
     event = late.ledger_event
     what = (f"held correction {event.event_id} ({event.reason})" if event.kind == "correction"
             else f"late result {event.event_id} (completed {late.completed_at:%Y-%m-%d %H:%M:%S} UTC, "
                  f"best {late.best_score})")
     initial = {"player_id": late.player_id, "new_score": late_result_proposal_score(late_result=late),
                "reason": f"{what} applied after the seal"[:500]}
-    return _revocation_form(request, season=late.season, initial=initial, late_result=late,
-                            back=reverse("staff:late-results", args=[slug]))
+    return _revocation_form(request, season=season, initial=initial, late_result=late, back=_late_back(slug))
 
 
 @require_POST
 @staff_required("late_results_dismiss")
-def late_result_dismiss_action(request: HttpRequest, slug: str, late_id: int) -> HttpResponse:
-    late = _late(slug, late_id)
+def late_result_dismiss_action(request: HttpRequest, slug: str, late_id: int, alias: str = DEFAULT_ALIAS
+                               ) -> HttpResponse:
+    _, late = _late(slug, late_id, alias)
 
     def dismiss(data: dict[str, Any]) -> str:
         late_result_dismiss(late_result=late, actor=staff_actor(request.user), reason=data["reason"])
-        return f"Late result {late.pk} dismissed"
+        return f"Late result {late_result_name(late)} dismissed"
 
-    return act(request, f.ReasonForm(request.POST), dismiss, back=reverse("staff:late-results", args=[slug]))
+    return act(request, f.ReasonForm(request.POST), dismiss, back=_late_back(slug))
