@@ -5,7 +5,6 @@ FINAL that never rewrite it, and the ways a candidate is refused."""
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -334,9 +333,6 @@ def test_a_revoked_champion_after_final_gets_a_corrected_version_and_final_never
     assert not ManifestRow.objects.filter(season=season, is_final=True).exclude(version=final_version).exists()
 
 
-@pytest.mark.skipif(bool(os.environ.get("LEDGER_PARTITION_URLS")), reason=(
-    "a held correction of a player whose partition lives in another database cannot be applied yet: the "
-    "revocation that applies it is in default with a foreign key to its LateResult, which lives with the event"))
 def test_a_correction_that_changes_nothing_is_not_listed(season_factory: SeasonFactory, post_scores: Post) -> None:
     season = closing_season(season_factory, "noop-fix")
     events = Events("noop", in_season(season))

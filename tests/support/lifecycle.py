@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 
 from audit.services import Actor
 from leaderboard.core.lifecycle import SeasonState
+from leaderboard.ledger_databases import ledger_aliases
 from leaderboard.models import LateResult
 from seasons.models import FinalCandidate, FinalStanding, Season
 from seasons.services import (
@@ -100,8 +101,10 @@ def held_correction_approve(season: Season, event_id: str, *, public_reason: str
                             proposer: Actor | None = None, approver: Actor | None = None) -> ApprovalResult:
     """A correction the write API held after the seal, applied the only way it can be:
     one staff member proposes it from the queue, another approves it."""
-    late = LateResult.objects.select_related("ledger_event", "season").get(season=season,
-                                                                           ledger_event__event_id=event_id)
+    # From the database holding the player's partition (the one it was queued in).
+    (late,) = [late for alias in ledger_aliases(season=season)
+               for late in LateResult.objects.using(alias).select_related("ledger_event").filter(
+                   season_id=season.pk, ledger_event__event_id=event_id)]
     revocation = score_revocation_propose(
         season=season, player_id=late.player_id, new_score=late_result_proposal_score(late_result=late),
         reason=late.ledger_event.reason, public_reason=public_reason, actor=proposer or staff(), late_result=late,
