@@ -606,6 +606,36 @@ def staff_apply(season: Season, event: dict[str, Any], actor: Any) -> Any:
     return score_events_apply(season=season, events=events_parse({"events": [event]}), client=None, actor=actor)
 
 
+def final_season_split(season_factory: Callable[..., Season], slug: str) -> tuple[Season, Events, str]:
+    """A FINAL season with a player in each database; returns the one in the other database."""
+    from tests.support.lifecycle import finalize
+
+    cutoff = datetime.now(UTC) - timedelta(minutes=5)
+    season = season_factory(slug=f"{slug}-{time.monotonic_ns()}", starts_at=cutoff - timedelta(days=10),
+                            cutoff=cutoff, partitions=8)
+    ledger_placement_cache_clear()
+    home, away = split_partitions()
+    (here,), (there,) = players_in(home, 1, "fh"), players_in(away, 1, "ft")
+    ev = Events(slug, completed_at=in_season(season))
+    assert statuses_of(apply(season, [ev.result(here, 10), ev.result(there, 20)])) == ["applied", "applied"]
+    season = finalize(season)
+    assert season.state == "FINAL"
+    return season, ev, there
+
+
+def default_commits_after(then: Callable[[], None]) -> Callable[..., contextlib.AbstractContextManager[None]]:
+    """services.ledger_atomic, with `then` run between the other database's commit and "default"'s."""
+    from leaderboard.ledger_databases import ledger_atomic
+
+    @contextlib.contextmanager
+    def atomic(*, aliases: Any) -> Iterator[None]:
+        with ledger_atomic(aliases=[a for a in aliases if a == DEFAULT_ALIAS]):
+            with ledger_atomic(aliases=[a for a in aliases if a != DEFAULT_ALIAS]):
+                yield
+            then()
+    return atomic
+
+
 @needs_ledger_b
 @pytest.mark.django_db(transaction=True, databases="__all__")
 @pytest.mark.usefixtures("rank_views")
@@ -618,29 +648,16 @@ def test_a_final_correction_lost_with_defaults_commit_is_listed_when_the_correct
     from leaderboard.ingest import services
     from leaderboard.ledger_databases import ledger_atomic
     from seasons.models import FinalCorrection
-    from tests.support.lifecycle import finalize, staff
+    from tests.support.lifecycle import staff
 
-    cutoff = datetime.now(UTC) - timedelta(minutes=5)
-    season = season_factory(slug=f"fc-{time.monotonic_ns()}", starts_at=cutoff - timedelta(days=10), cutoff=cutoff,
-                            partitions=8)
-    ledger_placement_cache_clear()
-    home, away = split_partitions()
-    (here,), (there,) = players_in(home, 1, "fh"), players_in(away, 1, "ft")
-    ev = Events("fc", completed_at=in_season(season))
-    assert statuses_of(apply(season, [ev.result(here, 10), ev.result(there, 20)])) == ["applied", "applied"]
-    season = finalize(season)
-    assert season.state == "FINAL"
+    season, ev, there = final_season_split(season_factory, "fc")
 
-    @contextlib.contextmanager
-    def default_commit_fails(*, aliases: Any) -> Iterator[None]:
-        with ledger_atomic(aliases=[a for a in aliases if a == DEFAULT_ALIAS]):
-            with ledger_atomic(aliases=[a for a in aliases if a != DEFAULT_ALIAS]):
-                yield
-            raise OperationalError("server closed the connection unexpectedly")  # as at default's COMMIT
+    def default_commit_fails() -> None:
+        raise OperationalError("server closed the connection unexpectedly")  # as at default's COMMIT
 
     correction = ev.correction(there, 5)
     approver = staff()
-    monkeypatch.setattr(services, "ledger_atomic", default_commit_fails)
+    monkeypatch.setattr(services, "ledger_atomic", default_commits_after(default_commit_fails))
     with pytest.raises(OperationalError):
         staff_apply(season, correction, approver)
     monkeypatch.setattr(services, "ledger_atomic", ledger_atomic)
@@ -693,3 +710,42 @@ def test_a_profile_write_failing_after_the_other_databases_moves_is_repaired_by_
     assert [o.status for o in outcomes] == ["applied", "applied"]
     assert dict(ledger_rows(PlayerScore, season, "player_id", "region")) == {here: "na", there: "na"}
     assert moves() == sorted([(here, "eu", "na"), (there, "eu", "na")])
+
+
+@needs_ledger_b
+@pytest.mark.django_db(transaction=True, databases="__all__")
+@pytest.mark.usefixtures("rank_views")
+def test_a_staff_correction_sent_twice_at_once_is_listed_once(season_factory: Callable[..., Season],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second sending sees the event recorded in the partition's database before the
+    first one's FinalCorrection commits in "default"; it must wait for it, not list it again."""
+    from leaderboard.ingest import services
+    from seasons.models import FinalCorrection
+    from tests.support.lifecycle import staff
+
+    season, ev, there = final_season_split(season_factory, "fcr")
+    partition_committed = threading.Event()
+
+    def slow_default_commit() -> None:
+        if threading.current_thread().name == "first":
+            partition_committed.set()
+            time.sleep(2.0)  # "default" commits a little later (load, network)
+
+    monkeypatch.setattr(services, "ledger_atomic", default_commits_after(slow_default_commit))
+    correction = ev.correction(there, 5)
+
+    def first_sending() -> None:
+        try:
+            staff_apply(season, correction, staff())
+        finally:
+            for c in connections.all():
+                c.close()
+
+    first = threading.Thread(target=first_sending, name="first")
+    first.start()
+    assert partition_committed.wait(20)
+    staff_apply(season, correction, staff())
+    first.join()
+    assert db_scores(season)[there] == 5
+    assert FinalCorrection.objects.filter(season=season).count() == 1
+    assert AuditEntry.objects.filter(season_slug=season.slug, action="season.final.correction").count() == 1

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 _PARTITION_0_LOCK = 0x5C0E
 _PARTITION_LOCK_BASE = _PARTITION_0_LOCK << 15
 _SEASON_LOCK = 0x5C11
+# A FINAL season's correction list, in "default" (final_corrections_lock).
+_FINAL_CORRECTIONS_LOCK = 0x5C12
 
 
 def _text_array(values: Iterable[str | None]) -> str:
@@ -148,6 +150,21 @@ def season_write_lock(*, season_id: int) -> None:
     if is_postgres():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_SEASON_LOCK, season_id])
+
+
+def final_corrections_lock(*, season_id: int) -> None:
+    """Serialize, until "default" commits, the batches of a FINAL season that list
+    corrections while their ledger lives in another database.
+
+    Such a batch commits its partition's database before "default", so a resend of the
+    same correction can see the event recorded (a duplicate) while the first sending's
+    FinalCorrection is not committed yet, and list it a second time. Taken in "default"
+    after the partition's lock and before the partition commits, it makes the resend wait
+    for the first sending's "default" commit; nothing waits in the other order.
+    """
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_FINAL_CORRECTIONS_LOCK, season_id])
 
 
 def fence_token_issue(*, season_id: int) -> int:

@@ -288,8 +288,10 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
             ledger_store.late_results_record(season_id=season.pk, rows=late, now=now, using=using)
         if state == SeasonState.FINAL:
             changes = list(plan.changes)
-            if using != DEFAULT_ALIAS and actor is not None:
-                changes += _final_corrections_missing(season=season, plan=plan, using=using)
+            if using != DEFAULT_ALIAS:
+                ledger_store.final_corrections_lock(season_id=season.pk)
+                if actor is not None:
+                    changes += _final_corrections_missing(season=season, plan=plan, using=using)
             if changes:
                 reasons = {event.event_id: event.reason for event in events}
                 pending = {o.event_id: o.pending_version for o in plan.outcomes}

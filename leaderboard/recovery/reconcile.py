@@ -568,10 +568,13 @@ def _ledger_spot_check(*, r: redis.Redis, keys: rankview.Keys, season: Season, m
     moved: set[str] = set()
     ledger: dict[str, tuple[int, str]] = {}
     for alias, names in ledger_players_group(season=season, player_ids=players).items():
-        moved.update(ScoreChange.objects.using(alias).filter(season_id=season.pk, player_id__in=names)
-                     .filter(changes_after_q(manifest.watermark)).values_list("player_id", flat=True))
+        # Scores first, then the changes after the version: a batch committing between the
+        # two reads lands in `moved` and is left out, instead of reading as a wrong score
+        # (these are separate statements, not one snapshot).
         ledger.update((p, (score, region)) for p, score, region in PlayerScore.objects.using(alias).filter(
             season_id=season.pk, player_id__in=names).values_list("player_id", "score", "region"))
+        moved.update(ScoreChange.objects.using(alias).filter(season_id=season.pk, player_id__in=names)
+                     .filter(changes_after_q(manifest.watermark)).values_list("player_id", flat=True))
     # On a first_reached board the reached_at of these players is checked by the rank and
     # checksum comparisons of version_reconcile; the spot check compares scores.
     for board, entries in sampled:
