@@ -22,6 +22,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from audit.models import AuditEntry
@@ -669,7 +670,7 @@ def _late_result_locked(*, alias: str, late_result_id: int) -> LateResult:
             .get(pk=late_result_id))
 
 
-def _late_result_revocations(late_result: LateResult) -> Any:
+def _late_result_revocations(late_result: LateResult) -> QuerySet[ScoreRevocation]:
     """The revocations (in "default") applying this late result."""
     return ScoreRevocation.objects.filter(late_result_id=late_result.pk,
                                           late_result_alias=late_result_alias_of(late_result))
