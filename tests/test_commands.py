@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from audit.models import AuditEntry
 from leaderboard.models import ApiClient, ScoreEvent
 from seasons.models import Season
+from tests.test_season_regions import placement_lines
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +43,8 @@ NOW = datetime.now(UTC)
 def test_create_season_writes_the_season_and_an_audit_row() -> None:
     out = create_season("winter-2026", "2026-11-01T00:00:00Z", iso(NOW + timedelta(days=30)))
     season = Season.objects.get(slug="winter-2026")
-    assert out.strip() == f"season winter-2026 created, state OPEN, {season.partitions} ledger partitions"
+    assert out.splitlines() == [f"season winter-2026 created, state OPEN, {season.partitions} ledger partitions",
+                                *placement_lines(season)]
     assert season.partitions == settings.SEASON_PARTITIONS
     assert season.name == "Winter 2026"
     assert season.starts_at == datetime(2026, 11, 1, tzinfo=UTC)
@@ -66,8 +68,10 @@ def test_create_season_initial_state_follows_the_clock(
     start_offset: timedelta, cutoff_offset: timedelta, state: str
 ) -> None:
     out = create_season("s", iso(NOW + start_offset), iso(NOW + cutoff_offset))
-    assert out.strip() == f"season s created, state {state}, {settings.SEASON_PARTITIONS} ledger partitions"
-    assert Season.objects.get(slug="s").state == state
+    season = Season.objects.get(slug="s")
+    assert out.splitlines() == [f"season s created, state {state}, {settings.SEASON_PARTITIONS} ledger partitions",
+                                *placement_lines(season)]
+    assert season.state == state
 
 
 def test_create_season_accepts_offsets() -> None:

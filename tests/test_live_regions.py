@@ -33,7 +33,7 @@ from leaderboard.redis_client import redis_get
 from leaderboard.views.selectors import leaderboard_reader
 from seasons.models import Season
 from tests import browser
-from tests.support import NARROW, Events, Profiles, apply_events, current_manifest, keys_of, publish
+from tests.support import NARROW, Events, Profiles, apply_events, current_manifest, keys_of, ledger_rows, publish
 from tests.test_live_consumer import connect, receive, run
 from tests.test_live_page import browse, text, wait_version
 
@@ -62,12 +62,12 @@ def regional(season_factory: Callable[..., Season], profiles: Profiles) -> Seaso
 
 def home_of(season: Season) -> dict[str, str]:
     """player -> region in the ledger ("" for none)."""
-    return dict(PlayerScore.objects.filter(season=season).values_list("player_id", "region"))
+    return dict(ledger_rows(PlayerScore, season, "player_id", "region"))
 
 
 def ledger_board(season: Season, region: str) -> Standings:
-    rows = PlayerScore.objects.filter(season=season, region=region).values_list("player_id", "score")
-    return Standings(dict(rows))
+    return Standings({p: s for p, s, g in ledger_rows(PlayerScore, season, "player_id", "score", "region")
+                      if g == region})
 
 
 def reader_top(slug: str, region: str | None, version: int) -> list[dict[str, Any]]:
