@@ -22,6 +22,7 @@ from leaderboard.models import ScoreChange
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
 from tests.support import (
+    CHILD_SETUP,
     ROOT,
     Events,
     apply_events,
@@ -40,12 +41,9 @@ KILL_EVERY_SECONDS = 10.0
 
 # A worker that has started (Django set up) and waits for a line on stdin before it runs
 # the season's epochs in a loop, one per EPOCH_SECONDS, as beat and a Celery worker would.
-COORDINATOR_CHILD = """
+COORDINATOR_CHILD = CHILD_SETUP + """
 import sys
 import time
-import django
-
-django.setup()
 from django.conf import settings
 from leaderboard.recovery.rebuild import season_epoch_advance
 from seasons.models import Season

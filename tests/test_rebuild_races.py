@@ -34,6 +34,7 @@ from leaderboard.views import rankview
 from leaderboard.views.materializer import season_lease_acquire
 from seasons.models import Season
 from tests.support import (
+    CHILD_SETUP,
     NARROW,
     ROOT,
     TEST_ACTOR,
@@ -209,11 +210,8 @@ def test_a_publish_that_could_not_get_the_lease_gives_the_split_back(season_fact
 
 # A shadow build in a child process, as the Celery worker runs it; only the batch of the
 # scan is made small, so the build takes long enough to be killed in the middle of it.
-BUILDER_CHILD = """
+BUILDER_CHILD = CHILD_SETUP + """
 import sys
-import django
-
-django.setup()
 from leaderboard.views import materializer
 from leaderboard.recovery.rebuild import rebuild_run
 

@@ -4,6 +4,7 @@ through their lifecycle to FINAL (lifecycle), and killable child processes (fail
 `from tests.support import Events, post_ok, publish`."""
 
 from tests.support.failure import (
+    CHILD_SETUP,
     ROOT,
     child_database_url,
     child_env,
@@ -62,7 +63,7 @@ from tests.support.writes import (
 
 __all__ = [
     "announcements_muted",
-    "COMPLETED_AT", "INVARIANT_CHECKS", "NARROW", "RECONCILIATION_CHECKS", "ROOT", "TEST_ACTOR",
+    "CHILD_SETUP", "COMPLETED_AT", "INVARIANT_CHECKS", "NARROW", "RECONCILIATION_CHECKS", "ROOT", "TEST_ACTOR",
     "held_correction_approve",
     "Events", "Post", "Profiles",
     "apply_events", "assert_board_equals", "assert_idle_copy_caught_up",

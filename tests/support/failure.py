@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 
 from leaderboard.models import RebuildJob
 from leaderboard.redis_client import redis_get
@@ -36,9 +36,30 @@ def child_database_url() -> str:
     return str(urlunsplit(parts._replace(path=f"/{name}")))
 
 
+# The test databases of the ledger aliases LEDGER_PARTITION_URLS names, for a child: an
+# alias is named after its database (Season.ledger_databases stores it), so the child keeps
+# the setting and CHILD_SETUP points each alias at its test database.
+CHILD_LEDGER_NAMES = "TEST_CHILD_LEDGER_DATABASE_NAMES"
+
+# The start of a child's script: Django set up on this test's databases.
+CHILD_SETUP = f"""
+import os
+import django
+
+django.setup()
+from django.db import connections
+
+for _entry in filter(None, os.environ.get("{CHILD_LEDGER_NAMES}", "").split(",")):
+    _alias, _name = _entry.split("=")
+    connections.settings[_alias]["NAME"] = _name
+"""
+
+
 def child_env(**extra: str) -> dict[str, str]:
+    ledger = sorted(set(settings.LEDGER_PARTITION_ALIASES.values()))
     env = {
         **os.environ,
+        CHILD_LEDGER_NAMES: ",".join(f"{alias}={connections[alias].settings_dict['NAME']}" for alias in ledger),
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": child_database_url(),
         "REDIS_URL": settings.REDIS_URL,
@@ -56,11 +77,8 @@ def child_env(**extra: str) -> dict[str, str]:
 # One epoch in a child process, as a Celery worker would run it. The epoch's internals are
 # not touched: only the apply chunk is made small, so a big epoch takes long enough to be
 # killed in the middle of it.
-EPOCH_CHILD = """
+EPOCH_CHILD = CHILD_SETUP + """
 import sys
-import django
-
-django.setup()
 from leaderboard.views import rankview
 from leaderboard.recovery.rebuild import season_epoch_advance
 from seasons.models import Season
