@@ -57,6 +57,7 @@ from tests.support import (
     full_check,
     held_correction_approve,
     keys_of,
+    ledger_rows,
     post_ok,
     publish,
     reader_of,
@@ -176,7 +177,7 @@ def test_moves_across_buckets_up_and_down(season_factory: Callable[..., Season],
     manifest = current_manifest(season)
     assert manifest is not None and manifest.version == version
     expected_counts = [0] * NARROW.size
-    for score in PlayerScore.objects.filter(season=season).values_list("score", flat=True):
+    for score in ledger_rows(PlayerScore, season, "score"):
         expected_counts[NARROW.bucket_of(score)] += 1
     assert manifest.counts == expected_counts
 
@@ -712,7 +713,7 @@ def test_late_results_around_the_cutoff_and_the_seal(season_factory: Callable[..
     assert [(r["status"], r.get("reason")) for r in results] == [
         ("rejected", "late_after_seal"), ("rejected", "late_after_seal"), ("rejected", "after_cutoff"),
         ("held", "correction_after_seal")]
-    assert sorted(LateResult.objects.filter(season=season).values_list("player_id", "best_score", "status")) == [
+    assert sorted(ledger_rows(LateResult, season, "player_id", "best_score", "status")) == [
         ("at-cutoff", 999, "pending"), ("late-new", 800, "pending"), ("straggler", 100, "pending")]
     assert epoch(season).status == "idle"  # held: nothing to publish
     assert held_correction_approve(season, correction["event_id"]).applied
