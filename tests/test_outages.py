@@ -16,11 +16,10 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from leaderboard.api.errors import OUTAGE_RETRY_AFTER_SECONDS
-from leaderboard.models import PlayerScore
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
 from tests import browser
-from tests.support import NARROW, Events, fast_get, post_ok, publish
+from tests.support import NARROW, Events, db_scores, fast_get, post_ok, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -74,7 +73,7 @@ def test_with_redis_unreachable_reads_answer_503_with_retry_after_on_both_read_p
 def test_with_redis_unreachable_writes_still_commit_to_the_ledger(published: Season, post_scores: Post) -> None:
     results = post_ok(post_scores, published, [Events(tag="down").result("p03", 777)])
     assert results[0]["status"] == "applied"
-    assert PlayerScore.objects.get(season=published, player_id="p03").score == 777
+    assert db_scores(published)["p03"] == 777
 
 
 def closed_database_url() -> str:
@@ -108,4 +107,4 @@ def test_with_postgres_unreachable_reads_go_on_from_redis_and_writes_answer_503(
         assert ready.status_code == 503
         checks = ready.json()["checks"]
         assert checks["redis"] == "ok" and checks["database"].startswith("error: "), checks
-    assert PlayerScore.objects.get(season=published, player_id="p01").score == 10
+    assert db_scores(published)["p01"] == 10
