@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from audit.models import AuditEntry
 from leaderboard.models import ApiClient, ScoreEvent
 from seasons.models import Season
+from tests.support import ledger_rows
 from tests.test_season_regions import placement_lines
 
 pytestmark = pytest.mark.django_db
@@ -156,7 +157,8 @@ def test_created_token_authenticates_a_write(event_factory: Any) -> None:
     response = api.post("/internal/v1/seasons/live/scores:apply", event_factory(), format="json")
     assert response.status_code == 200
     assert response.json()["results"][0]["status"] == "applied"
-    assert ScoreEvent.objects.get().client_id == ApiClient.objects.get(name="svc").pk
+    (event,) = ledger_rows(ScoreEvent, Season.objects.get(slug="live"))
+    assert event.client_id == ApiClient.objects.get(name="svc").pk
 
 
 def test_two_clients_get_different_tokens() -> None:

@@ -31,6 +31,7 @@ from tests.support import (
     child_env,
     epoch,
     keys_of,
+    ledger_rows,
     publish,
 )
 
@@ -72,7 +73,7 @@ def go(child: subprocess.Popen[str]) -> None:
 
 def publication_lags(season: Season) -> list[float]:
     """Per change: seconds from its commit to the recording of the first version holding it."""
-    changes = list(ScoreChange.objects.filter(season=season).values_list("txid", "id", "committed_at"))
+    changes = ledger_rows(ScoreChange, season, "txid", "id", "committed_at")
     versions = [(row.watermark, row.published_at) for row in ManifestRow.objects.filter(season=season)
                 .order_by("version")]
     lags = []

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
-from leaderboard.models import PlayerScore, RebuildJob
+from leaderboard.models import RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run
 from seasons.models import Dispute, ScoreRevocation, Season
 from seasons.staff_services import staff_user_create
 from tests import browser
-from tests.support import TEST_ACTOR, Events, closing_season, in_season, materialize, post_ok
+from tests.support import TEST_ACTOR, Events, closing_season, db_scores, in_season, materialize, post_ok
 
 ROOT = browser.ROOT
 CHROMIUM = browser.CHROMIUM
@@ -226,7 +226,7 @@ def test_two_people_run_a_season_to_final_in_the_browser(
         await shot(arno, "audit")
 
     assert browse(scenario) == []
-    assert PlayerScore.objects.get(season=season, player_id="p007").score == 95_000
+    assert db_scores(season)["p007"] == 95_000
     assert Dispute.objects.get().status == "resolved"
     revocation = ScoreRevocation.objects.get()
     assert (revocation.proposed_by_label, revocation.decided_by_label) == ("rhea", "arno")

@@ -28,6 +28,7 @@ from django.test import Client
 from leaderboard.api.fastpath import ReadFastPath
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import Standings
+from leaderboard.ledger_reads import ledger_rows_list
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import ScoreEvent
 from leaderboard.redis_client import redis_get
@@ -260,7 +261,7 @@ class LedgerWriter:
 
     def missing(self, season: Season) -> list[str]:
         """The accepted events the ledger does not hold."""
-        held = set(ScoreEvent.objects.filter(season=season, event_id__in=self.accepted)
-                   .values_list("event_id", flat=True))
+        held = set(ledger_rows_list(season=season, queryset=ScoreEvent.objects.filter(
+            season=season, event_id__in=self.accepted).values_list("event_id", flat=True)))
         return [event_id for event_id in self.accepted if event_id not in held]
 
