@@ -735,7 +735,9 @@ class LateResultListed:
 def late_results(*, season: Season, status: str = LateResult.Status.PENDING) -> list[LateResultListed]:
     """The first 500 in arrival order, from each ledger database (a late result lives
     with its ledger event)."""
-    qs = LateResult.objects.filter(season=season).select_related("ledger_event").order_by("id")
+    # Each database's rows in the merge's own order: ids follow commit order, not the
+    # arrival time a batch took before its locks.
+    qs = LateResult.objects.filter(season=season).select_related("ledger_event").order_by("received_at", "id")
     if status:
         qs = qs.filter(status=status)
     rows = ledger_rows_merged(season=season, queryset=qs, key=lambda late: (late.received_at, late.pk), limit=500)
