@@ -8,7 +8,7 @@ its own, and prints per run: seconds, the process's RSS before the check, its pe
 during it, the difference per player, and the load average.
 
     SECRET_KEY=x .venv/bin/python bench/final_check.py --season last --runs 3 \\
-        --database-url postgresql://postgres@127.0.0.1:5432/h2bench \\
+        --database-url postgresql://postgres@127.0.0.1:5432/lb_bench \\
         --redis-url redis://127.0.0.1:6392/0 --redis-db 0
 """
 

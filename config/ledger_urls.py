@@ -65,9 +65,10 @@ def _alias_add(*, url: str, default: Mapping[str, Any], databases: dict[str, dic
     name = str(parsed.get("NAME") or "")
     if not name:
         raise ImproperlyConfigured(f"LEDGER_PARTITION_URLS: {url!r} names no database")
-    if name == default.get("NAME"):
+    if (name, str(parsed.get("HOST") or ""), str(parsed.get("PORT") or "")) == (
+            default.get("NAME"), str(default.get("HOST") or ""), str(default.get("PORT") or "")):
         raise ImproperlyConfigured(
-            f"LEDGER_PARTITION_URLS: {url!r} names the default database's name {name!r}: "
+            f"LEDGER_PARTITION_URLS: {url!r} names the default database itself ({name!r}): "
             "a ledger database must be another database")
     alias = f"ledger_{name}"
     if alias in urls:

@@ -453,11 +453,12 @@ def _conflicts_newest(*, season: Season, queryset: QuerySet[ScoreEventConflict],
                       ) -> list[ScoreEventConflict]:
     """The newest `limit` conflicts of `queryset` across the season's ledger databases (by
     arrival: ids are per database)."""
-    parts = [_with_clients(qs.order_by("-id"), limit=limit)
-             for qs in ledger_querysets_each(season=season, queryset=queryset)]
-    if len(parts) == 1:
-        return parts[0]
-    return sorted((c for part in parts for c in part), key=lambda c: c.received_at, reverse=True)[:limit]
+    querysets = ledger_querysets_each(season=season, queryset=queryset)
+    if len(querysets) == 1:
+        return _with_clients(querysets[0].order_by("-id"), limit=limit)
+    # Each database's newest by the merge's own key: ids follow commit order, not arrival.
+    parts = [_with_clients(qs.order_by("-received_at", "-id"), limit=limit) for qs in querysets]
+    return sorted((c for part in parts for c in part), key=lambda c: (c.received_at, c.pk), reverse=True)[:limit]
 
 
 # The conflicting deliveries a page lists (newest first); the season page counts them all.

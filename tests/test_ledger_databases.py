@@ -102,13 +102,19 @@ def test_ranges_and_single_partitions_map_to_one_alias_per_database() -> None:
     (f"5-4={URL_B}", PG, "not a range"),
     ("4=sqlite:///x.db", PG, "not a PostgreSQL URL"),
     (f"4={URL_B} 5=postgresql://other-host/lb_ledger_b", PG, "two URLs name a database 'lb_ledger_b'"),
-    ("4=postgresql://h/lb", PG, "the default database's name"),
+    ("4=postgresql://h/lb", {**PG, "HOST": "h"}, "the default database itself"),
     (f"4:{URL_B}", PG, "is not P=URL"),
 ])
 def test_a_bad_setting_stops_the_settings_with_a_clear_message(text: str, default: dict[str, Any],
                                                                says: str) -> None:
     with pytest.raises(ImproperlyConfigured, match=says):
         ledger_databases_parse(text, default=default, max_partitions=64)
+
+
+def test_a_ledger_database_named_like_default_on_another_server_is_accepted() -> None:
+    databases, _ = ledger_databases_parse("4-7=postgresql://other-host/lb", default={**PG, "HOST": "h"},
+                                          max_partitions=64)
+    assert databases["ledger_lb"]["HOST"] == "other-host"
 
 
 def test_a_new_season_is_placed_by_the_setting_and_all_default_is_the_empty_list(settings: Any) -> None:

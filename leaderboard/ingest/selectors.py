@@ -212,7 +212,8 @@ def _stream_partitions(*, season_id: int, watermark: Watermark) -> list[int]:
         # SQLite (one database, no stream heads): the partition ids the season has had
         # (old layouts included: a repartition numbers the new one above them) that hold a
         # change, one index probe each instead of a scan of the season's changes.
-        base, count = Season.objects.filter(pk=season_id).values_list("partition_base", "partitions").get()
+        base, count = Season.objects.filter(pk=season_id).values_list(
+            "partition_base", "partitions").first() or (0, 0)
         heads = {p for p in range(base + count)
                  if ScoreChange.objects.filter(season_id=season_id, txid__gte=partition_start(p)[0],
                                                txid__lt=partition_end(p)).exists()}
