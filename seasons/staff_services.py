@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -362,7 +363,7 @@ def score_revocation_propose(
         _late_result_applied_repair(alias=late_alias, late_result_id=late_result.pk)
     # The late result's lock (in its database) is held until the revocation commits in
     # "default": a dismissal waiting on it then finds the proposal.
-    with ledger_atomic(aliases=[late_alias, DEFAULT_ALIAS]):
+    with _applied_half_lost_refused(), ledger_atomic(aliases=[late_alias, DEFAULT_ALIAS]):
         if dispute is not None:
             dispute = _dispute_locked(dispute)
             if dispute.season_id != season.pk or dispute.player_id != player_id:
@@ -373,6 +374,7 @@ def score_revocation_propose(
                 raise StaffError(f"dispute {dispute.pk} is {dispute.status}")
         if late_result is not None:
             late_result = _late_result_locked(alias=late_alias, late_result_id=late_result.pk)
+            _late_result_applied_lost_check(late_result)
             name = late_result_name(late_result)
             if late_result.season_id != season.pk or late_result.player_id != player_id:
                 raise StaffError("the revocation must be for the late result's player and season")
@@ -494,7 +496,7 @@ def score_revocation_approve(*, revocation: ScoreRevocation, actor: Actor, reaso
     if repaired is not None:
         return repaired
     one_transaction = list(ledger_aliases(season=season)) == [DEFAULT_ALIAS]
-    with transaction.atomic() if one_transaction else contextlib.nullcontext():
+    with _applied_half_lost_refused(), transaction.atomic() if one_transaction else contextlib.nullcontext():
         locked, event = _approval_attempt_begin(revocation=revocation, actor=actor, approver_id=approver_id)
         outcome = score_events_apply(season=locked.season, events=[event], client=None, actor=actor,
                                      public_reason=locked.public_reason).outcomes[0]
@@ -523,6 +525,9 @@ def _approval_attempt_begin(*, revocation: ScoreRevocation, actor: Actor, approv
             _dispute_locked(locked.dispute)  # type: ignore[arg-type]
         late_result = (_late_result_locked(alias=locked.late_result_alias, late_result_id=locked.late_result_id)
                        if locked.late_result_id else None)
+        if late_result is not None:
+            # Another revocation applied it (a proposal that raced that approval's lost half).
+            _late_result_applied_lost_check(late_result)
         if late_result is not None and late_result.status != LateResult.Status.PENDING:
             raise StaffError(f"late result {late_result_name(late_result)} is {late_result.status}")
         if locked.last_outcome != APPROVAL_PENDING or not locked.attempts:
@@ -705,6 +710,40 @@ def _late_result_applied_repair(*, alias: str, late_result_id: int) -> ScoreRevo
         return applied
 
 
+class _AppliedHalfLost(Exception):
+    """A pending late result found under its lock with an applied revocation naming it:
+    that approval committed in "default" after this caller's repair step looked, and its
+    change in the late result's database was lost. Raised to roll back the caller's
+    transaction (whose work must not commit) before the repair and the refusal."""
+
+    def __init__(self, *, alias: str, late_result_id: int, name: str) -> None:
+        super().__init__(name)
+        self.alias, self.late_result_id, self.name = alias, late_result_id, name
+
+
+def _late_result_applied_lost_check(late_result: LateResult) -> None:
+    """Under the late result's lock: pending is not enough to act on it outside "default",
+    where an applied revocation may name it while its own applied state was lost (the
+    repair before the lock ran too early to see that revocation)."""
+    alias = late_result_alias_of(late_result)
+    if alias == DEFAULT_ALIAS or late_result.status != LateResult.Status.PENDING:
+        return
+    if _late_result_revocations(late_result).filter(status=ScoreRevocation.Status.APPLIED).exists():
+        raise _AppliedHalfLost(alias=alias, late_result_id=late_result.pk, name=late_result_name(late_result))
+
+
+@contextlib.contextmanager
+def _applied_half_lost_refused() -> Iterator[None]:
+    """Around (outside) the transaction of a proposal, approval or dismissal: a late result
+    found applied by another revocation is marked applied in its database, then refused."""
+    try:
+        yield
+    except _AppliedHalfLost as lost:
+        _late_result_applied_repair(alias=lost.alias, late_result_id=lost.late_result_id)
+        raise StaffError(f"late result {lost.name} is applied (its applied state, lost in its database, "
+                         "is restored)") from None
+
+
 def _approval_late_result_repair(*, revocation: ScoreRevocation) -> ApprovalResult | None:
     """An approval sent again after its late result's half was lost completes that half
     (exactly once: the revocation and its audit rows are already in "default")."""
@@ -738,11 +777,12 @@ def late_result_dismiss(*, late_result: LateResult, actor: Actor, reason: str) -
     reason = _text(reason, field="a reason")
     alias = late_result_alias_of(late_result)
     _late_result_applied_repair(alias=alias, late_result_id=late_result.pk)
-    with transaction.atomic() if alias == DEFAULT_ALIAS else contextlib.nullcontext():
+    with _applied_half_lost_refused(), transaction.atomic() if alias == DEFAULT_ALIAS else contextlib.nullcontext():
         with transaction.atomic(using=alias):
             locked = _late_result_locked(alias=alias, late_result_id=late_result.pk)
             dismissed_now = locked.status == LateResult.Status.PENDING
             if dismissed_now:
+                _late_result_applied_lost_check(locked)
                 if _late_result_revocations(locked).filter(status=ScoreRevocation.Status.PROPOSED).exists():
                     raise StaffError("a correction applying this late result is proposed: reject it first")
                 locked.status = LateResult.Status.DISMISSED

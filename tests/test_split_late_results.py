@@ -158,6 +158,11 @@ def approved_losing_the_late_half(*, season: Season, player_id: str, late: LateR
     and lost in the late result's database."""
     revocation = score_revocation_propose(season=season, player_id=player_id, new_score=700, reason="late",
                                           actor=reviewer, late_result=late)
+    return approve_losing_the_late_half(revocation=revocation, approver=approver, monkeypatch=monkeypatch)
+
+
+def approve_losing_the_late_half(*, revocation: ScoreRevocation, approver: Any,
+                                 monkeypatch: pytest.MonkeyPatch) -> ScoreRevocation:
     real = staff_services.ledger_atomic
     calls = iter(range(100))
 
@@ -222,6 +227,87 @@ def test_a_proposal_after_a_lost_half_finds_the_late_result_applied(
         late_result_dismiss(late_result=late, actor=reviewer, reason="no")
     assert LateResult.objects.using(ledger_b()).get(pk=late.pk).status == "applied"
     assert ScoreRevocation.objects.filter(late_result_id=late.pk, late_result_alias=ledger_b()).count() == 1
+
+
+def approved_right_after_the_repair_step(*, revocation: ScoreRevocation, approver: Any,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next proposal or dismissal runs its repair step (nothing to repair yet), then the
+    revocation's approval commits in "default" and loses its late result's half, before
+    that proposal or dismissal takes the late result's lock: the order two staff members
+    acting at once can produce."""
+    real = staff_services._late_result_applied_repair
+    fired: list[bool] = []
+
+    def repair_then_approval(*, alias: str, late_result_id: int) -> Any:
+        repaired = real(alias=alias, late_result_id=late_result_id)
+        if not fired:
+            fired.append(True)
+            assert repaired is None
+            approve_losing_the_late_half(revocation=revocation, approver=approver, monkeypatch=monkeypatch)
+            monkeypatch.setattr(staff_services, "_late_result_applied_repair", real)
+        return repaired
+
+    monkeypatch.setattr(staff_services, "_late_result_applied_repair", repair_then_approval)
+
+
+def applied_once(season: Season, late: LateResult, revocation: ScoreRevocation) -> None:
+    """The late result applied by `revocation` alone: its state, one revocation naming it,
+    one correction in the ledger, no dismissal audited."""
+    row = LateResult.objects.using(ledger_b()).get(pk=late.pk)
+    assert (row.status, f"revocation {revocation.pk}" in row.resolution_reason) == ("applied", True)
+    assert list(ScoreRevocation.objects.filter(late_result_id=late.pk, late_result_alias=ledger_b(),
+                                               status="applied")) == [revocation]
+    assert ScoreEvent.objects.using(ledger_b()).filter(season_id=season.pk, kind="correction",
+                                                       match_id__startswith="staff-revocation-").count() == 1
+    assert audit_of(season, "late_result.dismissed") == []
+    assert len(audit_of(season, "late_result.applied")) == 1
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+@pytest.mark.parametrize("action", ["dismissal", "proposal"])
+def test_an_action_waiting_while_an_approval_loses_its_late_half_refuses(
+        split_sealed: dict[str, Any], make_staff: Any, monkeypatch: pytest.MonkeyPatch, action: str) -> None:
+    """Under the late result's lock, pending is not enough: the applied revocation naming it
+    is looked for too, its lost half completed, and the dismissal (or second proposal)
+    refused."""
+    season, there = split_sealed["season"], split_sealed["there"]
+    reviewer, approver = actor_of(make_staff("reviewer")), actor_of(make_staff("approver"))
+    late = late_of(season, there)
+    revocation = score_revocation_propose(season=season, player_id=there, new_score=700, reason="late",
+                                          actor=reviewer, late_result=late)
+    approved_right_after_the_repair_step(revocation=revocation, approver=approver, monkeypatch=monkeypatch)
+    with pytest.raises(StaffError, match="is applied"):
+        if action == "dismissal":
+            late_result_dismiss(late_result=late, actor=reviewer, reason="no")
+        else:
+            score_revocation_propose(season=season, player_id=there, new_score=800, reason="again",
+                                     actor=reviewer, late_result=late)
+    applied_once(season, late, revocation)
+
+
+@needs_ledger_b
+@pytest.mark.django_db(databases="__all__")
+def test_a_second_revocation_of_a_late_result_applied_with_its_half_lost_is_refused(
+        split_sealed: dict[str, Any], make_staff: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second proposal that raced the first's approval (as before proposals looked for an
+    applied revocation) is refused on approval instead of applying the late result again."""
+    season, there = split_sealed["season"], split_sealed["there"]
+    reviewer, approver = actor_of(make_staff("reviewer")), actor_of(make_staff("approver"))
+    late = late_of(season, there)
+    first = approved_losing_the_late_half(season=season, player_id=there, late=late, reviewer=reviewer,
+                                          approver=approver, monkeypatch=monkeypatch)
+    assert LateResult.objects.using(ledger_b()).get(pk=late.pk).status == "pending"
+    second = ScoreRevocation.objects.create(
+        season=season, player_id=there, score_before=700, base_version=first.base_version + 1, new_score=800,
+        reason="again", late_result_id=late.pk, late_result_alias=ledger_b(),
+        proposed_by_id=first.proposed_by_id, proposed_by_label=first.proposed_by_label, proposed_at=first.proposed_at)
+    with pytest.raises(StaffError, match="is applied"):
+        score_revocation_approve(revocation=second, actor=approver)
+    applied_once(season, late, first)
+    second.refresh_from_db()
+    assert (second.status, second.attempts) == ("proposed", 0)
+    assert db_scores(season)[there] == 700
 
 
 @needs_ledger_b
