@@ -269,13 +269,18 @@ class ScoreRevocation(models.Model):
         return f"revocation {self.pk}: {self.player_id} -> {self.new_score} ({self.status})"
 
     def late_result_get(self) -> LateResult | None:
-        """The late result it applies, read from the database holding it (None: none)."""
+        """The late result it applies, read from the database holding it (None: none, or its
+        row is not there). LedgerDatabaseMissing (503) when this server has no settings for
+        that database, as for any read of the season's ledger."""
         if self.late_result_id is None:
             return None
+        from leaderboard.ledger_databases import LedgerDatabaseMissing
         from leaderboard.models import LateResult
 
+        if self.late_result_alias not in settings.DATABASES:
+            raise LedgerDatabaseMissing(season_slug=self.season.slug, alias=self.late_result_alias)
         return (LateResult.objects.using(self.late_result_alias).select_related("ledger_event")
-                .get(pk=self.late_result_id))
+                .filter(pk=self.late_result_id).first())
 
 
 class Dispute(models.Model):

@@ -664,8 +664,12 @@ def late_result_ref(late_result: LateResult) -> str:
 
 def late_result_name(late_result: LateResult) -> str:
     """How messages name it: its id, with its database outside "default"."""
-    alias = late_result_alias_of(late_result)
-    return str(late_result.pk) if alias == DEFAULT_ALIAS else f"{late_result.pk} (in {alias})"
+    return late_result_name_of(alias=late_result_alias_of(late_result), late_result_id=late_result.pk)
+
+
+def late_result_name_of(*, alias: str, late_result_id: int) -> str:
+    """late_result_name for one known by (alias, id) only, its row not read (or not there)."""
+    return str(late_result_id) if alias == DEFAULT_ALIAS else f"{late_result_id} (in {alias})"
 
 
 def _late_result_locked(*, alias: str, late_result_id: int) -> LateResult:

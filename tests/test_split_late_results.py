@@ -415,3 +415,25 @@ def test_a_season_all_in_default_keeps_its_urls_and_audit_ids(season_factory: Ca
         season_slug=season.slug, target_type="late_result").order_by("seq")] == [
         ("late_result.applied", str(late.pk)), ("late_result.dismissed", str(other.pk))]
     assert reviewer.get(f"{base}/{DEFAULT_ALIAS}/{other.pk}/apply").status_code == 200
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("alias", ["ledger_gone", DEFAULT_ALIAS], ids=["database-unconfigured", "row-missing"])
+def test_a_revocation_whose_late_result_cannot_be_read_shows_why(
+        season_factory: Callable[..., Season], make_staff: Any, client_as: Any, alias: str) -> None:
+    """A late result named by an alias this server has no settings for is a 503 page with the
+    reason (as any read of that database); one whose row is not there is shown unavailable."""
+    season = season_factory(slug=f"late-unread-{time.monotonic_ns()}", partitions=1)
+    revocation = score_revocation_propose(season=season, player_id="carl", new_score=5, reason="late",
+                                          actor=actor_of(make_staff("reviewer")))
+    missing = 1 + (LateResult.objects.order_by("-id").values_list("id", flat=True).first() or 0)
+    ScoreRevocation.objects.filter(pk=revocation.pk).update(late_result_id=missing, late_result_alias=alias)
+    response = client_as("approver").get(f"/staff/revocations/{revocation.pk}/")
+    page = response.content.decode()
+    if alias == DEFAULT_ALIAS:
+        assert response.status_code == 200, page[:500]
+        assert f"#{missing} <strong" in page and "unavailable" in page
+    else:
+        assert response.status_code == 503, page[:500]
+        assert "ledger_gone" in page and "LEDGER_PARTITION_URLS" in page
+        assert response["Retry-After"] == "60"

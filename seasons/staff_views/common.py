@@ -24,6 +24,7 @@ from django.urls import reverse_lazy
 from django.views.decorators.http import require_http_methods
 
 from leaderboard.core.errors import DomainError
+from leaderboard.ledger_databases import LedgerDatabaseMissing
 from seasons.staff_services import ROLE_PERMISSIONS, staff_role_of
 
 View = Callable[..., HttpResponseBase]
@@ -50,11 +51,24 @@ def staff_required(codename: str, *, post: str | None = None) -> Callable[[View]
             needed = post if post is not None and request.method == "POST" else codename
             if not can(request, needed):
                 return render(request, "staff/forbidden.html", {"needed": needed}, status=403)
-            return view(request, *args, **kwargs)
+            try:
+                return view(request, *args, **kwargs)
+            except LedgerDatabaseMissing as exc:
+                return unavailable(request, exc)
 
         return wrapper
 
     return decorator
+
+
+def unavailable(request: HttpRequest, refusal: LedgerDatabaseMissing) -> HttpResponse:
+    """A page reading a season's ledger in a database this server has no settings for:
+    503 with the reason, as the API answers (a deployment fault, not the staff member's)."""
+    response = render(request, "staff/unavailable.html", context(request, reason=refusal.detail,
+                                                                  database=refusal.extra.get("database", "")),
+                      status=refusal.status)
+    response["Retry-After"] = str(refusal.extra.get("retry_after", 60))
+    return response
 
 
 def can(request: HttpRequest, codename: str) -> bool:

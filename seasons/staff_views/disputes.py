@@ -29,6 +29,7 @@ from seasons.staff_services import (
     dispute_reject,
     late_result_dismiss,
     late_result_name,
+    late_result_name_of,
     late_result_proposal_score,
     score_revocation_approve,
     score_revocation_propose,
@@ -212,9 +213,11 @@ def revocation_page(request: HttpRequest, revocation_id: int) -> HttpResponse:
     current = sel.player_score_get(season=revocation.season, player_id=revocation.player_id)
     moved = current is not None and current.score_version != revocation.base_version
     late_result = revocation.late_result_get()
+    late_name = (late_result_name_of(alias=revocation.late_result_alias, late_result_id=revocation.late_result_id)
+                 if revocation.late_result_id is not None else "")
     return render(request, "staff/revocation.html", context(
         request, revocation=revocation, current=current, moved=moved, approve_form=f.OptionalReasonForm(),
-        late_result=late_result, late_name=late_result_name(late_result) if late_result else "",
+        late_result=late_result, late_name=late_name,
         reject_form=f.ReasonForm(), own=revocation.proposed_by_id == request.user.pk,
     ))
 
