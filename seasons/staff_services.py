@@ -675,8 +675,11 @@ def late_result_name_of(*, alias: str, late_result_id: int) -> str:
 def _late_result_locked(*, alias: str, late_result_id: int) -> LateResult:
     """The late result, locked in its database (after the revocation and the dispute in
     the lock order, _dispute_locked); the caller holds a transaction there."""
-    return (LateResult.objects.using(alias).select_for_update(of=("self",)).select_related("ledger_event")
-            .get(pk=late_result_id))
+    late_result = (LateResult.objects.using(alias).select_for_update(of=("self",)).select_related("ledger_event")
+                   .filter(pk=late_result_id).first())
+    if late_result is None:
+        raise StaffError(f"late result {late_result_id} (in {alias}) is not in its database")
+    return late_result
 
 
 def _late_result_revocations(late_result: LateResult) -> QuerySet[ScoreRevocation]:
