@@ -62,6 +62,10 @@ def player_pending_score(*, season_slug: str, player_id: str, published: Entry |
         .first()
     )
     if row is None:
+        if not settings.LEDGER_PARTITION_ALIASES:
+            # No ledger database besides "default" here: nowhere else to look, and no
+            # second query on every read of a player without a score.
+            return None
         season = Season.objects.filter(slug=season_slug).first()
         alias = ledger_alias_of_player(season=season, player_id=player_id) if season is not None else DEFAULT_ALIAS
         if season is None or alias == DEFAULT_ALIAS:
