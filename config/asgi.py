@@ -1,7 +1,8 @@
 """The ASGI application: HTTP to Django, websockets to the Channels routes.
 
-Websockets pass AllowedHostsOriginValidator: a browser page on another site cannot open
-them (the Origin header must name one of ALLOWED_HOSTS; a client without one is refused).
+Websockets pass an origin check (leaderboard.live.routing.origin_checked): a browser page
+on another site cannot open them (the Origin header must name one of ALLOWED_HOSTS; a
+client without one is refused).
 """
 
 import os
@@ -16,7 +17,6 @@ django_application = get_asgi_application()
 
 from asgiref.sync import sync_to_async  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.exceptions import SuspiciousOperation  # noqa: E402
@@ -25,7 +25,7 @@ from django.http import HttpRequest, HttpResponseBase  # noqa: E402
 
 from leaderboard.api.bodylimit import BodyLimit  # noqa: E402
 from leaderboard.api.fastpath import ReadFastPath  # noqa: E402
-from leaderboard.live.routing import websocket_urlpatterns  # noqa: E402
+from leaderboard.live.routing import origin_checked, websocket_urlpatterns  # noqa: E402
 
 
 class StaticFiles(ASGIStaticFilesHandler):
@@ -53,5 +53,5 @@ http_application = BodyLimit(http_application, limit=settings.SCORES_MAX_BODY_BY
 
 application = ProtocolTypeRouter({
     "http": http_application,
-    "websocket": AllowedHostsOriginValidator(URLRouter(websocket_urlpatterns)),
+    "websocket": origin_checked(URLRouter(websocket_urlpatterns)),
 })

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.testing.websocket import WebsocketCommunicator
 from django.test import Client
 from rest_framework.test import APIClient
@@ -22,7 +21,7 @@ from leaderboard.ingest.services import api_client_create
 from leaderboard.models import RebuildJob, ScoreEvent
 from seasons.models import Season
 from tests.staff_support import follow_messages
-from tests.support import TEST_ACTOR, fast_get
+from tests.support import TEST_ACTOR, fast_get, live_run
 
 # The staff fixtures (make_staff, client_as, fast_passwords).
 pytest_plugins = ["tests.staff_fixtures"]
@@ -93,7 +92,7 @@ def test_the_live_socket_of_a_season_id_outside_the_rule_closes_4404(season: Sea
         assert close["type"] == "websocket.close" and close["code"] == 4404
         await comm.disconnect()
 
-    async_to_sync(body)()
+    live_run(body)
 
 
 @pytest.mark.parametrize("bad", BAD_IDS)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.testing.websocket import WebsocketCommunicator
 from django.conf import settings
 
@@ -23,7 +23,17 @@ from leaderboard.core.ranking import Standings
 from leaderboard.live import hub as live
 from leaderboard.views import rankview
 from seasons.models import Season
-from tests.support import NARROW, Events, announcements_muted, current_manifest, db_standings, keys_of, post_ok, publish
+from tests.support import (
+    NARROW,
+    Events,
+    announcements_muted,
+    current_manifest,
+    db_standings,
+    keys_of,
+    live_run,
+    post_ok,
+    publish,
+)
 
 # Epochs read the change stream below the oldest running transaction (PostgreSQL): every
 # test commits for real.
@@ -34,10 +44,7 @@ ORIGIN = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
 TIMEOUT = 10
 
 
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    """Run an async test body; sync_to_async inside it runs on this (the test's) thread,
-    where its database connection is."""
-    async_to_sync(body)()
+run = live_run
 
 
 async def connect(slug: str, query: str = "", headers: list[tuple[bytes, bytes]] | None = None
@@ -304,15 +311,18 @@ def test_the_socket_accepts_no_writes(season: Season, post_scores: Post, frame: 
     run(body)
 
 
-def test_a_foreign_origin_is_refused(season: Season) -> None:
+def test_a_foreign_origin_is_refused_and_the_refusal_holds_nothing(season: Season) -> None:
     async def body() -> None:
-        comm = WebsocketCommunicator(application, f"/ws/v1/seasons/{season.slug}/live",
-                                     headers=[(b"origin", b"https://evil.example")])
-        connected, _ = await comm.connect(timeout=TIMEOUT)
-        assert not connected
+        foreign = WebsocketCommunicator(application, f"/ws/v1/seasons/{season.slug}/live",
+                                        headers=[(b"origin", b"https://evil.example")])
         no_origin = WebsocketCommunicator(application, f"/ws/v1/seasons/{season.slug}/live")
-        connected, _ = await no_origin.connect(timeout=TIMEOUT)
-        assert not connected
+        for comm in (foreign, no_origin):
+            connected, _ = await comm.connect(timeout=TIMEOUT)
+            assert not connected
+            # The application is done once the handshake is refused: no consumer waits
+            # for the client to go, with a channel-layer receive polling Redis meanwhile.
+            await asyncio.wait_for(asyncio.shield(comm.future), 2)
+        assert live.registry().hubs == {}
 
     run(body)
 
@@ -536,6 +546,28 @@ def test_the_process_not_each_socket_is_in_the_group(season: Season, post_scores
         with contextlib.suppress(asyncio.CancelledError):
             await hub.listener
         assert await sync_to_async(group_members)(layer_redis(), season.slug) == []
+
+    run(body)
+
+
+def test_closing_the_registry_stops_every_hub_and_leaves_the_groups(season: Season, post_scores: Post,
+                                                                    rank_views: Any) -> None:
+    board(season, post_scores, Events(), {"a": 1})
+    publish(season)
+
+    async def body() -> None:
+        comms = [await connect(season.slug), await connect(season.slug, "player_id=a")]
+        for comm in comms:
+            await receive(comm)
+        hub = live.registry().hubs[season.slug]
+        assert len(await sync_to_async(group_members)(layer_redis(), season.slug)) == 1
+        await asyncio.wait_for(live.registry().aclose(), TIMEOUT)
+        assert live.registry().hubs == {}
+        assert hub.tasks() and all(task.done() for task in hub.tasks())
+        assert all(socket.closed for socket in hub.sockets.values())
+        assert await sync_to_async(group_members)(layer_redis(), season.slug) == []
+        for comm in comms:
+            await comm.disconnect()
 
     run(body)
 

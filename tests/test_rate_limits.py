@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from asgiref.sync import async_to_sync
 from channels.testing.websocket import WebsocketCommunicator
 from django.test import Client
 from rest_framework.test import APIClient
@@ -25,6 +24,7 @@ from leaderboard.api.fastpath import ReadFastPath
 from seasons.models import Season
 from seasons.staff_services import login_failures_key
 from tests.staff_support import PASSWORD
+from tests.support import live_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_flushed")]
 pytest_plugins = ["tests.staff_fixtures"]
@@ -118,7 +118,7 @@ def test_live_sockets_are_limited_per_address_in_each_process(season: Season, se
         assert (await third.receive_json_from(timeout=10)).get("error") != "rate_limited"
         await third.disconnect()
 
-    async_to_sync(body)()
+    live_run(body)
     assert ratelimit.live_sockets.enter("127.0.0.1")  # every socket left the count
     ratelimit.live_sockets.leave("127.0.0.1")
 

@@ -99,6 +99,12 @@ REDIS_READ_TIMEOUT_SECONDS = 5.0
 FAN_OUT_SLICE = 512
 # Without an announcement for this long the hub checks the season's pointer itself.
 VIEWS_CHECK_SECONDS = 2.0
+# How long a stopped hub's task gets to end after a cancellation before it is cancelled
+# again (`tasks_stop`).
+TASK_STOP_RETRY_SECONDS = 1.0
+# The bound of the listener's group_discard when it stops (the group forgets the channel
+# after its expiry anyway).
+GROUP_DISCARD_TIMEOUT_SECONDS = 2.0
 
 
 def send_timeout() -> float:
@@ -771,9 +777,14 @@ class SeasonHub:
     manifests: dict[int, Manifest] = field(default_factory=dict)
     stats: HubStats = field(default_factory=HubStats)
     listener: asyncio.Task[None] | None = None
+    # The listener's periodic re-join of the season's group (`_rejoin_periodically`).
+    refresher: asyncio.Task[None] | None = None
     watcher: asyncio.Task[None] | None = None
     publisher: asyncio.Task[None] | None = None
     joined: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [t for t in (self.listener, self.refresher, self.watcher, self.publisher) if t is not None]
 
     def wanted(self) -> dict[str, int]:
         """Subscribed players -> the widest radius asked for them in this process."""
@@ -1185,8 +1196,9 @@ async def _listen(hub: SeasonHub) -> None:
 
     A Redis error does not end it: it waits (backing off), re-joins and goes on. A second
     task re-joins every `group_refresh_seconds`, since a group Redis lost or expired would
-    otherwise stay silent. The receive itself is never cancelled except at shutdown: a
-    receive cancelled as its message arrives could lose it.
+    otherwise stay silent. The receive itself is cancelled only when the hub stops (its
+    last socket left, or the loop is closing: `tasks_stop`): a receive cancelled as its
+    message arrives could lose it.
     """
     layer = get_channel_layer()
     if layer is None:
@@ -1203,7 +1215,7 @@ async def _listen(hub: SeasonHub) -> None:
                 await layer.group_add(group, channel)
                 hub.joined.set()
                 if refresher is None:
-                    refresher = asyncio.ensure_future(_rejoin_periodically(layer, group, channel))
+                    refresher = hub.refresher = asyncio.ensure_future(_rejoin_periodically(layer, group, channel))
                 while True:
                     hub.announce(await layer.receive(channel))
                     backoff = 0.1
@@ -1226,7 +1238,28 @@ async def _listen(hub: SeasonHub) -> None:
         if refresher is not None:
             refresher.cancel()
         with contextlib.suppress(Exception):
-            await layer.group_discard(group, channel)
+            async with asyncio.timeout(GROUP_DISCARD_TIMEOUT_SECONDS):
+                await layer.group_discard(group, channel)
+
+
+async def tasks_stop(tasks: list[asyncio.Task[None]], *, retry_seconds: float = TASK_STOP_RETRY_SECONDS) -> None:
+    """Cancel the tasks and return once every one has ended, cancelling again those that
+    are still running after `retry_seconds`.
+
+    One cancellation is not always enough: on Python 3.11, redis-py sends each command
+    through `asyncio.wait_for` when the client has a socket timeout (the channel layer's
+    has), and a cancellation that lands as that send completes is lost there. A listener
+    that lost its cancellation would otherwise poll the channel layer for ever, and the
+    event loop could never close.
+    """
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=retry_seconds)
+        if pending:
+            log.info("live: %d task(s) still running %.1fs after a cancellation; cancelling again",
+                     len(pending), retry_seconds)
 
 
 async def _rejoin_periodically(layer: Any, group: str, channel: str) -> None:
@@ -1250,6 +1283,8 @@ class LiveRegistry:
     def __init__(self) -> None:
         self.hubs: dict[str, SeasonHub] = {}
         self._redis: redis.asyncio.Redis | None = None
+        # Hubs whose last socket left, while their tasks are being stopped (`tasks_stop`).
+        self._stopping: set[asyncio.Task[None]] = set()
 
     def redis(self) -> redis.asyncio.Redis:
         """The process's asyncio Redis client for rounds. A blocking pool: a burst of reads
@@ -1306,9 +1341,27 @@ class LiveRegistry:
             socket.closed = True
         if not hub.sockets:
             del self.hubs[hub_key(season_slug, region)]
-            for task in (hub.listener, hub.watcher, hub.publisher):
-                if task is not None:
-                    task.cancel()
+            self._stop(hub)
+
+    def _stop(self, hub: SeasonHub) -> None:
+        tasks = hub.tasks()
+        if not tasks:
+            return
+        stopper = asyncio.ensure_future(tasks_stop(tasks))
+        self._stopping.add(stopper)
+        stopper.add_done_callback(self._stopping.discard)
+
+    async def aclose(self) -> None:
+        """Stop every hub of this event loop and return once all their tasks have ended
+        (the listeners out of their groups): what a loop that is about to close calls, so
+        that no listener outlives it."""
+        for key in list(self.hubs):
+            hub = self.hubs.pop(key)
+            for socket in hub.sockets.values():
+                socket.closed = True
+            self._stop(hub)
+        while self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
 
 
 _registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LiveRegistry] = weakref.WeakKeyDictionary()

@@ -24,6 +24,7 @@ from tests.support.lifecycle import (
     seal_and_build,
     staff,
 )
+from tests.support.live import live_run
 from tests.support.profiles import Profiles
 from tests.support.publication import (
     INVARIANT_CHECKS,
@@ -70,7 +71,7 @@ __all__ = [
     "assert_matches_ledger", "board_read", "board_snapshot", "canonical_sha256", "change_head",
     "child_database_url", "child_env", "closing_season", "copy_contents", "current_manifest", "db_scores",
     "db_standings", "epoch", "epoch_child", "epoch_child_killed_inside_apply", "fast_get", "final_rows", "finalize",
-    "full_check", "in_season", "is_postgres", "iso", "ledger_rows", "keys_of", "materialize", "players", "post_ok",
-    "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build", "staff",
+    "full_check", "in_season", "is_postgres", "iso", "ledger_rows", "keys_of", "live_run", "materialize", "players",
+    "post_ok", "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build", "staff",
     "statuses",
 ]
