@@ -25,8 +25,27 @@ def test_a_task_that_loses_its_first_cancellation_is_cancelled_again() -> None:
 
         task = asyncio.ensure_future(stubborn())
         await asyncio.sleep(0)
-        await asyncio.wait_for(tasks_stop([task], retry_seconds=0.05), 5)
+        await asyncio.wait_for(tasks_stop(lambda: [task], retry_seconds=0.05), 5)
         assert task.cancelled()
+
+    asyncio.run(body())
+
+
+def test_a_task_started_while_stopping_is_stopped_too() -> None:
+    """A publisher an announcement started after the first cancellation ends as well."""
+    async def body() -> None:
+        tasks: list[asyncio.Task[None]] = []
+
+        async def first() -> None:
+            try:
+                await asyncio.sleep(60)
+            finally:
+                tasks.append(asyncio.ensure_future(asyncio.sleep(60)))  # started on its way out
+
+        tasks.append(asyncio.ensure_future(first()))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(tasks_stop(lambda: tasks, retry_seconds=0.05), 5)
+        assert len(tasks) == 2 and all(task.cancelled() for task in tasks)
 
     asyncio.run(body())
 
@@ -35,8 +54,8 @@ def test_tasks_that_ended_already_or_none_return_at_once() -> None:
     async def body() -> None:
         done = asyncio.ensure_future(asyncio.sleep(0))
         await done
-        await asyncio.wait_for(tasks_stop([done]), 1)
-        await asyncio.wait_for(tasks_stop([]), 1)
+        await asyncio.wait_for(tasks_stop(lambda: [done]), 1)
+        await asyncio.wait_for(tasks_stop(lambda: []), 1)
 
     asyncio.run(body())
 
@@ -53,10 +72,10 @@ def test_channel_layer_receives_cancelled_anywhere_all_end(seed: int) -> None:
         layer = RedisChannelLayer(hosts=config["hosts"], prefix=f"{config['prefix']}:stop-test")
         for _ in range(40):
             channel = await layer.new_channel(prefix="live")
-            task = asyncio.ensure_future(layer.receive(channel))
+            receiving: list[asyncio.Task[None]] = [asyncio.ensure_future(layer.receive(channel))]
             await asyncio.sleep(rng.choice([0, 0.001, 0.002, 0.003, 0.005, 0.01]))
-            await asyncio.wait_for(tasks_stop([task], retry_seconds=0.2), 10)
-            assert task.done()
+            await asyncio.wait_for(tasks_stop(receiving.copy, retry_seconds=0.2), 10)
+            assert receiving[0].done()
         await layer.flush()
 
     asyncio.run(body())

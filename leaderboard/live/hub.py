@@ -99,12 +99,13 @@ REDIS_READ_TIMEOUT_SECONDS = 5.0
 FAN_OUT_SLICE = 512
 # Without an announcement for this long the hub checks the season's pointer itself.
 VIEWS_CHECK_SECONDS = 2.0
-# How long a stopped hub's task gets to end after a cancellation before it is cancelled
-# again (`tasks_stop`).
-TASK_STOP_RETRY_SECONDS = 1.0
 # The bound of the listener's group_discard when it stops (the group forgets the channel
 # after its expiry anyway).
 GROUP_DISCARD_TIMEOUT_SECONDS = 2.0
+# How long a stopped hub's task gets to end after a cancellation before it is cancelled
+# again (`tasks_stop`): longer than the listener's way out, whose group_discard a second
+# cancellation would cut short.
+TASK_STOP_RETRY_SECONDS = GROUP_DISCARD_TIMEOUT_SECONDS + 1.0
 
 
 def send_timeout() -> float:
@@ -782,6 +783,8 @@ class SeasonHub:
     watcher: asyncio.Task[None] | None = None
     publisher: asyncio.Task[None] | None = None
     joined: asyncio.Event = field(default_factory=asyncio.Event)
+    # Its last socket left (`LiveRegistry.leave`): announcements start no round any more.
+    stopped: bool = False
 
     def tasks(self) -> list[asyncio.Task[None]]:
         return [t for t in (self.listener, self.refresher, self.watcher, self.publisher) if t is not None]
@@ -799,6 +802,8 @@ class SeasonHub:
         """A version was published: publish it to this process's sockets. Never waits; an
         announcement that comes while an older round is being sent is coalesced with any
         others into one round of the newest."""
+        if self.stopped:
+            return
         self.stats.announcements += 1
         self.heard_at = asyncio.get_running_loop().time()
         if event.get("state") is not None:
@@ -1235,16 +1240,20 @@ async def _listen(hub: SeasonHub) -> None:
                 backoff = min(backoff * 2, 5.0)
     finally:
         hub.joined.clear()
-        if refresher is not None:
-            refresher.cancel()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(GROUP_DISCARD_TIMEOUT_SECONDS):
+                if refresher is not None:
+                    # Ended before the discard, so no re-join lands after it.
+                    rejoining = refresher
+                    await tasks_stop(lambda: [rejoining], retry_seconds=GROUP_DISCARD_TIMEOUT_SECONDS / 4)
                 await layer.group_discard(group, channel)
 
 
-async def tasks_stop(tasks: list[asyncio.Task[None]], *, retry_seconds: float = TASK_STOP_RETRY_SECONDS) -> None:
-    """Cancel the tasks and return once every one has ended, cancelling again those that
-    are still running after `retry_seconds`.
+async def tasks_stop(tasks: Callable[[], list[asyncio.Task[None]]], *,
+                     retry_seconds: float = TASK_STOP_RETRY_SECONDS) -> None:
+    """Cancel the tasks `tasks()` names and return once every one has ended, cancelling
+    again those still running after `retry_seconds` (and any `tasks()` names by then).
+    Cancelled itself, it cancels what is still running once more before it ends.
 
     One cancellation is not always enough: on Python 3.11, redis-py sends each command
     through `asyncio.wait_for` when the client has a socket timeout (the channel layer's
@@ -1252,14 +1261,28 @@ async def tasks_stop(tasks: list[asyncio.Task[None]], *, retry_seconds: float = 
     that lost its cancellation would otherwise poll the channel layer for ever, and the
     event loop could never close.
     """
-    pending = {task for task in tasks if not task.done()}
-    while pending:
+    cancelled: set[asyncio.Task[None]] = set()
+    pending: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            pending = {task for task in tasks() if not task.done()}
+            if not pending:
+                return
+            # Once each: a second cancellation would cut short a task's way out (the
+            # listener's group_discard), so it comes only after `retry_seconds`.
+            for task in pending - cancelled:
+                task.cancel()
+                cancelled.add(task)
+            _, still = await asyncio.wait(pending, timeout=retry_seconds)
+            if still:
+                log.info("live: %d task(s) still running %.1fs after a cancellation; cancelling again",
+                         len(still), retry_seconds)
+                for task in still:
+                    task.cancel()
+    except asyncio.CancelledError:
         for task in pending:
             task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=retry_seconds)
-        if pending:
-            log.info("live: %d task(s) still running %.1fs after a cancellation; cancelling again",
-                     len(pending), retry_seconds)
+        raise
 
 
 async def _rejoin_periodically(layer: Any, group: str, channel: str) -> None:
@@ -1344,24 +1367,28 @@ class LiveRegistry:
             self._stop(hub)
 
     def _stop(self, hub: SeasonHub) -> None:
-        tasks = hub.tasks()
-        if not tasks:
+        """Stop the hub: no round starts from now on, and its tasks are cancelled and seen
+        to end (`tasks_stop`, in a task of its own)."""
+        hub.stopped = True
+        if all(task.done() for task in hub.tasks()):
             return
-        stopper = asyncio.ensure_future(tasks_stop(tasks))
+        stopper = asyncio.ensure_future(tasks_stop(hub.tasks))
         self._stopping.add(stopper)
         stopper.add_done_callback(self._stopping.discard)
 
     async def aclose(self) -> None:
-        """Stop every hub of this event loop and return once all their tasks have ended
-        (the listeners out of their groups): what a loop that is about to close calls, so
-        that no listener outlives it."""
+        """Stop every hub of this event loop and return once all their tasks have ended:
+        for a loop about to close (the tests' do), so that no listener outlives it. A
+        listener leaves its group on its way out, within GROUP_DISCARD_TIMEOUT_SECONDS;
+        the group forgets it after its expiry otherwise. Cancelling this leaves the
+        stoppers running."""
         for key in list(self.hubs):
             hub = self.hubs.pop(key)
             for socket in hub.sockets.values():
                 socket.closed = True
             self._stop(hub)
         while self._stopping:
-            await asyncio.gather(*self._stopping, return_exceptions=True)
+            await asyncio.wait(set(self._stopping))
 
 
 _registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LiveRegistry] = weakref.WeakKeyDictionary()

@@ -17,23 +17,23 @@ websocket_urlpatterns = [
 
 
 def _origin(scope: dict[str, Any]) -> ParseResult | None:
+    """The handshake's Origin, parsed (the last one when there are several, as channels')."""
+    origin = None
     for name, value in scope.get("headers", []):
         if name == b"origin":
-            try:
-                return urlparse(value.decode("latin1"))
-            except UnicodeDecodeError:
-                return None
-    return None
+            origin = urlparse(value.decode("latin1"))
+    return origin
 
 
 class OriginChecked(OriginValidator):  # type: ignore[misc]
     """Channels' origin check (the Origin header must name one of the allowed hosts; a
     client without one is refused), whose refusal holds nothing once it is sent.
 
-    Channels refuses with a consumer that closes the handshake and then stays until the
-    client goes, with a channel of the channel layer and a receive polling Redis all that
-    time: every socket a foreign page opened would hold one. Here the handshake is
-    answered with a close (the server sends HTTP 403) and the application returns.
+    Channels refuses with a consumer that takes a channel of the channel layer, closes the
+    handshake, then waits for the client's disconnect with a receive polling Redis, and
+    cancels that receive on the way out, a cancellation redis-py can lose on Python 3.11
+    (`hub.tasks_stop`): the receive then polls for ever. Here the handshake is answered
+    with a close (the server sends HTTP 403) and the application returns.
     """
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
