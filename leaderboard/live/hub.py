@@ -1262,7 +1262,6 @@ async def tasks_stop(tasks: Callable[[], list[asyncio.Task[None]]], *,
     event loop could never close.
     """
     cancelled: set[asyncio.Task[None]] = set()
-    pending: set[asyncio.Task[None]] = set()
     try:
         while True:
             pending = {task for task in tasks() if not task.done()}
@@ -1280,8 +1279,10 @@ async def tasks_stop(tasks: Callable[[], list[asyncio.Task[None]]], *,
                 for task in still:
                     task.cancel()
     except asyncio.CancelledError:
-        for task in pending:
-            task.cancel()
+        # Only the tasks not cancelled yet: the loop is closing, and cancels the rest itself.
+        for task in tasks():
+            if not task.done() and task not in cancelled:
+                task.cancel()
         raise
 
 
@@ -1377,8 +1378,10 @@ class LiveRegistry:
         stopper.add_done_callback(self._stopping.discard)
 
     async def aclose(self) -> None:
-        """Stop every hub of this event loop and return once all their tasks have ended:
-        for a loop about to close (the tests' do), so that no listener outlives it. A
+        """Stop every hub of this event loop and return once their listeners, group
+        refreshers, watchers and publishers have ended: for a loop about to close (the
+        tests' do), so that no listener outlives it (a round's own short tasks, a player
+        read or a send to a slow client, end within their timeouts). A
         listener leaves its group on its way out, within GROUP_DISCARD_TIMEOUT_SECONDS;
         the group forgets it after its expiry otherwise. Cancelling this leaves the
         stoppers running."""
