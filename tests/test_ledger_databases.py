@@ -60,6 +60,7 @@ from tests.support import (
     TEST_ACTOR,
     Events,
     Profiles,
+    audit_action_failing,
     board_read,
     db_scores,
     in_season,
@@ -560,7 +561,7 @@ def test_a_split_seasons_write_inside_a_transaction_is_refused_before_anything_i
 @needs_ledger_b
 @pytest.mark.django_db(transaction=True, databases="__all__")
 def test_a_revocation_approval_interrupted_after_the_ledger_write_completes_when_approved_again(
-        split_season: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+        split_season: Season) -> None:
     """The ledger write commits in the other database on its own: the approval records its
     attempt first and its outcome after. Interrupted in between, the revocation stays
     proposed with the attempt pending (nothing may rebase or reject it); approved again,
@@ -574,16 +575,8 @@ def test_a_revocation_approval_interrupted_after_the_ledger_write_completes_when
     assert statuses_of(apply(split_season, [Events("rv").result(there, 100)])) == ["applied"]
     revocation = staff_services.score_revocation_propose(season=split_season, player_id=there, new_score=7,
                                                          reason="cheat", actor=staff())
-    real = staff_services.audit_log
-
-    def failing(**kwargs: Any) -> Any:
-        if kwargs.get("action") == "revocation.approved":
-            raise OperationalError("the audit chain's head could not be locked")
-        return real(**kwargs)
-
-    monkeypatch.setattr(staff_services, "audit_log", failing)
     approver = staff()
-    with pytest.raises(OperationalError):
+    with audit_action_failing("revocation.approved"), pytest.raises(OperationalError):
         staff_services.score_revocation_approve(revocation=revocation, actor=approver)
     revocation.refresh_from_db()
     assert (revocation.status, revocation.attempts, revocation.last_outcome) == ("proposed", 1, "pending")
@@ -593,7 +586,6 @@ def test_a_revocation_approval_interrupted_after_the_ledger_write_completes_when
                     lambda: staff_services.score_revocation_rebase(revocation=revocation, actor=approver)):
         with pytest.raises(staff_services.StaffError, match="interrupted"):
             refused()
-    monkeypatch.setattr(staff_services, "audit_log", real)
     result = staff_services.score_revocation_approve(revocation=revocation, actor=approver)
     assert (result.status, result.revocation.status) == ("applied", "applied"), result.detail
     assert result.revocation.event_id == f"staff-revocation-{revocation.pk}-1"

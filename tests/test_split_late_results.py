@@ -34,7 +34,7 @@ from seasons.staff_services import (
     score_revocation_propose,
 )
 from tests.staff_support import actor_of, follow_messages
-from tests.support import TEST_ACTOR, Events, closing_season, db_scores, in_season, post_ok
+from tests.support import TEST_ACTOR, Events, audit_action_failing, closing_season, db_scores, in_season, post_ok
 from tests.test_partitions import players_in
 
 pytest_plugins = ["tests.staff_fixtures"]
@@ -313,21 +313,12 @@ def test_a_second_revocation_of_a_late_result_applied_with_its_half_lost_is_refu
 @needs_ledger_b
 @pytest.mark.django_db(databases="__all__")
 def test_a_dismissal_whose_audit_row_is_lost_writes_it_once_when_sent_again(
-        split_sealed: dict[str, Any], make_staff: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        split_sealed: dict[str, Any], make_staff: Any) -> None:
     season, fixed = split_sealed["season"], split_sealed["fixed"]
     reviewer = actor_of(make_staff("reviewer"))
     held = late_of(season, fixed)
-    real = staff_services.audit_log
-
-    def failing(**kwargs: Any) -> Any:
-        if kwargs.get("action") == "late_result.dismissed":
-            raise OperationalError("the audit chain's head could not be locked")
-        return real(**kwargs)
-
-    monkeypatch.setattr(staff_services, "audit_log", failing)
-    with pytest.raises(OperationalError):
+    with audit_action_failing("late_result.dismissed"), pytest.raises(OperationalError):
         late_result_dismiss(late_result=held, actor=reviewer, reason="retracted")
-    monkeypatch.setattr(staff_services, "audit_log", real)
     # Its database committed the dismissal; "default" has no audit row of it.
     assert LateResult.objects.using(ledger_b()).get(pk=held.pk).status == "dismissed"
     assert audit_of(season, "late_result.dismissed") == []

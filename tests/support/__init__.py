@@ -6,6 +6,7 @@ through their lifecycle to FINAL (lifecycle), and killable child processes (fail
 from tests.support.failure import (
     CHILD_SETUP,
     ROOT,
+    audit_action_failing,
     child_database_url,
     child_env,
     epoch_child,
@@ -67,7 +68,7 @@ __all__ = [
     "CHILD_SETUP", "COMPLETED_AT", "INVARIANT_CHECKS", "NARROW", "RECONCILIATION_CHECKS", "ROOT", "TEST_ACTOR",
     "held_correction_approve",
     "Events", "Post", "Profiles",
-    "apply_events", "assert_board_equals", "assert_idle_copy_caught_up",
+    "apply_events", "assert_board_equals", "audit_action_failing", "assert_idle_copy_caught_up",
     "assert_matches_ledger", "board_read", "board_snapshot", "canonical_sha256", "change_head",
     "child_database_url", "child_env", "closing_season", "copy_contents", "current_manifest", "db_scores",
     "db_standings", "epoch", "epoch_child", "epoch_child_killed_inside_apply", "fast_get", "final_rows", "finalize",

@@ -3,17 +3,19 @@ such a child needs to share this test's database and Redis, and the recovery job
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
-from django.db import connection, connections
+from django.db import OperationalError, connection, connections
 
 from leaderboard.models import RebuildJob
 from leaderboard.redis_client import redis_get
@@ -21,6 +23,26 @@ from seasons.models import Season
 from tests.support.publication import keys_of
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def audit_action_failing(action: str) -> Iterator[None]:
+    """Inside: the staff services' audit writes of `action` raise, as when the audit chain's
+    head cannot be locked; every other audit row is written."""
+    from seasons import staff_services
+
+    real = staff_services.audit_log
+
+    def failing(**kwargs: Any) -> Any:
+        if kwargs.get("action") == action:
+            raise OperationalError("the audit chain's head could not be locked")
+        return real(**kwargs)
+
+    staff_services.audit_log = failing
+    try:
+        yield
+    finally:
+        staff_services.audit_log = real
 
 
 def recovery_jobs(season: Season) -> list[RebuildJob]:
