@@ -1,16 +1,11 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from django.conf import settings
 from django.db import models
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.core.partitions import Watermark
-
-if TYPE_CHECKING:
-    from leaderboard.models import LateResult
 
 
 def default_layout() -> dict[str, object]:
@@ -234,8 +229,8 @@ class ScoreRevocation(models.Model):
     # The late result (or held correction) it applies: (late_result_alias, late_result_id), a
     # row of the ledger database holding the player's partition, which numbers its own rows.
     # No database constraint: the row may live in another database than this one. Read it
-    # through late_result_get(), never through the relation (which would look in the
-    # revocation's database, or put this row in the late result's).
+    # with staff_selectors.late_result_get(), never through the relation (which would look
+    # in the revocation's database, or put this row in the late result's).
     late_result = models.ForeignKey("leaderboard.LateResult", null=True, blank=True, on_delete=models.PROTECT,
                                     related_name="+", db_constraint=False)
     late_result_alias = models.CharField(max_length=64, default="default")
@@ -267,20 +262,6 @@ class ScoreRevocation(models.Model):
 
     def __str__(self) -> str:
         return f"revocation {self.pk}: {self.player_id} -> {self.new_score} ({self.status})"
-
-    def late_result_get(self) -> LateResult | None:
-        """The late result it applies, read from the database holding it (None: none, or its
-        row is not there). LedgerDatabaseMissing (503) when this server has no settings for
-        that database, as for any read of the season's ledger."""
-        if self.late_result_id is None:
-            return None
-        from leaderboard.ledger_databases import LedgerDatabaseMissing
-        from leaderboard.models import LateResult
-
-        if self.late_result_alias not in settings.DATABASES:
-            raise LedgerDatabaseMissing(season_slug=self.season.slug, alias=self.late_result_alias)
-        return (LateResult.objects.using(self.late_result_alias).select_related("ledger_event")
-                .filter(pk=self.late_result_id).first())
 
 
 class Dispute(models.Model):

@@ -50,7 +50,7 @@ from leaderboard.models import (
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from seasons.models import Dispute, DisputeNote, FinalCandidate, FinalStanding, ScoreRevocation, Season
-from seasons.staff_services import ROLES
+from seasons.staff_services import ROLES, late_result_alias_of
 
 log = logging.getLogger(__name__)
 
@@ -742,12 +742,13 @@ def late_results(*, season: Season, status: str = LateResult.Status.PENDING) -> 
     if status:
         qs = qs.filter(status=status)
     rows = ledger_rows_merged(season=season, queryset=qs, key=lambda late: (late.received_at, late.pk), limit=500)
-    return [LateResultListed(late=late, alias=late._state.db or DEFAULT_ALIAS) for late in rows]
+    return [LateResultListed(late=late, alias=late_result_alias_of(late)) for late in rows]
 
 
 def late_result_get(*, season: Season, alias: str, late_id: int) -> LateResult | None:
     """The season's late result `late_id` of the database `alias` (None: no such row, or
-    a database not holding the season's partitions)."""
+    a database not holding the season's partitions; LedgerDatabaseMissing, a 503, when this
+    server has no settings for one that does)."""
     if alias not in ledger_databases_list(season=season):
         return None
     return (LateResult.objects.using(alias).select_related("ledger_event")

@@ -26,6 +26,7 @@ from leaderboard.models import LateResult, ScoreEvent
 from seasons import staff_services
 from seasons.models import ScoreRevocation, Season
 from seasons.services import season_seal_ingest
+from seasons.staff_selectors import late_result_get
 from seasons.staff_services import (
     StaffError,
     late_result_dismiss,
@@ -119,7 +120,8 @@ def test_a_late_result_in_the_second_database_is_applied_and_another_dismissed(
     assert db_scores(season)[there] == 700
     late.refresh_from_db()
     assert (late.status, late.resolved_by_label) == ("applied", approver.label)
-    assert revocation.late_result_get() is not None and revocation.late_result_get().status == "applied"  # type: ignore[union-attr]
+    read = late_result_get(season=season, alias=revocation.late_result_alias, late_id=late.pk)
+    assert read is not None and read.status == "applied"
     # The late result of "default" that may carry the same id is not touched.
     home.refresh_from_db()
     assert (home.pk, home.status) == home_before
@@ -412,13 +414,18 @@ def test_a_season_all_in_default_keeps_its_urls_and_audit_ids(season_factory: Ca
 @pytest.mark.parametrize("alias", ["ledger_gone", DEFAULT_ALIAS], ids=["database-unconfigured", "row-missing"])
 def test_a_revocation_whose_late_result_cannot_be_read_shows_why(
         season_factory: Callable[..., Season], make_staff: Any, client_as: Any, alias: str) -> None:
-    """A late result named by an alias this server has no settings for is a 503 page with the
-    reason (as any read of that database); one whose row is not there is shown unavailable."""
+    """A late result in a database of the season this server has no settings for is a 503
+    page with the reason (as any read of that database); one whose row is not there is
+    shown unavailable."""
     season = season_factory(slug=f"late-unread-{time.monotonic_ns()}", partitions=1)
     revocation = score_revocation_propose(season=season, player_id="carl", new_score=5, reason="late",
                                           actor=actor_of(make_staff("reviewer")))
     missing = 1 + (LateResult.objects.order_by("-id").values_list("id", flat=True).first() or 0)
     ScoreRevocation.objects.filter(pk=revocation.pk).update(late_result_id=missing, late_result_alias=alias)
+    if alias != DEFAULT_ALIAS:
+        # The season's partition was placed in a database this server has no settings for.
+        Season.objects.filter(pk=season.pk).update(ledger_databases=[alias])
+        ledger_placement_cache_clear()
     response = client_as("approver").get(f"/staff/revocations/{revocation.pk}/")
     page = response.content.decode()
     if alias == DEFAULT_ALIAS:

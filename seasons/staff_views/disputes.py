@@ -202,7 +202,7 @@ def revocations(request: HttpRequest) -> HttpResponse:
 
 
 def _revocation(revocation_id: int) -> ScoreRevocation:
-    # Not the late result: it lives in its own ledger database (ScoreRevocation.late_result_get).
+    # Not the late result: it lives in its own ledger database (sel.late_result_get).
     return get_object_or_404(ScoreRevocation.objects.select_related("season", "dispute"), pk=revocation_id)
 
 
@@ -212,7 +212,9 @@ def revocation_page(request: HttpRequest, revocation_id: int) -> HttpResponse:
     revocation = _revocation(revocation_id)
     current = sel.player_score_get(season=revocation.season, player_id=revocation.player_id)
     moved = current is not None and current.score_version != revocation.base_version
-    late_result = revocation.late_result_get()
+    late_result = (sel.late_result_get(season=revocation.season, alias=revocation.late_result_alias,
+                                       late_id=revocation.late_result_id)
+                   if revocation.late_result_id is not None else None)
     late_name = (late_result_name_of(alias=revocation.late_result_alias, late_result_id=revocation.late_result_id)
                  if revocation.late_result_id is not None else "")
     return render(request, "staff/revocation.html", context(
