@@ -327,8 +327,10 @@ def _final_corrections_missing(*, season: Season, plan: BatchPlan, using: str) -
         return []
     listed = set(FinalCorrection.objects.filter(season=season, event_id__in=resent).values_list("event_id", flat=True))
     missing = [event_id for event_id in resent if event_id not in listed]
+    if not missing:
+        return []
     finalized_at = Season.objects.filter(pk=season.pk).values_list("finalized_at", flat=True).get()
-    if not missing or finalized_at is None:
+    if finalized_at is None:
         return []
     # Only what changed the board once it was FINAL: an event applied before is no correction of it.
     rows = ScoreChange.objects.using(using).filter(
