@@ -2,7 +2,8 @@
 
 Websockets pass an origin check (leaderboard.live.routing.origin_checked): a browser page
 on another site cannot open them (the Origin header must name one of ALLOWED_HOSTS; a
-client without one is refused).
+client without one is refused). At shutdown the lifespan protocol stops the worker's
+live hubs (leaderboard.live.routing.lifespan).
 """
 
 import os
@@ -25,7 +26,7 @@ from django.http import HttpRequest, HttpResponseBase  # noqa: E402
 
 from leaderboard.api.bodylimit import BodyLimit  # noqa: E402
 from leaderboard.api.fastpath import ReadFastPath  # noqa: E402
-from leaderboard.live.routing import origin_checked, websocket_urlpatterns  # noqa: E402
+from leaderboard.live.routing import lifespan, origin_checked, websocket_urlpatterns  # noqa: E402
 
 
 class StaticFiles(ASGIStaticFilesHandler):
@@ -54,4 +55,5 @@ http_application = BodyLimit(http_application, limit=settings.SCORES_MAX_BODY_BY
 application = ProtocolTypeRouter({
     "http": http_application,
     "websocket": origin_checked(URLRouter(websocket_urlpatterns)),
+    "lifespan": lifespan,
 })

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 from asgiref.sync import sync_to_async
+from asgiref.testing import ApplicationCommunicator
 from channels.testing.websocket import WebsocketCommunicator
 from django.conf import settings
 
@@ -568,6 +569,30 @@ def test_closing_the_registry_stops_every_hub_and_leaves_the_groups(season: Seas
         assert await sync_to_async(group_members)(layer_redis(), season.slug) == []
         for comm in comms:
             await comm.disconnect()
+
+    run(body)
+
+
+def test_the_servers_shutdown_stops_every_hub_and_leaves_the_groups(season: Season, post_scores: Post,
+                                                                  rank_views: Any) -> None:
+    board(season, post_scores, Events(), {"a": 1})
+    publish(season)
+
+    async def body() -> None:
+        comm = await connect(season.slug)
+        await receive(comm)
+        hub = live.registry().hubs[season.slug]
+        lifespan = ApplicationCommunicator(application, {"type": "lifespan", "asgi": {"version": "3.0"}})
+        await lifespan.send_input({"type": "lifespan.startup"})
+        assert await lifespan.receive_output(TIMEOUT) == {"type": "lifespan.startup.complete"}
+        assert len(await sync_to_async(group_members)(layer_redis(), season.slug)) == 1
+        await lifespan.send_input({"type": "lifespan.shutdown"})
+        assert await lifespan.receive_output(TIMEOUT) == {"type": "lifespan.shutdown.complete"}
+        assert live.registry().hubs == {}
+        assert hub.tasks() and all(task.done() for task in hub.tasks())
+        assert await sync_to_async(group_members)(layer_redis(), season.slug) == []
+        await lifespan.wait(TIMEOUT)
+        await comm.disconnect()
 
     run(body)
 

@@ -1,4 +1,5 @@
-"""Websocket routes, and the origin check config.asgi mounts them behind."""
+"""Websocket routes, the origin check config.asgi mounts them behind, and the lifespan
+protocol that stops the live hubs at shutdown."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django.conf import settings
 from django.urls import path
 
 from leaderboard.live.consumers import LiveBoardConsumer
+from leaderboard.live.hub import registry
 
 websocket_urlpatterns = [
     path("ws/v1/seasons/<str:season_id>/live", LiveBoardConsumer.as_asgi(), name="season-live-socket"),
@@ -52,3 +54,20 @@ def origin_checked(application: Any) -> OriginChecked:
     if settings.DEBUG and not allowed_hosts:
         allowed_hosts = ["localhost", "127.0.0.1", "[::1]"]
     return OriginChecked(application, allowed_hosts)
+
+
+async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The ASGI lifespan protocol: at shutdown the worker stops its live hubs
+    (`LiveRegistry.aclose`) before its event loop closes, so each group listener leaves
+    its channel-layer group instead of staying a member (and being sent every version of
+    its season) until the group's expiry, and no listener is left for the loop's close to
+    cancel. A hub that does not stop within the server's own graceful-shutdown timeout is
+    cancelled with the loop."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await registry().aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
