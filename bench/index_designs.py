@@ -1,0 +1,310 @@
+#!/usr/bin/env python
+"""What each shape of rank index costs in Redis: memory per player and a rank read's CPU.
+
+The views keep R = 2 complete copies of the bucketed index (docs/architecture.md): a copy
+is mutated only once no reader can see it. This measures, on a Redis server of its own,
+with plain Redis commands (the layout's rules come from leaderboard.core, not from the
+views' code), the shapes that trade-off is weighed against:
+
+- `plain`: one sorted set of every player (the single-key baseline);
+- `copies`: two complete copies, each its score-range buckets (the default 101 x 10,000
+  layout) and its lookup (player -> score, listpack-sized shards), as the views hold them;
+- `shared`: ONE physical set of buckets, in which the players whose score differs between
+  the two versions (`--changes`, one epoch's) have an entry per version, and per copy and
+  bucket a small set of the entries that copy must not see (lex-ordered, so the hidden
+  entries before a player are one ZLEXCOUNT however many share their score); two lookups;
+- `shared+lookup`: `shared` with one lookup whose changed players hold both versions'
+  scores ("new|old").
+
+Memory is the `used_memory` delta of building each shape (bytes per player). The read
+cost is the Redis CPU (the server's main thread, INFO cpu) of a rank read's bucket step:
+ZCOUNT + ZRANK in `copies`; in `shared` the same plus two ZLEXCOUNTs of the hidden
+entries above the score and before the player, read atomically (an epoch writes the
+shared buckets while the other version is read), as one script or as MULTI/EXEC. Every
+answer is checked against the expected rank and position. Medians of
+`--rounds`, all shapes in the same run.
+
+    .venv/bin/python bench/index_designs.py                      # 1M players, ~3 min
+    .venv/bin/python bench/index_designs.py --players 1M,10M     # ~3 GB of Redis at 10M, ~15 min
+
+Player ids are `p%08d` and scores follow bench/loader.py's skewed law.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchenv import parse_counts, port_free, table  # noqa: E402
+from loader import player_id, scores_generate  # noqa: E402
+
+from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH as WIDTH  # noqa: E402
+from leaderboard.core.buckets import MAX_SCORE  # noqa: E402
+from leaderboard.core.manifest import lookup_shards_for  # noqa: E402
+
+PIPELINE = 200
+# The rank step of each shape whose reads are measured.
+STEPS = {"copies": ("pipeline",), "shared": ("script", "transaction")}
+READ_BATCH = 100
+# The second entry of a player whose score differs between the versions: "\x00" sorts it
+# right after the player's own id and before any other id, so ties keep their order.
+SECOND = "\x00"
+
+RANK_STEP = """
+local z, hidden = KEYS[1], KEYS[2]
+local key, name, prefix = ARGV[1], ARGV[2], ARGV[3]
+local above = redis.call('ZLEXCOUNT', hidden, '-', '(' .. prefix)
+local before = redis.call('ZLEXCOUNT', hidden, '-', '(' .. prefix .. name)
+return {redis.call('ZCOUNT', z, '-inf', '(' .. key) - above, redis.call('ZRANK', z, name) - before}
+"""
+
+
+@contextmanager
+def private_redis() -> Iterator[redis.Redis]:
+    """A redis-server of this run's own (no persistence), so used_memory counts our keys alone."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("redis-server is not on PATH")
+    port = next(p for p in range(6480, 6580) if port_free(p))
+    with tempfile.TemporaryDirectory() as workdir:
+        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--dir", workdir, "--lua-time-limit", "5000"],
+                                stdout=subprocess.DEVNULL)
+        try:
+            r = redis.Redis(port=port)
+            for _ in range(100):
+                try:
+                    r.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            yield r
+        finally:
+            proc.terminate()
+            proc.wait()
+
+
+class Season:
+    """The players' scores in two versions: `old` (the lagging copy's) and `new`."""
+
+    def __init__(self, players: int, changes: int, seed: int):
+        self.old = scores_generate(players, seed=seed)
+        self.new = list(self.old)
+        rng = random.Random(seed + 1)
+        self.changed = sorted(rng.sample(range(players), changes))
+        for i in self.changed:
+            self.new[i] = min(MAX_SCORE, self.old[i] + 10 * rng.randint(1, 50))
+        self.moved = set(self.changed)
+        self.shards = lookup_shards_for(players=players)
+
+    def name(self, i: int, version: str) -> str:
+        return player_id(i) + (SECOND if version == "new" and i in self.moved else "")
+
+
+def hidden_member(score: int, name: str) -> str:
+    """A hidden entry as a member of its lex-ordered set (every score 0): the score as a
+    fixed-width prefix that sorts like the bucket (score descending), then the name, so
+    the hidden entries before any (score, name) are one ZLEXCOUNT, however many share
+    the score."""
+    return f"{MAX_SCORE - score:07d}{name}"
+
+
+def used(r: redis.Redis) -> int:
+    return int(r.info("memory")["used_memory"])
+
+
+def buckets_write(r: redis.Redis, prefix: str, entries: Iterator[tuple[str, int]]) -> None:
+    by_bucket: dict[int, dict[str, int]] = {}
+    pipe = r.pipeline(transaction=False)
+    for name, score in entries:
+        members = by_bucket.setdefault(score // WIDTH, {})
+        members[name] = -score
+        if len(members) >= 5000:
+            pipe.zadd(f"{prefix}:z:{score // WIDTH}", members)
+            by_bucket[score // WIDTH] = {}
+            if len(pipe) >= PIPELINE:
+                pipe.execute()
+    for bucket, members in by_bucket.items():
+        if members:
+            pipe.zadd(f"{prefix}:z:{bucket}", members)
+    pipe.execute()
+
+
+def lookup_write(r: redis.Redis, prefix: str, season: Season, values: Iterator[tuple[int, str | int]]) -> None:
+    by_shard: dict[int, dict[Any, Any]] = {}
+    for i, value in values:
+        pid = player_id(i)
+        by_shard.setdefault(zlib.crc32(pid.encode()) % season.shards, {})[pid] = value
+    pipe = r.pipeline(transaction=False)
+    for shard, fields in by_shard.items():
+        pipe.hset(f"{prefix}:h:{shard}", mapping=fields)
+        if len(pipe) >= PIPELINE * 10:
+            pipe.execute()
+    pipe.execute()
+
+
+def shape_build(r: redis.Redis, shape: str, season: Season) -> None:
+    n = len(season.old)
+    if shape == "plain":
+        for start in range(0, n, 5000):
+            r.zadd("plain", {player_id(i): -season.old[i] for i in range(start, min(n, start + 5000))})
+        return
+    if shape == "copies":
+        for copy, scores in (("{s:0}", season.old), ("{s:1}", season.new)):
+            buckets_write(r, copy, ((player_id(i), s) for i, s in enumerate(scores)))
+            lookup_write(r, copy, season, enumerate(scores))
+        return
+    # shared: every player's old entry, plus a second entry for each changed player's new
+    # score; copy 0 (old) hides the second entries, copy 1 (new) the changed players' first.
+    buckets_write(r, "{s}", ((player_id(i), s) for i, s in enumerate(season.old)))
+    buckets_write(r, "{s}", ((season.name(i, "new"), season.new[i]) for i in season.changed))
+    pipe = r.pipeline(transaction=False)
+    for i in season.changed:
+        new, old = season.new[i], season.old[i]
+        pipe.zadd(f"{{s}}:x0:{new // WIDTH}", {hidden_member(new, season.name(i, "new")): 0})
+        pipe.zadd(f"{{s}}:x1:{old // WIDTH}", {hidden_member(old, player_id(i)): 0})
+        if len(pipe) >= PIPELINE * 10:
+            pipe.execute()
+    pipe.execute()
+    if shape == "shared":
+        lookup_write(r, "{s:0}", season, enumerate(season.old))
+        lookup_write(r, "{s:1}", season, enumerate(season.new))
+    else:
+        lookup_write(r, "{s}", season, ((i, f"{season.new[i]}|{season.old[i]}" if i in season.moved else s)
+                                        for i, s in enumerate(season.old)))
+
+
+def expected_places(season: Season, reads: list[int]) -> dict[int, tuple[int, int]]:
+    """Each read player's (higher scores, position) within its bucket in the new version."""
+    wanted = {season.new[i] // WIDTH for i in reads}
+    order: dict[int, list[tuple[int, str]]] = {b: [] for b in wanted}
+    for i, s in enumerate(season.new):
+        if s // WIDTH in order:
+            order[s // WIDTH].append((-s, player_id(i)))
+    for entries in order.values():
+        entries.sort()
+    out = {}
+    for i in reads:
+        entries = order[season.new[i] // WIDTH]
+        out[i] = (bisect.bisect_left(entries, (-season.new[i], "")),
+                  bisect.bisect_left(entries, (-season.new[i], player_id(i))))
+    return out
+
+
+def server_cpu(r: redis.Redis) -> float:
+    """Seconds of CPU the server's main thread has used (commands, parsing, replies)."""
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
+
+
+def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int]) -> float:
+    """Redis CPU (microseconds, the server's main thread) of one rank read's bucket step
+    in copy 1, every answer checked. `step`: "pipeline" (the copies' ZCOUNT + ZRANK),
+    "script" (the shared index's, one EVALSHA) or "transaction" (the same four commands in
+    MULTI/EXEC, which a single Redis and one slot of a cluster both run atomically)."""
+    expected = expected_places(season, reads)
+    sha = r.script_load(RANK_STEP)
+    answers: list[Any] = []
+    before = server_cpu(r)
+    for start in range(0, len(reads), READ_BATCH):
+        pipe = r.pipeline(transaction=False)
+        for i in reads[start:start + READ_BATCH]:
+            bucket, key, name = season.new[i] // WIDTH, -season.new[i], season.name(i, "new")
+            if step == "pipeline":
+                pipe.execute_command("ZCOUNT", f"{{s:1}}:z:{bucket}", "-inf", f"({key}")
+                pipe.execute_command("ZRANK", f"{{s:1}}:z:{bucket}", player_id(i))
+            elif step == "script":
+                pipe.evalsha(sha, 2, f"{{s}}:z:{bucket}", f"{{s}}:x1:{bucket}", key, name,
+                             hidden_member(season.new[i], ""))
+            else:
+                prefix = hidden_member(season.new[i], "")
+                pipe.execute_command("MULTI")
+                pipe.execute_command("ZCOUNT", f"{{s}}:z:{bucket}", "-inf", f"({key}")
+                pipe.execute_command("ZRANK", f"{{s}}:z:{bucket}", name)
+                pipe.execute_command("ZLEXCOUNT", f"{{s}}:x1:{bucket}", "-", f"({prefix}")
+                pipe.execute_command("ZLEXCOUNT", f"{{s}}:x1:{bucket}", "-", f"({prefix}{name}")
+                pipe.execute_command("EXEC")
+        replies = pipe.execute()
+        if step == "pipeline":
+            answers += [tuple(replies[k:k + 2]) for k in range(0, len(replies), 2)]
+        elif step == "script":
+            answers += [tuple(reply) for reply in replies]
+        else:
+            answers += [(higher - above, index - before_me)
+                        for higher, index, above, before_me in replies[5::6]]
+    spent = server_cpu(r) - before
+    wrong = [i for i, got in zip(reads, answers, strict=True) if got != expected[i]]
+    if wrong:
+        sys.exit(f"{step}: {len(wrong)} wrong answers, first player {wrong[0]}: "
+                 f"{answers[reads.index(wrong[0])]} != {expected[wrong[0]]}")
+    return spent * 1e6 / len(reads)
+
+
+def measure(r: redis.Redis, players: int, args: argparse.Namespace) -> dict[str, Any]:
+    season = Season(players, args.changes, args.seed)
+    rng = random.Random(args.seed + 2)
+    out: dict[str, Any] = {"players": players}
+    for shape in ("plain", "copies", "shared", "shared+lookup"):
+        sizes: list[float] = []
+        costs: dict[str, list[float]] = {}
+        for _ in range(args.rounds if shape in ("copies", "shared") or args.rounds_memory else 1):
+            r.flushall()
+            time.sleep(0.5)  # UNLINKed values are freed in the background
+            before = used(r)
+            started = time.perf_counter()
+            shape_build(r, shape, season)
+            sizes.append((used(r) - before) / players)
+            print(f"  {players:,} {shape}: {sizes[-1]:.1f} B/player, built in {time.perf_counter() - started:.0f} s",
+                  flush=True)
+            for step in STEPS.get(shape, ()):
+                costs.setdefault(step, []).append(
+                    read_cost(r, step, season, [rng.randrange(players) for _ in range(args.reads)]))
+                print(f"    rank step ({step}): {costs[step][-1]:.1f} us of Redis CPU a read", flush=True)
+        out[shape] = statistics.median(sizes)
+        out.update({f"{step}_us": statistics.median(values) for step, values in costs.items()})
+    r.flushall()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--players", default="1M", help="comma-separated sizes (1M, 10M)")
+    parser.add_argument("--changes", type=int, default=10_000, help="players whose score differs between copies")
+    parser.add_argument("--reads", type=int, default=20_000, help="rank reads per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the copies and shared shapes")
+    parser.add_argument("--rounds-memory", action="store_true", help="repeat the other shapes' builds too")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rows = []
+    with private_redis() as r:
+        for players in parse_counts(args.players):
+            result = measure(r, players, args)
+            plain = result["plain"]
+            rows.append([f"{players:,}", f"{plain:.1f}"]
+                        + [f"{result[s]:.1f} ({result[s] / plain:.2f}x)" for s in ("copies", "shared", "shared+lookup")]
+                        + [f"{result['pipeline_us']:.1f}"]
+                        + [f"{result[f'{step}_us']:.1f} ({result[f'{step}_us'] / result['pipeline_us']:.1f}x)"
+                           for step in ("script", "transaction")])
+    print(f"\nbytes a player (used_memory) and a rank read's bucket step (Redis CPU, us); "
+          f"{args.changes:,} players differ between the copies")
+    print(table(["players", "plain", "copies", "shared", "shared+lookup", "step copies",
+                 "step shared, script", "step shared, MULTI"], rows))
+
+
+if __name__ == "__main__":
+    main()
