@@ -573,26 +573,30 @@ def test_closing_the_registry_stops_every_hub_and_leaves_the_groups(season: Seas
     run(body)
 
 
-def test_the_servers_shutdown_stops_every_hub_and_leaves_the_groups(season: Season, post_scores: Post,
-                                                                  rank_views: Any) -> None:
+def test_the_servers_shutdown_waits_for_the_hubs_to_leave_their_groups(season: Season, post_scores: Post,
+                                                                       rank_views: Any) -> None:
     board(season, post_scores, Events(), {"a": 1})
     publish(season)
 
     async def body() -> None:
-        comm = await connect(season.slug)
-        await receive(comm)
-        hub = live.registry().hubs[season.slug]
         lifespan = ApplicationCommunicator(application, {"type": "lifespan", "asgi": {"version": "3.0"}})
-        await lifespan.send_input({"type": "lifespan.startup"})
-        assert await lifespan.receive_output(TIMEOUT) == {"type": "lifespan.startup.complete"}
-        assert len(await sync_to_async(group_members)(layer_redis(), season.slug)) == 1
-        await lifespan.send_input({"type": "lifespan.shutdown"})
-        assert await lifespan.receive_output(TIMEOUT) == {"type": "lifespan.shutdown.complete"}
-        assert live.registry().hubs == {}
-        assert hub.tasks() and all(task.done() for task in hub.tasks())
-        assert await sync_to_async(group_members)(layer_redis(), season.slug) == []
-        await lifespan.wait(TIMEOUT)
-        await comm.disconnect()
+        try:
+            await lifespan.send_input({"type": "lifespan.startup"})
+            assert await lifespan.receive_output(TIMEOUT) == {"type": "lifespan.startup.complete"}
+            comm = await connect(season.slug)
+            await receive(comm)
+            hub = live.registry().hubs[season.slug]
+            assert len(await sync_to_async(group_members)(layer_redis(), season.slug)) == 1
+            # The server's order: it closes the sockets, then sends the shutdown at once.
+            await comm.disconnect()
+            await lifespan.send_input({"type": "lifespan.shutdown"})
+            assert await lifespan.receive_output(TIMEOUT) == {"type": "lifespan.shutdown.complete"}
+            assert live.registry().hubs == {}
+            assert hub.tasks() and all(task.done() for task in hub.tasks())
+            assert await sync_to_async(group_members)(layer_redis(), season.slug) == []
+            await lifespan.wait(TIMEOUT)
+        finally:
+            lifespan.stop(exceptions=False)  # an assertion failed before the shutdown ended it
 
     run(body)
 

@@ -1379,12 +1379,12 @@ class LiveRegistry:
 
     async def aclose(self) -> None:
         """Stop every hub of this event loop and return once their listeners, group
-        refreshers, watchers and publishers have ended: for a loop about to close (the
-        tests' do), so that no listener outlives it (a round's own short tasks, a player
-        read or a send to a slow client, end within their timeouts). A
-        listener leaves its group on its way out, within GROUP_DISCARD_TIMEOUT_SECONDS;
-        the group forgets it after its expiry otherwise. Cancelling this leaves the
-        stoppers running."""
+        refreshers, watchers and publishers have ended: for a loop about to close (a
+        worker's at shutdown, `live.routing.lifespan`, and the tests'), so that no
+        listener outlives it (a round's own short tasks, a player read or a send to a
+        slow client, end within their timeouts). A listener leaves its group on its way
+        out, within GROUP_DISCARD_TIMEOUT_SECONDS; the group forgets it after its expiry
+        otherwise. Cancelling this leaves the stoppers running."""
         for key in list(self.hubs):
             hub = self.hubs.pop(key)
             for socket in hub.sockets.values():

@@ -3,6 +3,8 @@ protocol that stops the live hubs at shutdown."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 from urllib.parse import ParseResult, urlparse
 
@@ -11,7 +13,13 @@ from django.conf import settings
 from django.urls import path
 
 from leaderboard.live.consumers import LiveBoardConsumer
-from leaderboard.live.hub import registry
+from leaderboard.live.hub import TASK_STOP_RETRY_SECONDS, registry
+
+log = logging.getLogger(__name__)
+
+# How long shutdown waits for the hubs: a stopper's second cancellation comes
+# TASK_STOP_RETRY_SECONDS after its first, and a listener's group_discard fits in that.
+LIFESPAN_STOP_SECONDS = 2 * TASK_STOP_RETRY_SECONDS
 
 websocket_urlpatterns = [
     path("ws/v1/seasons/<str:season_id>/live", LiveBoardConsumer.as_asgi(), name="season-live-socket"),
@@ -58,16 +66,23 @@ def origin_checked(application: Any) -> OriginChecked:
 
 async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """The ASGI lifespan protocol: at shutdown the worker stops its live hubs
-    (`LiveRegistry.aclose`) before its event loop closes, so each group listener leaves
-    its channel-layer group instead of staying a member (and being sent every version of
-    its season) until the group's expiry, and no listener is left for the loop's close to
-    cancel. A hub that does not stop within the server's own graceful-shutdown timeout is
-    cancelled with the loop."""
+    (`LiveRegistry.aclose`) before its event loop closes. The server sends the shutdown
+    after it closed the sockets, whose hubs are then already stopping: this waits for
+    their listeners to leave their channel-layer groups (else each stays a member, and is
+    sent every version of its season, until the group's expiry) and for the hubs of any
+    socket still open. Bounded (LIFESPAN_STOP_SECONDS): uvicorn waits for the answer
+    without a limit, and a worker that never answers would hold its whole server."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
-            await registry().aclose()
+            try:
+                async with asyncio.timeout(LIFESPAN_STOP_SECONDS):
+                    await registry().aclose()
+            except Exception as exc:  # the loop closes anyway: the server logs why
+                log.exception("live hubs not stopped at shutdown")
+                await send({"type": "lifespan.shutdown.failed", "message": f"live hubs not stopped: {exc!r}"})
+                return
             await send({"type": "lifespan.shutdown.complete"})
             return

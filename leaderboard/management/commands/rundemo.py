@@ -38,7 +38,9 @@ DEMO_STAFF = (("viewer", "viewer"), ("reviewer", "reviewer"), ("approver", "appr
 # Stopped in this order, each with this long to go before it is killed: nothing is left
 # writing into a server that is already gone, and the worker gets a warm shutdown (its
 # main process alone is signalled, so it finishes its task and stops its own pool).
-STOP_ORDER = (("simulator", 3.0), ("web", 4.0), ("beat", 3.0), ("worker", 8.0))
+# The web server's: its 2 s of graceful shutdown, then its live hubs leaving their groups
+# (live.routing.lifespan, up to ~6 s).
+STOP_ORDER = (("simulator", 3.0), ("web", 9.0), ("beat", 3.0), ("worker", 8.0))
 
 
 class Command(BaseCommand):
