@@ -14,15 +14,20 @@ views' code), the shapes that trade-off is weighed against:
   bucket a small set of the entries that copy must not see (lex-ordered, so the hidden
   entries before a player are one ZLEXCOUNT however many share their score); two lookups;
 - `shared+lookup`: `shared` with one lookup whose changed players hold both versions'
-  scores ("new|old").
+  scores ("new~|old"; "~" marks the second of a player's two entries, as in `shared`'s
+  lookup of the copy that sees it).
 
 Memory is the `used_memory` delta of building each shape (bytes per player). The read
-cost is the Redis CPU (the server's main thread, INFO cpu) of a rank read's bucket step:
-ZCOUNT + ZRANK in `copies`; in `shared` the same plus two ZLEXCOUNTs of the hidden
-entries above the score and before the player, read atomically (an epoch writes the
-shared buckets while the other version is read), as one script or as MULTI/EXEC. Every
-answer is checked against the expected rank and position. Medians of
-`--rounds`, all shapes in the same run.
+cost is the Redis CPU (the server's main thread, INFO cpu) of a rank read's second round
+trip, sent one read a round trip (as a request does: the server's cost per round trip
+included) and 100 a round trip (that cost spread thin: the commands' own). The trip is
+the bucket step, ZCOUNT + ZRANK in `copies`; in `shared` the same plus two ZLEXCOUNTs of
+the hidden entries above the score and before the player, read atomically (an epoch
+writes the shared buckets while the other version is read), as one script or as
+MULTI/EXEC; then, in both, the two seqlock reads the views send with it. Every answer
+(the player's higher scores and position in the bucket) is checked. `copies` and
+`shared` are built and read `--rounds` times (medians); the other two are built once
+(their bytes do not vary between builds) unless `--rounds-memory`.
 
     .venv/bin/python bench/index_designs.py                      # 1M players, ~3 min
     .venv/bin/python bench/index_designs.py --players 1M,10M     # ~3 GB of Redis at 10M, ~15 min
@@ -53,14 +58,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchenv import parse_counts, port_free, table  # noqa: E402
 from loader import player_id, scores_generate  # noqa: E402
 
-from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH as WIDTH  # noqa: E402
-from leaderboard.core.buckets import MAX_SCORE  # noqa: E402
+from leaderboard.core.buckets import MAX_SCORE, BucketLayout  # noqa: E402
 from leaderboard.core.manifest import lookup_shards_for  # noqa: E402
 
 PIPELINE = 200
+# The views' default layout (101 buckets of 10,000 points).
+LAYOUT = BucketLayout.uniform()
+bucket_of = LAYOUT.bucket_of
 # The rank step of each shape whose reads are measured.
 STEPS = {"copies": ("pipeline",), "shared": ("script", "transaction")}
-READ_BATCH = 100
 # The second entry of a player whose score differs between the versions: "\x00" sorts it
 # right after the player's own id and before any other id, so ties keep their order.
 SECOND = "\x00"
@@ -87,11 +93,15 @@ def private_redis() -> Iterator[redis.Redis]:
                                 stdout=subprocess.DEVNULL)
         try:
             r = redis.Redis(port=port)
-            for _ in range(100):
+            deadline = time.monotonic() + 10
+            while True:
                 try:
-                    r.ping()
-                    break
+                    if int(r.info("server")["process_id"]) == proc.pid:
+                        break
+                    sys.exit(f"port {port} answers for another Redis server; not flushing it")
                 except redis.ConnectionError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        sys.exit(f"redis-server did not start on port {port}")
                     time.sleep(0.05)
             yield r
         finally:
@@ -132,11 +142,11 @@ def buckets_write(r: redis.Redis, prefix: str, entries: Iterator[tuple[str, int]
     by_bucket: dict[int, dict[str, int]] = {}
     pipe = r.pipeline(transaction=False)
     for name, score in entries:
-        members = by_bucket.setdefault(score // WIDTH, {})
+        members = by_bucket.setdefault(bucket_of(score), {})
         members[name] = -score
         if len(members) >= 5000:
-            pipe.zadd(f"{prefix}:z:{score // WIDTH}", members)
-            by_bucket[score // WIDTH] = {}
+            pipe.zadd(f"{prefix}:z:{bucket_of(score)}", members)
+            by_bucket[bucket_of(score)] = {}
             if len(pipe) >= PIPELINE:
                 pipe.execute()
     for bucket, members in by_bucket.items():
@@ -176,31 +186,33 @@ def shape_build(r: redis.Redis, shape: str, season: Season) -> None:
     pipe = r.pipeline(transaction=False)
     for i in season.changed:
         new, old = season.new[i], season.old[i]
-        pipe.zadd(f"{{s}}:x0:{new // WIDTH}", {hidden_member(new, season.name(i, "new")): 0})
-        pipe.zadd(f"{{s}}:x1:{old // WIDTH}", {hidden_member(old, player_id(i)): 0})
+        pipe.zadd(f"{{s}}:x0:{bucket_of(new)}", {hidden_member(new, season.name(i, "new")): 0})
+        pipe.zadd(f"{{s}}:x1:{bucket_of(old)}", {hidden_member(old, player_id(i)): 0})
         if len(pipe) >= PIPELINE * 10:
             pipe.execute()
     pipe.execute()
+    # A reader learns which of a player's two names its copy sees from the lookup: "~"
+    # after the score marks the second entry.
     if shape == "shared":
         lookup_write(r, "{s:0}", season, enumerate(season.old))
-        lookup_write(r, "{s:1}", season, enumerate(season.new))
+        lookup_write(r, "{s:1}", season, ((i, f"{s}~" if i in season.moved else s) for i, s in enumerate(season.new)))
     else:
-        lookup_write(r, "{s}", season, ((i, f"{season.new[i]}|{season.old[i]}" if i in season.moved else s)
+        lookup_write(r, "{s}", season, ((i, f"{season.new[i]}~|{season.old[i]}" if i in season.moved else s)
                                         for i, s in enumerate(season.old)))
 
 
 def expected_places(season: Season, reads: list[int]) -> dict[int, tuple[int, int]]:
     """Each read player's (higher scores, position) within its bucket in the new version."""
-    wanted = {season.new[i] // WIDTH for i in reads}
+    wanted = {bucket_of(season.new[i]) for i in reads}
     order: dict[int, list[tuple[int, str]]] = {b: [] for b in wanted}
     for i, s in enumerate(season.new):
-        if s // WIDTH in order:
-            order[s // WIDTH].append((-s, player_id(i)))
+        if bucket_of(s) in order:
+            order[bucket_of(s)].append((-s, player_id(i)))
     for entries in order.values():
         entries.sort()
-    out = {}
+    out: dict[int, tuple[int, int]] = {}
     for i in reads:
-        entries = order[season.new[i] // WIDTH]
+        entries = order[bucket_of(season.new[i])]
         out[i] = (bisect.bisect_left(entries, (-season.new[i], "")),
                   bisect.bisect_left(entries, (-season.new[i], player_id(i))))
     return out
@@ -212,41 +224,52 @@ def server_cpu(r: redis.Redis) -> float:
     return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
 
 
-def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int]) -> float:
-    """Redis CPU (microseconds, the server's main thread) of one rank read's bucket step
-    in copy 1, every answer checked. `step`: "pipeline" (the copies' ZCOUNT + ZRANK),
-    "script" (the shared index's, one EVALSHA) or "transaction" (the same four commands in
-    MULTI/EXEC, which a single Redis and one slot of a cluster both run atomically)."""
+def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int], batch: int) -> float:
+    """Redis CPU (microseconds, the server's main thread) of one rank read's second round
+    trip in copy 1, every answer checked: the bucket step, then the two reads of the
+    seqlock that tell a reader its copy did not change meanwhile (the group fence's and
+    the copy meta's generation), as the views send them. The bucket step: "pipeline" (the
+    copies' ZCOUNT + ZRANK), "script" (the shared index's, one EVALSHA) or "transaction"
+    (its four commands in MULTI/EXEC, which a single Redis and one slot of a cluster both
+    run atomically). `batch` reads share a round trip (1: each read its own, as a request's)."""
     expected = expected_places(season, reads)
     sha = r.script_load(RANK_STEP)
+    base = "{s:1}" if step == "pipeline" else "{s}"
+    r.hset(f"{base}:f", mapping={"token": 1, "gen": 1})
+    r.hset(f"{base}:copy:1", mapping={"gen": 1, "version": 1})
     answers: list[Any] = []
     before = server_cpu(r)
-    for start in range(0, len(reads), READ_BATCH):
+    for start in range(0, len(reads), batch):
         pipe = r.pipeline(transaction=False)
-        for i in reads[start:start + READ_BATCH]:
-            bucket, key, name = season.new[i] // WIDTH, -season.new[i], season.name(i, "new")
+        for i in reads[start:start + batch]:
+            bucket, key, name = bucket_of(season.new[i]), -season.new[i], season.name(i, "new")
             if step == "pipeline":
-                pipe.execute_command("ZCOUNT", f"{{s:1}}:z:{bucket}", "-inf", f"({key}")
-                pipe.execute_command("ZRANK", f"{{s:1}}:z:{bucket}", player_id(i))
+                pipe.execute_command("ZCOUNT", f"{base}:z:{bucket}", "-inf", f"({key}")
+                pipe.execute_command("ZRANK", f"{base}:z:{bucket}", player_id(i))
             elif step == "script":
-                pipe.evalsha(sha, 2, f"{{s}}:z:{bucket}", f"{{s}}:x1:{bucket}", key, name,
+                pipe.evalsha(sha, 2, f"{base}:z:{bucket}", f"{base}:x1:{bucket}", key, name,
                              hidden_member(season.new[i], ""))
             else:
                 prefix = hidden_member(season.new[i], "")
                 pipe.execute_command("MULTI")
-                pipe.execute_command("ZCOUNT", f"{{s}}:z:{bucket}", "-inf", f"({key}")
-                pipe.execute_command("ZRANK", f"{{s}}:z:{bucket}", name)
-                pipe.execute_command("ZLEXCOUNT", f"{{s}}:x1:{bucket}", "-", f"({prefix}")
-                pipe.execute_command("ZLEXCOUNT", f"{{s}}:x1:{bucket}", "-", f"({prefix}{name}")
+                pipe.execute_command("ZCOUNT", f"{base}:z:{bucket}", "-inf", f"({key}")
+                pipe.execute_command("ZRANK", f"{base}:z:{bucket}", name)
+                pipe.execute_command("ZLEXCOUNT", f"{base}:x1:{bucket}", "-", f"({prefix}")
+                pipe.execute_command("ZLEXCOUNT", f"{base}:x1:{bucket}", "-", f"({prefix}{name}")
                 pipe.execute_command("EXEC")
+            pipe.execute_command("HGET", f"{base}:f", "gen")
+            pipe.execute_command("HMGET", f"{base}:copy:1", "gen", "version")
         replies = pipe.execute()
-        if step == "pipeline":
-            answers += [tuple(replies[k:k + 2]) for k in range(0, len(replies), 2)]
-        elif step == "script":
-            answers += [tuple(reply) for reply in replies]
-        else:
-            answers += [(higher - above, index - before_me)
-                        for higher, index, above, before_me in replies[5::6]]
+        per_read = {"pipeline": 4, "script": 3, "transaction": 8}[step]
+        for k in range(0, len(replies), per_read):
+            reply = replies[k:k + per_read]
+            if step == "pipeline":
+                answers.append(tuple(reply[:2]))
+            elif step == "script":
+                answers.append(tuple(reply[0]))
+            else:
+                higher, index, above, before_me = reply[5]
+                answers.append((higher - above, index - before_me))
     spent = server_cpu(r) - before
     wrong = [i for i, got in zip(reads, answers, strict=True) if got != expected[i]]
     if wrong:
@@ -255,16 +278,15 @@ def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int]) -> fl
     return spent * 1e6 / len(reads)
 
 
-def measure(r: redis.Redis, players: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure(r: redis.Redis, players: int, args: argparse.Namespace) -> dict[Any, Any]:
     season = Season(players, args.changes, args.seed)
     rng = random.Random(args.seed + 2)
-    out: dict[str, Any] = {"players": players}
+    out: dict[Any, Any] = {"players": players}  # a shape's bytes, a (step, batch)'s microseconds
     for shape in ("plain", "copies", "shared", "shared+lookup"):
         sizes: list[float] = []
-        costs: dict[str, list[float]] = {}
+        costs: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.rounds if shape in ("copies", "shared") or args.rounds_memory else 1):
-            r.flushall()
-            time.sleep(0.5)  # UNLINKed values are freed in the background
+            r.flushall()  # synchronous: used_memory below counts none of the last build
             before = used(r)
             started = time.perf_counter()
             shape_build(r, shape, season)
@@ -272,11 +294,13 @@ def measure(r: redis.Redis, players: int, args: argparse.Namespace) -> dict[str,
             print(f"  {players:,} {shape}: {sizes[-1]:.1f} B/player, built in {time.perf_counter() - started:.0f} s",
                   flush=True)
             for step in STEPS.get(shape, ()):
-                costs.setdefault(step, []).append(
-                    read_cost(r, step, season, [rng.randrange(players) for _ in range(args.reads)]))
-                print(f"    rank step ({step}): {costs[step][-1]:.1f} us of Redis CPU a read", flush=True)
+                for batch in args.read_batch:
+                    reads = [rng.randrange(players) for _ in range(args.reads)]
+                    costs.setdefault((step, batch), []).append(read_cost(r, step, season, reads, batch))
+                    print(f"    {step}, {batch} a round trip: {costs[step, batch][-1]:.1f} us of Redis CPU a read",
+                          flush=True)
         out[shape] = statistics.median(sizes)
-        out.update({f"{step}_us": statistics.median(values) for step, values in costs.items()})
+        out.update({key: statistics.median(values) for key, values in costs.items()})
     r.flushall()
     return out
 
@@ -286,24 +310,31 @@ def main() -> None:
     parser.add_argument("--players", default="1M", help="comma-separated sizes (1M, 10M)")
     parser.add_argument("--changes", type=int, default=10_000, help="players whose score differs between copies")
     parser.add_argument("--reads", type=int, default=20_000, help="rank reads per round")
+    parser.add_argument("--read-batch", type=lambda text: [int(n) for n in text.split(",")], default=[1, 100],
+                        help="reads per round trip, comma-separated (1: each its own, as a request's; 100: the "
+                             "server's per-round-trip cost spread over them, the commands' own cost)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the copies and shared shapes")
     parser.add_argument("--rounds-memory", action="store_true", help="repeat the other shapes' builds too")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    rows = []
+    sizes: list[list[str]] = []
+    reads: list[list[str]] = []
     with private_redis() as r:
+        version = r.info("server")["redis_version"]
         for players in parse_counts(args.players):
             result = measure(r, players, args)
             plain = result["plain"]
-            rows.append([f"{players:,}", f"{plain:.1f}"]
-                        + [f"{result[s]:.1f} ({result[s] / plain:.2f}x)" for s in ("copies", "shared", "shared+lookup")]
-                        + [f"{result['pipeline_us']:.1f}"]
-                        + [f"{result[f'{step}_us']:.1f} ({result[f'{step}_us'] / result['pipeline_us']:.1f}x)"
-                           for step in ("script", "transaction")])
-    print(f"\nbytes a player (used_memory) and a rank read's bucket step (Redis CPU, us); "
-          f"{args.changes:,} players differ between the copies")
-    print(table(["players", "plain", "copies", "shared", "shared+lookup", "step copies",
-                 "step shared, script", "step shared, MULTI"], rows))
+            sizes.append([f"{players:,}", f"{plain:.1f}"] + [f"{result[s]:.1f} ({result[s] / plain:.2f}x)"
+                                                             for s in ("copies", "shared", "shared+lookup")])
+            for batch in args.read_batch:
+                copies = result["pipeline", batch]
+                reads.append([f"{players:,}", str(batch), f"{copies:.1f}"]
+                             + [f"{result[step, batch]:.1f} ({result[step, batch] / copies:.2f}x)"
+                                for step in ("script", "transaction")])
+    print(f"\nRedis {version}, {args.changes:,} players differ between the copies. Bytes a player (used_memory):")
+    print(table(["players", "one sorted set", "copies", "shared", "shared+lookup"], sizes))
+    print("\nA rank read's second round trip, microseconds of Redis CPU a read:")
+    print(table(["players", "reads a round trip", "copies", "shared, script", "shared, MULTI/EXEC"], reads))
 
 
 if __name__ == "__main__":
