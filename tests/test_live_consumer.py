@@ -551,6 +551,13 @@ def test_the_process_not_each_socket_is_in_the_group(season: Season, post_scores
     run(body)
 
 
+async def assert_stopped(hub: live.SeasonHub) -> None:
+    """The process holds no hub any more, and `hub`'s tasks ended after leaving its group."""
+    assert live.registry().hubs == {}
+    assert hub.tasks() and all(task.done() for task in hub.tasks())
+    assert await sync_to_async(group_members)(layer_redis(), hub.slug) == []
+
+
 def test_closing_the_registry_stops_every_hub_and_leaves_the_groups(season: Season, post_scores: Post,
                                                                     rank_views: Any) -> None:
     board(season, post_scores, Events(), {"a": 1})
@@ -563,10 +570,8 @@ def test_closing_the_registry_stops_every_hub_and_leaves_the_groups(season: Seas
         hub = live.registry().hubs[season.slug]
         assert len(await sync_to_async(group_members)(layer_redis(), season.slug)) == 1
         await asyncio.wait_for(live.registry().aclose(), TIMEOUT)
-        assert live.registry().hubs == {}
-        assert hub.tasks() and all(task.done() for task in hub.tasks())
         assert all(socket.closed for socket in hub.sockets.values())
-        assert await sync_to_async(group_members)(layer_redis(), season.slug) == []
+        await assert_stopped(hub)
         for comm in comms:
             await comm.disconnect()
 
@@ -591,9 +596,7 @@ def test_the_servers_shutdown_waits_for_the_hubs_to_leave_their_groups(season: S
             await comm.disconnect()
             await lifespan.send_input({"type": "lifespan.shutdown"})
             assert await lifespan.receive_output(TIMEOUT) == {"type": "lifespan.shutdown.complete"}
-            assert live.registry().hubs == {}
-            assert hub.tasks() and all(task.done() for task in hub.tasks())
-            assert await sync_to_async(group_members)(layer_redis(), season.slug) == []
+            await assert_stopped(hub)
             await lifespan.wait(TIMEOUT)
         finally:
             lifespan.stop(exceptions=False)  # an assertion failed before the shutdown ended it
