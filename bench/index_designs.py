@@ -18,7 +18,7 @@ views' code), the shapes that trade-off is weighed against:
   lookup of the copy that sees it).
 
 Memory is the `used_memory` delta of building each shape (bytes per player). The read
-cost is the Redis CPU (the server's main thread, INFO cpu) of a rank read's second round
+cost is the Redis server's CPU (INFO cpu) of a rank read's second round
 trip, sent one read a round trip (as a request does: the server's cost per round trip
 included) and 100 a round trip (that cost spread thin: the commands' own). The trip is
 the bucket step, ZCOUNT + ZRANK in `copies`; in `shared` the same plus two ZLEXCOUNTs of
@@ -56,7 +56,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchenv import parse_counts, port_free, table  # noqa: E402
-from loader import player_id, scores_generate  # noqa: E402
+from epoch import redis_cpu_seconds  # noqa: E402
+from loader import player_id, redis_used_memory, scores_generate  # noqa: E402
 
 from leaderboard.core.buckets import MAX_SCORE, BucketLayout  # noqa: E402
 from leaderboard.core.manifest import lookup_shards_for  # noqa: E402
@@ -132,10 +133,6 @@ def hidden_member(score: int, name: str) -> str:
     the hidden entries before any (score, name) are one ZLEXCOUNT, however many share
     the score."""
     return f"{MAX_SCORE - score:07d}{name}"
-
-
-def used(r: redis.Redis) -> int:
-    return int(r.info("memory")["used_memory"])
 
 
 def buckets_write(r: redis.Redis, prefix: str, entries: Iterator[tuple[str, int]]) -> None:
@@ -218,14 +215,8 @@ def expected_places(season: Season, reads: list[int]) -> dict[int, tuple[int, in
     return out
 
 
-def server_cpu(r: redis.Redis) -> float:
-    """Seconds of CPU the server's main thread has used (commands, parsing, replies)."""
-    cpu = r.info("cpu")
-    return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
-
-
 def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int], batch: int) -> float:
-    """Redis CPU (microseconds, the server's main thread) of one rank read's second round
+    """Redis CPU (microseconds, INFO cpu) of one rank read's second round
     trip in copy 1, every answer checked: the bucket step, then the two reads of the
     seqlock that tell a reader its copy did not change meanwhile (the group fence's and
     the copy meta's generation), as the views send them. The bucket step: "pipeline" (the
@@ -238,7 +229,7 @@ def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int], batch
     r.hset(f"{base}:f", mapping={"token": 1, "gen": 1})
     r.hset(f"{base}:copy:1", mapping={"gen": 1, "version": 1})
     answers: list[Any] = []
-    before = server_cpu(r)
+    before = redis_cpu_seconds(r)
     for start in range(0, len(reads), batch):
         pipe = r.pipeline(transaction=False)
         for i in reads[start:start + batch]:
@@ -270,7 +261,7 @@ def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int], batch
             else:
                 higher, index, above, before_me = reply[5]
                 answers.append((higher - above, index - before_me))
-    spent = server_cpu(r) - before
+    spent = redis_cpu_seconds(r) - before
     wrong = [i for i, got in zip(reads, answers, strict=True) if got != expected[i]]
     if wrong:
         sys.exit(f"{step}: {len(wrong)} wrong answers, first player {wrong[0]}: "
@@ -287,10 +278,10 @@ def measure(r: redis.Redis, players: int, args: argparse.Namespace) -> dict[Any,
         costs: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.rounds if shape in ("copies", "shared") or args.rounds_memory else 1):
             r.flushall()  # synchronous: used_memory below counts none of the last build
-            before = used(r)
+            before = redis_used_memory(r)
             started = time.perf_counter()
             shape_build(r, shape, season)
-            sizes.append((used(r) - before) / players)
+            sizes.append((redis_used_memory(r) - before) / players)
             print(f"  {players:,} {shape}: {sizes[-1]:.1f} B/player, built in {time.perf_counter() - started:.0f} s",
                   flush=True)
             for step in STEPS.get(shape, ()):
