@@ -267,9 +267,15 @@ def test_a_build_write_that_overwrote_a_member_fails_the_build(season_factory: C
 
 def test_sampled_reads_keep_the_order_and_raise_what_a_read_raised() -> None:
     threads: set[str] = set()
+    # The first two reads wait for each other: read one after the other, they would not
+    # meet (BrokenBarrierError). A count of the threads seen instead depended on whether
+    # the first thread finished every read before the pool started a second.
+    together = threading.Barrier(2, timeout=10)
 
     def read(n: int) -> int:
         threads.add(threading.current_thread().name)
+        if n < 2:
+            together.wait()
         if n == 13:
             raise ValueError("unlucky")
         return n * n
