@@ -9,13 +9,14 @@ views' code), the shapes that trade-off is weighed against:
 - `plain`: one sorted set of every player (the single-key baseline);
 - `copies`: two complete copies, each its score-range buckets (the default 101 x 10,000
   layout) and its lookup (player -> score, listpack-sized shards), as the views hold them;
-- `shared`: ONE physical set of buckets, in which the players whose score differs between
-  the two versions (`--changes`, one epoch's) have an entry per version, and per copy and
-  bucket a small set of the entries that copy must not see (lex-ordered, so the hidden
-  entries before a player are one ZLEXCOUNT however many share their score); two lookups;
-- `shared+lookup`: `shared` with one lookup whose changed players hold both versions'
-  scores ("new~|old"; "~" marks the second of a player's two entries, as in `shared`'s
-  lookup of the copy that sees it).
+- `shared`: the shared index (leaderboard.core.shared_index): ONE physical set of
+  buckets, in which the players whose score differs between the two versions
+  (`--changes`, one epoch's) have an entry per version, per copy and bucket a small set
+  of the entries that copy must not see (lex-ordered, so the hidden entries before a
+  player are one ZLEXCOUNT however many share their score), and one lookup whose changed
+  players hold both versions' values. Built as the views would: every player's shared
+  entry, then copy 1's epoch planned by the core and written by
+  leaderboard.views.rankview.shared's fenced bucket writes.
 
 Memory is the `used_memory` delta of building each shape (bytes per player). The read
 cost is the Redis server's CPU (INFO cpu) of a rank read's second round
@@ -24,10 +25,11 @@ included) and 100 a round trip (that cost spread thin: the commands' own). The t
 the bucket step, ZCOUNT + ZRANK in `copies`; in `shared` the same plus two ZLEXCOUNTs of
 the hidden entries above the score and before the player, read atomically (an epoch
 writes the shared buckets while the other version is read), as one script or as
-MULTI/EXEC; then, in both, the two seqlock reads the views send with it. Every answer
+MULTI/EXEC (the script is rankview.shared's, sent as it sends
+it); then, in both, the two seqlock reads the views send with it. Every answer
 (the player's higher scores and position in the bucket) is checked. `copies` and
-`shared` are built and read `--rounds` times (medians); the other two are built once
-(their bytes do not vary between builds) unless `--rounds-memory`.
+`shared` are built and read `--rounds` times (medians); `plain` is built once (its
+bytes do not vary between builds) unless `--rounds-memory`.
 
     .venv/bin/python bench/index_designs.py                      # 1M players, ~3 min
     .venv/bin/python bench/index_designs.py --players 1M,10M     # ~3 GB of Redis at 10M, ~15 min
@@ -61,6 +63,17 @@ from loader import player_id, redis_used_memory, scores_generate  # noqa: E402
 
 from leaderboard.core.buckets import MAX_SCORE, BucketLayout  # noqa: E402
 from leaderboard.core.manifest import lookup_shards_for  # noqa: E402
+from leaderboard.core.shared_index import (  # noqa: E402
+    BucketOp,
+    Seen,
+    Views,
+    change_plan,
+    entry_name,
+    hidden_member,
+    lookup_encode,
+)
+from leaderboard.views.rankview.fence import group_write_call  # noqa: E402
+from leaderboard.views.rankview.shared import bucket_writes, bucket_writes_expected, place_call  # noqa: E402
 
 PIPELINE = 200
 # The views' default layout (101 buckets of 10,000 points).
@@ -68,17 +81,7 @@ LAYOUT = BucketLayout.uniform()
 bucket_of = LAYOUT.bucket_of
 # The rank step of each shape whose reads are measured.
 STEPS = {"copies": ("pipeline",), "shared": ("script", "transaction")}
-# The second entry of a player whose score differs between the versions: "\x00" sorts it
-# right after the player's own id and before any other id, so ties keep their order.
-SECOND = "\x00"
-
-RANK_STEP = """
-local z, hidden = KEYS[1], KEYS[2]
-local key, name, prefix = ARGV[1], ARGV[2], ARGV[3]
-local above = redis.call('ZLEXCOUNT', hidden, '-', '(' .. prefix)
-local before = redis.call('ZLEXCOUNT', hidden, '-', '(' .. prefix .. name)
-return {redis.call('ZCOUNT', z, '-inf', '(' .. key) - above, redis.call('ZRANK', z, name) - before}
-"""
+SHARED = "{s}"
 
 
 @contextmanager
@@ -120,19 +123,28 @@ class Season:
         self.changed = sorted(rng.sample(range(players), changes))
         for i in self.changed:
             self.new[i] = min(MAX_SCORE, self.old[i] + 10 * rng.randint(1, 50))
-        self.moved = set(self.changed)
         self.shards = lookup_shards_for(players=players)
+        # What both copies see of each changed player once copy 1 applied the epoch.
+        self.views: dict[int, Views] = {}
 
-    def name(self, i: int, version: str) -> str:
-        return player_id(i) + (SECOND if version == "new" and i in self.moved else "")
+    def name(self, i: int) -> str:
+        """Player i's entry name in copy 1 (the new version) of the shared index."""
+        view = self.views.get(i)
+        return entry_name(player_id(i), view is not None and view[1] is not None and view[1].second)
 
 
-def hidden_member(score: int, name: str) -> str:
-    """A hidden entry as a member of its lex-ordered set (every score 0): the score as a
-    fixed-width prefix that sorts like the bucket (score descending), then the name, so
-    the hidden entries before any (score, name) are one ZLEXCOUNT, however many share
-    the score."""
-    return f"{MAX_SCORE - score:07d}{name}"
+def place(value: str) -> tuple[int, int]:
+    """A shared board's (bucket, sorted-set key) of a value's lookup text."""
+    score = int(value)
+    return bucket_of(score), -score
+
+
+def bucket_key(bucket: int) -> str:
+    return f"{SHARED}:z:{bucket}"
+
+
+def hidden_key(copy: int, bucket: int) -> str:
+    return f"{SHARED}:x{copy}:{bucket}"
 
 
 def buckets_write(r: redis.Redis, prefix: str, entries: Iterator[tuple[str, int]]) -> None:
@@ -176,26 +188,24 @@ def shape_build(r: redis.Redis, shape: str, season: Season) -> None:
             buckets_write(r, copy, ((player_id(i), s) for i, s in enumerate(scores)))
             lookup_write(r, copy, season, enumerate(scores))
         return
-    # shared: every player's old entry, plus a second entry for each changed player's new
-    # score; copy 0 (old) hides the second entries, copy 1 (new) the changed players' first.
-    buckets_write(r, "{s}", ((player_id(i), s) for i, s in enumerate(season.old)))
-    buckets_write(r, "{s}", ((season.name(i, "new"), season.new[i]) for i in season.changed))
-    pipe = r.pipeline(transaction=False)
+    # shared: every player's entry, seen by both copies, then copy 1's epoch.
+    buckets_write(r, SHARED, ((player_id(i), s) for i, s in enumerate(season.old)))
+    ops: list[BucketOp] = []
     for i in season.changed:
-        new, old = season.new[i], season.old[i]
-        pipe.zadd(f"{{s}}:x0:{bucket_of(new)}", {hidden_member(new, season.name(i, "new")): 0})
-        pipe.zadd(f"{{s}}:x1:{bucket_of(old)}", {hidden_member(old, player_id(i)): 0})
-        if len(pipe) >= PIPELINE * 10:
-            pipe.execute()
-    pipe.execute()
-    # A reader learns which of a player's two names its copy sees from the lookup: "~"
-    # after the score marks the second entry.
-    if shape == "shared":
-        lookup_write(r, "{s:0}", season, enumerate(season.old))
-        lookup_write(r, "{s:1}", season, ((i, f"{s}~" if i in season.moved else s) for i, s in enumerate(season.new)))
-    else:
-        lookup_write(r, "{s}", season, ((i, f"{season.new[i]}~|{season.old[i]}" if i in season.moved else s)
-                                        for i, s in enumerate(season.old)))
+        old = Seen(str(season.old[i]))
+        planned, season.views[i] = change_plan(copy=1, player_id=player_id(i), views=(old, old),
+                                               value=str(season.new[i]), place=place)
+        ops += planned
+    fence = f"{SHARED}:f"
+    pipe = r.pipeline(transaction=False)
+    expected: list[list[int]] = []
+    for writes in bucket_writes(ops, bucket_key=bucket_key, hidden_key=hidden_key).values():
+        pipe.execute_command(*group_write_call(fence, 1, None, writes))
+        expected.append(bucket_writes_expected(writes))
+    if pipe.execute() != expected:
+        sys.exit("the shared index's epoch did not write what its plan expected")
+    lookup_write(r, SHARED, season, ((i, lookup_encode(season.views[i]) or "" if i in season.views else s)
+                                     for i, s in enumerate(season.old)))
 
 
 def expected_places(season: Season, reads: list[int]) -> dict[int, tuple[int, int]]:
@@ -224,8 +234,7 @@ def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int], batch
     (its four commands in MULTI/EXEC, which a single Redis and one slot of a cluster both
     run atomically). `batch` reads share a round trip (1: each read its own, as a request's)."""
     expected = expected_places(season, reads)
-    sha = r.script_load(RANK_STEP)
-    base = "{s:1}" if step == "pipeline" else "{s}"
+    base = "{s:1}" if step == "pipeline" else SHARED
     r.hset(f"{base}:f", mapping={"token": 1, "gen": 1})
     r.hset(f"{base}:copy:1", mapping={"gen": 1, "version": 1})
     answers: list[Any] = []
@@ -233,15 +242,16 @@ def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int], batch
     for start in range(0, len(reads), batch):
         pipe = r.pipeline(transaction=False)
         for i in reads[start:start + batch]:
-            bucket, key, name = bucket_of(season.new[i]), -season.new[i], season.name(i, "new")
+            bucket, key = place(str(season.new[i]))
+            name = season.name(i)
             if step == "pipeline":
                 pipe.execute_command("ZCOUNT", f"{base}:z:{bucket}", "-inf", f"({key}")
                 pipe.execute_command("ZRANK", f"{base}:z:{bucket}", player_id(i))
             elif step == "script":
-                pipe.evalsha(sha, 2, f"{base}:z:{bucket}", f"{base}:x1:{bucket}", key, name,
-                             hidden_member(season.new[i], ""))
+                pipe.execute_command(*place_call(bucket=bucket_key(bucket), hidden=hidden_key(1, bucket), key=key,
+                                                 name=name))
             else:
-                prefix = hidden_member(season.new[i], "")
+                prefix = hidden_member(key)
                 pipe.execute_command("MULTI")
                 pipe.execute_command("ZCOUNT", f"{base}:z:{bucket}", "-inf", f"({key}")
                 pipe.execute_command("ZRANK", f"{base}:z:{bucket}", name)
@@ -273,7 +283,7 @@ def measure(r: redis.Redis, players: int, args: argparse.Namespace) -> dict[Any,
     season = Season(players, args.changes, args.seed)
     rng = random.Random(args.seed + 2)
     out: dict[Any, Any] = {"players": players}  # a shape's bytes, a (step, batch)'s microseconds
-    for shape in ("plain", "copies", "shared", "shared+lookup"):
+    for shape in ("plain", "copies", "shared"):
         sizes: list[float] = []
         costs: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.rounds if shape in ("copies", "shared") or args.rounds_memory else 1):
@@ -316,14 +326,14 @@ def main() -> None:
             result = measure(r, players, args)
             plain = result["plain"]
             sizes.append([f"{players:,}", f"{plain:.1f}"] + [f"{result[s]:.1f} ({result[s] / plain:.2f}x)"
-                                                             for s in ("copies", "shared", "shared+lookup")])
+                                                             for s in ("copies", "shared")])
             for batch in args.read_batch:
                 copies = result["pipeline", batch]
                 reads.append([f"{players:,}", str(batch), f"{copies:.1f}"]
                              + [f"{result[step, batch]:.1f} ({result[step, batch] / copies:.2f}x)"
                                 for step in ("script", "transaction")])
     print(f"\nRedis {version}, {args.changes:,} players differ between the copies. Bytes a player (used_memory):")
-    print(table(["players", "one sorted set", "copies", "shared", "shared+lookup"], sizes))
+    print(table(["players", "one sorted set", "copies", "shared"], sizes))
     print("\nA rank read's second round trip, microseconds of Redis CPU a read:")
     print(table(["players", "reads a round trip", "copies", "shared, script", "shared, MULTI/EXEC"], reads))
 

@@ -46,6 +46,7 @@ from tests.support.publication import (
     publish,
     reader_of,
 )
+from tests.support.shared_index import keyed_place, model_apply, plain_place
 from tests.support.writes import (
     COMPLETED_AT,
     TEST_ACTOR,
@@ -74,5 +75,5 @@ __all__ = [
     "db_standings", "epoch", "epoch_child", "epoch_child_killed_inside_apply", "fast_get", "final_rows", "finalize",
     "full_check", "in_season", "is_postgres", "iso", "ledger_rows", "keys_of", "live_run", "materialize", "players",
     "post_ok", "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build", "staff",
-    "statuses",
+    "statuses", "keyed_place", "model_apply", "plain_place",
 ]

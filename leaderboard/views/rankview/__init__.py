@@ -6,6 +6,8 @@ fence      the lease, fencing tokens, fenced transactions, the atomic pointer sw
 copies     a copy's meta, its fenced slot-group writes (an epoch's changes, drops), scans, verification
 manifests  manifests stored under the lease and the per-process manifest cache
 reads      RankReader: reads of a published version
+shared     the shared index's bucket writes and read scripts (core.shared_index; measured by
+           bench/index_designs.py, not yet what the views serve from)
 """
 
 from leaderboard.views.rankview.copies import (

@@ -1,0 +1,133 @@
+"""The shared index (core.shared_index) in Redis: its bucket writes as fenced group ops,
+and its reads as scripts that read a bucket and one copy's hidden set at once.
+
+A bucket's sorted set and both copies' hidden sets of it must live in one slot: a write
+changes the bucket and a hidden set together (`bucket_writes`, sent through the group
+write script that every fenced write of the views uses), and a read of one copy counts in
+the bucket and subtracts from its hidden set in one script, because the other copy's
+epoch may be writing the same bucket meanwhile. Both scripts are read-only or run whole,
+so a reader never sees half a write.
+
+Not yet what the views serve from: `bench/index_designs.py` builds and reads the shared
+shape with this module, and the tests check it against two plain copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from leaderboard.core.shared_index import (
+    ADD,
+    HIDDEN_KEY_DIGITS,
+    HIDDEN_KEY_OFFSET,
+    HIDE,
+    REMOVE,
+    SHOW,
+    BucketOp,
+    entry_player,
+    hidden_member,
+)
+from leaderboard.views.rankview.fence import GroupOp
+from leaderboard.views.rankview.wire import _script_call
+
+# Lua's string.format('%x') takes a C long: 64 bits on the servers the views run on, and
+# every hidden key (below 2**54) fits. Must match core.shared_index.hidden_member.
+_HIDDEN_MEMBER_LUA = f"""
+local function hidden(key, name)
+  return string.format('%0{HIDDEN_KEY_DIGITS}x', tonumber(key) + {HIDDEN_KEY_OFFSET}) .. name
+end
+"""
+
+# (ahead, position) of entry ARGV[2] (key ARGV[1]) in the bucket as copy of hidden set
+# KEYS[2] sees it: the entries it sees strictly ahead of the key (the rank's share of the
+# bucket), and the entry's index among those it sees (nil when the bucket lacks it).
+_PLACE = """
+local ahead = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[1])
+  - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. ARGV[3])
+local index = redis.call('ZRANK', KEYS[1], ARGV[2])
+if not index then return {ahead, false} end
+return {ahead, index - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. ARGV[3] .. ARGV[2])}
+"""
+
+# Up to ARGV[2] entries the copy of hidden set KEYS[2] sees, from its ARGV[1]-th (0-based)
+# in the bucket, as ZRANGE WITHSCORES gives them (name, key, ...). The first is found as
+# core.shared_index.physical_index does; the rest are read in slices, each slice's hidden
+# entries in one ZRANGEBYLEX between its first and last.
+_WINDOW = _HIDDEN_MEMBER_LUA + """
+local z, h = KEYS[1], KEYS[2]
+local want, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local at = want
+while true do
+  local row = redis.call('ZRANGE', z, at, at, 'WITHSCORES')
+  if #row == 0 then return {} end
+  local through = want + redis.call('ZLEXCOUNT', h, '-', '[' .. hidden(row[2], row[1]))
+  if through == at then break end
+  at = through
+end
+local out = {}
+while #out < 2 * limit do
+  local rows = redis.call('ZRANGE', z, at, at + limit - 1, 'WITHSCORES')
+  if #rows == 0 then break end
+  local seen = {}
+  local first, last = hidden(rows[2], rows[1]), hidden(rows[#rows], rows[#rows - 1])
+  for _, member in ipairs(redis.call('ZRANGEBYLEX', h, '[' .. first, '[' .. last)) do seen[member] = true end
+  for i = 1, #rows, 2 do
+    if #out < 2 * limit and not seen[hidden(rows[i + 1], rows[i])] then
+      out[#out + 1] = rows[i]
+      out[#out + 1] = rows[i + 1]
+    end
+  end
+  at = at + #rows / 2
+end
+return out
+"""
+
+
+def bucket_writes(ops: Iterable[BucketOp], *, bucket_key: Callable[[int], str],
+                  hidden_key: Callable[[int, int], str]) -> dict[int, list[GroupOp]]:
+    """Each bucket's ops as the group writes that run them at once (fence.group_write_call),
+    by bucket. Every removal of a key comes before its additions: a player's entry can
+    leave a bucket and come back into it under the same name with another key.
+    `hidden_key(copy, bucket)` names a copy's hidden set of a bucket."""
+    removals: dict[int, dict[str, list[Any]]] = {}
+    additions: dict[int, dict[str, list[Any]]] = {}
+    for op in ops:
+        member = hidden_member(op.key, op.name)
+        hidden = hidden_key(op.copy, op.bucket)
+        out = removals if op.op in (REMOVE, SHOW) else additions
+        keyed = out.setdefault(op.bucket, {})
+        if op.op == ADD:
+            keyed.setdefault(bucket_key(op.bucket), []).extend((op.key, op.name))
+        elif op.op == REMOVE:
+            keyed.setdefault(bucket_key(op.bucket), []).append(op.name)
+        else:
+            assert op.op in (HIDE, SHOW), op
+        keyed.setdefault(hidden, []).extend((0, member) if out is additions else (member,))
+    writes: dict[int, list[GroupOp]] = {}
+    for bucket in sorted(removals.keys() | additions.keys()):
+        writes[bucket] = [("ZREM", key, args) for key, args in removals.get(bucket, {}).items()]
+        writes[bucket] += [("ZADD", key, args) for key, args in additions.get(bucket, {}).items()]
+    return writes
+
+
+def bucket_writes_expected(writes: Iterable[GroupOp]) -> list[int]:
+    """What the group write replies for `writes` when the index held what the plan assumed:
+    every entry added was absent and every entry removed present."""
+    return [len(args) // 2 if command == "ZADD" else len(args) for command, _, args in writes]
+
+
+def place_call(*, bucket: str, hidden: str, key: int, name: str) -> tuple[Any, ...]:
+    """The read of an entry's (ahead, position) in a bucket as one copy sees it."""
+    return _script_call(_PLACE, [bucket, hidden], [key, name, hidden_member(key)])
+
+
+def window_call(*, bucket: str, hidden: str, start: int, count: int) -> tuple[Any, ...]:
+    """The read of `count` entries one copy sees in a bucket, from its `start`-th (0-based)."""
+    return _script_call(_WINDOW, [bucket, hidden], [start, count])
+
+
+def window_entries(reply: list[Any]) -> list[tuple[str, float]]:
+    """A window read's reply as (player_id, sorted-set key) in order: entry names back to
+    their players."""
+    return [(entry_player(reply[i].decode()), float(reply[i + 1])) for i in range(0, len(reply), 2)]
