@@ -5,8 +5,8 @@ A bucket's sorted set and both copies' hidden sets of it must live in one slot: 
 changes the bucket and a hidden set together (`bucket_writes`, sent through the group
 write script that every fenced write of the views uses), and a read of one copy counts in
 the bucket and subtracts from its hidden set in one script, because the other copy's
-epoch may be writing the same bucket meanwhile. Both scripts are read-only or run whole,
-so a reader never sees half a write.
+epoch may be writing the same bucket meanwhile. Redis runs a script whole, so a reader
+never sees half a bucket's write.
 
 Not yet what the views serve from: `bench/index_designs.py` builds and reads the shared
 shape with this module, and the tests check it against two plain copies.
