@@ -3,8 +3,9 @@
 
 The views keep R = 2 complete copies of the bucketed index (docs/architecture.md): a copy
 is mutated only once no reader can see it. This measures, on a Redis server of its own,
-with plain Redis commands (the layout's rules come from leaderboard.core, not from the
-views' code), the shapes that trade-off is weighed against:
+the shapes that trade-off is weighed against (`plain` and `copies` built with plain Redis
+commands and the layout's rules from leaderboard.core; `shared` with the shared index's
+own plan, writes and read script):
 
 - `plain`: one sorted set of every player (the single-key baseline);
 - `copies`: two complete copies, each its score-range buckets (the default 101 x 10,000
@@ -72,6 +73,7 @@ from leaderboard.core.shared_index import (  # noqa: E402
     hidden_member,
     lookup_encode,
 )
+from leaderboard.core.tiebreak import index_key  # noqa: E402
 from leaderboard.views.rankview.fence import group_write_call  # noqa: E402
 from leaderboard.views.rankview.shared import bucket_writes, bucket_writes_expected, place_call  # noqa: E402
 
@@ -135,8 +137,7 @@ class Season:
 
 def place(value: str) -> tuple[int, int]:
     """A shared board's (bucket, sorted-set key) of a value's lookup text."""
-    score = int(value)
-    return bucket_of(score), -score
+    return index_key(LAYOUT, None, int(value))
 
 
 def bucket_key(bucket: int) -> str:
@@ -230,9 +231,10 @@ def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int], batch
     trip in copy 1, every answer checked: the bucket step, then the two reads of the
     seqlock that tell a reader its copy did not change meanwhile (the group fence's and
     the copy meta's generation), as the views send them. The bucket step: "pipeline" (the
-    copies' ZCOUNT + ZRANK), "script" (the shared index's, one EVALSHA) or "transaction"
-    (its four commands in MULTI/EXEC, which a single Redis and one slot of a cluster both
-    run atomically). `batch` reads share a round trip (1: each read its own, as a request's)."""
+    copies' ZCOUNT + ZRANK), "script" (the shared index's place script, sent as
+    rankview.shared sends it: EVAL, whose body Redis hashes on every call) or
+    "transaction" (its four commands in MULTI/EXEC, which a single Redis and one slot of a
+    cluster both run atomically). `batch` reads share a round trip (1: each read its own, as a request's)."""
     expected = expected_places(season, reads)
     base = "{s:1}" if step == "pipeline" else SHARED
     r.hset(f"{base}:f", mapping={"token": 1, "gen": 1})

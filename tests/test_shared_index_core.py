@@ -158,7 +158,8 @@ def test_random_applies_of_either_copy_keep_both_exact_and_never_touch_the_other
     @settings(max_examples=300, deadline=None)
     @given(st.lists(step, max_size=12))
     def run(steps: list[tuple[int, dict[str, str | None]]]) -> None:
-        memory, models = Memory(), [{}, {}]  # type: tuple[Memory, list[dict[str, str]]]
+        memory = Memory()
+        models: list[dict[str, str]] = [{}, {}]
         for copy, changes in steps:
             other = 1 - copy
             before = memory.seen_by(other)
@@ -225,6 +226,12 @@ def test_the_lookup_text_reads_back_as_both_copies_views(views: Views) -> None:
         assert raw is None
     else:
         assert raw is not None and lookup_decode(raw.encode()) == views
+
+
+@pytest.mark.parametrize("key", [-1_000_001, 2**53])
+def test_a_sort_key_outside_the_hidden_sets_encoding_is_refused(key: int) -> None:
+    with pytest.raises(SharedIndexError):
+        hidden_member(key, "a")
 
 
 @pytest.mark.parametrize("raw", ["", "|", "~", "7|7", "~7|~7"])

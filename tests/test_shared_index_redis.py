@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from leaderboard.core.shared_index import Seen, change_plan, entry_name, lookup_decode, lookup_encode
+from leaderboard.core.buckets import MAX_SCORE
+from leaderboard.core.shared_index import Seen, SharedIndexError, change_plan, entry_name, lookup_decode, lookup_encode
+from leaderboard.core.tiebreak import KEY_LIMIT
 from leaderboard.views.rankview.fence import group_write_call, groups_send
 from leaderboard.views.rankview.shared import (
     bucket_writes,
@@ -35,8 +37,21 @@ def keyed_value(rng: random.Random) -> str:
     return f"{rng.randrange(10 * BUCKETS)}:{rng.choice([0, 1, 2**40 - 1])}"
 
 
+# Sort keys at both ends of the hidden sets' encoding (-MAX_SCORE, 2**53 - 1) and between,
+# in three buckets, so the scripts' hex encoding is compared with Python's at its widest.
+EDGE_KEYS = [-MAX_SCORE, -MAX_SCORE + 1, -1, 0, 1, 2**44, KEY_LIMIT - 2, KEY_LIMIT - 1]
+
+
+def edge_place(value: str) -> tuple[int, int]:
+    return int(value) % 3, int(value)
+
+
+def edge_value(rng: random.Random) -> str:
+    return str(rng.choice(EDGE_KEYS))
+
+
 LAYOUTS: dict[str, tuple[Callable[[str], tuple[int, int]], Callable[[random.Random], str]]] = {
-    "plain": (plain_place, plain_value), "keyed": (keyed_place, keyed_value)}
+    "plain": (plain_place, plain_value), "keyed": (keyed_place, keyed_value), "edges": (edge_place, edge_value)}
 
 
 def bucket_key(bucket: int) -> str:
@@ -134,10 +149,21 @@ def test_random_epochs_of_both_copies_read_back_exact_and_never_move_the_serving
 
 
 def test_a_plan_that_assumed_entries_the_bucket_lacks_shows_in_the_replies(redis_flushed: Any) -> None:
-    # The lookup says both copies share "a" at 7, but the bucket never got it (a lost
-    # write): the copy's change removes nothing and the replies say so.
+    # The lookup says copy 0 alone sees "a" at 7 (copy 1 sees 9 under the second name),
+    # but the bucket never got that entry (a lost write): the change removes nothing and
+    # the replies say so.
     ops, _ = change_plan(copy=0, player_id="a", views=(Seen("7"), Seen("9", second=True)), value="23",
                          place=plain_place)
     writes = bucket_writes(ops, bucket_key=bucket_key, hidden_key=hidden_key)[0]
     (replies,) = groups_send(redis_flushed, [(fence_key(0), group_write_call(fence_key(0), 1, None, writes))])
     assert replies != bucket_writes_expected(writes)
+
+
+def test_two_plans_for_one_player_in_one_bucket_write_are_refused() -> None:
+    # Copy 0 hides the shared entry and adds one; copy 1 then removes the old entry and is
+    # shown the new one: both touch the old entry's hidden record of copy 0, which one
+    # write (removals first) would leave behind.
+    first, after = change_plan(copy=0, player_id="a", views=(Seen("7"), Seen("7")), value="8", place=plain_place)
+    second, _ = change_plan(copy=1, player_id="a", views=after, value="8", place=plain_place)
+    with pytest.raises(SharedIndexError):
+        bucket_writes(first + second, bucket_key=bucket_key, hidden_key=hidden_key)

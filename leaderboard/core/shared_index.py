@@ -36,16 +36,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from leaderboard.core.buckets import MAX_SCORE
+from leaderboard.core.tiebreak import KEY_LIMIT
 
 COPIES = 2
 # A player's second entry's name is their id followed by this byte. Player ids are
 # [A-Za-z0-9_.:-], so no other id starts with an id followed by it.
 SECOND = "\x00"
 # Sorted-set keys run from -MAX_SCORE (-score on a shared board) to below 2**53 (a
-# first_reached key): offset to be nonnegative, they fit in 14 hex digits, and fixed-width
-# lowercase hex orders as the numbers do.
+# first_reached key). A hidden member spells a negative key as "0" and the key plus
+# MAX_SCORE, a nonnegative one as "1" and the key, each in 14 fixed-width lowercase hex
+# digits, which order as the numbers do. Not one offset for all: the scripts compute the
+# same text with doubles, and a key near 2**53 plus any offset is no longer exact.
 HIDDEN_KEY_OFFSET = MAX_SCORE
 HIDDEN_KEY_DIGITS = 14
 # The lookup's separator of the two copies' parts, and the mark of a part whose entry is
@@ -54,14 +58,16 @@ _PARTS = "|"
 _SECOND_MARK = "~"
 
 # The ops of a bucket write (BucketOp.op).
-ADD = "add"
-REMOVE = "remove"
-HIDE = "hide"
-SHOW = "show"
+Op = Literal["add", "remove", "hide", "show"]
+ADD: Op = "add"
+REMOVE: Op = "remove"
+HIDE: Op = "hide"
+SHOW: Op = "show"
 
 
 class SharedIndexError(ValueError):
-    """A value the shared index cannot hold (a lookup text it could not read back)."""
+    """A value the shared index cannot hold: a lookup text it could not read back, a sort
+    key outside the hidden sets' encoding."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +90,7 @@ class BucketOp:
     set). REMOVE: the entry leaves the bucket and `copy`'s hidden set. HIDE: `copy` stops
     seeing the entry. SHOW: `copy` sees it again."""
 
-    op: str
+    op: Op
     bucket: int
     key: int
     name: str
@@ -102,9 +108,14 @@ def entry_player(name: str) -> str:
 
 def hidden_member(key: int, name: str = "") -> str:
     """An entry as a member of a hidden set, where every score is 0 and members order by
-    their bytes: the key in fixed-width hex, then the name. With an empty name, the lower
-    bound of every entry of that key."""
-    return f"{key + HIDDEN_KEY_OFFSET:0{HIDDEN_KEY_DIGITS}x}{name}"
+    their bytes: the key's sign, the key in fixed-width hex, then the name. With an empty
+    name, the lower bound of every entry of that key."""
+    if 0 <= key < KEY_LIMIT:
+        return f"1{key:0{HIDDEN_KEY_DIGITS}x}{name}"
+    if -HIDDEN_KEY_OFFSET <= key < 0:
+        return f"0{key + HIDDEN_KEY_OFFSET:0{HIDDEN_KEY_DIGITS}x}{name}"
+    # Out of range, the fixed width would no longer order as the keys do.
+    raise SharedIndexError(f"sort key {key} is outside the hidden sets' encoding")
 
 
 def lookup_encode(views: Views) -> str | None:

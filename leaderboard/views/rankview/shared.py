@@ -25,17 +25,21 @@ from leaderboard.core.shared_index import (
     REMOVE,
     SHOW,
     BucketOp,
+    SharedIndexError,
     entry_player,
     hidden_member,
 )
 from leaderboard.views.rankview.fence import GroupOp
 from leaderboard.views.rankview.wire import _script_call
 
-# Lua's string.format('%x') takes a C long: 64 bits on the servers the views run on, and
-# every hidden key (below 2**54) fits. Must match core.shared_index.hidden_member.
+# core.shared_index.hidden_member in Lua. Its numbers are doubles, exact below 2**53, and
+# string.format('%x') takes a C long (64 bits on the servers the views run on): a key is
+# never added to past 2**53, which is why negative and nonnegative keys are spelled apart.
 _HIDDEN_MEMBER_LUA = f"""
 local function hidden(key, name)
-  return string.format('%0{HIDDEN_KEY_DIGITS}x', tonumber(key) + {HIDDEN_KEY_OFFSET}) .. name
+  local k = tonumber(key)
+  if k < 0 then return string.format('0%0{HIDDEN_KEY_DIGITS}x', k + {HIDDEN_KEY_OFFSET}) .. name end
+  return string.format('1%0{HIDDEN_KEY_DIGITS}x', k) .. name
 end
 """
 
@@ -89,12 +93,21 @@ def bucket_writes(ops: Iterable[BucketOp], *, bucket_key: Callable[[int], str],
     """Each bucket's ops as the group writes that run them at once (fence.group_write_call),
     by bucket. Every removal of a key comes before its additions: a player's entry can
     leave a bucket and come back into it under the same name with another key.
-    `hidden_key(copy, bucket)` names a copy's hidden set of a bucket."""
+    `hidden_key(copy, bucket)` names a copy's hidden set of a bucket.
+
+    `ops` hold at most one change_plan per player (one epoch's newest value of each, for
+    one copy): two plans for one player could touch the same hidden record twice, which
+    the reordering would undo, so that raises SharedIndexError."""
     removals: dict[int, dict[str, list[Any]]] = {}
     additions: dict[int, dict[str, list[Any]]] = {}
+    records: set[tuple[str, str]] = set()
     for op in ops:
         member = hidden_member(op.key, op.name)
         hidden = hidden_key(op.copy, op.bucket)
+        if (hidden, member) in records:
+            raise SharedIndexError(f"two ops on the hidden record of {op.name!r} in bucket {op.bucket}: "
+                                   "one change_plan per player")
+        records.add((hidden, member))
         out = removals if op.op in (REMOVE, SHOW) else additions
         keyed = out.setdefault(op.bucket, {})
         if op.op == ADD:
