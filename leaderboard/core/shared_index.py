@@ -41,7 +41,6 @@ from typing import Literal
 from leaderboard.core.buckets import MAX_SCORE
 from leaderboard.core.tiebreak import KEY_LIMIT
 
-COPIES = 2
 # A player's second entry's name is their id followed by this byte. Player ids are
 # [A-Za-z0-9_.:-], so no other id starts with an id followed by it.
 SECOND = "\x00"
