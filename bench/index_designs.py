@@ -49,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,6 +74,7 @@ from leaderboard.core.shared_index import (  # noqa: E402
 )
 from leaderboard.core.tiebreak import index_key  # noqa: E402
 from leaderboard.views.rankview.fence import group_write_call  # noqa: E402
+from leaderboard.views.rankview.keys import shards_of  # noqa: E402
 from leaderboard.views.rankview.shared import bucket_writes, bucket_writes_expected, place_call  # noqa: E402
 
 PIPELINE = 200
@@ -166,13 +166,10 @@ def buckets_write(r: redis.Redis, prefix: str, entries: Iterator[tuple[str, int]
 
 
 def lookup_write(r: redis.Redis, prefix: str, season: Season, values: Iterator[tuple[int, str | int]]) -> None:
-    by_shard: dict[int, dict[Any, Any]] = {}
-    for i, value in values:
-        pid = player_id(i)
-        by_shard.setdefault(zlib.crc32(pid.encode()) % season.shards, {})[pid] = value
+    fields = {player_id(i): value for i, value in values}
     pipe = r.pipeline(transaction=False)
-    for shard, fields in by_shard.items():
-        pipe.hset(f"{prefix}:h:{shard}", mapping=fields)
+    for shard, players in shards_of(fields, season.shards).items():
+        pipe.hset(f"{prefix}:h:{shard}", mapping={pid: fields[pid] for pid in players})
         if len(pipe) >= PIPELINE * 10:
             pipe.execute()
     pipe.execute()
@@ -255,10 +252,10 @@ def read_cost(r: redis.Redis, step: str, season: Season, reads: list[int], batch
             else:
                 prefix = hidden_member(key)
                 pipe.execute_command("MULTI")
-                pipe.execute_command("ZCOUNT", f"{base}:z:{bucket}", "-inf", f"({key}")
-                pipe.execute_command("ZRANK", f"{base}:z:{bucket}", name)
-                pipe.execute_command("ZLEXCOUNT", f"{base}:x1:{bucket}", "-", f"({prefix}")
-                pipe.execute_command("ZLEXCOUNT", f"{base}:x1:{bucket}", "-", f"({prefix}{name}")
+                pipe.execute_command("ZCOUNT", bucket_key(bucket), "-inf", f"({key}")
+                pipe.execute_command("ZRANK", bucket_key(bucket), name)
+                pipe.execute_command("ZLEXCOUNT", hidden_key(1, bucket), "-", f"({prefix}")
+                pipe.execute_command("ZLEXCOUNT", hidden_key(1, bucket), "-", f"({prefix}{name}")
                 pipe.execute_command("EXEC")
             pipe.execute_command("HGET", f"{base}:f", "gen")
             pipe.execute_command("HMGET", f"{base}:copy:1", "gen", "version")
