@@ -96,6 +96,10 @@ class Manifest:
     # How many slot groups the copy's data keys are spread over (core.slots): a bucket's or
     # shard's key, and the fence whose `gen` a reader checks, are named from it.
     groups: int = SLOT_GROUPS_DEFAULT
+    # Which side of the copy's buckets the version reads (0 or 1): a bucket can hold
+    # entries one side does not see, recorded in that side's hidden sets (docs/architecture.md,
+    # The shared index), and the lookup holds each side's value.
+    side: int = 0
 
     def board_of(self, region: str) -> Manifest | None:
         """This version seen as one regional board (the same copy, generation and watermark),
@@ -132,6 +136,7 @@ class Manifest:
             "top": self.top,
             "lookup_shards": self.lookup_shards,
             "groups": self.groups,
+            **({"side": self.side} if self.side else {}),
             # Only on first_reached boards: a shared season's manifest is as it always was.
             **({} if self.ties is None else {"tie_break": self.ties.as_dict()}),
             **({} if not self.regions else
@@ -159,6 +164,7 @@ class Manifest:
             regions={name: RegionBoard.from_dict(b) for name, b in data.get("regions", {}).items()},
             lookup_shards=int(data.get("lookup_shards", LOOKUP_SHARDS_DEFAULT)),
             groups=int(data.get("groups", SLOT_GROUPS_DEFAULT)),
+            side=int(data.get("side", 0)),
         )
 
     @classmethod

@@ -70,12 +70,14 @@ from leaderboard.core.live import (
 )
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked_values
+from leaderboard.core.shared_index import entry_player
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import IndexValue, index_key, index_value, lookup_value, value_score
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.redis_client import cluster_outage, cluster_unreachable
 from leaderboard.views import rankview
-from leaderboard.views.rankview.reads import seqlock_commands, seqlock_holds
+from leaderboard.views.rankview.reads import board_entry, seqlock_commands, seqlock_holds
+from leaderboard.views.rankview.shared import ahead_call, place_call, window_call
 from leaderboard.views.rankview.wire import slot_batches
 from leaderboard.views.selectors import leaderboard_reader, read_unavailable
 from seasons.models import Season
@@ -338,6 +340,9 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         touched.add(bucket_group(bucket=bucket, groups=groups, board=manifest.board))
         return keys.bucket(copy, layout.layout_id, bucket, manifest.board, groups=groups)
 
+    def hidden_key(bucket: int) -> str:
+        return keys.hidden(copy, manifest.side, layout.layout_id, bucket, manifest.board, groups=groups)
+
     # 1. Scores from the copy's lookup: one HMGET per lookup shard (the copy's count).
     shards = list(rankview.shards_of(wanted, manifest.lookup_shards).items())
     touched.update(shard_group(shard=shard, groups=groups) for shard, _ in shards)
@@ -346,12 +351,17 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         # The players' regions in the same round trip; the global board never asks.
         lookups += [("HMGET", keys.region(copy, shard, groups=groups), *players) for shard, players in shards]
     replies = yield lookups
-    if manifest.board:
-        replies = _board_members(manifest.board, len(shards), replies)
-    # Values: scores, or (score, reached_ms) on a first_reached board (core.tiebreak).
+    homes = replies[len(shards):] if manifest.board else [[None] * len(players) for _, players in shards]
+    # Values: scores, or (score, reached_ms) on a first_reached board (core.tiebreak), as
+    # the version's side sees them, with the name of the entry that holds each; on a
+    # region's board only the players whose region entry names it.
     ties = manifest.ties
-    found = [(player_id, lookup_value(ties, value)) for (_, players), values in zip(shards, replies, strict=True)
-             for player_id, value in zip(players, values, strict=True) if value is not None]
+    found: list[tuple[str, IndexValue, str]] = []
+    for (_, players), values, regions in zip(shards, replies[:len(shards)], homes, strict=True):
+        for player_id, value, region in zip(players, values, regions, strict=True):
+            _, on_board = board_entry(manifest, player_id, value, region)
+            if on_board is not None:
+                found.append((player_id, lookup_value(ties, on_board[0]), on_board[1]))
 
     # 2. Players ranked ahead and the index of each found player in its bucket.
     located: dict[str, Entry] = {}
@@ -359,14 +369,13 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     if found:
         calls: list[Call] = []
         buckets: list[int] = []
-        for player_id, value in found:
+        for _, value, name in found:
             bucket, sort_key = index_key(layout, ties, value)
             buckets.append(bucket)
-            calls.append(("ZCOUNT", bucket_key(bucket), "-inf", f"({sort_key}"))
-            calls.append(("ZRANK", bucket_key(bucket), player_id))
+            calls.append(place_call(bucket=bucket_key(bucket), hidden=hidden_key(bucket), key=sort_key, name=name))
         replies = yield calls
-        for i, (player_id, value) in enumerate(found):
-            higher, index = replies[2 * i], replies[2 * i + 1]
+        for i, (player_id, value, _) in enumerate(found):
+            higher, index = replies[i]
             if index is None:
                 raise rankview.Torn()  # the lookup and the index disagree: mid-mutation
             position, rank = bucket_place(manifest.higher, buckets[i], index=int(index), ahead=int(higher))
@@ -387,10 +396,11 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
             ranges.setdefault(span, len(ranges))
     pairs_of: list[list[tuple[str, IndexValue]]] = []
     if ranges:
-        # Raw: through redis-py's ZRANGE callback every score of a RESP3 reply was
-        # formatted back to bytes and parsed again (a tenth of a process's fan-out CPU).
-        replies = yield [("ZRANGE", bucket_key(bucket), start, stop, "WITHSCORES") for bucket, start, stop in ranges]
-        pairs_of = [[(m.decode(), index_value(layout, ties, bucket, s)) for m, s in _score_pairs(reply)]
+        # The entries the version's side sees (entry names back to players).
+        replies = yield [window_call(bucket=bucket_key(bucket), hidden=hidden_key(bucket), start=start,
+                                     count=stop - start + 1) for bucket, start, stop in ranges]
+        pairs_of = [[(entry_player(m.decode()), index_value(layout, ties, bucket, s))
+                     for m, s in zip(reply[::2], reply[1::2], strict=True)]
                     for (bucket, _, _), reply in zip(ranges, replies, strict=True)]
 
     # 4. The rank of each window's first entry when it is not known already (it is for
@@ -407,15 +417,15 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         if first != 1 and first_score != value_of[player_id]:
             rank_queries.setdefault(first_score, len(rank_queries))
     keyed = {value: index_key(layout, ties, value) for value in rank_queries}
-    counts: list[Call] = [("ZCOUNT", bucket_key(keyed[value][0]), "-inf", f"({keyed[value][1]}")
-                          for value in rank_queries]
+    counts: list[Call] = [ahead_call(bucket=bucket_key(keyed[value][0]), hidden=hidden_key(keyed[value][0]),
+                                     key=keyed[value][1]) for value in rank_queries]
     # The seqlock's reads after every data read (the earlier round trips answered before
     # this one was sent).
     replies = yield [*counts, *seqlock_commands(keys, manifest, sorted(touched))]
     if not seqlock_holds(manifest, replies[len(counts):]):
         raise rankview.Torn()
     rank_of_score = {
-        value: bucket_rank(manifest.higher, keyed[value][0], int(replies[index]))
+        value: bucket_rank(manifest.higher, keyed[value][0], int(replies[index][0]))
         for value, index in rank_queries.items()
     }
 
@@ -431,23 +441,6 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         window = ranked_values(pairs, first_position=first, rank_of_first=rank_first)
         out[player_id] = PlayerRead(entry=me, window=tuple(window), radius=wanted[player_id])
     return out
-
-
-def _board_members(board: str, shards: int, replies: list[Any]) -> list[list[Any]]:
-    """The lookup replies of a regional board's first round trip (the first `shards`
-    replies; the region shards' follow), a player's value kept only when their region
-    entry names the board: only they are on it."""
-    names = (board, board.encode())
-    return [[value if region in names else None for value, region in zip(values, homes, strict=True)]
-            for values, homes in zip(replies[:shards], replies[shards:], strict=True)]
-
-
-def _score_pairs(reply: list[Any]) -> list[tuple[bytes, Any]]:
-    """ZRANGE ... WITHSCORES as (member, score) pairs: RESP3 nests them ([member, float]),
-    RESP2 alternates member and score (bytes); index_value takes either score."""
-    if reply and isinstance(reply[0], list):
-        return [(member, score) for member, score in reply]
-    return list(zip(reply[::2], reply[1::2], strict=True))
 
 
 # ------------------------------------------------------------------------------ rounds

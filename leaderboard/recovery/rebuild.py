@@ -66,6 +66,7 @@ from leaderboard.views.materializer import (
     season_lease_acquire,
 )
 from leaderboard.views.rankview.reads import version_holds
+from leaderboard.views.rankview.shared import window_call
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -604,15 +605,15 @@ def season_split_recommendations(*, season: Season, window_seconds: float = 600.
     for bucket, count in enumerate(live.counts):
         if count >= parts:
             key = keys.bucket(live.copy, live.layout.layout_id, bucket, groups=live.groups)
+            hidden = keys.hidden(live.copy, live.side, live.layout.layout_id, bucket, groups=live.groups)
             for k in range(1, parts):
-                commands.append(("ZRANGE", key, count * k // parts, count * k // parts, "WITHSCORES"))
+                commands.append(window_call(bucket=key, hidden=hidden, start=count * k // parts, count=1))
                 order.append(bucket)
     replies = rankview.round_trip(r, commands) if commands else []
     for bucket, reply in zip(order, replies, strict=True):
         if reply:
-            member_score = reply[0] if isinstance(reply[0], list) else reply  # RESP3 nests the pair
             # Boundaries go just above a quantile score, so its ties stay on one side.
-            score = value_score(index_value(live.layout, live.ties, bucket, float(member_score[1])))
+            score = value_score(index_value(live.layout, live.ties, bucket, float(reply[1])))
             quantiles.setdefault(bucket, []).append(score + 1)
     return split_recommendations(layout=live.layout, counts=live.counts, changes=changes,
                                  quantile_scores=quantiles, parts=parts)

@@ -43,6 +43,7 @@ from leaderboard.core.reconciliation import (
     stratified_positions,
     version_boards,
 )
+from leaderboard.core.shared_index import entry_name
 from leaderboard.core.tiebreak import FirstReached, IndexValue, index_key, lookup_value, value_score, value_token
 from leaderboard.ingest.selectors import changes_after_q
 from leaderboard.ledger_reads import (
@@ -55,6 +56,7 @@ from leaderboard.models import PlayerScore, ReconciliationRun, ScoreChange
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from leaderboard.views.invariants import sampled_reads, version_check
+from leaderboard.views.rankview.shared import lookup_seen, seen_key_call
 from seasons.models import Season
 
 _ORDER_PG = 'ORDER BY score DESC, player_id COLLATE "C"'
@@ -476,31 +478,38 @@ def _ledger_replayed_players(*, r: redis.Redis, keys: rankview.Keys, season: Sea
     expected = {p: ledger.get(p, (None, "")) for p in wanted}
     expected.update({p: (then, moves.regions.get(p, ("", ""))[1])
                      for p, (_, then) in moves.values.items() if p in expected})
-    commands: list[tuple[Any, ...]] = []
+    # Each check's commands: one read, or (a key in a bucket) one per name of the player's
+    # entry, as the version's side sees the bucket.
+    commands: list[list[tuple[Any, ...]]] = []
     checks: list[tuple[str, str, str, int | str | None]] = []  # (board, player, what, ledger's)
     on_board = dict.fromkeys(("", *boards), 0)
+    layout_id, side = manifest.layout.layout_id, manifest.side
     for player_id, (value, region) in expected.items():
         shard = rankview.lookup_shard(player_id, manifest.lookup_shards)
-        commands.append(("HGET", keys.lookup(manifest.copy, shard, groups=manifest.groups), player_id))
+        commands.append([("HGET", keys.lookup(manifest.copy, shard, groups=manifest.groups), player_id)])
         checks.append(("", player_id, "lookup", None if value is None else value_token(value)))
         on_board[""] += 1
         board = region if value is not None and region in boards else None
         if value is not None:
             bucket, key = index_key(manifest.layout, ties, value)
             for name in ("", board) if board else ("",):
-                commands.append(("ZSCORE", keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, name,
-                                                 groups=manifest.groups),
-                                 player_id))
+                bucket_key = keys.bucket(manifest.copy, layout_id, bucket, name, groups=manifest.groups)
+                hidden = keys.hidden(manifest.copy, side, layout_id, bucket, name, groups=manifest.groups)
+                commands.append([seen_key_call(bucket=bucket_key, hidden=hidden, name=entry)
+                                 for entry in (player_id, entry_name(player_id, True))])
                 checks.append((name, player_id, f"key in bucket {bucket}", key))
         if boards:
-            commands.append(("HGET", keys.region(manifest.copy, shard, groups=manifest.groups), player_id))
+            commands.append([("HGET", keys.region(manifest.copy, shard, groups=manifest.groups), player_id)])
             checks.append((board or "", player_id, "region shard", board))
             on_board[board or ""] += bool(board)
     wrong: dict[str, list[str]] = {}
     for start in range(0, len(commands), REPLAYED_BATCH):
-        replies = rankview.round_trip(r, commands[start:start + REPLAYED_BATCH])
-        for (board, player_id, what, want), reply in zip(checks[start:start + REPLAYED_BATCH], replies, strict=True):
-            got = _replayed_reply(what, reply, ties)
+        batch = commands[start:start + REPLAYED_BATCH]
+        flat = rankview.round_trip(r, [command for reads in batch for command in reads])
+        at = 0
+        for (board, player_id, what, want), reads in zip(checks[start:start + REPLAYED_BATCH], batch, strict=True):
+            replies, at = flat[at:at + len(reads)], at + len(reads)
+            got = _replayed_reply(what, replies, ties, side)
             if got != want:
                 wrong.setdefault(board, []).append(f"{player_id}: {what} {got!r}, ledger {want!r}")
     for board, count in on_board.items():
@@ -509,14 +518,19 @@ def _ledger_replayed_players(*, r: redis.Redis, keys: rankview.Keys, season: Sea
                    f"{count} replayed players; " + "; ".join(found[:10]))
 
 
-def _replayed_reply(what: str, reply: Any, ties: FirstReached | None) -> int | float | str | None:
-    if reply is None:
-        return None
-    if what == "lookup":
-        return value_token(lookup_value(ties, reply))
-    if what == "region shard":
-        return bytes(reply).decode()
-    return float(reply)  # a member's sort key (an integer below 2**53: exact as a float)
+def _replayed_reply(what: str, replies: list[Any], ties: FirstReached | None, side: int
+                    ) -> int | float | str | None:
+    """What a check's replies say: a lookup's or region shard's value as `side` sees it, or
+    the key of the player's entry `side` sees in the bucket (either of its names)."""
+    if what in ("lookup", "region shard"):
+        seen = lookup_seen(replies[0], side)
+        if seen is None:
+            return None
+        return value_token(lookup_value(ties, seen.value)) if what == "lookup" else seen.value
+    keys = [float(reply) for reply in replies if reply is not None]
+    # A member's sort key (an integer below 2**53: exact as a float); both names seen
+    # would be a broken index, shown as both keys.
+    return keys[0] if len(keys) == 1 else (None if not keys else str(keys))
 
 
 def reconciliation_run(*, season: Season, full: bool | None = None, sample: int | None = None) -> ReconciliationRun:

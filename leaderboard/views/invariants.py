@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 
@@ -28,9 +28,12 @@ from leaderboard.core.checksum import MODULUS, checksum_of
 from leaderboard.core.epoch import rank_after
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.reconciliation import Report, board_check, board_sample, stratified_positions, version_boards
+from leaderboard.core.shared_index import entry_name
 from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score, value_token
 from leaderboard.views import rankview
+from leaderboard.views.rankview.copies import hidden_keys_of
 from leaderboard.views.rankview.reads import version_holds
+from leaderboard.views.rankview.shared import ahead_call, lookup_seen, seen_key_call
 
 # Sampled positions read at once: each costs a few round trips that mostly wait on Redis.
 SAMPLE_READERS = 8
@@ -86,6 +89,11 @@ def _bucket_key(keys: rankview.Keys, manifest: Manifest, bucket: int) -> str:
     return keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board, groups=manifest.groups)
 
 
+def _hidden_key(keys: rankview.Keys, manifest: Manifest, bucket: int) -> str:
+    return keys.hidden(manifest.copy, manifest.side, manifest.layout.layout_id, bucket, manifest.board,
+                       groups=manifest.groups)
+
+
 @dataclass(frozen=True, slots=True)
 class IndexSizes:
     """What a version's copy holds, by size: ZCARD of every bucket of each board ("" the
@@ -110,18 +118,23 @@ class IndexSizes:
 
 
 def index_sizes(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, *, lookups: bool) -> IndexSizes:
-    """The sizes of every bucket of the manifest's copy in one round trip; with `lookups`,
-    of its lookup and region shards too (SHARD_SCAN_BATCH shards a round trip)."""
+    """The sizes of every bucket of the manifest's copy in one round trip (the entries the
+    version's side sees: ZCARD less its hidden ones); with `lookups`, of its lookup and
+    region shards too (SHARD_SCAN_BATCH shards a round trip)."""
     boards = version_boards(manifest)
-    commands: list[tuple[str, ...]] = [("ZCARD", _bucket_key(keys, board, b))
-                                       for board in boards for b in range(manifest.layout.size)]
-    replies = [int(n) for n in rankview.round_trip(r, commands)]
+    commands: list[tuple[str, ...]] = [command for board in boards for b in range(manifest.layout.size)
+                                       for command in (("ZCARD", _bucket_key(keys, board, b)),
+                                                       ("ZCARD", _hidden_key(keys, board, b)))]
+    raw = rankview.round_trip(r, commands)
+    replies = [int(n) - int(h) for n, h in zip(raw[::2], raw[1::2], strict=True)]
     size = manifest.layout.size
     cards = {board.board: replies[i * size:(i + 1) * size] for i, board in enumerate(boards)}
     if not lookups:
         return IndexSizes(cards=cards, lookup=None, placed=None)
-    lookup, placed = rankview.copy_shard_sizes(r, keys, manifest.copy, manifest.lookup_shards, groups=manifest.groups,
-                                               regions=bool(manifest.regions))
+    lookup, placed = rankview.copy_shard_sizes(
+        r, keys, manifest.copy, manifest.lookup_shards, groups=manifest.groups, regions=bool(manifest.regions),
+        side=manifest.side, hidden=hidden_keys_of(keys, manifest.copy, manifest.layout, manifest.regions,
+                                                  groups=manifest.groups))
     return IndexSizes(cards=cards, lookup=lookup, placed=placed)
 
 
@@ -176,14 +189,16 @@ class _BoardScan:
 
 
 def _entries_get(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, players: list[str], *, regions: bool
-                 ) -> list[bytes | None]:
-    """Each player's lookup entry (`regions`: region-shard entry) in the manifest's copy, in
-    the order of `players`: one HMGET per shard holding some of them, in one round trip."""
+                 ) -> list[str | None]:
+    """Each player's lookup entry (`regions`: region-shard entry) in the manifest's copy as
+    its side sees it, in the order of `players`: one HMGET per shard holding some of them,
+    in one round trip."""
     key_of = keys.region if regions else keys.lookup
     by_shard = rankview.shards_of(players, manifest.lookup_shards)
     replies = rankview.round_trip(r, [("HMGET", key_of(manifest.copy, shard, groups=manifest.groups), *names)
                                       for shard, names in by_shard.items()])
-    found = {p: v for (_, names), values in zip(by_shard.items(), replies, strict=True)
+    found = {p: seen.value if (seen := lookup_seen(v, manifest.side)) is not None else None
+             for (_, names), values in zip(by_shard.items(), replies, strict=True)
              for p, v in zip(names, values, strict=True)}
     return [found[p] for p in players]
 
@@ -202,7 +217,8 @@ def _scan_board(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, board: 
         low, high = board.layout.range_of(bucket)
         checksum = 0
         members = rankview.bucket_values_scan(r, keys, board.copy, board.layout, board.ties, bucket,
-                                              batch=SCAN_CHUNK, board=board.board, groups=board.groups)
+                                              batch=SCAN_CHUNK, board=board.board, groups=board.groups,
+                                              side=board.side)
         while chunk := [(p, value_token(v), value_score(v)) for p, v in islice(members, SCAN_CHUNK)]:
             players = [p for p, _, _ in chunk]
             checksum = (checksum + checksum_of((p, token) for p, token, _ in chunk)) % MODULUS
@@ -222,7 +238,7 @@ def _scan_board(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, board: 
                     scan.suspect(player_id)
                 if shards is not None:
                     entry = shards[i]
-                    region = None if entry is None else entry.decode()
+                    region = entry
                     if region != board.board:
                         scan.wrong_regions += 1
                         if len(scan.wrong_region) < 10:
@@ -250,12 +266,16 @@ def _places(r: redis.Redis, keys: rankview.Keys, boards: list[Manifest], players
     found: dict[str, list[str]] = {}
     for start in range(0, len(players), step):
         batch = players[start:start + step]
-        replies = rankview.round_trip(r, [("ZSCORE", _bucket_key(keys, board, bucket), p)
-                                          for p in batch for board, bucket in places])
+        # Either of the player's entries, as the version's side sees the bucket.
+        replies = rankview.round_trip(r, [seen_key_call(bucket=_bucket_key(keys, board, bucket),
+                                                        hidden=_hidden_key(keys, board, bucket), name=name)
+                                          for p in batch for board, bucket in places
+                                          for name in (p, entry_name(p, True))])
         for i, player_id in enumerate(batch):
-            held = replies[i * len(places):(i + 1) * len(places)]
-            found[player_id] = [board.board for (board, _), reply in zip(places, held, strict=True)
-                                if reply is not None]
+            held = replies[2 * i * len(places):2 * (i + 1) * len(places)]
+            found[player_id] = [board.board for (board, _), first, second
+                                in zip(places, held[::2], held[1::2], strict=True)
+                                if first is not None or second is not None]
     return found
 
 
@@ -305,6 +325,29 @@ def _check_regional_full(r: redis.Redis, keys: rankview.Keys, manifest: Manifest
                + f"; region shards {sizes.placed}, regional boards {members}")
 
 
+def _ahead_everywhere(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, value: IndexValue) -> int:
+    """The entries the version's side sees ahead of `value`, counted in every bucket."""
+    commands: list[tuple[Any, ...]] = []
+    for bucket in range(manifest.layout.size):
+        key = _key_in(manifest, bucket, value)
+        if key == "+inf":
+            commands += [("ZCARD", _bucket_key(keys, manifest, bucket)), ("ZCARD", _hidden_key(keys, manifest, bucket))]
+        elif key != "-inf":
+            commands.append(ahead_call(bucket=_bucket_key(keys, manifest, bucket),
+                                       hidden=_hidden_key(keys, manifest, bucket), key=int(key)))
+    ahead = 0
+    at = 0
+    replies = rankview.round_trip(r, commands)
+    while at < len(replies):
+        if isinstance(replies[at], list):
+            ahead += int(replies[at][0])
+            at += 1
+        else:
+            ahead += int(replies[at]) - int(replies[at + 1])
+            at += 2
+    return ahead
+
+
 def _key_in(manifest: Manifest, bucket: int, value: IndexValue) -> int | str:
     """The sort key in `bucket` below which every member ranks ahead of `value`: in the
     value's own bucket its key; buckets above hold only higher scores (all ahead), buckets
@@ -336,18 +379,16 @@ def _check_sampled_ranks(
         if not entries:
             return [f"position {position}: no entry"]
         entry = entries[0]
-        lookup = r.hget(keys.lookup_of(manifest.copy, entry.player_id, manifest.lookup_shards,
-                                       groups=manifest.groups), entry.player_id)
+        seen = lookup_seen(r.hget(keys.lookup_of(manifest.copy, entry.player_id, manifest.lookup_shards,
+                                                 groups=manifest.groups), entry.player_id), manifest.side)
+        lookup = seen.value if seen is not None else None
         value = lookup_value(manifest.ties, lookup) if lookup is not None else None
         if value is None or value_score(value) != entry.score:
             return [f"{entry.player_id}: lookup {lookup!r}, index {entry.score}"]
         wrong = []
         # Players ahead in every bucket, bucket by bucket: those with a higher score, or (on
         # a first_reached board) the same score reached earlier; never the manifest's counts.
-        replies = rankview.round_trip(r, [("ZCOUNT", _bucket_key(keys, manifest, bucket), "-inf",
-                                           f"({_key_in(manifest, bucket, value)}")
-                                          for bucket in range(manifest.layout.size)])
-        brute_rank = rank_after(sum(int(n) for n in replies))
+        brute_rank = rank_after(_ahead_everywhere(r, keys, manifest, value))
         if brute_rank != entry.rank:
             wrong.append(f"{entry.player_id} at {position}: rank {entry.rank}, 1+count(higher) = {brute_rank}")
         try:

@@ -6,8 +6,8 @@ fence      the lease, fencing tokens, fenced transactions, the atomic pointer sw
 copies     a copy's meta, its fenced slot-group writes (an epoch's changes, drops), scans, verification
 manifests  manifests stored under the lease and the per-process manifest cache
 reads      RankReader: reads of a published version
-shared     the shared index's bucket writes and read scripts (core.shared_index; measured by
-           bench/index_designs.py, not yet what the views serve from)
+shared     the shared index's bucket writes and read scripts (core.shared_index): every read of
+           a copy's buckets sees one side of them
 """
 
 from leaderboard.views.rankview.copies import (
@@ -18,7 +18,6 @@ from leaderboard.views.rankview.copies import (
     RegionMoves,
     boards_dumps,
     bucket_checksum_scan,
-    bucket_scan,
     bucket_values_scan,
     copies_get,
     copies_set,
@@ -126,7 +125,6 @@ __all__ = [
     "VersionExpired",
     "boards_dumps",
     "bucket_checksum_scan",
-    "bucket_scan",
     "bucket_values_scan",
     "copies_get",
     "copies_set",

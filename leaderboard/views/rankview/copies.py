@@ -18,6 +18,7 @@ from leaderboard.core.checksum import checksum_of
 from leaderboard.core.epoch import EpochPlan, board_plan, epoch_plan, regional_values
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import ranked, ranked_values
+from leaderboard.core.shared_index import entry_player
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import (
     FirstReached,
@@ -52,6 +53,7 @@ from leaderboard.views.rankview.keys import (
     lookup_shard,
     shards_of,
 )
+from leaderboard.views.rankview.shared import SEEN_FIELDS_SUM, SIDES, lookup_seen, window_call
 from leaderboard.views.rankview.wire import _script_call, nodes_round_trip, round_trip
 
 # ---------------------------------------------------------------------------- copies
@@ -83,11 +85,15 @@ class CopyMeta:
     lookup_shards: int = LOOKUP_SHARDS
     # Slot groups the copy's data keys are spread over (core.slots), fixed when it is made.
     groups: int = SLOT_GROUPS
+    # The side of the buckets this copy reads (rankview.shared): its hidden sets and its
+    # part of each lookup field.
+    side: int = 0
 
     def fields(self) -> dict[Any, Any]:
         return {
             "lookup_shards": self.lookup_shards,
             "groups": self.groups,
+            **({"side": self.side} if self.side else {}),
             **({} if self.ties is None else {"ties": orjson.dumps(self.ties.as_dict())}),
             **({} if not self.boards else {"boards": boards_dumps(self.boards)}),
             "gen": self.gen,
@@ -120,6 +126,7 @@ class CopyMeta:
                     for name, b in orjson.loads(raw[b"boards"]).items()} if b"boards" in raw else {},
             lookup_shards=int(raw.get(b"lookup_shards", LOOKUP_SHARDS)),
             groups=groups,
+            side=int(raw.get(b"side", 0)),
         )
 
 
@@ -171,9 +178,9 @@ def copy_broken_mark(r: redis.Redis, keys: Keys, copy: str, *, token: int | None
 
 def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None = None,
               retire: bool = False) -> None:
-    """Delete a copy's data keys (after a layout change or before a rebuild into it); with
-    `token`, only while that token holds the lease (an epoch rebuilding its target copy)
-    and only in groups no newer token stamped.
+    """Delete a copy's data keys, its buckets' hidden sets with them (after a layout change
+    or before a rebuild into it); with `token`, only while that token holds the lease (an
+    epoch rebuilding its target copy) and only in groups no newer token stamped.
 
     UNLINK, not DEL: the keys are gone at once either way, but DEL frees a big bucket
     in the server's only thread (a 9M-member sorted set: seconds, every client stalls
@@ -189,8 +196,9 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
     layout_id, groups = meta.layout.layout_id, meta.groups
     for board in ("", *meta.boards):
         for b in range(meta.layout.size):
-            doomed.setdefault(bucket_group(bucket=b, groups=groups, board=board), []).append(
-                keys.bucket(meta.copy, layout_id, b, board, groups=groups))
+            doomed.setdefault(bucket_group(bucket=b, groups=groups, board=board), []).extend(
+                [keys.bucket(meta.copy, layout_id, b, board, groups=groups),
+                 *(keys.hidden(meta.copy, side, layout_id, b, board, groups=groups) for side in SIDES)])
     for k in range(meta.lookup_shards):
         group = doomed.setdefault(shard_group(shard=k, groups=groups), [])
         group.append(keys.lookup(meta.copy, k, groups=groups))
@@ -257,14 +265,15 @@ def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: Cop
 def copy_scores_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: list[str]
                     ) -> dict[str, IndexValue | None]:
     """Each player's value in the copy's lookup (None: absent), in the copy's encoding."""
-    ties = meta.ties
-    return {player_id: lookup_value(ties, value) if value is not None else None
+    ties, side = meta.ties, meta.side
+    return {player_id: lookup_value(ties, seen.value) if (seen := lookup_seen(value, side)) is not None else None
             for player_id, value in _shard_fields_get(r, meta, keys.lookup, player_ids)}
 
 
 def copy_regions_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: list[str]) -> dict[str, str]:
     """Each player's region in the copy ("" for none: no regional board holds them)."""
-    return {player_id: value.decode() if value is not None else ""
+    side = meta.side
+    return {player_id: seen.value if (seen := lookup_seen(value, side)) is not None else ""
             for player_id, value in _shard_fields_get(r, meta, keys.region, player_ids)}
 
 
@@ -577,18 +586,23 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
     if not isinstance(buckets, Mapping):
         wanted.update({board: list(range(meta.layout.size)) for board in meta.boards})
     checks = [(board, bucket) for board, bs in wanted.items() for bucket in bs]
-    replies = round_trip(r, [("ZCARD", keys.bucket(meta.copy, meta.layout.layout_id, bucket, board, groups=meta.groups))
-                             for board, bucket in checks]) if checks else []
+    layout_id = meta.layout.layout_id
+    # The entries the copy's side sees: the bucket's less its hidden ones.
+    replies = round_trip(r, [command for board, bucket in checks for command in (
+        ("ZCARD", keys.bucket(meta.copy, layout_id, bucket, board, groups=meta.groups)),
+        ("ZCARD", keys.hidden(meta.copy, meta.side, layout_id, bucket, board, groups=meta.groups)))]) if checks else []
     problems = []
-    for (board, bucket), actual in zip(checks, replies, strict=True):
+    for (board, bucket), actual in zip(checks, (int(a) - int(h) for a, h in zip(replies[::2], replies[1::2],
+                                                                                 strict=True)), strict=True):
         counted = meta.boards[board][0][bucket] if board else meta.counts[bucket]
         if actual != counted:
             where = f"region {board} bucket {bucket}" if board else f"bucket {bucket}"
             problems.append(f"{where}: {actual} members, counted {counted}")
     if not lookups:
         return problems
-    lookup_total, placed = copy_shard_sizes(r, keys, meta.copy, meta.lookup_shards, regions=bool(meta.boards),
-                                            groups=meta.groups)
+    lookup_total, placed = copy_shard_sizes(
+        r, keys, meta.copy, meta.lookup_shards, regions=bool(meta.boards), groups=meta.groups, side=meta.side,
+        hidden=hidden_keys_of(keys, meta.copy, meta.layout, meta.boards, groups=meta.groups))
     if lookup_total != sum(meta.counts):
         problems.append(f"lookup holds {lookup_total} players, buckets {sum(meta.counts)}")
     if meta.boards:
@@ -598,19 +612,31 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
     return problems
 
 
+def hidden_keys_of(keys: Keys, copy: str, layout: BucketLayout, boards: Iterable[str], *, groups: int) -> list[str]:
+    """Every hidden set a copy's buckets can have, of both sides and every board."""
+    return [keys.hidden(copy, side, layout.layout_id, b, board, groups=groups)
+            for board in ("", *boards) for b in range(layout.size) for side in SIDES]
+
+
 def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool,
-                     groups: int) -> tuple[int, int]:
+                     groups: int, side: int = 0, hidden: Iterable[str] = ()) -> tuple[int, int]:
     """(players in the lookup, players in the region shards: 0 without `regions`) of a copy
-    of `shards` shards in `groups` slot groups: their HLEN summed by a script per slot group
-    (a script touches one slot), SHARD_SCAN_BATCH shards a call (a reply per shard would
-    cost the client more than the server), every master at once."""
+    of `shards` shards in `groups` slot groups as side `side` sees them, summed by a script
+    per slot group (a script touches one slot), SHARD_SCAN_BATCH shards a call (a reply
+    per shard would cost the client more than the server), every master at once.
+
+    While none of the copy's `hidden` sets exists the two sides see the same players, and
+    every field counts: HLEN. Otherwise the fields are read (SEEN_FIELDS_SUM)."""
+    hidden = list(hidden)
+    one_sided = not hidden or not any(round_trip(r, [("EXISTS", key) for key in hidden]))
+    script, argv = (_HLEN_SUM, []) if one_sided else (SEEN_FIELDS_SUM, [side])
     key_of = [keys.lookup, *((keys.region,) if regions else ())]
     sizes = [0, 0]
     for which, key in enumerate(key_of):
         by_group: dict[int, list[str]] = {}
         for shard in range(shards):
             by_group.setdefault(shard_group(shard=shard, groups=groups), []).append(key(copy, shard, groups=groups))
-        calls = [(names[start], _script_call(_HLEN_SUM, names[start:start + SHARD_SCAN_BATCH], []))
+        calls = [(names[start], _script_call(script, names[start:start + SHARD_SCAN_BATCH], argv))
                  for names in by_group.values() for start in range(0, len(names), SHARD_SCAN_BATCH)]
         replies = nodes_round_trip(r, calls)
         for reply in replies:
@@ -621,8 +647,9 @@ def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regi
 
 
 def copy_shards_scan(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool = False,
-                     groups: int) -> Iterator[tuple[bytes, bytes]]:
-    """Every (player, value) of a copy's lookup shards (`regions`: its region shards).
+                     groups: int, side: int = 0) -> Iterator[tuple[bytes, str]]:
+    """Every (player, value) of a copy's lookup shards (`regions`: its region shards), as
+    side `side` sees them (players on its board only).
 
     One HSCAN from cursor 0 per shard, SHARD_SCAN_BATCH shards a round trip (on a cluster,
     each node's shards on its own connection, all sent before any reply is read): it
@@ -633,10 +660,17 @@ def copy_shards_scan(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regi
         batch = [key_of(copy, shard, groups=groups) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
         replies = round_trip(r, [("HSCAN", key, 0, "COUNT", 1000) for key in batch])
         for key, (cursor, flat) in zip(batch, replies, strict=True):
-            yield from zip(flat[::2], flat[1::2], strict=True)
+            yield from _seen_fields(flat, side)
             while int(cursor) != 0:
                 cursor, flat = round_trip(r, [("HSCAN", key, cursor, "COUNT", 5000)])[0]
-                yield from zip(flat[::2], flat[1::2], strict=True)
+                yield from _seen_fields(flat, side)
+
+
+def _seen_fields(flat: list[bytes], side: int) -> Iterator[tuple[bytes, str]]:
+    for player, raw in zip(flat[::2], flat[1::2], strict=True):
+        seen = lookup_seen(raw, side)
+        if seen is not None:
+            yield player, seen.value
 
 
 def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board: str = "") -> list[dict[str, Any]]:
@@ -653,44 +687,33 @@ def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board
             needed -= take
     # One round trip (per node on a cluster: the buckets are in several slot groups).
     layout_id = meta.layout.layout_id
-    replies = round_trip(r, [("ZRANGE", keys.bucket(meta.copy, layout_id, bucket, board, groups=meta.groups),
-                              0, take - 1, "WITHSCORES") for bucket, take in plan]) if plan else []
+    replies = round_trip(r, [window_call(bucket=keys.bucket(meta.copy, layout_id, bucket, board, groups=meta.groups),
+                                         hidden=keys.hidden(meta.copy, meta.side, layout_id, bucket, board,
+                                                            groups=meta.groups),
+                                         start=0, count=take) for bucket, take in plan]) if plan else []
     if meta.ties is None:
-        pairs = [(m.decode(), -int(float(s))) for reply in replies for m, s in _scored(reply)]
+        pairs = [(entry_player(m.decode()), -int(float(s)))
+                 for reply in replies for m, s in zip(reply[::2], reply[1::2], strict=True)]
         return [entry.as_dict() for entry in ranked(pairs)]
-    values = [(m.decode(), index_value(meta.layout, meta.ties, bucket, float(s)))
+    values = [(entry_player(m.decode()), index_value(meta.layout, meta.ties, bucket, float(s)))
               for (bucket, _), reply in zip(plan, replies, strict=True)
-              for m, s in _scored(reply)]
+              for m, s in zip(reply[::2], reply[1::2], strict=True)]
     return [entry.as_dict() for entry in ranked_values(values)]
 
 
-def _scored(reply: list[Any]) -> list[Any]:
-    """A raw ZRANGE WITHSCORES reply as (member, score) pairs: RESP3 sends pairs, RESP2 a flat list."""
-    if reply and isinstance(reply[0], list):
-        return reply
-    return list(zip(reply[::2], reply[1::2], strict=True))
-
-
-def bucket_scan(r: redis.Redis, key: str, batch: int = 5000) -> Iterator[tuple[str, int]]:
-    """A shared board's bucket, member by member: (player_id, score) in display order."""
-    for member, score in _bucket_members(r, key, batch):
-        yield member.decode(), -int(score)
-
-
 def bucket_values_scan(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout, ties: FirstReached | None,
-                       bucket: int, batch: int = 5000, board: str = "", *, groups: int
+                       bucket: int, batch: int = 5000, board: str = "", *, groups: int, side: int = 0
                        ) -> Iterator[tuple[str, IndexValue]]:
-    """Any board's bucket as (player_id, value): scores, or first_reached (score, reached_ms)."""
-    for member, score in _bucket_members(r, keys.bucket(copy, layout.layout_id, bucket, board, groups=groups), batch):
-        yield member.decode(), index_value(layout, ties, bucket, score)
-
-
-def _bucket_members(r: redis.Redis, key: str, batch: int) -> Iterator[tuple[bytes, float]]:
+    """Any board's bucket as side `side` sees it, (player_id, value) in display order:
+    scores, or first_reached (score, reached_ms)."""
+    key = keys.bucket(copy, layout.layout_id, bucket, board, groups=groups)
+    hidden = keys.hidden(copy, side, layout.layout_id, bucket, board, groups=groups)
     start = 0
     while True:
-        chunk: list[tuple[bytes, float]] = r.zrange(key, start, start + batch - 1, withscores=True)  # type: ignore[assignment]
-        yield from chunk
-        if len(chunk) < batch:
+        (reply,) = round_trip(r, [window_call(bucket=key, hidden=hidden, start=start, count=batch)])
+        for at in range(0, len(reply), 2):
+            yield entry_player(reply[at].decode()), index_value(layout, ties, bucket, float(reply[at + 1]))
+        if len(reply) < 2 * batch:
             return
         start += batch
 
@@ -699,5 +722,5 @@ def bucket_checksum_scan(r: redis.Redis, keys: Keys, meta: CopyMeta, bucket: int
     """(count, checksum) of a bucket of a board of a copy by a full scan."""
     pairs = [(p, value_token(v))
              for p, v in bucket_values_scan(r, keys, meta.copy, meta.layout, meta.ties, bucket, board=board,
-                                            groups=meta.groups)]
+                                            groups=meta.groups, side=meta.side)]
     return len(pairs), checksum_of(pairs)

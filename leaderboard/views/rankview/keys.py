@@ -12,6 +12,10 @@ slot group of each copy in a slot of its own):
     {P}:{season:c:g}:r:REG:L:b       bucket b of region REG's board in copy c (a season with regions)
     {P}:{season:c:g}:h:k             lookup shard k of copy c: player_id -> score
     {P}:{season:c:g}:rg:k            region shard k of copy c: player_id -> region (players with one)
+    {P}:{season:c:g}:x:s:L:b         hidden set of side s of bucket b (layout L): entries that side
+                                     does not see (core.shared_index.hidden_member); beside the
+                                     bucket, in its slot group
+    {P}:{season:c:g}:xr:s:REG:L:b    the same for bucket b of region REG's board
     {P}:{season:c:g}:f               fence of group g of copy c: `token` (the highest fencing
                                      token that wrote the group) and `gen` (the copy's
                                      generation at the group's last write)
@@ -131,6 +135,14 @@ class Keys:
         if board:
             return f"{base}:r:{board}:{layout_id}:{bucket}"
         return f"{base}:z:{layout_id}:{bucket}"
+
+    def hidden(self, copy: str, side: int, layout_id: int, bucket: int, board: str = "", *, groups: int) -> str:
+        """The hidden set of side `side` of a bucket: in the bucket's slot group, so a read
+        counts in the bucket and subtracts its hidden entries in one script."""
+        base = self.group(copy, bucket_group(bucket=bucket, groups=groups, board=board))
+        if board:
+            return f"{base}:xr:{side}:{board}:{layout_id}:{bucket}"
+        return f"{base}:x:{side}:{layout_id}:{bucket}"
 
     def region(self, copy: str, shard: int, *, groups: int) -> str:
         return f"{self.group(copy, shard_group(shard=shard, groups=groups))}:rg:{shard}"

@@ -12,6 +12,7 @@ import redis
 from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, ranked, ranked_values
+from leaderboard.core.shared_index import entry_name, entry_player
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import (
     IndexValue,
@@ -32,6 +33,7 @@ from leaderboard.views.rankview.manifests import (
     manifest_get,
     pointer_get,
 )
+from leaderboard.views.rankview.shared import ahead_call, lookup_seen, place_call, window_call
 from leaderboard.views.rankview.wire import round_trip
 
 # ------------------------------------------------------------------------------ reads
@@ -87,16 +89,32 @@ class PlayersView:
 
 def _window_values(manifest: Manifest, reads: list[tuple[int, int, int]], replies: list[Any]
                    ) -> list[tuple[str, IndexValue]]:
-    """The (player_id, value) of raw ZRANGE ... WITHSCORES replies, one per read range."""
+    """The (player_id, value) of window reads' replies (shared.window_call: entry names and
+    sort keys, flat), one per read range."""
     ties = manifest.ties
     out: list[tuple[str, IndexValue]] = []
     for (bucket, _, _), reply in zip(reads, replies, strict=True):
-        pairs = reply if not reply or isinstance(reply[0], list) else list(zip(reply[::2], reply[1::2], strict=True))
+        pairs = zip(reply[::2], reply[1::2], strict=True)
         if ties is None:
-            out += [(m.decode(), -int(float(s))) for m, s in pairs]
+            out += [(entry_player(m.decode()), -int(float(s))) for m, s in pairs]
         else:
-            out += [(m.decode(), index_value(manifest.layout, ties, bucket, float(s))) for m, s in pairs]
+            out += [(entry_player(m.decode()), index_value(manifest.layout, ties, bucket, float(s))) for m, s in pairs]
     return out
+
+
+def board_entry(manifest: Manifest, player_id: str, value_raw: bytes | None, region_raw: bytes | None
+                 ) -> tuple[str | None, tuple[str, str] | None]:
+    """(region, (value text, entry name)) of a player in the version from their lookup and
+    region-shard fields, each read as the version's side sees it; the second part is None
+    when the version's board does not hold them. On a regional board the entry's name is
+    the one the region shard's part names."""
+    region_seen = lookup_seen(region_raw, manifest.side)
+    region = region_seen.value if region_seen is not None else None
+    seen = lookup_seen(value_raw, manifest.side)
+    if seen is None or (manifest.board and region != manifest.board):
+        return region, None
+    second = region_seen.second if manifest.board and region_seen is not None else seen.second
+    return region, (seen.value, entry_name(player_id, second))
 
 
 class RankReader:
@@ -177,6 +195,18 @@ class RankReader:
         return self.keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board,
                                 groups=manifest.groups)
 
+    def _hidden_key(self, manifest: Manifest, bucket: int) -> str:
+        return self.keys.hidden(manifest.copy, manifest.side, manifest.layout.layout_id, bucket, manifest.board,
+                                groups=manifest.groups)
+
+    def _place_call(self, manifest: Manifest, bucket: int, key: int, name: str) -> tuple[Any, ...]:
+        return place_call(bucket=self._bucket_key(manifest, bucket), hidden=self._hidden_key(manifest, bucket),
+                          key=key, name=name)
+
+    def _ahead_call(self, manifest: Manifest, bucket: int, key: int) -> tuple[Any, ...]:
+        return ahead_call(bucket=self._bucket_key(manifest, bucket), hidden=self._hidden_key(manifest, bucket),
+                          key=key)
+
     def _bucket_group(self, manifest: Manifest, bucket: int) -> int:
         return bucket_group(bucket=bucket, groups=manifest.groups, board=manifest.board)
 
@@ -209,15 +239,12 @@ class RankReader:
         score_raw, region = round_trip(self.r, [
             ("HGET", self.keys.lookup(manifest.copy, shard, groups=manifest.groups), player_id),
             ("HGET", self.keys.region(manifest.copy, shard, groups=manifest.groups), player_id)])
-        if manifest.board and (region is None or region.decode() != manifest.board):
+        _, entry = board_entry(manifest, player_id, score_raw, region)
+        if entry is None:
             return None
-        if score_raw is None:
-            return None
-        score = lookup_value(manifest.ties, score_raw)
+        score = lookup_value(manifest.ties, entry[0])
         bucket, sort_key = index_key(manifest.layout, manifest.ties, score)
-        key = self._bucket_key(manifest, bucket)
-        higher_in_bucket, index = round_trip(self.r, [("ZCOUNT", key, "-inf", f"({sort_key}"),
-                                                      ("ZRANK", key, player_id)])
+        ((higher_in_bucket, index),) = round_trip(self.r, [self._place_call(manifest, bucket, sort_key, entry[1])])
         if index is None:
             # The lookup and the index disagree: only possible mid-mutation.
             raise _Torn()
@@ -302,16 +329,15 @@ class RankReader:
             _learned_regional.add(season)
         return manifest, score_raw, region_raw, started
 
-    def _player_place(self, manifest: Manifest, player_id: str, score_raw: bytes, started: float
+    def _player_place(self, manifest: Manifest, entry: tuple[str, str], started: float
                       ) -> tuple[IndexValue, int, int, int]:
-        """The second round trip of a player's reads: ZCOUNT and ZRANK in the bucket of the
-        player's value, checked. (value, bucket, position, rank)."""
-        value = lookup_value(manifest.ties, score_raw)
+        """The second round trip of a player's reads: the place of their entry (value text,
+        entry name) in the bucket of its value as the version's side sees it (its count
+        ahead and position), checked. (value, bucket, position, rank)."""
+        value = lookup_value(manifest.ties, entry[0])
         bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
-        key = self._bucket_key(manifest, bucket)
-        higher_in_bucket, index = self._checked(manifest, [("ZCOUNT", key, "-inf", f"({sort_key}"),
-                                                           ("ZRANK", key, player_id)],
-                                                [self._bucket_group(manifest, bucket)], started)
+        ((higher_in_bucket, index),) = self._checked(manifest, [self._place_call(manifest, bucket, sort_key, entry[1])],
+                                                     [self._bucket_group(manifest, bucket)], started)
         if index is None:
             # The lookup and the index disagree: only possible mid-mutation.
             raise _Torn()
@@ -320,11 +346,11 @@ class RankReader:
 
     def _rank_of(self, manifest: Manifest, player_id: str, score_raw: bytes | None, region_raw: bytes | None,
                  started: float) -> PlayerView:
-        region = region_raw.decode() if region_raw is not None else None
-        if score_raw is None or (manifest.board and region != manifest.board):
+        region, on_board = board_entry(manifest, player_id, score_raw, region_raw)
+        if on_board is None:
             self._validate(manifest, started)
             return PlayerView(manifest=manifest, entry=None, total=manifest.total, region=region)
-        value, _, position, rank = self._player_place(manifest, player_id, score_raw, started)
+        value, _, position, rank = self._player_place(manifest, on_board, started)
         entry = Entry(position=position, rank=rank, player_id=player_id, score=value_score(value))
         return PlayerView(manifest=manifest, entry=entry, total=manifest.total, region=region)
 
@@ -351,7 +377,7 @@ class RankReader:
         raise Unavailable()
 
     def _players_of(self, manifest: Manifest, shards: list[tuple[int, list[str]]], started: float) -> PlayersView:
-        ties = manifest.ties
+        ties, side = manifest.ties, manifest.side
         values: dict[str, IndexValue] = {}
         if shards:
             replies = self._checked(
@@ -360,17 +386,18 @@ class RankReader:
                 [shard_group(shard=shard, groups=manifest.groups) for shard, _ in shards], None)
             for (_, ids), reply in zip(shards, replies, strict=True):
                 for player_id, raw in zip(ids, reply, strict=True):
-                    if raw is not None:
-                        values[player_id] = int(raw) if ties is None else lookup_parse(raw)
+                    seen = lookup_seen(raw, side)
+                    if seen is not None:
+                        values[player_id] = int(seen.value) if ties is None else lookup_parse(seen.value)
         # A season rank depends on the value alone (the score, or the score and when it
         # was reached): one ZCOUNT per distinct value.
         distinct = [(value, *index_key(manifest.layout, ties, value)) for value in set(values.values())]
         higher = self._checked(
             manifest,
-            [("ZCOUNT", self._bucket_key(manifest, bucket), "-inf", f"({key}") for _, bucket, key in distinct],
+            [self._ahead_call(manifest, bucket, key) for _, bucket, key in distinct],
             [self._bucket_group(manifest, bucket) for _, bucket, _ in distinct], started)
-        rank_of = {value: bucket_rank(manifest.higher, bucket, int(count))
-                   for (value, bucket, _), count in zip(distinct, higher, strict=True)}
+        rank_of = {value: bucket_rank(manifest.higher, bucket, int(reply[0]))
+                   for (value, bucket, _), reply in zip(distinct, higher, strict=True)}
         ranks = {player_id: rank_of[value] for player_id, value in values.items()}
         if ties is None:
             return PlayersView(manifest=manifest, scores=values, ranks=ranks)  # type: ignore[arg-type]
@@ -405,7 +432,9 @@ class RankReader:
             return []
         start = first - 1 if first > 1 else first
         reads = bucket_ranges(manifest.counts, start, limit + first - start)
-        replies = self._window_trip(manifest, [("ZRANGE", self._bucket_key(manifest, b), low, high, "WITHSCORES")
+        replies = self._window_trip(manifest, [window_call(bucket=self._bucket_key(manifest, b),
+                                                           hidden=self._hidden_key(manifest, b), start=low,
+                                                           count=high - low + 1)
                                                for b, low, high in reads], [b for b, _, _ in reads], started)
         values = _window_values(manifest, reads, replies)
         if len(values) != min(limit + first - start, manifest.total - start + 1):
@@ -421,8 +450,7 @@ class RankReader:
                 rank_of_first = None
         if rank_of_first is None:
             b, sort_key = index_key(manifest.layout, manifest.ties, values[0][1])
-            (higher,) = self._window_trip(manifest, [("ZCOUNT", self._bucket_key(manifest, b), "-inf", f"({sort_key}")],
-                                          [b], started)
+            ((higher, _),) = self._window_trip(manifest, [self._ahead_call(manifest, b, sort_key)], [b], started)
             rank_of_first = bucket_rank(manifest.higher, b, int(higher))
         if manifest.ties is None:
             return ranked(values, first_position=first, rank_of_first=rank_of_first)  # type: ignore[arg-type]
@@ -447,11 +475,11 @@ class RankReader:
         for _ in range(self.attempts):
             try:
                 manifest, score_raw, region_raw, started = self._player_lookup(player_id, version)
-                region = region_raw.decode() if region_raw is not None else None
-                if score_raw is None or (manifest.board and region != manifest.board):
+                _, on_board = board_entry(manifest, player_id, score_raw, region_raw)
+                if on_board is None:
                     self._validate(manifest, started)
                     return manifest, None, []
-                value, _, position, rank = self._player_place(manifest, player_id, score_raw, started)
+                value, _, position, rank = self._player_place(manifest, on_board, started)
                 first = max(1, position - radius)
                 entries = self._entries(manifest, first, position + radius - first + 1, (position, value, rank),
                                         started)

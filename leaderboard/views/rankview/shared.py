@@ -8,8 +8,10 @@ the bucket and subtracts from its hidden set in one script, because the other co
 epoch may be writing the same bucket meanwhile. Redis runs a script whole, so a reader
 never sees half a bucket's write.
 
-Not yet what the views serve from: `bench/index_designs.py` builds and reads the shared
-shape with this module, and the tests check it against two plain copies.
+Every reader of a copy's buckets reads through it (a copy reads one side: its hidden sets
+and its part of each lookup field). The views' writers do not produce a second side yet:
+`bench/index_designs.py` builds the shared shape with this module, and the tests write
+one beside a serving copy to check that its readers never see it.
 """
 
 from __future__ import annotations
@@ -25,12 +27,17 @@ from leaderboard.core.shared_index import (
     REMOVE,
     SHOW,
     BucketOp,
+    Seen,
     SharedIndexError,
     entry_player,
     hidden_member,
+    lookup_decode,
 )
 from leaderboard.views.rankview.fence import GroupOp
 from leaderboard.views.rankview.wire import _script_call
+
+# The two sides of a copy's buckets (core.shared_index's copy 0 and copy 1).
+SIDES = (0, 1)
 
 # core.shared_index.hidden_member in Lua. Its numbers are doubles, exact below 2**53, and
 # string.format('%x') takes a C long (64 bits on the servers the views run on): a key is
@@ -57,10 +64,12 @@ return {ahead, index - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. ARGV[3] .. A
 # Up to ARGV[2] entries the copy of hidden set KEYS[2] sees, from its ARGV[1]-th (0-based)
 # in the bucket, as ZRANGE WITHSCORES gives them (name, key, ...). The first is found as
 # core.shared_index.physical_index does; the rest are read in slices, each slice's hidden
-# entries in one ZRANGEBYLEX between its first and last.
+# entries in one ZRANGEBYLEX between its first and last. A side with nothing hidden in the
+# bucket (every bucket, while the two sides agree) reads it as one ZRANGE.
 _WINDOW = _HIDDEN_MEMBER_LUA + """
 local z, h = KEYS[1], KEYS[2]
 local want, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+if redis.call('EXISTS', h) == 0 then return redis.call('ZRANGE', z, want, want + limit - 1, 'WITHSCORES') end
 local at = want
 while true do
   local row = redis.call('ZRANGE', z, at, at, 'WITHSCORES')
@@ -85,6 +94,29 @@ while #out < 2 * limit do
   at = at + #rows / 2
 end
 return out
+"""
+
+
+# The key of entry ARGV[1] in the bucket when the side of hidden set KEYS[2] sees it, else nil.
+_SEEN_KEY = _HIDDEN_MEMBER_LUA + """
+local key = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not key or redis.call('ZSCORE', KEYS[2], hidden(key, ARGV[1])) then return false end
+return key
+"""
+
+
+# How many fields of the hashes KEYS one side sees (ARGV[1]: 0 or 1): a lookup or region
+# shard field holds both sides' parts ("7|~23", either part empty for a player only one
+# side has) or one value both see. A shard is a small listpack, read whole.
+SEEN_FIELDS_SUM = """
+local side, n = tonumber(ARGV[1]), 0
+for i = 1, #KEYS do
+  for _, value in ipairs(redis.call('HVALS', KEYS[i])) do
+    local bar = string.find(value, '|', 1, true)
+    if not bar or (side == 0 and bar > 1) or (side == 1 and bar < #value) then n = n + 1 end
+  end
+end
+return n
 """
 
 
@@ -130,9 +162,27 @@ def bucket_writes_expected(writes: Iterable[GroupOp]) -> list[int]:
     return [len(args) // 2 if command == "ZADD" else len(args) for command, _, args in writes]
 
 
+def lookup_seen(raw: bytes | str | None, side: int) -> Seen | None:
+    """What side `side` sees of a player from their lookup or region-shard field (None:
+    no field, or not on that side's board)."""
+    return None if raw is None else lookup_decode(raw)[side]
+
+
 def place_call(*, bucket: str, hidden: str, key: int, name: str) -> tuple[Any, ...]:
     """The read of an entry's (ahead, position) in a bucket as one copy sees it."""
     return _script_call(_PLACE, [bucket, hidden], [key, name, hidden_member(key)])
+
+
+def ahead_call(*, bucket: str, hidden: str, key: int) -> tuple[Any, ...]:
+    """The read of how many entries one copy sees in a bucket strictly ahead of `key`
+    (the place read without an entry: its reply's position is None)."""
+    return place_call(bucket=bucket, hidden=hidden, key=key, name="")
+
+
+def seen_key_call(*, bucket: str, hidden: str, name: str) -> tuple[Any, ...]:
+    """The read of an entry's sort key in a bucket, None when the bucket lacks it or one
+    side does not see it (ZSCORE as that side sees the bucket)."""
+    return _script_call(_SEEN_KEY, [bucket, hidden], [name])
 
 
 def window_call(*, bucket: str, hidden: str, start: int, count: int) -> tuple[Any, ...]:
