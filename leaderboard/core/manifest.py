@@ -100,6 +100,13 @@ class Manifest:
     # entries one side does not see, recorded in that side's hidden sets (docs/architecture.md,
     # The shared index), and the lookup holds each side's value.
     side: int = 0
+    # The index (the data keys) the copy reads: its own name unless two copies share one
+    # set of buckets, each reading its own side.
+    index: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.index:
+            object.__setattr__(self, "index", self.copy)
 
     def board_of(self, region: str) -> Manifest | None:
         """This version seen as one regional board (the same copy, generation and watermark),
@@ -137,6 +144,7 @@ class Manifest:
             "lookup_shards": self.lookup_shards,
             "groups": self.groups,
             **({"side": self.side} if self.side else {}),
+            **({"index": self.index} if self.index != self.copy else {}),
             # Only on first_reached boards: a shared season's manifest is as it always was.
             **({} if self.ties is None else {"tie_break": self.ties.as_dict()}),
             **({} if not self.regions else
@@ -165,6 +173,7 @@ class Manifest:
             lookup_shards=int(data.get("lookup_shards", LOOKUP_SHARDS_DEFAULT)),
             groups=int(data.get("groups", SLOT_GROUPS_DEFAULT)),
             side=int(data.get("side", 0)),
+            index=str(data.get("index", data["copy"])),
         )
 
     @classmethod

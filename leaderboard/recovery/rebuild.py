@@ -604,8 +604,8 @@ def season_split_recommendations(*, season: Season, window_seconds: float = 600.
     commands: list[tuple[Any, ...]] = []
     for bucket, count in enumerate(live.counts):
         if count >= parts:
-            key = keys.bucket(live.copy, live.layout.layout_id, bucket, groups=live.groups)
-            hidden = keys.hidden(live.copy, live.side, live.layout.layout_id, bucket, groups=live.groups)
+            key = keys.bucket(live.index, live.layout.layout_id, bucket, groups=live.groups)
+            hidden = keys.hidden(live.index, live.side, live.layout.layout_id, bucket, groups=live.groups)
             for k in range(1, parts):
                 commands.append(window_call(bucket=key, hidden=hidden, start=count * k // parts, count=1))
                 order.append(bucket)

@@ -486,20 +486,20 @@ def _ledger_replayed_players(*, r: redis.Redis, keys: rankview.Keys, season: Sea
     layout_id, side = manifest.layout.layout_id, manifest.side
     for player_id, (value, region) in expected.items():
         shard = rankview.lookup_shard(player_id, manifest.lookup_shards)
-        commands.append([("HGET", keys.lookup(manifest.copy, shard, groups=manifest.groups), player_id)])
+        commands.append([("HGET", keys.lookup(manifest.index, shard, groups=manifest.groups), player_id)])
         checks.append(("", player_id, "lookup", None if value is None else value_token(value)))
         on_board[""] += 1
         board = region if value is not None and region in boards else None
         if value is not None:
             bucket, key = index_key(manifest.layout, ties, value)
             for name in ("", board) if board else ("",):
-                bucket_key = keys.bucket(manifest.copy, layout_id, bucket, name, groups=manifest.groups)
-                hidden = keys.hidden(manifest.copy, side, layout_id, bucket, name, groups=manifest.groups)
+                bucket_key = keys.bucket(manifest.index, layout_id, bucket, name, groups=manifest.groups)
+                hidden = keys.hidden(manifest.index, side, layout_id, bucket, name, groups=manifest.groups)
                 commands.append([seen_key_call(bucket=bucket_key, hidden=hidden, name=entry)
                                  for entry in (player_id, entry_name(player_id, True))])
                 checks.append((name, player_id, f"key in bucket {bucket}", key))
         if boards:
-            commands.append([("HGET", keys.region(manifest.copy, shard, groups=manifest.groups), player_id)])
+            commands.append([("HGET", keys.region(manifest.index, shard, groups=manifest.groups), player_id)])
             checks.append((board or "", player_id, "region shard", board))
             on_board[board or ""] += bool(board)
     wrong: dict[str, list[str]] = {}

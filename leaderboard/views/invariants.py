@@ -86,11 +86,11 @@ def version_check(
 
 
 def _bucket_key(keys: rankview.Keys, manifest: Manifest, bucket: int) -> str:
-    return keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board, groups=manifest.groups)
+    return keys.bucket(manifest.index, manifest.layout.layout_id, bucket, manifest.board, groups=manifest.groups)
 
 
 def _hidden_key(keys: rankview.Keys, manifest: Manifest, bucket: int) -> str:
-    return keys.hidden(manifest.copy, manifest.side, manifest.layout.layout_id, bucket, manifest.board,
+    return keys.hidden(manifest.index, manifest.side, manifest.layout.layout_id, bucket, manifest.board,
                        groups=manifest.groups)
 
 
@@ -132,8 +132,8 @@ def index_sizes(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, *, look
     if not lookups:
         return IndexSizes(cards=cards, lookup=None, placed=None)
     lookup, placed = rankview.copy_shard_sizes(
-        r, keys, manifest.copy, manifest.lookup_shards, groups=manifest.groups, regions=bool(manifest.regions),
-        side=manifest.side, hidden=hidden_keys_of(keys, manifest.copy, manifest.layout, manifest.regions,
+        r, keys, manifest.index, manifest.lookup_shards, groups=manifest.groups, regions=bool(manifest.regions),
+        side=manifest.side, hidden=hidden_keys_of(keys, manifest.index, manifest.layout, manifest.regions,
                                                   groups=manifest.groups))
     return IndexSizes(cards=cards, lookup=lookup, placed=placed)
 
@@ -195,7 +195,7 @@ def _entries_get(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, player
     in one round trip."""
     key_of = keys.region if regions else keys.lookup
     by_shard = rankview.shards_of(players, manifest.lookup_shards)
-    replies = rankview.round_trip(r, [("HMGET", key_of(manifest.copy, shard, groups=manifest.groups), *names)
+    replies = rankview.round_trip(r, [("HMGET", key_of(manifest.index, shard, groups=manifest.groups), *names)
                                       for shard, names in by_shard.items()])
     found = {p: seen.value if (seen := lookup_seen(v, manifest.side)) is not None else None
              for (_, names), values in zip(by_shard.items(), replies, strict=True)
@@ -216,7 +216,7 @@ def _scan_board(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, board: 
     for bucket in range(board.layout.size):
         low, high = board.layout.range_of(bucket)
         checksum = 0
-        members = rankview.bucket_values_scan(r, keys, board.copy, board.layout, board.ties, bucket,
+        members = rankview.bucket_values_scan(r, keys, board.index, board.layout, board.ties, bucket,
                                               batch=SCAN_CHUNK, board=board.board, groups=board.groups,
                                               side=board.side)
         while chunk := [(p, value_token(v), value_score(v)) for p, v in islice(members, SCAN_CHUNK)]:
@@ -379,7 +379,7 @@ def _check_sampled_ranks(
         if not entries:
             return [f"position {position}: no entry"]
         entry = entries[0]
-        seen = lookup_seen(r.hget(keys.lookup_of(manifest.copy, entry.player_id, manifest.lookup_shards,
+        seen = lookup_seen(r.hget(keys.lookup_of(manifest.index, entry.player_id, manifest.lookup_shards,
                                                  groups=manifest.groups), entry.player_id), manifest.side)
         lookup = seen.value if seen is not None else None
         value = lookup_value(manifest.ties, lookup) if lookup is not None else None

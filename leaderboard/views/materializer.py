@@ -194,7 +194,7 @@ def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int 
             meta = rankview.copy_meta_load(r, keys, copy)
             # A copy without a meta is stamped in the groups its next build will use.
             groups = meta.groups if meta is not None else settings.VIEW_SLOT_GROUPS
-            rankview.copy_groups_stamp(r, keys, copy, groups, token=token)
+            rankview.copy_groups_stamp(r, keys, meta.index if meta is not None else copy, groups, token=token)
     except BaseException as error:
         # A lease kept by a failed stamp would block every epoch for a whole TTL (longer
         # for a renewed one). Released only while still ours (lease_release checks).

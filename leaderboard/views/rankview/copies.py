@@ -88,12 +88,19 @@ class CopyMeta:
     # The side of the buckets this copy reads (rankview.shared): its hidden sets and its
     # part of each lookup field.
     side: int = 0
+    # The index (data keys) the copy's side is in: its own name unless it shares one.
+    index: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.index:
+            self.index = self.copy
 
     def fields(self) -> dict[Any, Any]:
         return {
             "lookup_shards": self.lookup_shards,
             "groups": self.groups,
             **({"side": self.side} if self.side else {}),
+            **({"index": self.index} if self.index != self.copy else {}),
             **({} if self.ties is None else {"ties": orjson.dumps(self.ties.as_dict())}),
             **({} if not self.boards else {"boards": boards_dumps(self.boards)}),
             "gen": self.gen,
@@ -127,6 +134,7 @@ class CopyMeta:
             lookup_shards=int(raw.get(b"lookup_shards", LOOKUP_SHARDS)),
             groups=groups,
             side=int(raw.get(b"side", 0)),
+            index=raw[b"index"].decode() if b"index" in raw else copy,
         )
 
 
@@ -197,13 +205,13 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
     for board in ("", *meta.boards):
         for b in range(meta.layout.size):
             doomed.setdefault(bucket_group(bucket=b, groups=groups, board=board), []).extend(
-                [keys.bucket(meta.copy, layout_id, b, board, groups=groups),
-                 *(keys.hidden(meta.copy, side, layout_id, b, board, groups=groups) for side in SIDES)])
+                [keys.bucket(meta.index, layout_id, b, board, groups=groups),
+                 *(keys.hidden(meta.index, side, layout_id, b, board, groups=groups) for side in SIDES)])
     for k in range(meta.lookup_shards):
         group = doomed.setdefault(shard_group(shard=k, groups=groups), [])
-        group.append(keys.lookup(meta.copy, k, groups=groups))
+        group.append(keys.lookup(meta.index, k, groups=groups))
         if meta.boards:
-            group.append(keys.region(meta.copy, k, groups=groups))
+            group.append(keys.region(meta.index, k, groups=groups))
     # A 10M-player copy has ~520,000 shards, each freed in the server's thread (too small
     # for the lazy-free one): one UNLINK of them all would stall every client for a good
     # part of a second, so each group's go DROP_BATCH at a time, one script per group and
@@ -215,10 +223,10 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
     per_round = max(1, DROP_BATCH // max(1, len(doomed)))
     for start in range(0, max((len(names) for names in doomed.values()), default=0), per_round):
         groups_send(r, [(fence, group_unlink_call(fence, token, None, names[start:start + per_round]))
-                        for fence, names in ((keys.fence(meta.copy, g), names) for g, names in doomed.items())
+                        for fence, names in ((keys.fence(meta.index, g), names) for g, names in doomed.items())
                         if names[start:start + per_round]])
     if retire:
-        fences = [keys.fence(meta.copy, g) for g in range(groups)]
+        fences = [keys.fence(meta.index, g) for g in range(groups)]
         groups_send(r, [(fence, group_unlink_call(fence, token, None, [fence])) for fence in fences])
     _fenced(r, keys, token, [("UNLINK", meta_key)])
 
@@ -285,7 +293,7 @@ def _shard_fields_get(r: redis.Redis, meta: CopyMeta, key_of: Callable[..., str]
     order = list(shards_of(player_ids, meta.lookup_shards).items())
     for start in range(0, len(order), SHARD_SCAN_BATCH):
         batch = order[start:start + SHARD_SCAN_BATCH]
-        replies = round_trip(r, [("HMGET", key_of(meta.copy, shard, groups=meta.groups), *players)
+        replies = round_trip(r, [("HMGET", key_of(meta.index, shard, groups=meta.groups), *players)
                                  for shard, players in batch])
         for (_, players), values in zip(batch, replies, strict=True):
             yield from zip(players, values, strict=True)
@@ -482,19 +490,19 @@ def _chunk_commands(keys: Keys, token: int | None, meta: CopyMeta, chunk: _Chunk
     the group's one fenced script (~64 scripts for ~3,000 commands, not a command each).
     The copy meta's new counts go to the control slot after every group landed."""
     plan = chunk.plan
-    copy, groups = meta.copy, meta.groups
+    index, groups = meta.index, meta.groups
     ops: dict[str, list[GroupOp]] = {}
     labels: dict[str, list[tuple[str, str]]] = {}
 
     def add(group: int, op: GroupOp, label: str) -> None:
-        fence = keys.fence(copy, group)
+        fence = keys.fence(index, group)
         ops.setdefault(fence, []).append(op)
         labels.setdefault(fence, []).append((op[0], label))
 
     for board, board_plan_ in (("", plan), *chunk.boards.items()):
         for bucket, command, args in _board_ops(meta, board_plan_):
             add(bucket_group(bucket=bucket, groups=groups, board=board),
-                (command, keys.bucket(copy, meta.layout.layout_id, bucket, board, groups=groups), args),
+                (command, keys.bucket(index, meta.layout.layout_id, bucket, board, groups=groups), args),
                 f"board:{board}")
     hsets: dict[int, list[Any]] = {}
     shards = meta.lookup_shards
@@ -505,21 +513,21 @@ def _chunk_commands(keys: Keys, token: int | None, meta: CopyMeta, chunk: _Chunk
         for player_id, value in plan.lookups.items():
             hsets.setdefault(lookup_shard(player_id, shards), []).extend((player_id, value_token(value)))
     for shard, pairs in hsets.items():
-        add(shard_group(shard=shard, groups=groups), ("HSET", keys.lookup(copy, shard, groups=groups), pairs),
+        add(shard_group(shard=shard, groups=groups), ("HSET", keys.lookup(index, shard, groups=groups), pairs),
             "lookup")
     regions: dict[int, list[Any]] = {}
     for player_id, region in chunk.region_sets.items():
         regions.setdefault(lookup_shard(player_id, shards), []).extend((player_id, region))
     for shard, pairs in regions.items():
-        add(shard_group(shard=shard, groups=groups), ("HSET", keys.region(copy, shard, groups=groups), pairs),
+        add(shard_group(shard=shard, groups=groups), ("HSET", keys.region(index, shard, groups=groups), pairs),
             "regions")
     for shard, players in shards_of(chunk.region_drops, shards).items():
-        add(shard_group(shard=shard, groups=groups), ("HDEL", keys.region(copy, shard, groups=groups), players),
+        add(shard_group(shard=shard, groups=groups), ("HDEL", keys.region(index, shard, groups=groups), players),
             "regions")
-    chunk.calls = [(fence, group_write_call(fence, token, meta.gen, group_ops))
+    chunk.calls = [(fence, group_write_call(fence, token, meta.gen, group_ops, side=meta.side))
                    for fence, group_ops in ops.items()]
     chunk.labels = list(labels.values())
-    chunk.meta_command = ("HSET", keys.copy_meta(copy), "counts", orjson.dumps(plan.counts),
+    chunk.meta_command = ("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(plan.counts),
                           "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums]),
                           *(("boards", boards_dumps(boards)) if meta.boards else ()))
 
@@ -553,7 +561,8 @@ def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *
     next epoch rebuilds it) and ReplicasBehind is raised: a copy a failover could take
     writes from is never published."""
     try:
-        copy_groups_stamp(r, keys, meta.copy, meta.groups, token=token, gen=meta.gen, replicas=replicas,
+        copy_groups_stamp(r, keys, meta.index, meta.groups, token=token, gen=meta.gen, side=meta.side,
+                          replicas=replicas,
                           replicas_ms=replicas_ms)
     except ReplicasBehind:
         copy_broken_mark(r, keys, meta.copy, token=token)
@@ -589,8 +598,8 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
     layout_id = meta.layout.layout_id
     # The entries the copy's side sees: the bucket's less its hidden ones.
     replies = round_trip(r, [command for board, bucket in checks for command in (
-        ("ZCARD", keys.bucket(meta.copy, layout_id, bucket, board, groups=meta.groups)),
-        ("ZCARD", keys.hidden(meta.copy, meta.side, layout_id, bucket, board, groups=meta.groups)))]) if checks else []
+        ("ZCARD", keys.bucket(meta.index, layout_id, bucket, board, groups=meta.groups)),
+        ("ZCARD", keys.hidden(meta.index, meta.side, layout_id, bucket, board, groups=meta.groups)))]) if checks else []
     problems = []
     for (board, bucket), actual in zip(checks, (int(a) - int(h) for a, h in zip(replies[::2], replies[1::2],
                                                                                  strict=True)), strict=True):
@@ -601,8 +610,8 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
     if not lookups:
         return problems
     lookup_total, placed = copy_shard_sizes(
-        r, keys, meta.copy, meta.lookup_shards, regions=bool(meta.boards), groups=meta.groups, side=meta.side,
-        hidden=hidden_keys_of(keys, meta.copy, meta.layout, meta.boards, groups=meta.groups))
+        r, keys, meta.index, meta.lookup_shards, regions=bool(meta.boards), groups=meta.groups, side=meta.side,
+        hidden=hidden_keys_of(keys, meta.index, meta.layout, meta.boards, groups=meta.groups))
     if lookup_total != sum(meta.counts):
         problems.append(f"lookup holds {lookup_total} players, buckets {sum(meta.counts)}")
     if meta.boards:
@@ -612,13 +621,13 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
     return problems
 
 
-def hidden_keys_of(keys: Keys, copy: str, layout: BucketLayout, boards: Iterable[str], *, groups: int) -> list[str]:
+def hidden_keys_of(keys: Keys, index: str, layout: BucketLayout, boards: Iterable[str], *, groups: int) -> list[str]:
     """Every hidden set a copy's buckets can have, of both sides and every board."""
-    return [keys.hidden(copy, side, layout.layout_id, b, board, groups=groups)
+    return [keys.hidden(index, side, layout.layout_id, b, board, groups=groups)
             for board in ("", *boards) for b in range(layout.size) for side in SIDES]
 
 
-def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool,
+def copy_shard_sizes(r: redis.Redis, keys: Keys, index: str, shards: int, *, regions: bool,
                      groups: int, side: int = 0, hidden: Iterable[str] = ()) -> tuple[int, int]:
     """(players in the lookup, players in the region shards: 0 without `regions`) of a copy
     of `shards` shards in `groups` slot groups as side `side` sees them, summed by a script
@@ -635,7 +644,7 @@ def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regi
     for which, key in enumerate(key_of):
         by_group: dict[int, list[str]] = {}
         for shard in range(shards):
-            by_group.setdefault(shard_group(shard=shard, groups=groups), []).append(key(copy, shard, groups=groups))
+            by_group.setdefault(shard_group(shard=shard, groups=groups), []).append(key(index, shard, groups=groups))
         calls = [(names[start], _script_call(script, names[start:start + SHARD_SCAN_BATCH], argv))
                  for names in by_group.values() for start in range(0, len(names), SHARD_SCAN_BATCH)]
         replies = nodes_round_trip(r, calls)
@@ -646,7 +655,7 @@ def copy_shard_sizes(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regi
     return sizes[0], sizes[1]
 
 
-def copy_shards_scan(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regions: bool = False,
+def copy_shards_scan(r: redis.Redis, keys: Keys, index: str, shards: int, *, regions: bool = False,
                      groups: int, side: int = 0) -> Iterator[tuple[bytes, str]]:
     """Every (player, value) of a copy's lookup shards (`regions`: its region shards), as
     side `side` sees them (players on its board only).
@@ -657,7 +666,7 @@ def copy_shards_scan(r: redis.Redis, keys: Keys, copy: str, shards: int, *, regi
     the shards were sized) goes on by HSCAN, so no reply holds a whole big hash."""
     key_of = keys.region if regions else keys.lookup
     for start in range(0, shards, SHARD_SCAN_BATCH):
-        batch = [key_of(copy, shard, groups=groups) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
+        batch = [key_of(index, shard, groups=groups) for shard in range(start, min(shards, start + SHARD_SCAN_BATCH))]
         replies = round_trip(r, [("HSCAN", key, 0, "COUNT", 1000) for key in batch])
         for key, (cursor, flat) in zip(batch, replies, strict=True):
             yield from _seen_fields(flat, side)
@@ -687,8 +696,8 @@ def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board
             needed -= take
     # One round trip (per node on a cluster: the buckets are in several slot groups).
     layout_id = meta.layout.layout_id
-    replies = round_trip(r, [window_call(bucket=keys.bucket(meta.copy, layout_id, bucket, board, groups=meta.groups),
-                                         hidden=keys.hidden(meta.copy, meta.side, layout_id, bucket, board,
+    replies = round_trip(r, [window_call(bucket=keys.bucket(meta.index, layout_id, bucket, board, groups=meta.groups),
+                                         hidden=keys.hidden(meta.index, meta.side, layout_id, bucket, board,
                                                             groups=meta.groups),
                                          start=0, count=take) for bucket, take in plan]) if plan else []
     if meta.ties is None:
@@ -701,13 +710,13 @@ def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board
     return [entry.as_dict() for entry in ranked_values(values)]
 
 
-def bucket_values_scan(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout, ties: FirstReached | None,
+def bucket_values_scan(r: redis.Redis, keys: Keys, index: str, layout: BucketLayout, ties: FirstReached | None,
                        bucket: int, batch: int = 5000, board: str = "", *, groups: int, side: int = 0
                        ) -> Iterator[tuple[str, IndexValue]]:
     """Any board's bucket as side `side` sees it, (player_id, value) in display order:
     scores, or first_reached (score, reached_ms)."""
-    key = keys.bucket(copy, layout.layout_id, bucket, board, groups=groups)
-    hidden = keys.hidden(copy, side, layout.layout_id, bucket, board, groups=groups)
+    key = keys.bucket(index, layout.layout_id, bucket, board, groups=groups)
+    hidden = keys.hidden(index, side, layout.layout_id, bucket, board, groups=groups)
     start = 0
     while True:
         (reply,) = round_trip(r, [window_call(bucket=key, hidden=hidden, start=start, count=batch)])
@@ -721,6 +730,6 @@ def bucket_values_scan(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayo
 def bucket_checksum_scan(r: redis.Redis, keys: Keys, meta: CopyMeta, bucket: int, board: str = "") -> tuple[int, int]:
     """(count, checksum) of a bucket of a board of a copy by a full scan."""
     pairs = [(p, value_token(v))
-             for p, v in bucket_values_scan(r, keys, meta.copy, meta.layout, meta.ties, bucket, board=board,
+             for p, v in bucket_values_scan(r, keys, meta.index, meta.layout, meta.ties, bucket, board=board,
                                             groups=meta.groups, side=meta.side)]
     return len(pairs), checksum_of(pairs)

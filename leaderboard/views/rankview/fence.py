@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import redis
 
-from leaderboard.views.rankview.keys import MANIFEST_TTL, Keys
+from leaderboard.views.rankview.keys import MANIFEST_TTL, Keys, gen_field
 from leaderboard.views.rankview.wire import (
     _MAP_ATTEMPTS,
     CLUSTER_REFUSALS,
@@ -310,25 +310,26 @@ def _fenced_on(client: redis.Redis, keys: Keys, token: int | None, packed: bytes
         pool.release(conn)
 
 
-# A fenced write to one slot group of a copy, the only way a copy's data keys are written:
-# one script on the group's slot, so it needs no other slot and is atomic on its master.
-# KEYS: the group's fence hash, then the data keys the ops write. ARGV: the fencing token
-# ('' = none: a shadow copy, claimed in the database), the copy generation to record
-# ('' = keep), then each op as its command name, the index of its key in KEYS, its
-# argument count and the arguments (sent 1,000 at a time: Lua's unpack has a limit).
-# Refused, with nothing written, when the group holds a higher token: a coordinator that
-# took the season over stamped it there (copy_groups_stamp). Replies: each op's reply,
-# summed over its pieces (members or fields added or removed).
+# A fenced write to one slot group of an index, the only way a copy's data keys are
+# written: one script on the group's slot, so it needs no other slot and is atomic on its
+# master. KEYS: the group's fence hash, then the data keys the ops write. ARGV: the fencing
+# token ('' = none: a shadow copy, claimed in the database), the copy generation to record
+# ('' = keep), the fence field it goes in (the copy's side's, keys.gen_field), then each op
+# as its command name, the index of its key in KEYS, its argument count and the arguments
+# (sent 1,000 at a time: Lua's unpack has a limit). Refused, with nothing written, when the
+# group holds a higher token: a coordinator that took the season over stamped it there
+# (copy_groups_stamp). Replies: each op's reply, summed over its pieces (members or fields
+# added or removed).
 _GROUP_FENCE = """
 if ARGV[1] ~= '' then
   local held = redis.call('HGET', KEYS[1], 'token')
   if held and tonumber(held) > tonumber(ARGV[1]) then return redis.error_reply('FENCED ' .. held) end
   redis.call('HSET', KEYS[1], 'token', ARGV[1])
 end
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'gen', ARGV[2]) end
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], ARGV[3], ARGV[2]) end
 """
 _GROUP_WRITE = _GROUP_FENCE + """
-local out, at = {}, 3
+local out, at = {}, 4
 while at <= #ARGV do
   local op, key, last = ARGV[at], KEYS[tonumber(ARGV[at + 1])], at + 2 + tonumber(ARGV[at + 2])
   at = at + 3
@@ -353,11 +354,13 @@ return n
 GroupOp = tuple[str, str, list[Any]]
 
 
-def group_write_call(fence: str, token: int | None, gen: int | None, ops: list[GroupOp]) -> tuple[Any, ...]:
-    """The EVAL of one fenced group write (`_GROUP_WRITE`); `fence` the group's fence key."""
+def group_write_call(fence: str, token: int | None, gen: int | None, ops: list[GroupOp], *,
+                     side: int = 0) -> tuple[Any, ...]:
+    """The EVAL of one fenced group write (`_GROUP_WRITE`); `fence` the group's fence key,
+    `gen` side `side`'s generation to record there."""
     script_keys = [fence]
     at: dict[str, int] = {}
-    argv: list[Any] = ["" if token is None else token, "" if gen is None else gen]
+    argv: list[Any] = ["" if token is None else token, "" if gen is None else gen, gen_field(side)]
     for command, key, args in ops:
         index = at.get(key)
         if index is None:
@@ -367,8 +370,10 @@ def group_write_call(fence: str, token: int | None, gen: int | None, ops: list[G
     return _script_call(_GROUP_WRITE, script_keys, argv)
 
 
-def group_unlink_call(fence: str, token: int | None, gen: int | None, doomed: list[str]) -> tuple[Any, ...]:
-    return _script_call(_GROUP_UNLINK, [fence, *doomed], ["" if token is None else token, "" if gen is None else gen])
+def group_unlink_call(fence: str, token: int | None, gen: int | None, doomed: list[str], *,
+                      side: int = 0) -> tuple[Any, ...]:
+    return _script_call(_GROUP_UNLINK, [fence, *doomed],
+                        ["" if token is None else token, "" if gen is None else gen, gen_field(side)])
 
 
 def groups_send(r: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
@@ -402,9 +407,10 @@ def groups_replies_check(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def copy_groups_stamp(r: redis.Redis, keys: Keys, copy: str, groups: int, *, token: int | None,
-                      gen: int | None = None, replicas: int = 0, replicas_ms: int = 0) -> None:
-    """Write `token` (and `gen`, when given) into every group fence of a copy, all masters at once.
+def copy_groups_stamp(r: redis.Redis, keys: Keys, index: str, groups: int, *, token: int | None,
+                      gen: int | None = None, side: int = 0, replicas: int = 0, replicas_ms: int = 0) -> None:
+    """Write `token` (and side `side`'s `gen`, when given) into every group fence of an
+    index (the data of a copy), all masters at once.
 
     A coordinator that takes a season over stamps its token into every group of every copy
     before it writes or trusts one: from then on no older token writes anything anywhere
@@ -419,13 +425,13 @@ def copy_groups_stamp(r: redis.Redis, keys: Keys, copy: str, groups: int, *, tok
     so replicas that acknowledged the stamp hold every earlier write of that master too
     (the copy's whole mutation or build, whichever connection sent it). ReplicasBehind
     when a master got fewer acknowledgements within `replicas_ms`."""
-    fences = [keys.fence(copy, group) for group in range(groups)]
-    calls = [(fence, group_write_call(fence, token, gen, [])) for fence in fences]
+    fences = [keys.fence(index, group) for group in range(groups)]
+    calls = [(fence, group_write_call(fence, token, gen, [], side=side)) for fence in fences]
     if replicas > 0:
         # One WAIT per master, routed by one of its own fences so it follows its stamps.
         calls += [(fences[indexes[-1]], ("WAIT", replicas, replicas_ms))
                   for _, indexes in node_clients(r, fences).values()]
     acknowledged = [int(n) for n in groups_send(r, calls)[groups:]]
     if any(n < replicas for n in acknowledged):
-        raise ReplicasBehind(f"copy {copy}: {min(acknowledged)} of {replicas} replicas acknowledged its writes "
+        raise ReplicasBehind(f"index {index}: {min(acknowledged)} of {replicas} replicas acknowledged its writes "
                              f"within {replicas_ms} ms on some master")

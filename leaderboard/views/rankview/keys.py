@@ -2,23 +2,24 @@
 
 No Django here: callers pass a redis client and the key prefix. Layout of the keys
 (hash tags put the small per-season control keys in one Redis Cluster slot, and each
-slot group of each copy in a slot of its own):
+slot group of each index in a slot of its own; c is a copy's name, i the index its data
+is in, CopyMeta.index, its own name unless its meta says another):
 
     {P}:{season}:ptr                 current version number
     {P}:{season}:m:{version}         manifest JSON (no expiry while current; MANIFEST_TTL s once superseded)
     {P}:{season}:lease               the coordinator's fencing token (issued by the database)
     {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums, groups
-    {P}:{season:c:g}:z:L:b           bucket b (layout L) of copy c: member player_id, score -score
-    {P}:{season:c:g}:r:REG:L:b       bucket b of region REG's board in copy c (a season with regions)
-    {P}:{season:c:g}:h:k             lookup shard k of copy c: player_id -> score
-    {P}:{season:c:g}:rg:k            region shard k of copy c: player_id -> region (players with one)
-    {P}:{season:c:g}:x:s:L:b         hidden set of side s of bucket b (layout L): entries that side
+    {P}:{season:i:g}:z:L:b           bucket b (layout L) of index i: member player_id, score -score
+    {P}:{season:i:g}:r:REG:L:b       bucket b of region REG's board in index i (a season with regions)
+    {P}:{season:i:g}:h:k             lookup shard k of index i: player_id -> score
+    {P}:{season:i:g}:rg:k            region shard k of index i: player_id -> region (players with one)
+    {P}:{season:i:g}:x:s:L:b         hidden set of side s of bucket b (layout L): entries that side
                                      does not see (core.shared_index.hidden_member); beside the
                                      bucket, in its slot group
-    {P}:{season:c:g}:xr:s:REG:L:b    the same for bucket b of region REG's board
-    {P}:{season:c:g}:f               fence of group g of copy c: `token` (the highest fencing
-                                     token that wrote the group) and `gen` (the copy's
-                                     generation at the group's last write)
+    {P}:{season:i:g}:xr:s:REG:L:b    the same for bucket b of region REG's board
+    {P}:{season:i:g}:f               fence of group g of index i: `token` (the highest fencing
+                                     token that wrote the group) and each side's generation
+                                     at its last write there (`gen` for side 0, `gen1` for 1)
 
 The control keys (pointer, manifests, lease, copy metas) share the season's one slot, so
 the pointer swap stays one script. A copy's data keys are spread over G slot groups (G,
@@ -122,36 +123,43 @@ class Keys:
     def copy_meta(self, copy: str) -> str:
         return f"{self._base}:copy:{copy}"
 
-    def group(self, copy: str, group: int) -> str:
-        """The hash-tagged base of every key of slot group `group` of copy `copy`."""
-        return f"{self.prefix}:{{{self.season}:{copy}:{group}}}"
+    def group(self, index: str, group: int) -> str:
+        """The hash-tagged base of every key of slot group `group` of index `index` (the
+        data a copy reads: CopyMeta.index, Manifest.index)."""
+        return f"{self.prefix}:{{{self.season}:{index}:{group}}}"
 
-    def fence(self, copy: str, group: int) -> str:
-        """The fence hash of a slot group (`token`, `gen`)."""
-        return f"{self.group(copy, group)}:f"
+    def fence(self, index: str, group: int) -> str:
+        """The fence hash of a slot group (`token`, and each side's generation: gen_field)."""
+        return f"{self.group(index, group)}:f"
 
-    def bucket(self, copy: str, layout_id: int, bucket: int, board: str = "", *, groups: int) -> str:
-        base = self.group(copy, bucket_group(bucket=bucket, groups=groups, board=board))
+    def bucket(self, index: str, layout_id: int, bucket: int, board: str = "", *, groups: int) -> str:
+        base = self.group(index, bucket_group(bucket=bucket, groups=groups, board=board))
         if board:
             return f"{base}:r:{board}:{layout_id}:{bucket}"
         return f"{base}:z:{layout_id}:{bucket}"
 
-    def hidden(self, copy: str, side: int, layout_id: int, bucket: int, board: str = "", *, groups: int) -> str:
+    def hidden(self, index: str, side: int, layout_id: int, bucket: int, board: str = "", *, groups: int) -> str:
         """The hidden set of side `side` of a bucket: in the bucket's slot group, so a read
         counts in the bucket and subtracts its hidden entries in one script."""
-        base = self.group(copy, bucket_group(bucket=bucket, groups=groups, board=board))
+        base = self.group(index, bucket_group(bucket=bucket, groups=groups, board=board))
         if board:
             return f"{base}:xr:{side}:{board}:{layout_id}:{bucket}"
         return f"{base}:x:{side}:{layout_id}:{bucket}"
 
-    def region(self, copy: str, shard: int, *, groups: int) -> str:
-        return f"{self.group(copy, shard_group(shard=shard, groups=groups))}:rg:{shard}"
+    def region(self, index: str, shard: int, *, groups: int) -> str:
+        return f"{self.group(index, shard_group(shard=shard, groups=groups))}:rg:{shard}"
 
-    def lookup(self, copy: str, shard: int, *, groups: int) -> str:
-        return f"{self.group(copy, shard_group(shard=shard, groups=groups))}:h:{shard}"
+    def lookup(self, index: str, shard: int, *, groups: int) -> str:
+        return f"{self.group(index, shard_group(shard=shard, groups=groups))}:h:{shard}"
 
-    def lookup_of(self, copy: str, player_id: str, shards: int, *, groups: int) -> str:
-        return self.lookup(copy, lookup_shard(player_id, shards), groups=groups)
+    def lookup_of(self, index: str, player_id: str, shards: int, *, groups: int) -> str:
+        return self.lookup(index, lookup_shard(player_id, shards), groups=groups)
+
+
+def gen_field(side: int) -> str:
+    """The field of a group fence holding side `side`'s generation: "gen" for side 0 (what
+    every fence has held since there were fences), "gen1" for side 1."""
+    return "gen" if side == 0 else f"gen{side}"
 
 
 def legacy_data_keys(keys: Keys, copy: str, layout_id: int, buckets: int, boards: Iterable[str],

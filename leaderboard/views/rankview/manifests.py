@@ -91,6 +91,7 @@ def manifest_cache_clear() -> None:
         _manifest_cache.clear()
         _learned_shards.clear()
         _learned_groups.clear()
+        _learned_data.clear()
 
 
 def manifest_cache_forget(keys: Keys, version: int) -> None:
@@ -117,3 +118,5 @@ _learned_shards: dict[tuple[str, str, str], int] = {}
 # Each copy's slot groups (core.slots), learned like its lookup shards: the first round trip
 # names the player's lookup group and its fence in every copy.
 _learned_groups: dict[tuple[str, str, str], int] = {}
+# Each copy's (index, side): where its data is, learned like its lookup shards.
+_learned_data: dict[tuple[str, str, str], tuple[str, int]] = {}

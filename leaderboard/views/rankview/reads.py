@@ -22,10 +22,19 @@ from leaderboard.core.tiebreak import (
     lookup_value,
     value_score,
 )
-from leaderboard.views.rankview.keys import COPY_NAMES, LOOKUP_SHARDS, SLOT_GROUPS, Keys, lookup_shard, shards_of
+from leaderboard.views.rankview.keys import (
+    COPY_NAMES,
+    LOOKUP_SHARDS,
+    SLOT_GROUPS,
+    Keys,
+    gen_field,
+    lookup_shard,
+    shards_of,
+)
 from leaderboard.views.rankview.manifests import (
     _holds,
     _learned_copies,
+    _learned_data,
     _learned_groups,
     _learned_regional,
     _learned_shards,
@@ -192,11 +201,11 @@ class RankReader:
 
     # -- keys and the seqlock
     def _bucket_key(self, manifest: Manifest, bucket: int) -> str:
-        return self.keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, manifest.board,
+        return self.keys.bucket(manifest.index, manifest.layout.layout_id, bucket, manifest.board,
                                 groups=manifest.groups)
 
     def _hidden_key(self, manifest: Manifest, bucket: int) -> str:
-        return self.keys.hidden(manifest.copy, manifest.side, manifest.layout.layout_id, bucket, manifest.board,
+        return self.keys.hidden(manifest.index, manifest.side, manifest.layout.layout_id, bucket, manifest.board,
                                 groups=manifest.groups)
 
     def _place_call(self, manifest: Manifest, bucket: int, key: int, name: str) -> tuple[Any, ...]:
@@ -237,8 +246,8 @@ class RankReader:
         checks the copy still holds the version."""
         shard = lookup_shard(player_id, manifest.lookup_shards)
         score_raw, region = round_trip(self.r, [
-            ("HGET", self.keys.lookup(manifest.copy, shard, groups=manifest.groups), player_id),
-            ("HGET", self.keys.region(manifest.copy, shard, groups=manifest.groups), player_id)])
+            ("HGET", self.keys.lookup(manifest.index, shard, groups=manifest.groups), player_id),
+            ("HGET", self.keys.region(manifest.index, shard, groups=manifest.groups), player_id)])
         _, entry = board_entry(manifest, player_id, score_raw, region)
         if entry is None:
             return None
@@ -281,19 +290,21 @@ class RankReader:
         regional = self.region is not None or season in _learned_regional
         copies = self.copies
         learned = [(_learned_shards.get((prefix, slug, copy), LOOKUP_SHARDS),
-                    _learned_groups.get((prefix, slug, copy), SLOT_GROUPS)) for copy in copies]
-        shards = [lookup_shard(player_id, count) for count, _ in learned]
+                    _learned_groups.get((prefix, slug, copy), SLOT_GROUPS),
+                    *_learned_data.get((prefix, slug, copy), (copy, 0))) for copy in copies]
+        shards = [lookup_shard(player_id, count) for count, *_ in learned]
         commands: list[tuple[Any, ...]] = [("GET", self.keys.ptr)]
-        for copy, shard, (_, groups) in zip(copies, shards, learned, strict=True):
-            commands.append(("HGET", self.keys.lookup(copy, shard, groups=groups), player_id))
+        for shard, (_, groups, index, side) in zip(shards, learned, strict=True):
+            commands.append(("HGET", self.keys.lookup(index, shard, groups=groups), player_id))
             if regional:
-                commands.append(("HGET", self.keys.region(copy, shard, groups=groups), player_id))
-            commands.append(("HGET", self.keys.fence(copy, shard_group(shard=shard, groups=groups)), "gen"))
+                commands.append(("HGET", self.keys.region(index, shard, groups=groups), player_id))
+            commands.append(("HGET", self.keys.fence(index, shard_group(shard=shard, groups=groups)),
+                             gen_field(side)))
         raw_ptr, *replies = round_trip(self.r, commands)
         manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
         shard = lookup_shard(player_id, manifest.lookup_shards)
         at = copies.index(manifest.copy) if manifest.copy in copies else None
-        if at is not None and learned[at] == (manifest.lookup_shards, manifest.groups):
+        if at is not None and learned[at] == (manifest.lookup_shards, manifest.groups, manifest.index, manifest.side):
             if regional:
                 score_raw, region_raw, gen = replies[3 * at:3 * at + 3]
             else:
@@ -303,29 +314,33 @@ class RankReader:
                 # A rebuild published a copy under a new name: pipeline it from now on.
                 copies = self.copies = (manifest.copy, *copies[:1])
                 _learned_copies[season] = copies
-            # Not the shard this process learned for the copy (built again since with
-            # another count, or never read here): learn its counts, and the other copies'
+            # Not the shard (or index, or side) this process learned for the copy (built
+            # again since, or never read here): learn its counts, and the other copies'
             # from their meta in the same round trip.
             others = [copy for copy in copies if copy != manifest.copy]
             score_raw, region_raw, gen, *counts = round_trip(self.r, [
-                ("HGET", self.keys.lookup(manifest.copy, shard, groups=manifest.groups), player_id),
-                ("HGET", self.keys.region(manifest.copy, shard, groups=manifest.groups), player_id),
-                ("HGET", self.keys.fence(manifest.copy, shard_group(shard=shard, groups=manifest.groups)), "gen"),
-                *(("HMGET", self.keys.copy_meta(copy), "lookup_shards", "groups") for copy in others)])
+                ("HGET", self.keys.lookup(manifest.index, shard, groups=manifest.groups), player_id),
+                ("HGET", self.keys.region(manifest.index, shard, groups=manifest.groups), player_id),
+                ("HGET", self.keys.fence(manifest.index, shard_group(shard=shard, groups=manifest.groups)),
+                 gen_field(manifest.side)),
+                *(("HMGET", self.keys.copy_meta(copy), "lookup_shards", "groups", "index", "side") for copy in others)])
             regional = True
             _learned_shards[(prefix, slug, manifest.copy)] = manifest.lookup_shards
             _learned_groups[(prefix, slug, manifest.copy)] = manifest.groups
-            for copy, (count, groups) in zip(others, counts, strict=True):
+            _learned_data[(prefix, slug, manifest.copy)] = (manifest.index, manifest.side)
+            for copy, (count, groups, index, side) in zip(others, counts, strict=True):
                 if count is not None:
                     _learned_shards[(prefix, slug, copy)] = int(count)
                     _learned_groups[(prefix, slug, copy)] = int(groups) if groups is not None else SLOT_GROUPS
+                    _learned_data[(prefix, slug, copy)] = (index.decode() if index is not None else copy,
+                                                           int(side) if side is not None else 0)
         if not groups_hold(manifest, [gen]):
             raise _Torn()
         if not regional and manifest.regions:
             # The first read of a season with regions in this process: from now on the
             # region comes with the lookup.
             region_raw = round_trip(self.r, [
-                ("HGET", self.keys.region(manifest.copy, shard, groups=manifest.groups), player_id)])[0]
+                ("HGET", self.keys.region(manifest.index, shard, groups=manifest.groups), player_id)])[0]
             _learned_regional.add(season)
         return manifest, score_raw, region_raw, started
 
@@ -381,7 +396,7 @@ class RankReader:
         values: dict[str, IndexValue] = {}
         if shards:
             replies = self._checked(
-                manifest, [("HMGET", self.keys.lookup(manifest.copy, shard, groups=manifest.groups), *ids)
+                manifest, [("HMGET", self.keys.lookup(manifest.index, shard, groups=manifest.groups), *ids)
                            for shard, ids in shards],
                 [shard_group(shard=shard, groups=manifest.groups) for shard, _ in shards], None)
             for (_, ids), reply in zip(shards, replies, strict=True):
@@ -493,7 +508,8 @@ class RankReader:
 def seqlock_commands(keys: Keys, manifest: Manifest, groups: Iterable[int]) -> list[tuple[Any, ...]]:
     """The reads that close a checked round trip, after its data reads: the `gen` of each
     slot group in `groups` (on that group's node) and the copy's (generation, version)."""
-    fences = [("HGET", keys.fence(manifest.copy, group), "gen") for group in dict.fromkeys(groups)]
+    field = gen_field(manifest.side)
+    fences = [("HGET", keys.fence(manifest.index, group), field) for group in dict.fromkeys(groups)]
     return [*fences, ("HMGET", keys.copy_meta(manifest.copy), "gen", "version")]
 
 
