@@ -127,6 +127,9 @@ def manifest_publish(season: Season, manifest: Manifest) -> None:
     r = redis_get()
     keys = keys_of(season)
     version = manifest.version + 1
+    # Side 1's generation in every slot group, as finishing a copy on that side stamps it.
+    rankview.copy_groups_stamp(r, keys, manifest.index, manifest.groups, token=None, gen=manifest.gen,
+                               side=manifest.side)
     r.set(keys.manifest(version), dataclasses.replace(manifest, version=version).to_json())
     r.hset(keys.copy_meta(manifest.copy), "version", version)
     r.set(keys.ptr, version)

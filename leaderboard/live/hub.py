@@ -331,25 +331,25 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     if not wanted:
         return out
     layout = manifest.layout
-    index = manifest.index
+    index_name = manifest.index
     groups = manifest.groups
     # The slot groups read, whose `gen` the last round trip checks (the seqlock).
     touched: set[int] = set()
 
     def bucket_key(bucket: int) -> str:
         touched.add(bucket_group(bucket=bucket, groups=groups, board=manifest.board))
-        return keys.bucket(index, layout.layout_id, bucket, manifest.board, groups=groups)
+        return keys.bucket(index_name, layout.layout_id, bucket, manifest.board, groups=groups)
 
     def hidden_key(bucket: int) -> str:
-        return keys.hidden(index, manifest.side, layout.layout_id, bucket, manifest.board, groups=groups)
+        return keys.hidden(index_name, manifest.side, layout.layout_id, bucket, manifest.board, groups=groups)
 
     # 1. Scores from the copy's lookup: one HMGET per lookup shard (the copy's count).
     shards = list(rankview.shards_of(wanted, manifest.lookup_shards).items())
     touched.update(shard_group(shard=shard, groups=groups) for shard, _ in shards)
-    lookups: list[Call] = [("HMGET", keys.lookup(index, shard, groups=groups), *players) for shard, players in shards]
+    lookups: list[Call] = [("HMGET", keys.lookup(index_name, shard, groups=groups), *players) for shard, players in shards]
     if manifest.board:
         # The players' regions in the same round trip; the global board never asks.
-        lookups += [("HMGET", keys.region(index, shard, groups=groups), *players) for shard, players in shards]
+        lookups += [("HMGET", keys.region(index_name, shard, groups=groups), *players) for shard, players in shards]
     replies = yield lookups
     homes = replies[len(shards):] if manifest.board else [[None] * len(players) for _, players in shards]
     # Values: scores, or (score, reached_ms) on a first_reached board (core.tiebreak), as
