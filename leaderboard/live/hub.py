@@ -346,7 +346,8 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     # 1. Scores from the copy's lookup: one HMGET per lookup shard (the copy's count).
     shards = list(rankview.shards_of(wanted, manifest.lookup_shards).items())
     touched.update(shard_group(shard=shard, groups=groups) for shard, _ in shards)
-    lookups: list[Call] = [("HMGET", keys.lookup(index_name, shard, groups=groups), *players) for shard, players in shards]
+    lookups: list[Call] = [("HMGET", keys.lookup(index_name, shard, groups=groups), *players)
+                           for shard, players in shards]
     if manifest.board:
         # The players' regions in the same round trip; the global board never asks.
         lookups += [("HMGET", keys.region(index_name, shard, groups=groups), *players) for shard, players in shards]
