@@ -177,14 +177,16 @@ def step_memory(args: argparse.Namespace, players: int, season: Any, out: dict[s
     keys = season_keys(season)
     layout = season.bucket_layout
     started = time.perf_counter()
-    for copy in COPIES:
+    # One index holds both copies: its keys are measured once, under its first copy's name.
+    for copy in COPIES[:1]:
         meta = rankview.copy_meta_load(r, keys, copy)
         if meta is None:
             out[f"copy_{copy}"] = "absent"
             continue
-        buckets = [keys.bucket(copy, layout.layout_id, b, groups=meta.groups) for b in range(layout.size)]
+        buckets = [keys.bucket(meta.index, layout.layout_id, b, groups=meta.groups) for b in range(layout.size)]
         # Every shard_stride-th lookup shard: players spread evenly over them (crc32 of the id).
-        lookups = [keys.lookup(copy, k, groups=meta.groups) for k in range(0, meta.lookup_shards, args.shard_stride)]
+        lookups = [keys.lookup(meta.index, k, groups=meta.groups)
+                   for k in range(0, meta.lookup_shards, args.shard_stride)]
         out[f"zsets_{copy}_per_player"] = memory.keys_usage(r, buckets, args.samples) / players
         out[f"hashes_{copy}_per_player"] = (memory.keys_usage(r, lookups, args.samples) * meta.lookup_shards
                                             / len(lookups) / players)

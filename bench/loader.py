@@ -6,7 +6,7 @@
    (leaderboard_scoreevent: one `result` event per player, status applied, with its real
    payload hash) are copied too; off by default because it doubles the load time and
    the views are built from the current-scores table alone.
-2. Both copies of the bucketed index are built with leaderboard.views.materializer.season_copy_build
+2. The bucketed index, both copies its sides, is built with leaderboard.views.materializer.season_copies_build
    (one REPEATABLE READ snapshot each, under a fenced lease taken for the build), then
    season_epoch_run publishes version 1.
 3. Prints the load time, build time and rates, Redis memory before/after each copy, and
@@ -238,7 +238,7 @@ def views_build(result: LoadResult, *, verbose: bool = True) -> None:
     from leaderboard.views import rankview
     from leaderboard.views.materializer import (
         COPIES,
-        season_copy_build,
+        season_copies_build,
         season_keys,
         season_lease_acquire,
     )
@@ -253,15 +253,14 @@ def views_build(result: LoadResult, *, verbose: bool = True) -> None:
     if token is None:
         raise SystemExit(f"season {season.slug} is leased by someone else")
     try:
-        for copy in COPIES:
-            started = time.perf_counter()
-            progress = _Progress(f"copy {copy}") if verbose else None
-            season_copy_build(season=season, copy=copy, layout=season.bucket_layout, r=r, token=token,
-                              progress=progress)
-            result.build_seconds.append(time.perf_counter() - started)
-            result.memory_after_copy.append(redis_used_memory(r))
-            if progress is not None:
-                progress.done()
+        started = time.perf_counter()
+        progress = _Progress("index") if verbose else None
+        season_copies_build(season=season, copies=list(COPIES), layout=season.bucket_layout, r=r, token=token,
+                            progress=progress)
+        result.build_seconds.append(time.perf_counter() - started)
+        result.memory_after_copy.append(redis_used_memory(r))
+        if progress is not None:
+            progress.done()
     finally:
         rankview.lease_release(r, keys, token)
     started = time.perf_counter()

@@ -33,7 +33,7 @@ LAYOUT = BucketLayout.uniform()
 
 # Round numbers, so every line of the plan below can be computed by hand.
 FIGURES: dict[str, float] = {
-    "redis_bytes_per_player_per_copy": 100.0,
+    "redis_bytes_per_player": 100.0,
     "epoch_redis_cpu_ms_per_1k_changes": 10.0,
     "epoch_publish_ms_per_1k_changes": 4.0,
     "epoch_work_ms_per_1k_changes": 20.0,
@@ -112,8 +112,8 @@ def test_a_figure_without_a_positive_value_is_refused() -> None:
 
 def test_a_hand_computed_plan() -> None:
     plan = plan_of(small_target())
-    # 1M players x 100 bytes x 2 copies = 200 MB; a 1 GB node filled to 50% holds it: 1 master.
-    assert line(plan, "view memory").value == "0.20 GB"
+    # 1M players x 100 bytes (both copies) = 100 MB; a 1 GB node filled to 50% holds it: 1 master.
+    assert line(plan, "view memory").value == "0.10 GB"
     assert line(plan, "masters for memory").value == "1"
     # Epochs: 10,000 changes/s / 1,000 x 10 ms = 0.1 core; reads: 100,000 / 50,000 = 2 cores;
     # (0.1 + 2) / 50% = 4.2 -> 5 masters, + 1 to lose one = 6.
@@ -158,8 +158,8 @@ def test_a_measured_event_size_replaces_the_design_figure() -> None:
 
 
 def test_memory_bound_masters_and_the_headroom_to_lose_one() -> None:
-    # 10M players x 100 bytes x 2 = 2 GB over 1 GB nodes at 50%: 4 masters for memory, 5 with headroom.
-    plan = plan_of(small_target(players=10_000_000, reads_per_second=1_000))
+    # 20M players x 100 bytes = 2 GB over 1 GB nodes at 50%: 4 masters for memory, 5 with headroom.
+    plan = plan_of(small_target(players=20_000_000, reads_per_second=1_000))
     assert line(plan, "masters for memory").value == "4"
     assert plan.redis_masters == 5
     assert line(plan, "memory per master").value == "0.40 GB"  # 2 GB / 5
@@ -238,7 +238,7 @@ def test_every_distribution_puts_every_player_in_a_bucket(shape: str) -> None:
 
 
 @pytest.mark.parametrize(("name", "benchmark"), [
-    ("redis_bytes_per_player_per_copy", "bench/memory.py"),
+    ("redis_bytes_per_player", "bench/memory.py"),
     ("epoch_work_ms_per_1k_changes", "bench/epoch.py"),
     ("read_rank_rps_per_process", "bench/reads.py"),
     ("ingest_postgres_cpu_ms_per_1k_events", "bench/ingest.py"),
@@ -281,8 +281,8 @@ def test_the_command_prints_the_seed_target_each_number_with_its_source(tmp_path
     assert "  masters  " in text and "+ 1 to lose one node" in text
     assert "25.6 MB/s" in text and "2.21 TB" in text and "6.64 TB" in text
     # The figures used are cited with their notes and commands.
-    assert "redis_bytes_per_player_per_copy = 100 u (measured at 100k (redis_bytes_per_player_per_copy); " \
-           "bench/x.py redis_bytes_per_player_per_copy)" in text
+    assert "redis_bytes_per_player = 100 u (measured at 100k (redis_bytes_per_player); " \
+           "bench/x.py redis_bytes_per_player)" in text
 
 
 def test_the_command_takes_a_file_of_sample_scores(tmp_path: Path) -> None:

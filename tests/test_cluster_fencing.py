@@ -61,7 +61,8 @@ def test_a_stale_token_is_refused_by_every_group_on_every_master(season: Season,
     token = materializer.season_lease_acquire(season=season, r=r, ttl_ms=2000)
     assert token is not None
     rankview.lease_release(r, keys, token)
-    fences = [keys.fence(manifest.copy, g) for g in range(manifest.groups)]
+    # The copy's data is its index's (both copies' sides of it): fences, buckets, lookup.
+    fences = [keys.fence(manifest.index, g) for g in range(manifest.groups)]
     if isinstance(r, redis.RedisCluster):
         assert len(node_clients(r, fences)) == len(r.get_primaries()) == 3
     before = _snapshot(r, keys.prefix)
@@ -71,10 +72,10 @@ def test_a_stale_token_is_refused_by_every_group_on_every_master(season: Season,
         bucket = next(b for b in range(manifest.layout.size)
                       if bucket_group(bucket=b, groups=manifest.groups) == group)
         call = rankview.fence.group_write_call(fence, token - 1, manifest.gen + 1, [
-            ("ZADD", keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, groups=manifest.groups),
+            ("ZADD", keys.bucket(manifest.index, manifest.layout.layout_id, bucket, groups=manifest.groups),
              [-1, "ghost"]),
             # Lookup shard `group` is in this group (shard k in group k % groups).
-            ("HSET", keys.lookup(manifest.copy, group, groups=manifest.groups), ["ghost", 1])])
+            ("HSET", keys.lookup(manifest.index, group, groups=manifest.groups), ["ghost", 1])])
         with pytest.raises(rankview.FenceLost):
             rankview.fence.groups_send(r, [(fence, call)])
     # And a drop of the whole copy.
@@ -108,10 +109,19 @@ def test_a_coordinator_killed_between_masters_leaves_a_copy_the_next_epoch_rebui
         publish(season)
     monkeypatch.setattr(rankview.copies, "groups_send", real_send)
 
-    half = rankview.copy_meta_load(r, keys, "1" if current_manifest(season).copy == "0" else "0")
-    assert half is not None and half.state == rankview.STATE_BROKEN and not half.exact
+    # The half-written copy is the other side of the serving copy's index: broken, while
+    # the serving side still answers as before.
+    serving = current_manifest(season)
+    half = rankview.copy_meta_load(r, keys, "1" if serving.copy == "0" else "0")
+    assert half is not None and half.state == rankview.STATE_BROKEN and half.index == serving.index
     assert board_read(reader) == served
+    # The next epoch does not trust it: it builds a new index beside the serving one,
+    # publishes it under new names and drops the copies it replaced.
     publish(season)
+    rebuilt = current_manifest(season)
+    assert rebuilt.copy not in ("0", "1") and rebuilt.index == rebuilt.copy
+    assert rankview.copies_get(r, keys) == [rebuilt.copy, f"{rebuilt.copy}b"]
+    assert rankview.copy_meta_load(r, keys, "0") is None and rankview.copy_meta_load(r, keys, "1") is None
     assert_matches_ledger(season)
 
 
@@ -126,7 +136,7 @@ def test_a_version_is_published_only_once_every_group_took_its_writes(season: Se
     # over stamped it, and no other yet): that group refuses, the epoch stops unpublished.
     meta = rankview.copy_meta_load(r, keys, idle)
     assert meta is not None
-    r.hset(keys.fence(idle, meta.groups - 1), "token", 2**62)
+    r.hset(keys.fence(meta.index, meta.groups - 1), "token", 2**62)
     # The epoch's own stamp meets it first: the coordinator stays out and frees the lease.
     result = epoch(season)
     assert result.status == "skipped", result

@@ -24,7 +24,6 @@ from leaderboard.core.epoch import (
     higher_counts,
     locate_position,
     rank_after,
-    scores_before,
 )
 from leaderboard.core.events import MAX_SCORE
 from leaderboard.core.manifest import Manifest
@@ -332,27 +331,6 @@ def test_changes_newest_property(raw: list[tuple[str, int]], rnd: random.Random)
 
 
 # --- position arithmetic ---------------------------------------------------------------------------
-
-
-def test_scores_before_takes_the_old_score_of_each_players_first_change() -> None:
-    stream = [("a", None), ("b", 40), ("a", 10), ("c", 7), ("b", 55), ("a", 20)]
-    assert scores_before(stream) == {"a": None, "b": 40, "c": 7}
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(0, 50)), max_size=40),
-       st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 50)))
-def test_scores_before_a_chain_of_changes_is_the_score_at_its_start(
-    scores: list[tuple[str, int]], start: dict[str, int]
-) -> None:
-    """Replaying a stream of (player, new score) from a known state: the old scores of
-    the changes give back that state for every player the stream touches."""
-    state: dict[str, int | None] = dict(start)
-    stream: list[tuple[str, int | None]] = []
-    for player, new in scores:
-        stream.append((player, state.get(player)))
-        state[player] = new
-    assert scores_before(stream) == {p: start.get(p) for p, _ in scores}
 
 
 def test_epoch_plan_counts_the_players_new_to_the_copy() -> None:

@@ -289,11 +289,23 @@ def test_a_coordinator_killed_while_catching_up_the_older_copy_leaves_the_next_e
     full_check(season, before)
     lease_expired_wait(season)
     assert board_snapshot(season) == served
-    # The next epoch targets the half caught-up copy: it finds it broken (some chunks
-    # landed, not all) and rebuilds it from the scores.
+    # The next epoch targets the half caught-up copy. Found broken (some chunks landed,
+    # not all), it is not rebuilt in place (it is one side of the index the current copy
+    # serves from): a new index is built from the scores beside it, published under new
+    # names, and the copies it replaced are dropped. Found "applying" (every chunk landed,
+    # the kill came before its finish), its changes are applied to it again.
+    half = rankview.copy_meta_load(r, keys, older)
+    assert half is not None and half.state in (rankview.STATE_BROKEN, rankview.STATE_APPLYING)
+    replaced = rankview.copies_get(r, keys)
     killable.set("k00002", 1000)
     assert publish(season) == before + 1
-    assert current_manifest(season).copy == older
+    manifest = current_manifest(season)
+    if half.state == rankview.STATE_BROKEN:
+        assert manifest.copy not in replaced and manifest.index == manifest.copy, manifest.copy
+        assert rankview.copies_get(r, keys) == [manifest.copy, f"{manifest.copy}b"]
+        assert [rankview.copy_meta_load(r, keys, name) for name in replaced] == [None, None]
+    else:
+        assert manifest.copy == older and rankview.copies_get(r, keys) == replaced
     assert assert_matches_ledger(season, exhaustive=False) == before + 1
     full_check(season, before + 1)
 
@@ -425,11 +437,11 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
     real_apply = rankview.copy_apply
     seen: dict[str, Any] = {}
 
-    def apply_(r_: Any, keys_: Any, token: int | None, meta: Any, old: Any, new: Any, *rest: Any) -> Any:
+    def apply_(r_: Any, keys_: Any, token: int | None, meta: Any, new: Any, *rest: Any) -> Any:
         if token == token_a and "b" not in seen:
             r_.delete(keys_.lease)
             seen["b"] = season_epoch_advance(season=season)
-        return real_apply(r_, keys_, token, meta, old, new, *rest)
+        return real_apply(r_, keys_, token, meta, new, *rest)
 
     monkeypatch.setattr(rankview, "copy_apply", apply_)
     with pytest.raises(rankview.FenceLost):
@@ -451,7 +463,7 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
     candidate = dataclasses.replace(manifest, version=manifest.version + 1)
     attempts: list[Callable[[], Any]] = [
         lambda: rankview.copy_begin_mutation(r, keys, token_a, stale_meta),
-        lambda: rankview.copy_apply(r, keys, token_a, stale_meta, {"p05": None}, {"p05": 5}),
+        lambda: rankview.copy_apply(r, keys, token_a, stale_meta, {"p05": 5}),
         lambda: rankview.copy_finish(r, keys, token_a, stale_meta, watermark=Watermark.single(0, 10**9), version=99),
         lambda: rankview.manifest_store(r, keys, candidate, token=token_a),
         lambda: rankview.pointer_publish(r, keys, token=token_a, expected=manifest.version,

@@ -56,13 +56,13 @@ def scored(season: Season, ids: list[str], tag: str, *, seed: int, floor: int = 
 
 
 def shard_encodings(keys: rankview.Keys, copy: str, shards: int, *, regions: bool = False) -> tuple[set[str], int]:
-    """The OBJECT ENCODING of each shard of a copy (a missing one counts as "missing"), and
-    the entries they hold."""
+    """The OBJECT ENCODING of each shard of a copy's index (a missing one counts as
+    "missing"), and the fields they hold (one a player, whatever the sides see of them)."""
     r = redis_get()
     key = keys.region if regions else keys.lookup
     meta = rankview.copy_meta_load(r, keys, copy)
     assert meta is not None
-    names = [key(copy, shard, groups=meta.groups) for shard in range(shards)]
+    names = [key(meta.index, shard, groups=meta.groups) for shard in range(shards)]
     encodings = {(r.object("encoding", name) or b"missing").decode() for name in names}  # type: ignore[union-attr]
     return encodings, sum(int(r.hlen(name)) for name in names)  # type: ignore[arg-type]
 
@@ -84,21 +84,21 @@ def test_a_copy_of_n_players_has_about_n_over_48_listpack_shards(season_factory:
     ids = list(players("p", 1500))
     Profiles().set(**{p: REGIONS[i % 3] if i % 3 < 2 else None for i, p in enumerate(ids)})
     scored(season, ids, "a", seed=1)
-    publish(season)  # copy 0, built from the scores
+    publish(season)  # copy 0, built from the scores: one index, copy 1 its other side
     scored(season, ids[:10], "b", seed=2, floor=1000)
-    publish(season)  # copy 1, built from the scores too
+    publish(season)  # copy 1, brought up to date in the same index
     manifest = current_manifest(season)
     assert manifest.lookup_shards == 32 == lookup_shards_for(players=1500)
     keys = keys_of(season)
     regional = sum(1 for i in range(1500) if i % 3 < 2)
     for copy in rankview.copies_get(redis_get(), keys):
         meta = rankview.copy_meta_load(redis_get(), keys, copy)
-        assert meta is not None and meta.lookup_shards == 32
+        assert meta is not None and (meta.lookup_shards, meta.index) == (32, manifest.index)
         # ~47 players a shard: every shard exists and is a listpack, far below 128.
         assert shard_encodings(keys, copy, 32) == ({"listpack"}, 1500)
         assert shard_encodings(keys, copy, 32, regions=True) == ({"listpack"}, regional)
-        assert not redis_get().exists(keys.lookup(copy, 32, groups=meta.groups),
-                                        keys.lookup(copy, 16 + 32, groups=meta.groups))
+        assert not redis_get().exists(keys.lookup(meta.index, 32, groups=meta.groups),
+                                        keys.lookup(meta.index, 16 + 32, groups=meta.groups))
     expected = db_standings(season)
     reader = rankview.RankReader(redis_get(), keys, deadline=3600)
     assert_reads_exact(season, reader, expected, ids[::37])
@@ -121,43 +121,30 @@ def test_reads_stay_exact_while_the_shard_count_changes_and_an_outgrown_copy_is_
     publish(season)
     scored(season, first[:2], "b", seed=4, floor=1000)
     publish(season)
-    assert current_manifest(season).lookup_shards == 16
+    before = current_manifest(season)
+    assert before.lookup_shards == 16
     reader = rankview.RankReader(r, keys, deadline=3600)
     trips = RoundTrips(monkeypatch, season)
     assert_reads_exact(season, reader, db_standings(season), first)
 
-    # 1,600 players now, more than 16 shards x 96: the copy the next epoch targets was found
-    # broken, so that epoch builds it again from the scores, under the same name, with 64.
+    # 1,600 players now, more than 16 shards x 96, brought in by epochs: the next one brings
+    # the other copy (the other side of the same index, built for 10 players) up to date.
+    # It publishes, and starts a background rebuild (one: the epochs after it find it in flight).
     grown = list(players("g", 1590))
     scored(season, grown, "c", seed=5)
-    before = current_manifest(season)
     idle = next(c for c in rankview.copies_get(r, keys) if c != before.copy)
-    r.hset(keys.copy_meta(idle), "state", rankview.STATE_BROKEN)
-    publish(season)
-    rebuilt = current_manifest(season)
-    assert (rebuilt.copy, rebuilt.lookup_shards, rebuilt.total) == (idle, 64, 1600)
-    assert not queued  # 64 shards hold 1,600 players: nothing outgrown
-    expected = db_standings(season)
-    everyone = first + grown
-    # The reader learned 16 for this copy: one more round trip, once, and the right answer.
-    read = trips.during(lambda: reader.rank("g00007"))
-    assert len(read) == 3, read
-    assert reader.rank("g00007").entry == expected.entry("g00007")
-    assert len(trips.during(lambda: reader.rank("g00011"))) == 2
-    assert_reads_exact(season, reader, expected, everyone[::53])
-
-    # The next epoch targets the other copy: 16 shards for 1,600 players. It publishes, and
-    # starts a background rebuild (one: the epochs after it find it in flight).
-    scored(season, grown[:5], "d", seed=6, floor=1000)
     publish(season)
     outgrown = current_manifest(season)
-    assert (outgrown.copy, outgrown.lookup_shards) == (before.copy, 16)
+    assert (outgrown.copy, outgrown.index, outgrown.lookup_shards, outgrown.total) == (idle, before.index, 16, 1600)
     (job,) = RebuildJob.objects.filter(season=season)
     assert (job.kind, job.status, queued) == (RebuildJob.Kind.REBUILD, RebuildJob.Status.QUEUED, [job.pk])
     assert job.reason.startswith(SHARDS_OUTGROWN_REASON) and "1,600 players in 16 lookup shards" in job.reason
     audit = AuditEntry.objects.filter(action="views.rebuild.requested", target_id=str(job.pk))
     assert list(audit.values_list("actor_type", "reason")) == [("system", job.reason)]
-    assert len(trips.during(lambda: reader.rank("g00007"))) == 2  # copy 1's 16 was the default
+    everyone = first + grown
+    # The reader learned both copies' 16 (their index's) on its first read.
+    assert len(trips.during(lambda: reader.rank("g00007"))) == 2
+    assert_reads_exact(season, reader, db_standings(season), everyone[::53])
     for floor, tag in enumerate(("e", "f"), start=1):
         scored(season, grown[5:8], tag, seed=7, floor=1000 * floor)
         publish(season)
@@ -178,6 +165,29 @@ def test_reads_stay_exact_while_the_shard_count_changes_and_an_outgrown_copy_is_
     again = RebuildJob.objects.filter(season=season).exclude(pk=job.pk).get()
     assert queued == [job.pk, again.pk]
 
+    # Meanwhile the copy the next epoch targets is found broken: that epoch builds a new
+    # index from the scores beside the serving one, sized for 1,600 players (64 shards),
+    # publishes its first copy under a new name and drops the copies it replaced.
+    serving = current_manifest(season)
+    idle = next(c for c in rankview.copies_get(r, keys) if c != serving.copy)
+    r.hset(keys.copy_meta(idle), "state", rankview.STATE_BROKEN)
+    scored(season, grown[12:14], "k", seed=10, floor=3000)
+    publish(season)
+    rebuilt = current_manifest(season)
+    assert rebuilt.copy.startswith("e") and rebuilt.copy not in (idle, serving.copy)
+    assert (rebuilt.index, rebuilt.side, rebuilt.lookup_shards, rebuilt.total) == (rebuilt.copy, 0, 64, 1600)
+    assert rankview.copies_get(r, keys) == [rebuilt.copy, f"{rebuilt.copy}b"]
+    assert rankview.copy_meta_load(r, keys, idle) is None and rankview.copy_meta_load(r, keys, serving.copy) is None
+    assert not r.exists(*(keys.lookup(serving.index, k, groups=serving.groups) for k in range(16)))
+    assert RebuildJob.objects.filter(season=season).count() == 2  # 64 shards hold 1,600 players: nothing outgrown
+    expected = db_standings(season)
+    # The reader never read this copy: one more round trip, once, and the right answer.
+    read = trips.during(lambda: reader.rank("g00007"))
+    assert len(read) == 3, read
+    assert reader.rank("g00007").entry == expected.entry("g00007")
+    assert len(trips.during(lambda: reader.rank("g00011"))) == 2
+    assert_reads_exact(season, reader, expected, everyone[::53])
+
     # The rebuild builds both copies with 64 shards, compares them with the live version
     # and publishes: the reads stay exact through it, each in at most one extra round trip.
     assert rebuild_run(job_id=again.pk).status == RebuildJob.Status.PUBLISHED
@@ -189,8 +199,8 @@ def test_reads_stay_exact_while_the_shard_count_changes_and_an_outgrown_copy_is_
     assert len(trips.during(lambda: reader.rank("a00003"))) <= 3
     assert len(trips.during(lambda: reader.rank("a00003"))) == 2
     assert_reads_exact(season, reader, expected, everyone[::41])
-    scored(season, grown[12:20], "k", seed=10, floor=1000)
-    publish(season)  # the second new copy, under its new name, already learned
+    scored(season, grown[12:20], "l", seed=11, floor=4000)
+    publish(season)  # the second new copy, under its new name
     assert current_manifest(season).copy == f"r{again.pk}b"
     assert len(trips.during(lambda: reader.rank("a00003"))) <= 3
     assert_reads_exact(season, reader, db_standings(season), everyone[::41])

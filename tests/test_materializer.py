@@ -14,20 +14,24 @@ import redis
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.partitions import Watermark
+from leaderboard.core.shared_index import Seen, entry_name, lookup_decode, lookup_encode
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
 from leaderboard.views import materializer, rankview
 from leaderboard.views.invariants import version_check
 from leaderboard.views.materializer import EpochError
+from leaderboard.views.rankview.shared import seen_key_call
 from seasons.models import Season
 from tests.support import (
     NARROW,
     Events,
+    assert_board_equals,
     assert_matches_ledger,
     board_read,
     current_manifest,
     db_scores,
+    db_standings,
     epoch,
     full_check,
     keys_of,
@@ -75,9 +79,9 @@ def test_later_versions_apply_only_the_changes(season: Season, post_scores: Post
     applied: list[set[str]] = []
     real_apply = rankview.copy_apply
 
-    def spy(r: Any, keys: Any, token: int, meta: Any, old: Any, new: dict[str, int], *rest: Any) -> Any:
+    def spy(r: Any, keys: Any, token: int, meta: Any, new: dict[str, int], *rest: Any) -> Any:
         applied.append(set(new))
-        return real_apply(r, keys, token, meta, old, new, *rest)
+        return real_apply(r, keys, token, meta, new, *rest)
 
     monkeypatch.setattr(rankview, "copy_apply", spy)
     ev = Events()
@@ -175,14 +179,18 @@ def test_moves_across_buckets_in_both_directions(season_factory: Callable[..., S
     publish(season)  # both copies exist from here on: later versions are applied changes
 
     def where(player_id: str) -> list[tuple[int, int]]:
+        """Every (bucket, score) of the player's entries that the current version's side
+        sees, under either of their two names, in every bucket of its index."""
         manifest = current_manifest(season)
-        found = []
-        for bucket in range(manifest.layout.size):
-            key = keys.bucket(manifest.copy, manifest.layout.layout_id, bucket, groups=manifest.groups)
-            score = r.zscore(key, player_id)
-            if score is not None:
-                found.append((bucket, -int(score)))
-        return found
+        layout_id = manifest.layout.layout_id
+        places = [(bucket, name) for bucket in range(manifest.layout.size)
+                  for name in (player_id, entry_name(player_id, True))]
+        replies = rankview.round_trip(r, [seen_key_call(
+            bucket=keys.bucket(manifest.index, layout_id, bucket, groups=manifest.groups),
+            hidden=keys.hidden(manifest.index, manifest.side, layout_id, bucket, groups=manifest.groups),
+            name=name) for bucket, name in places])
+        return [(bucket, -int(float(key))) for (bucket, _), key in zip(places, replies, strict=True)
+                if key is not None]
 
     steps = [
         [ev.result("mover", high)],  # bucket 3 -> 5
@@ -191,16 +199,15 @@ def test_moves_across_buckets_in_both_directions(season_factory: Callable[..., S
         [ev.correction("anchor", low), ev.result("mover", high)],  # both directions in one version
     ]
     for events in steps:
-        post_ok(post_scores, season, events)
-        publish(season)
-        for player_id in ("mover", "anchor"):
-            score = db_scores(season)[player_id]
-            assert where(player_id) == [(layout.bucket_of(score), score)], player_id
-        assert_matches_ledger(season)
-        # Twice: the next epoch replays the same moves onto the other copy.
-        post_ok(post_scores, season, [ev.result("warm", len(ev.sent))])
-        publish(season)
-        assert_matches_ledger(season)
+        # Twice: the next epoch publishes the other copy (the other side of the index),
+        # which the catch-up brought through the same moves.
+        for warm in (False, True):
+            post_ok(post_scores, season, [ev.result("warm", len(ev.sent))] if warm else events)
+            publish(season)
+            for player_id in ("mover", "anchor"):
+                score = db_scores(season)[player_id]
+                assert where(player_id) == [(layout.bucket_of(score), score)], (player_id, warm)
+            assert_matches_ledger(season)
 
 
 def test_manifest_row_records_each_published_version(season: Season, post_scores: Post) -> None:
@@ -316,7 +323,7 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
     with pytest.raises(rankview.FenceLost):
         rankview.copy_begin_mutation(r, keys, stale, target)
     with pytest.raises(rankview.FenceLost):
-        rankview.copy_apply(r, keys, stale, target, {"x": None}, {"x": 5})
+        rankview.copy_apply(r, keys, stale, target, {"x": 5})
     assert r.hget(keys.lookup_of("1", "x", target.lookup_shards, groups=target.groups), "x") is None
     assert r.zcard(keys.bucket("1", current.layout.layout_id, 0, groups=target.groups)) == 0
     with pytest.raises(rankview.FenceLost):
@@ -554,13 +561,18 @@ def test_a_rebuilt_copy_does_not_revive_an_old_version(season: Season, post_scor
     with pytest.raises(rankview.VersionExpired):
         reader.rank("p3", 1)
 
-    # A copy found broken is rebuilt from the current scores.
+    # A copy found broken is not rebuilt in place: a new index is built from the current
+    # scores beside the serving one, and the copies it replaces ("0" held versions 1 and
+    # 3, "1" versions 2 and 4) are dropped.
     r.hset(keys.copy_meta("0"), "state", "broken")
     post_ok(post_scores, season, [ev.result("p9", 9999)])
     assert publish(season) == 5
-    assert current_manifest(season).copy == "0"
+    manifest = current_manifest(season)
+    assert manifest.copy not in ("0", "1") and manifest.index == manifest.copy
+    assert rankview.copies_get(r, keys) == [manifest.copy, f"{manifest.copy}b"]
+    assert [rankview.copy_meta_load(r, keys, name) for name in ("0", "1")] == [None, None]
     assert_matches_ledger(season)
-    for old in (1, 2, 3):
+    for old in (1, 2, 3, 4):
         with pytest.raises(rankview.VersionExpired):
             reader.rank("p3", old)
         with pytest.raises(rankview.VersionExpired):
@@ -627,42 +639,6 @@ def test_a_copy_that_fails_verification_is_not_published(season: Season, post_sc
     assert_matches_ledger(season)
 
 
-def test_an_exact_copy_takes_its_old_scores_from_the_change_stream(season_factory: Callable[..., Season],
-                                                                   post_scores: Post,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    season = season_factory(slug="exact", layout=NARROW)
-    r = materializer.redis_get()
-    keys = keys_of(season)
-    ev = Events()
-    post_ok(post_scores, season, [ev.result(f"p{i:02d}", (i * 37) % 1000) for i in range(30)])
-    publish(season)
-    # Version 2 is built from scratch into the other copy: not exact until an epoch ran on it.
-    post_ok(post_scores, season, [ev.result("p01", 999)])
-    publish(season)
-    lookups: list[int] = []
-    real_get = rankview.copy_scores_get
-
-    def counting(*args: Any) -> Any:
-        lookups.append(1)
-        return real_get(*args)
-
-    monkeypatch.setattr(rankview, "copy_scores_get", counting)
-    for step in range(4):
-        target = "1" if current_manifest(season).copy == "0" else "0"
-        meta = rankview.copy_meta_load(r, keys, target)
-        assert meta is not None
-        # Moves across buckets both ways, rescores inside one, a new player, several
-        # changes of one player in one epoch.
-        post_ok(post_scores, season, [ev.result(f"p{step + 2:02d}", 990 - step),
-                                      ev.correction(f"p{step + 10:02d}", step),
-                                      ev.result(f"new{step}", 500), ev.result("p20", 600 + step)])
-        post_ok(post_scores, season, [ev.result("p20", 700 + step)])
-        before = len(lookups)
-        publish(season)
-        assert meta.exact and len(lookups) == before, "an epoch finishes its copy exact"
-        assert_matches_ledger(season)
-
-
 def test_a_copy_that_does_not_hold_the_assumed_old_scores_is_marked_broken_and_rebuilt(
     season_factory: Callable[..., Season], post_scores: Post
 ) -> None:
@@ -675,20 +651,27 @@ def test_a_copy_that_does_not_hold_the_assumed_old_scores_is_marked_broken_and_r
         publish(season)
         post_ok(post_scores, season, [ev.result(f"p{step:02d}", 999)])
     publish(season)
-    stale = "1" if current_manifest(season).copy == "0" else "0"
+    current = current_manifest(season)
+    before = db_standings(season)
+    stale = "1" if current.copy == "0" else "0"
     meta = rankview.copy_meta_load(r, keys, stale)
-    assert meta is not None and meta.exact
-    # Behind the planner's back, p10 (300 points, bucket 3) moved to bucket 8 in the stale copy.
-    layout = meta.layout
-    r.zrem(keys.bucket(stale, layout.layout_id, 3, groups=meta.groups), "p10")
-    r.zadd(keys.bucket(stale, layout.layout_id, 8, groups=meta.groups), {"p10": -850})
-    r.hset(keys.lookup_of(stale, "p10", meta.lookup_shards, groups=meta.groups), "p10", 850)
+    assert meta is not None and meta.index == current.index and meta.side != current.side
+    # Behind the planner's back, the stale side's part of p10's lookup says 850 under the
+    # player's second name (p10 is at 300, bucket 3, in both sides' buckets).
+    field = keys.lookup_of(meta.index, "p10", meta.lookup_shards, groups=meta.groups)
+    raw = r.hget(field, "p10")
+    assert raw is not None
+    views = list(lookup_decode(raw))
+    views[meta.side] = Seen("850", second=True)
+    r.hset(field, "p10", lookup_encode((views[0], views[1])))
     post_ok(post_scores, season, [ev.result("p10", 620)])
-    with pytest.raises(rankview.CopyMismatch, match=r"removed \d+ members"):
+    with pytest.raises(rankview.CopyMismatch, match=r"ZREM .*: 0, expected 1"):
         epoch(season)
     assert rankview.copy_meta_load(r, keys, stale).state == "broken"  # type: ignore[union-attr]
-    # The version before still serves; the next epoch rebuilds the copy and publishes.
-    publish(season)
+    # The version before still serves, untouched; the next epoch builds a new index and publishes.
+    assert_board_equals(reader_of(season), before, version=current.version)
+    assert publish(season) == current.version + 1
+    assert current_manifest(season).index not in (current.index,)
     assert_matches_ledger(season)
 
 
@@ -742,15 +725,25 @@ def test_the_invariant_checker_names_the_broken_check(season: Season, post_score
     r, keys, m = _corruptible(season, post_scores)
 
     def bucket(b: int) -> str:
-        return keys.bucket(m.copy, m.layout.layout_id, b, groups=m.groups)
+        return keys.bucket(m.index, m.layout.layout_id, b, groups=m.groups)
 
-    # p12 has score 12005: bucket 1 of the default layout.
+    def lookup_part_set(player_id: str, value: str) -> None:
+        """The version's side's part of the player's lookup field says `value` (the other
+        side's part stays as it was)."""
+        field = keys.lookup_of(m.index, player_id, m.lookup_shards, groups=m.groups)
+        views = list(lookup_decode(r.hget(field, player_id)))
+        views[m.side] = Seen(value)
+        r.hset(field, player_id, lookup_encode((views[0], views[1])))
+
+    # p12 has score 12005: bucket 1 of the default layout. The catch-up made both sides of
+    # the index agree: p12 has one entry named by their id, seen by both, and one value.
+    assert r.hget(keys.lookup_of(m.index, "p12", m.lookup_shards, groups=m.groups), "p12") == b"12005"
     if corruption == "stray_member":
         r.zadd(bucket(1), {"ghost": -11_000})
     elif corruption == "lookup_other_bucket":
-        r.hset(keys.lookup_of(m.copy, "p12", m.lookup_shards, groups=m.groups), "p12", 77_000)
+        lookup_part_set("p12", "77000")
     elif corruption == "lookup_same_bucket":
-        r.hset(keys.lookup_of(m.copy, "p12", m.lookup_shards, groups=m.groups), "p12", 19_999)
+        lookup_part_set("p12", "19999")
     elif corruption == "duplicate_player":
         r.zadd(bucket(2), {"p12": -22_000})
     elif corruption == "misplaced_member":

@@ -14,6 +14,7 @@ from django.core.management import CommandError, call_command
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Standings
+from leaderboard.core.shared_index import Seen, entry_name, lookup_decode, lookup_encode
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import RebuildJob
 from leaderboard.recovery.rebuild import (
@@ -37,6 +38,7 @@ from tests.support import (
     assert_matches_ledger,
     board_read,
     board_snapshot,
+    builds_counted,
     current_manifest,
     epoch,
     full_check,
@@ -243,10 +245,20 @@ def test_a_rebuild_compared_with_a_drifted_live_version_is_refused(season_factor
     live = current_manifest(season)
     assert live is not None
     # The live copy's bookkeeping disagrees with the ledger: a player's score was changed
-    # in its index and lookup behind the materializer's back.
+    # in its index and lookup behind the materializer's back. Both sides of the index
+    # agree on p001 (the catch-up made them), so its one entry (named by its id or its
+    # second name) and its one lookup value are changed, for both.
     bucket = live.layout.bucket_of(999)
-    r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket, groups=live.groups), {"p001": -950})
-    r.hset(keys.lookup_of(live.copy, "p001", live.lookup_shards, groups=live.groups), "p001", 950)
+    lookup = keys.lookup_of(live.index, "p001", live.lookup_shards, groups=live.groups)
+    raw = r.hget(lookup, "p001")
+    assert raw is not None
+    views = lookup_decode(raw)
+    seen = views[live.side]
+    assert seen is not None and seen.value == "999" and views[0] == views[1], views
+    assert r.zadd(keys.bucket(live.index, live.layout.layout_id, bucket, groups=live.groups),
+                  {entry_name("p001", seen.second): -950}, xx=True, ch=True) == 1
+    drifted = Seen("950", second=seen.second)
+    r.hset(lookup, "p001", lookup_encode((drifted, drifted)))
     served = board_snapshot(season)
     job = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk)
     assert job.status == "failed"
@@ -518,12 +530,13 @@ def test_a_recovery_under_writes_publishes(season_factory: Callable[..., Season]
     assert job.status == "published", job.error
 
 
-def test_a_recovery_publishes_from_one_copy_and_the_next_epoch_builds_the_other(
-    season_factory: Callable[..., Season], post_scores: Post
+def test_a_recovery_publishes_from_one_copy_and_the_next_epoch_brings_the_other_up_to_date(
+    season_factory: Callable[..., Season], post_scores: Post, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Reads answer 503 until a recovery publishes, so it publishes from the one copy it
-    built; the next epoch with changes builds the second from the scores, as it builds any
-    missing copy, and publishes from it."""
+    """Reads answer 503 until a recovery publishes, so it publishes from one copy of the
+    index it built; the other copy is that index's other side, built with it and left
+    "applying" at the build's watermark. The next epoch with changes brings it up to
+    date (nothing is built again) and publishes from it."""
     season, ev = seeded(season_factory, post_scores, "recover-one-copy")
     r = redis_get()
     keys = keys_of(season)
@@ -533,12 +546,19 @@ def test_a_recovery_publishes_from_one_copy_and_the_next_epoch_builds_the_other(
     assert job.status == "published", (job.error, job.report)
     assert job.total == job.done == 60
     assert rankview.copies_get(r, keys) == [job.copy, f"{job.copy}b"]
-    assert rankview.copy_meta_load(r, keys, f"{job.copy}b") is None
+    published = rankview.copy_meta_load(r, keys, job.copy)
+    other = rankview.copy_meta_load(r, keys, f"{job.copy}b")
+    assert published is not None and other is not None
+    assert (published.index, published.side, published.state) == (job.copy, 0, rankview.STATE_READY)
+    assert (other.index, other.side, other.state) == (job.copy, 1, rankview.STATE_APPLYING)
+    assert other.watermark <= published.watermark and other.version == 0
     assert assert_matches_ledger(season) == 3  # answered from the one copy
-    assert season_epoch_advance(season=season).status == "idle"  # nothing new, nothing built
-    assert rankview.copy_meta_load(r, keys, f"{job.copy}b") is None
+    builds = builds_counted(monkeypatch)
+    assert season_epoch_advance(season=season).status == "idle"  # nothing new, nothing touched
+    assert rankview.copy_meta_load(r, keys, f"{job.copy}b") == other
     post_ok(post_scores, season, [ev.result("p004", 996)])
     assert season_epoch_advance(season=season).status == "published"
     assert current_manifest(season).copy == f"{job.copy}b"
+    assert builds["n"] == 0, "the epoch built the other copy instead of bringing it up to date"
     assert assert_matches_ledger(season) == 4
     assert season_epoch_advance(season=season).status == "idle"

@@ -91,12 +91,18 @@ def test_a_corrupted_copy_is_detected_and_counted(season_factory: Callable[..., 
     manifest = current_manifest(season)
     assert manifest is not None
     before = metrics_render()
+    # The version's data is in its index, whose two sides (the two copies) the catch-up
+    # made agree: a member written into a bucket is seen by both, as is a lookup value.
+    bucket = keys.bucket(manifest.index, manifest.layout.layout_id, 3, groups=manifest.groups)
     if corruption == "stray":
-        r.zadd(keys.bucket(manifest.copy, manifest.layout.layout_id, 3, groups=manifest.groups), {"stray": -350})
+        r.zadd(bucket, {"stray": -350})
     else:
         victim, score = "p010", (10 * 37) % 1000  # 370, in bucket 3
-        r.zadd(keys.bucket(manifest.copy, manifest.layout.layout_id, 3, groups=manifest.groups), {victim: -(score + 5)})
-        r.hset(keys.lookup_of(manifest.copy, victim, manifest.lookup_shards, groups=manifest.groups), victim, score + 5)
+        lookup = keys.lookup_of(manifest.index, victim, manifest.lookup_shards, groups=manifest.groups)
+        # One entry named by the player's id and one value, which both sides see.
+        assert (r.zscore(bucket, victim), r.hget(lookup, victim)) == (-score, str(score).encode())
+        r.zadd(bucket, {victim: -(score + 5)}, xx=True)
+        r.hset(lookup, victim, score + 5)
     run = reconciliation_run(season=season, full=full, sample=1000)
     assert run.ok is False and run.version == 2
     assert failures(run) == named, run.findings

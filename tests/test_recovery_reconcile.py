@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import leaderboard.recovery.rebuild as rebuild_module
+from leaderboard.core.shared_index import Seen, entry_name, hidden_member, lookup_decode, lookup_encode
 from leaderboard.ledger_reads import ledger_queryset_of_player, ledger_rows_count, ledger_rows_list
 from leaderboard.models import PlayerScore, RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
@@ -156,12 +157,28 @@ def test_a_replayed_player_replaced_by_another_member_is_refused(season_factory:
     r = redis_get()
 
     def swapped(keys: rankview.Keys, shadow: rankview.CopyMeta) -> None:
-        bucket = keys.bucket(shadow.copy, shadow.layout.layout_id, shadow.layout.bucket_of(450),
-                             groups=shadow.groups)
-        r.zrem(bucket, "p010")
+        # The catch-up changed p010 on the shadow's side only: it sees p010's second entry
+        # (450, bucket 4), hidden from the other side, which still sees p010 at 370 (bucket
+        # 3). The stranger takes that entry's place, seen by the shadow's side alone too.
+        index, side, other, layout_id = shadow.index, shadow.side, 1 - shadow.side, shadow.layout.layout_id
+        bucket_of = shadow.layout.bucket_of(450)
+        bucket = keys.bucket(index, layout_id, bucket_of, groups=shadow.groups)
+        hidden = keys.hidden(index, other, layout_id, bucket_of, groups=shadow.groups)
+        field = keys.lookup_of(index, "p010", shadow.lookup_shards, groups=shadow.groups)
+        raw = r.hget(field, "p010")
+        assert raw is not None
+        views = list(lookup_decode(raw))
+        assert views[side] == Seen("450", second=True) and views[other] == Seen("370")
+        name = entry_name("p010", True)
+        assert r.zrem(bucket, name) == 1 and r.zrem(hidden, hidden_member(-450, name)) == 1
         r.zadd(bucket, {"stranger": -450})
-        r.hdel(keys.lookup_of(shadow.copy, "p010", shadow.lookup_shards, groups=shadow.groups), "p010")
-        r.hset(keys.lookup_of(shadow.copy, "stranger", shadow.lookup_shards, groups=shadow.groups), "stranger", 450)
+        r.zadd(hidden, {hidden_member(-450, "stranger"): 0})
+        views[side] = None
+        p010 = lookup_encode((views[0], views[1]))  # the other side's part alone
+        stranger = lookup_encode((Seen("450"), None) if side == 0 else (None, Seen("450")))
+        assert p010 is not None and stranger is not None
+        r.hset(field, "p010", p010)
+        r.hset(keys.lookup_of(index, "stranger", shadow.lookup_shards, groups=shadow.groups), "stranger", stranger)
 
     job = p010_replayed_and_corrupted(season_factory, post_scores, "rr-member", monkeypatch, swapped)
     assert "ledger_replayed_players" in failed_checks(job)

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED, TIE_BREAK_SHARED
+from leaderboard.core.shared_index import Seen, entry_name, hidden_member, lookup_decode, lookup_encode
 from leaderboard.ledger_reads import ledger_queryset_of_player
 from leaderboard.models import PlayerScore, RebuildJob
 from leaderboard.recovery.rebuild import (
@@ -28,6 +30,7 @@ from leaderboard.recovery.reconcile import reconciliation_run, version_reconcile
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from leaderboard.views.invariants import version_check
+from leaderboard.views.rankview.shared import lookup_seen
 from seasons.models import Season
 from seasons.services import season_final_candidate_build
 from tests.support import (
@@ -194,7 +197,9 @@ def test_a_split_of_a_season_with_regions_compares_and_publishes_its_regional_bo
     assert manifest.layout.layout_id == 2 and {150, 550} <= set(manifest.layout.lower_bounds)
     for region in REGIONS:
         assert reader(season, region).window(1, 100)[0].layout == manifest.layout
-        held = [r.zcard(keys.bucket(manifest.copy, 2, b, region, groups=manifest.groups))
+        # What the version's side holds: the index's bucket less that side's hidden entries.
+        held = [r.zcard(keys.bucket(manifest.index, 2, b, region, groups=manifest.groups))
+                - r.zcard(keys.hidden(manifest.index, manifest.side, 2, b, region, groups=manifest.groups))
                 for b in range(manifest.layout.size)]
         assert held == manifest.regions[region].counts
     epochs_go_on(board)
@@ -206,13 +211,14 @@ def test_a_rebuild_compared_with_a_drifted_regional_board_is_refused(season_fact
     keys = keys_of(season)
     live = current_manifest(season)
     served = every_board(season)
-    # A member of the live na board rewritten to another score in its bucket: its bookkeeping
-    # (counts, checksums, stored top 100) still agrees; its reads do not.
+    # A member of the live na board (the entry the live version's side sees) rewritten to
+    # another score in its bucket: its bookkeeping (counts, checksums, stored top 100) still
+    # agrees; its reads do not.
     victim = served["na"][-1]
     bucket = live.layout.bucket_of(victim.score)
     low = live.layout.range_of(bucket)[0]
-    r.zadd(keys.bucket(live.copy, live.layout.layout_id, bucket, "na", groups=live.groups),
-           {victim.player_id: -(low if victim.score != low else low + 1)})
+    r.zadd(keys.bucket(live.index, live.layout.layout_id, bucket, "na", groups=live.groups),
+           {board_entry(keys, live, victim.player_id): -(low if victim.score != low else low + 1)})
     job = rebuild_run(job_id=season_rebuild_start(season=season, actor=TEST_ACTOR, enqueue=False).pk)
     assert job.status == "failed"
     failed = regional_failures(job.report["findings"])  # type: ignore[index]
@@ -223,27 +229,53 @@ def test_a_rebuild_compared_with_a_drifted_regional_board_is_refused(season_fact
 # --- the invariant checker and the reconciliation -----------------------------------------------
 
 
+def region_shard(keys: rankview.Keys, manifest: Manifest, player_id: str) -> str:
+    """The region shard of the version's index holding the player's field."""
+    shard = rankview.lookup_shard(player_id, manifest.lookup_shards)
+    return keys.region(manifest.index, shard, groups=manifest.groups)
+
+
+def board_entry(keys: rankview.Keys, manifest: Manifest, player_id: str) -> str:
+    """The name of the player's entry on their regional board as the version's side sees it:
+    their id, or their second name ("~" in the side's part of their region-shard field)."""
+    seen = lookup_seen(redis_get().hget(region_shard(keys, manifest, player_id), player_id), manifest.side)
+    assert seen is not None, f"{player_id} is on no regional board of v{manifest.version}"
+    return entry_name(player_id, seen.second)
+
+
 def plant(season: Season, corruption: str) -> tuple[str, str]:
-    """Corrupt the current version's na board (copy only, manifest untouched); returns a na
-    player and an eu player it concerns."""
+    """Corrupt the current version's na board as its side sees it (the index only, manifest
+    untouched); returns a na player and an eu player it concerns."""
     r = redis_get()
     keys = keys_of(season)
     manifest = current_manifest(season)
     boards = every_board(season)
     mine, other = boards["na"][0], boards["eu"][0]
+    layout_id, side = manifest.layout.layout_id, manifest.side
+
+    def na_add(score: int, player_id: str) -> None:
+        """The player's id into the na board at `score`, seen by the version's side (out of
+        its hidden set, should the other side already have that entry there)."""
+        bucket, key = manifest.layout.bucket_of(score), -score
+        r.zadd(na_bucket(score), {player_id: key})
+        r.zrem(keys.hidden(manifest.index, side, layout_id, bucket, "na", groups=manifest.groups),
+               hidden_member(key, player_id))
 
     def na_bucket(score: int) -> str:
-        return keys.bucket(manifest.copy, manifest.layout.layout_id, manifest.layout.bucket_of(score), "na",
-                           groups=manifest.groups)
+        return keys.bucket(manifest.index, layout_id, manifest.layout.bucket_of(score), "na", groups=manifest.groups)
 
     if corruption == "on_two_boards":  # an eu player added to the na board as well
-        r.zadd(na_bucket(other.score), {other.player_id: -other.score})
+        na_add(other.score, other.player_id)
     elif corruption == "wrong_member":  # a na member replaced by an eu player at the same place
-        r.zrem(na_bucket(mine.score), mine.player_id)
-        r.zadd(na_bucket(mine.score), {other.player_id: -mine.score})
-    else:  # "wrong_shard": the region shard sends a na member to eu
-        shard = rankview.lookup_shard(mine.player_id, manifest.lookup_shards)
-        r.hset(keys.region(manifest.copy, shard, groups=manifest.groups), mine.player_id, "eu")
+        r.zrem(na_bucket(mine.score), board_entry(keys, manifest, mine.player_id))
+        na_add(mine.score, other.player_id)
+    else:  # "wrong_shard": the region shard sends a na member to eu (the version's side's part)
+        field = region_shard(keys, manifest, mine.player_id)
+        views = list(lookup_decode(r.hget(field, mine.player_id)))  # type: ignore[arg-type]
+        placed = views[side]
+        assert placed is not None and placed.value == "na"
+        views[side] = Seen("eu", second=placed.second)
+        r.hset(field, mine.player_id, lookup_encode((views[0], views[1])))
     return mine.player_id, other.player_id
 
 

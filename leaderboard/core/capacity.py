@@ -30,7 +30,7 @@ class FigureMissing(CapacityError):
 
 # Each figure the plan reads, and the benchmark that measures it.
 FIGURE_SOURCES: dict[str, str] = {
-    "redis_bytes_per_player_per_copy": "bench/memory.py",
+    "redis_bytes_per_player": "bench/memory.py",
     "epoch_work_ms_per_1k_changes": "bench/epoch.py",
     "epoch_publish_ms_per_1k_changes": "bench/epoch.py",
     "epoch_redis_cpu_ms_per_1k_changes": "bench/epoch.py",
@@ -144,7 +144,6 @@ class Target:
     # Share of score events that change a player's best score (1.0: every one, the upper bound).
     change_fraction: float = 1.0
     read_mix: Mapping[str, float] = field(default_factory=lambda: {"rank": 0.6, "top": 0.3, "neighbors": 0.1})
-    view_copies: int = 2  # R complete copies of the index (docs/architecture.md)
     redis_replicas: int = 1
     redis_node_bytes: int = 32_000_000_000
     # Share of a node's memory the views may fill: the rest is for the fork of a snapshot or
@@ -163,8 +162,8 @@ class Target:
             raise CapacityError("freshness must be in (0, 3600] seconds")
         if not 0 < self.change_fraction <= 1 or not 0 < self.utilization <= 1 or not 0 < self.redis_memory_fill <= 1:
             raise CapacityError("change fraction, utilization and memory fill must be in (0, 1]")
-        if self.view_copies < 1 or self.redis_replicas < 0 or self.ledger_replicas < 1 or self.seasons < 1:
-            raise CapacityError("copies, ledger replicas and seasons must be >= 1, redis replicas >= 0")
+        if self.redis_replicas < 0 or self.ledger_replicas < 1 or self.seasons < 1:
+            raise CapacityError("ledger replicas and seasons must be >= 1, redis replicas >= 0")
         if self.bucket_member_budget < 1:
             raise CapacityError("the bucket member budget must be >= 1")
 
@@ -314,8 +313,9 @@ def capacity_plan(*, target: Target, figures: Mapping[str, Figure], distribution
     util = t.utilization
 
     # --- Redis: memory, then CPU (epochs and reads share a master's one core).
-    bpp = _need(figures, "redis_bytes_per_player_per_copy", used).value
-    view_bytes = t.players * bpp * t.view_copies
+    # Both copies: the two sides of one index, with one epoch's changes held twice.
+    bpp = _need(figures, "redis_bytes_per_player", used).value
+    view_bytes = t.players * bpp
     usable = t.redis_node_bytes * t.redis_memory_fill
     masters_memory = max(1, _ceil(view_bytes / usable))
     changes_per_s = t.writes_per_second * t.change_fraction
@@ -332,11 +332,11 @@ def capacity_plan(*, target: Target, figures: Mapping[str, Figure], distribution
     per_master = view_bytes / masters
     sections.append(Section("Redis (rank views; REDIS_CLUSTER)", (
         Line("view memory", _gb(view_bytes),
-             f"{t.players:,} players x {bpp:,.1f} bytes x {t.view_copies} copies",
-             ("redis_bytes_per_player_per_copy",)),
+             f"{t.players:,} players x {bpp:,.1f} bytes (both copies)",
+             ("redis_bytes_per_player",)),
         Line("masters for memory", str(masters_memory),
              f"{_gb(view_bytes)} / ({_gb(t.redis_node_bytes)} per node x {t.redis_memory_fill:.0%} fill) rounded up",
-             ("redis_bytes_per_player_per_copy", "input --redis-node-memory", "input --redis-memory-fill")),
+             ("redis_bytes_per_player", "input --redis-node-memory", "input --redis-memory-fill")),
         Line("Redis cores for epochs", _n(epoch_cores),
              f"{_n(changes_per_s)} changes/s / 1,000 x {epoch_redis_ms:,.1f} ms",
              ("epoch_redis_cpu_ms_per_1k_changes",)),
@@ -350,7 +350,7 @@ def capacity_plan(*, target: Target, figures: Mapping[str, Figure], distribution
              ("the two lines above",)),
         Line("memory per master", _gb(per_master),
              f"{_gb(view_bytes)} / {masters} masters; {_gb(view_bytes / max(1, masters - 1))} after losing one "
-             f"and resharding; node {_gb(t.redis_node_bytes)}", ("redis_bytes_per_player_per_copy",)),
+             f"and resharding; node {_gb(t.redis_node_bytes)}", ("redis_bytes_per_player",)),
         Line("nodes with replicas", str(masters * (1 + t.redis_replicas)),
              f"{masters} masters x (1 + {t.redis_replicas} replica)", ("input --redis-replicas",)),
     ), notes=("A bucket's sorted set lives whole on one master: no master holds less than its biggest bucket "

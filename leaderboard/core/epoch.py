@@ -47,21 +47,6 @@ def newest_scores(changes: Iterable[tuple[str, V, int]]) -> dict[str, V]:
     return scores
 
 
-def scores_before(changes: Iterable[tuple[str, V]]) -> dict[str, V]:
-    """Each player's score before the first of `changes` (player_id, old_score), in stream order.
-
-    A copy that holds exactly the ledger at a watermark holds, for each player changed
-    after it, the old score of the player's first change after it: writers of a season
-    are serialized, so a player's changes form a chain in stream order. None: the player
-    had no score yet.
-    """
-    before: dict[str, V] = {}
-    for player_id, old in changes:
-        if player_id not in before:
-            before[player_id] = old
-    return before
-
-
 @dataclass(slots=True)
 class EpochPlan:
     # (bucket, player_id) members to remove; (bucket, player_id, value) members to add.

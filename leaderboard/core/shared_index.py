@@ -1,10 +1,10 @@
 """One physical index for the two versions a season serves: the rules, without Redis.
 
-The views keep two complete copies of the bucketed index, one serving the published
-version while the epoch brings the other up to date. Two complete copies cost two
+The views keep two copies of the bucketed index, one serving the published version
+while the epoch brings the other up to date. Two complete copies would cost two
 sorted-set members a player (~240 bytes at 10M players, docs/benchmarks.md, Memory).
-The two versions differ only by the players an epoch changed, so one set of buckets can
-hold both:
+The two versions differ only by the players an epoch changed, so one set of buckets
+holds both, each copy one side of it:
 
 - Every player has one entry in the buckets while the two versions agree on their value,
   named by their id. A player whose value differs between the versions has two entries,

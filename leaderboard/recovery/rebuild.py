@@ -56,7 +56,7 @@ from leaderboard.views.materializer import (
     EpochResult,
     changes_upto,
     copy_changes_apply,
-    copy_regions_boards,
+    copy_manifest,
     manifest_record,
     replicas_wait,
     season_copies_build,
@@ -191,14 +191,10 @@ def _run(*, job: RebuildJob, on_progress: Callable[[RebuildJob], None] | None) -
 
     # The long part holds no season lease: epochs keep publishing the live version
     # meanwhile. Only this job writes its shadows (it claimed the row), so they are
-    # unfenced. Both copies of the new index are built here, off the lease: left to the
-    # next epoch, the second one would be built under the lease and hold publication
-    # back for the length of a full build. Not so a recovery's: with no live version,
-    # reads answer 503 until it publishes, so it publishes from one copy (half the
-    # build) and leaves the second to the next epoch with changes, which builds it from
-    # the scores as it builds any missing copy, while reads are answered.
-    # Both from one read of the current scores (progress: players written into both).
-    copies = [job.copy] if job.kind == RebuildJob.Kind.RECOVERY else [job.copy, _second(job)]
+    # unfenced. The new index is built here, off the lease, with both copies as its two
+    # sides: one set of buckets and one lookup, written once from one read of the
+    # current scores.
+    copies = [job.copy, _second(job)]
     shadow = season_copies_build(season=season, copies=copies, layout=layout, r=r, token=None,
                                  progress=_JobProgress(job, on_progress))[0]
     txid, ident, vector = shadow.watermark.columns()
@@ -385,14 +381,8 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
         version = max(live_version or 0, season.published_version) + 1
         shadow, replayed = _catch_up(r=r, keys=keys, token=token, season=season, shadow=shadow, upto=upto,
                                      version=version)
-        candidate = Manifest(
-            season=season.slug, version=version, as_of=datetime.now(UTC).isoformat(timespec="milliseconds"),
-            watermark=shadow.watermark, copy=shadow.copy, gen=shadow.gen, layout=shadow.layout,
-            counts=list(shadow.counts), checksums=list(shadow.checksums),
-            top=rankview.copy_top(r, keys, shadow, limit=100), ties=shadow.ties,
-            regions=copy_regions_boards(r=r, keys=keys, meta=shadow), lookup_shards=shadow.lookup_shards,
-            groups=shadow.groups,
-        )
+        candidate = copy_manifest(r=r, keys=keys, season=season, meta=shadow, version=version,
+                                  as_of=datetime.now(UTC))
         if live is not None:
             report = shadow_compare(r=r, keys=keys, live=live, shadow=candidate, sample=settings.REBUILD_SAMPLE_SIZE,
                                     aligned=not _changes_between(season, live.watermark, candidate.watermark))
@@ -421,12 +411,10 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
         # The pointer and the copy names change in one step: a coordinator dying right
         # after it leaves the shadow live and named, never dropped as a failed build's.
         rankview.pointer_publish(r, keys, token=token, expected=live_version, version=version, copies=named)
-        for name in retired:
-            # No manifest names these copies any more; readers of an older version fail
-            # their generation check and retry on the new one (or get 410 when pinned).
-            meta = rankview.copy_meta_load(r, keys, name)
-            if meta is not None:
-                rankview.copy_drop(r, keys, meta, retire=True)
+        # No manifest names these copies any more; readers of an older version fail their
+        # generation check and retry on the new one (or get 410 when pinned).
+        rankview.copies_drop(r, keys, [meta for name in retired
+                                       if (meta := rankview.copy_meta_load(r, keys, name)) is not None], retire=True)
         manifest_record(season=season, manifest=candidate, changed=0, epoch_ms=0.0)
         if job.kind == RebuildJob.Kind.SPLIT:
             Season.objects.filter(pk=season.pk).update(layout=shadow.layout.as_dict())
@@ -457,9 +445,9 @@ def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season
     changes = list(changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto, ties=shadow.ties,
                                  regions=bool(shadow.boards)))
     if changes:
-        # Not exact: the build's paged scan may already hold values (and regions) newer than
-        # its watermark, so the old ones are read from the shadow itself.
-        copy_changes_apply(r=r, keys=keys, token=token, target=shadow, changes=changes, exact=False)
+        # The build's paged scan may already hold values (and regions) newer than its
+        # watermark: changes are absolute, and the apply reads the old ones from the shadow.
+        copy_changes_apply(r=r, keys=keys, token=token, target=shadow, changes=changes)
     head = shadow.watermark.advanced(changes)
     watermark = head if upto is None else upto.merge(head)
     problems = rankview.copy_verify_counts(r, keys, shadow, range(shadow.layout.size), lookups=True)
@@ -568,12 +556,10 @@ def _drop_shadow(job: RebuildJob) -> None:
     r = redis_get()
     keys = season_keys(job.season)
     live = rankview.copies_get(r, keys)
-    for name in (job.copy, _second(job)):
-        if name in live:
-            continue  # published: the season's copies now
-        meta = rankview.copy_meta_load(r, keys, name)
-        if meta is not None:
-            rankview.copy_drop(r, keys, meta, retire=True)
+    if job.copy in live:
+        return  # published: the season's copies now
+    metas = [meta for name in (job.copy, _second(job)) if (meta := rankview.copy_meta_load(r, keys, name)) is not None]
+    rankview.copies_drop(r, keys, metas, retire=True)
 
 
 # ----------------------------------------------------------------------- hot buckets

@@ -2,8 +2,9 @@
 
 `season_epoch_run` is one epoch for one season: it brings the oldest copy of the index
 up to date with the change stream, verifies it, and publishes it with a fenced pointer
-swap. `season_copy_build` fills a copy from the current-scores table at a recorded
-watermark (first start, lost views, the bulk loader).
+swap. `season_copies_build` fills one index, both copies' sides of it, from the
+current-scores table at a recorded watermark (first start, a new index beside the
+serving one, lost views, the bulk loader).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from django.db.models import Count, Q
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import MODULUS, checksum_add, pair_hash
-from leaderboard.core.epoch import newest_scores, scores_before
+from leaderboard.core.epoch import newest_scores
 from leaderboard.core.gc_pause import gc_paused
 from leaderboard.core.manifest import (
     LOOKUP_SHARD_OUTGROWN,
@@ -157,27 +158,19 @@ def season_ties(season: Season) -> FirstReached | None:
     return first_reached_of(starts_at=season.starts_at, cutoff=season.cutoff)
 
 
-def change_values(changes: list[Change], ties: FirstReached | None
-                  ) -> tuple[dict[str, IndexValue], Iterator[tuple[str, IndexValue | None]]]:
-    """The newest index value per player, and (player, old value) per row in stream order
-    (for scores_before): scores, or (score, reached_ms) on a first_reached board. The old
-    values are a generator, consumed only by an exact copy: an epoch of a shared season
-    allocates nothing more than it always did."""
+def change_values(changes: list[Change], ties: FirstReached | None) -> dict[str, IndexValue]:
+    """The newest index value per player: scores, or (score, reached_ms) on a first_reached board."""
     if ties is None:
-        return newest_scores((c[2], c[3], c[4]) for c in changes), ((c[2], c[5]) for c in changes)
+        return newest_scores((c[2], c[3], c[4]) for c in changes)
     origin = ties.origin_ms
     # reached_at None: a row from before it was recorded, reached at the start (FirstReached.reached_ms).
-    newest = newest_scores((c[2], (c[3], 0 if c[6] is None else c[6] - origin), c[4]) for c in changes)
-    old = ((c[2], None if c[5] is None else (c[5], 0 if c[7] is None else c[7] - origin)) for c in changes)
-    return newest, old  # type: ignore[return-value]
+    return newest_scores((c[2], (c[3], 0 if c[6] is None else c[6] - origin), c[4]) for c in changes)
 
 
-def change_regions(changes: list[Change], *, exact: bool) -> tuple[dict[str, str], dict[str, str] | None]:
-    """Each changed player's newest region, and (for an exact copy) their region before the
-    first of `changes`, from the rows' trailing (region, old_region); the same rules as
-    `change_values` (a region move is a row with the score unchanged)."""
-    newest = newest_scores((c[2], c[-2], c[4]) for c in changes)
-    return newest, (scores_before((c[2], c[-1]) for c in changes) if exact else None)
+def change_regions(changes: list[Change]) -> dict[str, str]:
+    """Each changed player's newest region, from the rows' trailing (region, old_region);
+    the same rules as `change_values` (a region move is a row with the score unchanged)."""
+    return newest_scores((c[2], c[-2], c[4]) for c in changes)
 
 
 def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int | None:
@@ -188,13 +181,24 @@ def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int 
     if rankview.lease_acquire(r, keys, token=token, ttl_ms=ttl_ms) is None:
         return None
     # Before anything is written or trusted: from here on no older coordinator writes into
-    # any slot group of the season's copies (rankview.copy_groups_stamp).
+    # any slot group of the season's copies (rankview.copy_groups_stamp), nor of a new
+    # index one was building or the copies one replaced (recorded as retiring).
     try:
-        for copy in rankview.copies_get(r, keys):
+        copies = rankview.copies_get(r, keys)
+        stamped: set[str] = set()
+        for copy in [*copies, *rankview.copies_retiring(r, keys)]:
             meta = rankview.copy_meta_load(r, keys, copy)
-            # A copy without a meta is stamped in the groups its next build will use.
+            if meta is None and copy not in copies:
+                continue
+            # A copy without a meta is stamped in the index and groups its next build will
+            # use: a build names its index after its first copy (season_copies_build). Each
+            # index once: both copies of one name it.
+            index = meta.index if meta is not None else copies[0]
+            if index in stamped:
+                continue
+            stamped.add(index)
             groups = meta.groups if meta is not None else settings.VIEW_SLOT_GROUPS
-            rankview.copy_groups_stamp(r, keys, meta.index if meta is not None else copy, groups, token=token)
+            rankview.copy_groups_stamp(r, keys, index, groups, token=token)
     except BaseException as error:
         # A lease kept by a failed stamp would block every epoch for a whole TTL (longer
         # for a renewed one). Released only while still ours (lease_release checks).
@@ -304,7 +308,7 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
     with R = 2 copies each change must reach both, and doing the older copy's share
     here, once its grace period is over, halves what the next epoch applies before
     its pointer swap. The copy keeps its old version number (its generation moves on,
-    so that version now reads as expired) and stays exact if it was.
+    so that version now reads as expired).
 
     A crash once its chunks began leaves the copy broken (a chunk spans slot groups
     written one by one), and the next epoch rebuilds it; one before the first chunk
@@ -321,7 +325,7 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
         return None
     idle_name = next((c for c in rankview.copies_get(r, keys) if c != current.copy), None)
     idle = rankview.copy_meta_load(r, keys, idle_name) if idle_name is not None else None
-    if (idle is None or idle.state != rankview.STATE_READY or idle.layout != current.layout
+    if (idle is None or idle.state != rankview.STATE_READY or idle.index != current.index
             or idle.watermark >= current.watermark):
         return None
     if idle.version == season.final_version:
@@ -330,34 +334,23 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
         return None
     _grace_wait(idle)
     started = time.monotonic()
-    exact = idle.exact
     changes = read.between(idle.watermark, current.watermark) if read is not None else None
     if changes is None:
         changes = list(changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark,
                                      ties=idle.ties, regions=bool(idle.boards)))
     idle = rankview.copy_begin_mutation(r, keys, token, idle)
-    copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes, exact=exact)
-    rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version, exact=exact,
+    copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes)
+    rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version,
                          **replicas_wait())
     return (time.monotonic() - started) * 1000
 
 
 def copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, target: rankview.CopyMeta,
-                        changes: list[Change], exact: bool) -> int:
-    """Apply stream rows (oldest first) to a copy being mutated and verify its counts.
-
-    `exact`: the copy held exactly the ledger at the watermark the rows start after, so
-    each player's old score is the first row's old_score (no read of the copy)."""
-    newest, olds = change_values(changes, target.ties)
-    old_scores: dict[str, IndexValue | None] = (
-        scores_before(olds) if exact else rankview.copy_scores_get(r, keys, target, list(newest)))
-    regions = None
-    if target.boards:
-        new_regions, old_regions = change_regions(changes, exact=exact)
-        if old_regions is None:
-            old_regions = rankview.copy_regions_get(r, keys, target, list(newest))
-        regions = rankview.RegionMoves(old=old_regions, new=new_regions)
-    touched = rankview.copy_apply(r, keys, token, target, old_scores, newest, regions)
+                        changes: list[Change]) -> int:
+    """Apply stream rows (oldest first) to a copy being mutated and verify its counts."""
+    newest = change_values(changes, target.ties)
+    regions = change_regions(changes) if target.boards else None
+    touched = rankview.copy_apply(r, keys, token, target, newest, regions)
     problems = rankview.copy_verify_counts(r, keys, target, touched)
     if problems:
         rankview.copy_broken_mark(r, keys, target.copy, token=token)
@@ -378,6 +371,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
     `keeper`: the lease's keeper, whose lease a build from the scores stretches."""
     started = time.monotonic()
     season.refresh_from_db(fields=["published_version", "layout", "final_version"])
+    _copies_retire(r=r, keys=keys, token=token)  # left by a coordinator that died after publishing
     current_version = rankview.pointer_get(r, keys)
     current = rankview.manifest_get(r, keys, current_version) if current_version else None
     if current is not None and not version_holds(r, keys, current):
@@ -400,8 +394,13 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
     layout = current.layout if current is not None else season.bucket_layout
     ties = season_ties(season)
     regional = bool(season.regions)
+    # The two copies are the two sides of one index: a target that cannot be brought up
+    # to date (broken, missing, or for other season options), or that is not the other
+    # side of the current copy's index (copies from before they shared one), gets a new
+    # index built beside the serving one.
     rebuild = (target is None or target.state == rankview.STATE_BROKEN or target.layout != layout
-               or target.ties != ties or set(target.boards) != set(season.regions))
+               or target.ties != ties or set(target.boards) != set(season.regions)
+               or (current is not None and (target.index != current.index or target.side == current.side)))
 
     # (txid, id, player_id, new_score, score_version) in cursor order, read before the
     # target is touched: with nothing new since the current version the epoch is idle
@@ -424,14 +423,21 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
         # Nothing new, but the pointer is older than a version the database recorded
         # (Redis restarted from an old snapshot): publish above it, never serve it for long.
 
-    # The copy's old scores come from the change stream when it holds exactly the
-    # ledger at its watermark (one HMGET of every changed player fewer: ~10% of an epoch).
-    exact = target is not None and not rebuild and target.exact and target.state == rankview.STATE_READY
+    renamed: list[str] | None = None  # the copies of a new index, named when it is published
     if target is None or rebuild:
+        # The season's first index takes the copies' names; a new one beside a serving
+        # index gets names of its own (the fencing token's, never issued twice).
+        names = list(copies) if current is None else [f"e{token}", f"e{token}b"]
+        if current is not None:
+            renamed = names
+            # Both the copies it replaces and its own are recorded: until the pointer names
+            # it, the new index is the one to drop if this coordinator dies (the record
+            # names the copies that are not the season's, whichever those are by then).
+            rankview.copies_retiring_mark(r, keys, [*copies, *names], token=token)
         with (keeper.stretched(int(BUILD_LEASE_SECONDS * 1000)) if keeper is not None
               else contextlib.nullcontext()):
-            target = season_copy_build(season=season, copy=target_name, layout=layout, r=r, token=token,
-                                       lease=keeper)
+            built = season_copies_build(season=season, copies=names, layout=layout, r=r, token=token, lease=keeper)
+        target = built[0]
         changes = list(_changes_after(season_id=season.pk, cursor=target.watermark, ties=ties,
                                       regions=regional))
         if current is not None:
@@ -442,30 +448,23 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
     read = StreamRead(after=target.watermark, changes=changes)
     head = target.watermark.advanced(changes)
 
-    applied = copy_changes_apply(r=r, keys=keys, token=token, target=target, changes=changes, exact=exact)
+    applied = copy_changes_apply(r=r, keys=keys, token=token, target=target, changes=changes)
 
     version = max(current_version or 0, season.published_version) + 1
-    # Exact now: it applied every change committed before this epoch read the stream,
-    # which is after any scan that built it.
-    target = rankview.copy_finish(r, keys, token, target, watermark=head, version=version,
-                                  exact=True, **replicas_wait())
+    target = rankview.copy_finish(r, keys, token, target, watermark=head, version=version, **replicas_wait())
     as_of = datetime.now(UTC)
-    manifest = Manifest(
-        season=season.slug, version=version, as_of=as_of.isoformat(timespec="milliseconds"),
-        watermark=head, copy=target.copy, gen=target.gen, layout=target.layout,
-        counts=list(target.counts), checksums=list(target.checksums),
-        top=rankview.copy_top(r, keys, target, limit=100), ties=target.ties,
-        regions=copy_regions_boards(r=r, keys=keys, meta=target), lookup_shards=target.lookup_shards,
-        groups=target.groups,
-    )
+    manifest = copy_manifest(r=r, keys=keys, season=season, meta=target, version=version, as_of=as_of)
     rankview.manifest_store(r, keys, manifest, token=token)
     # The FINAL version keeps its manifest when a correction replaces it (the catch-up
     # leaves its copy alone too): it stays readable by number until that copy is needed.
-    rankview.pointer_publish(r, keys, token=token, expected=current_version, version=version,
+    rankview.pointer_publish(r, keys, token=token, expected=current_version, version=version, copies=renamed,
                              keep_replaced=current_version is not None and current_version == season.final_version)
     published_at = datetime.now(UTC)
     if current is not None:
         rankview.copy_release(r, keys, current.copy, at=time.time(), token=token)
+    if renamed is not None:
+        rankview.copies_retired(r, keys, renamed, token=token)  # the season's copies now
+        _copies_retire(r=r, keys=keys, token=token)
     epoch_ms = (time.monotonic() - started) * 1000
     # Players whose entry differs from the previous version (every player of a first
     # one); the copy itself applied `newest`, the changes since it was last current.
@@ -477,6 +476,33 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
               if lookup_shards_outgrown(players=manifest.total, shards=target.lookup_shards) else None)
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms,
                        applied=applied, rebuild_wanted=wanted), read
+
+
+def copy_manifest(*, r: redis.Redis, keys: rankview.Keys, season: Season, meta: rankview.CopyMeta, version: int,
+                  as_of: datetime) -> Manifest:
+    """The manifest of `version` as the copy holds it: where its data is (index, side, shards,
+    groups), its counts and checksums, and the top 100 of each board read from it."""
+    return Manifest(
+        season=season.slug, version=version, as_of=as_of.isoformat(timespec="milliseconds"),
+        watermark=meta.watermark, copy=meta.copy, gen=meta.gen, layout=meta.layout,
+        counts=list(meta.counts), checksums=list(meta.checksums),
+        top=rankview.copy_top(r, keys, meta, limit=100), ties=meta.ties,
+        regions=copy_regions_boards(r=r, keys=keys, meta=meta), lookup_shards=meta.lookup_shards,
+        groups=meta.groups, side=meta.side, index=meta.index,
+    )
+
+
+def _copies_retire(*, r: redis.Redis, keys: rankview.Keys, token: int) -> None:
+    """Drop the copies a new index replaced (recorded before its publication), once the
+    grace period of the one that served has passed: readers of its last version may still
+    be running until then. Under the lease; a coordinator that died before leaves the
+    record, and the next epoch drops them."""
+    names = rankview.copies_retiring(r, keys)
+    metas = [meta for name in names if (meta := rankview.copy_meta_load(r, keys, name)) is not None]
+    for meta in metas:
+        _grace_wait(meta)
+    rankview.copies_drop(r, keys, metas, token=token, retire=True)
+    rankview.copies_retired(r, keys, names, token=token)
 
 
 def copy_regions_boards(*, r: redis.Redis, keys: rankview.Keys, meta: rankview.CopyMeta) -> dict[str, RegionBoard]:
@@ -576,21 +602,14 @@ def manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_m
     season.published_version = max(season.published_version, manifest.version)
 
 
-def season_copy_build(
-    *, season: Season, copy: str, layout: BucketLayout, r: redis.Redis, token: int | None,
-    progress: BuildProgress | None = None, lease: rankview.LeaseKeeper | None = None,
-) -> rankview.CopyMeta:
-    """Fill `copy` from the current-scores table (`season_copies_build` of one copy)."""
-    return season_copies_build(season=season, copies=[copy], layout=layout, r=r, token=token, progress=progress,
-                               lease=lease)[0]
-
-
 def season_copies_build(
     *, season: Season, copies: list[str], layout: BucketLayout, r: redis.Redis, token: int | None,
     progress: BuildProgress | None = None, lease: rankview.LeaseKeeper | None = None,
 ) -> list[rankview.CopyMeta]:
-    """Fill each of `copies` from the current-scores table, from a change-stream watermark
-    taken first, in one read of the table.
+    """Fill one index from the current-scores table, from a change-stream watermark taken
+    first, in one read of the table; `copies` (one or two names) are its sides, 0 and 1,
+    the index named after the first. Both sides see every entry: the buckets hold one
+    member a player and the lookup one value, written once whatever the copies' number.
 
     The watermark is read before the scan: on PostgreSQL every change numbered at or
     below the season's committed stream head is committed, so the scan sees it (or a
@@ -616,13 +635,14 @@ def season_copies_build(
     # Counted first: the copies' lookup shards are sized for the players they will hold.
     total = ledger_rows_count(season=season, queryset=PlayerScore.objects.filter(season_id=season.pk))
     shards = lookup_shards_for(players=total)
+    index = copies[0]
+    olds = [old for copy in copies if (old := rankview.copy_meta_load(r, keys, copy)) is not None]
+    # Names are fresh but for the season's first build; one left by a failed attempt goes.
+    rankview.copies_drop(r, keys, olds, token=token)
     metas = []
-    for copy in copies:
-        old = rankview.copy_meta_load(r, keys, copy)
-        if old is not None:
-            rankview.copy_drop(r, keys, old, token=token)
+    for side, copy in enumerate(copies):
         meta = rankview.copy_meta_init(r, keys, copy, layout, ties, regions=season.regions, lookup_shards=shards,
-                                       groups=settings.VIEW_SLOT_GROUPS, token=token)
+                                       groups=settings.VIEW_SLOT_GROUPS, token=token, index=index, side=side)
         # Broken until the verified counts and watermark land, in the same write as
         # "applying" (below): a build cut short is rebuilt, never finished from there.
         metas.append(rankview.copy_begin_mutation(r, keys, token, meta, state=rankview.STATE_BROKEN))
@@ -633,7 +653,7 @@ def season_copies_build(
     done = 0
     if progress is not None:
         progress.start(total)
-    shard_keys = _ShardKeys(keys, shards, first.groups)
+    shard_keys = _ShardKeys(keys, index, shards, first.groups)
     sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"build-{season.slug}")
     in_flight: Future[None] | None = None
     started = time.monotonic()
@@ -648,7 +668,7 @@ def season_copies_build(
             for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards), size=size):
                 if lease is not None:
                     lease.renew()
-                writes = _build_writes(keys, first, batch, counts, checksums, regions, copies, shard_keys, token)
+                writes = _build_writes(keys, first, batch, counts, checksums, regions, shard_keys, token)
                 # Routed to their masters and encoded here, while the sender waits on Redis.
                 packed = rankview.nodes_pack(r, [(fence, call) for _, fence, call, _ in writes])
                 if in_flight is not None:
@@ -785,41 +805,41 @@ def _rows_sorted_fetch(cursor: psycopg.ServerCursor[Any], size: int) -> list[Any
 
 
 class _ShardKeys:
-    """Each copy's lookup and region shard key names, made once per build: a batch names
-    tens of thousands of shards (a copy of 10M players has 262,144)."""
+    """An index's lookup and region shard key names, made once per build: a batch names
+    tens of thousands of shards (an index of 10M players has 262,144)."""
 
-    def __init__(self, keys: rankview.Keys, shards: int, groups: int):
+    def __init__(self, keys: rankview.Keys, index: str, shards: int, groups: int):
         self.keys = keys
+        self.index = index
         self.shards = shards
         self.groups = groups
-        self._lookups: dict[str, list[str]] = {}
-        self._regions: dict[str, list[str]] = {}
+        self._lookups: list[str] | None = None
+        self._regions: list[str] | None = None
 
-    def lookups(self, copy: str) -> list[str]:
-        if copy not in self._lookups:
-            self._lookups[copy] = [self.keys.lookup(copy, shard, groups=self.groups) for shard in range(self.shards)]
-        return self._lookups[copy]
+    def lookups(self) -> list[str]:
+        if self._lookups is None:
+            self._lookups = [self.keys.lookup(self.index, shard, groups=self.groups) for shard in range(self.shards)]
+        return self._lookups
 
-    def regions(self, copy: str) -> list[str]:
-        if copy not in self._regions:
-            self._regions[copy] = [self.keys.region(copy, shard, groups=self.groups) for shard in range(self.shards)]
-        return self._regions[copy]
+    def regions(self) -> list[str]:
+        if self._regions is None:
+            self._regions = [self.keys.region(self.index, shard, groups=self.groups) for shard in range(self.shards)]
+        return self._regions
 
 
-# One fenced write of a build batch: (copy, its group's fence key, the EVAL, the members
-# and fields it must add: all of them, a build writes into an empty copy).
+# One fenced write of a build batch: (index, its group's fence key, the EVAL, the members
+# and fields it must add: all of them, a build writes into an empty index).
 _BuildWrite = tuple[str, str, tuple[Any, ...], int]
 
 
 def _build_writes(
     keys: rankview.Keys, meta: rankview.CopyMeta, batch: list[tuple[str, Any]], counts: list[int],
-    checksums: list[int], regions: list[str] | None, copies: list[str], shard_keys: _ShardKeys,
-    token: int | None,
+    checksums: list[int], regions: list[str] | None, shard_keys: _ShardKeys, token: int | None,
 ) -> list[_BuildWrite]:
-    """One batch of a build as fenced group writes for each of `copies` (rankview
+    """One batch of a build as fenced group writes into the index of `meta` (rankview
     group_write_call: per slot group, a ZADD per bucket and an HSET per lookup or region
-    shard, in scripts of at most BUILD_TRANSACTION_WRITES new members and fields; the
-    copies differ only in their keys): `batch` (player_id, score), or (player_id, (score,
+    shard, in scripts of at most BUILD_TRANSACTION_WRITES new members and fields): `batch`
+    (player_id, score), or (player_id, (score,
     reached_ms)) on a first_reached board; `regions`: each player's region, in a season
     with regional boards (their counts and checksums accumulate in meta.boards)."""
     layout = meta.layout
@@ -859,23 +879,22 @@ def _build_writes(
     for bucket, added in enumerate(sums):
         checksums[bucket] = (checksums[bucket] + added) % MODULUS
     region_zadds, region_hsets = ({}, {}) if regions is None else _regional_build_pairs(meta, batch, regions, placed)
-    groups, layout_id = meta.groups, layout.layout_id
+    groups, layout_id, index = meta.groups, layout.layout_id, meta.index
+    ops: dict[int, list[tuple[rankview.GroupOp, int]]] = {}
+    board_pairs = [(("", b), pairs) for b, pairs in zadds.items()] + list(region_zadds.items())
+    for (board, b), pairs in board_pairs:
+        ops.setdefault(bucket_group(bucket=b, groups=groups, board=board), []).extend(
+            _zadd_pieces(keys.bucket(index, layout_id, b, board, groups=groups), pairs))
+    for names, shard_pairs in ((shard_keys.lookups(), hsets),
+                               (shard_keys.regions() if region_hsets else [], region_hsets)):
+        for shard, fields in shard_pairs.items():
+            ops.setdefault(shard_group(shard=shard, groups=groups), []).append(
+                (("HSET", names[shard], fields), len(fields) // 2))
     out: list[_BuildWrite] = []
-    for copy in copies:
-        ops: dict[int, list[tuple[rankview.GroupOp, int]]] = {}
-        board_pairs = [(("", b), pairs) for b, pairs in zadds.items()] + list(region_zadds.items())
-        for (board, b), pairs in board_pairs:
-            ops.setdefault(bucket_group(bucket=b, groups=groups, board=board), []).extend(
-                _zadd_pieces(keys.bucket(copy, layout_id, b, board, groups=groups), pairs))
-        for names, shard_pairs in ((shard_keys.lookups(copy), hsets),
-                                   (shard_keys.regions(copy) if region_hsets else [], region_hsets)):
-            for shard, fields in shard_pairs.items():
-                ops.setdefault(shard_group(shard=shard, groups=groups), []).append(
-                    (("HSET", names[shard], fields), len(fields) // 2))
-        for group, group_ops in ops.items():
-            fence = keys.fence(copy, group)
-            out += [(copy, fence, rankview.group_write_call(fence, token, meta.gen, part), added)
-                    for part, added in _transactions(group_ops)]
+    for group, group_ops in ops.items():
+        fence = keys.fence(index, group)
+        out += [(index, fence, rankview.group_write_call(fence, token, meta.gen, part), added)
+                for part, added in _transactions(group_ops)]
     return out
 
 

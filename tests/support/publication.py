@@ -119,19 +119,18 @@ def board_snapshot(season: Season) -> tuple[int, list[Entry], dict[str, Any]]:
 
 
 def copy_contents(season: Season, copy: str) -> tuple[rankview.CopyMeta, dict[str, int], list[list[tuple[str, int]]]]:
-    """A copy's metadata, its whole lookup and every bucket in index order."""
+    """A copy's metadata, its whole lookup and every bucket in index order, as its side sees them."""
     r = redis_get()
     keys = keys_of(season)
     meta = rankview.copy_meta_load(r, keys, copy)
     assert meta is not None, f"copy {copy} is missing"
     lookup: dict[str, int] = {}
-    for player_id, score in rankview.copy_shards_scan(r, keys, copy, meta.lookup_shards, groups=meta.groups):
+    for player_id, score in rankview.copy_shards_scan(r, keys, meta.index, meta.lookup_shards, groups=meta.groups,
+                                                      side=meta.side):
         lookup[player_id.decode()] = int(score)
-    buckets = []
-    for b in range(meta.layout.size):
-        members: list[tuple[bytes, float]] = r.zrange(  # type: ignore[assignment]
-            keys.bucket(copy, meta.layout.layout_id, b, groups=meta.groups), 0, -1, withscores=True)
-        buckets.append([(p.decode(), -int(s)) for p, s in members])
+    buckets = [[(p, int(v)) for p, v in rankview.bucket_values_scan(  # type: ignore[arg-type]
+        r, keys, meta.index, meta.layout, meta.ties, b, groups=meta.groups, side=meta.side)]
+        for b in range(meta.layout.size)]
     return meta, lookup, buckets
 
 
@@ -180,6 +179,21 @@ class RoundTrips:
         self.nodes.clear()
         read()
         return list(self.sent)
+
+
+def builds_counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the index builds from the current scores from here on (`["n"]`)."""
+    from leaderboard.views import materializer
+
+    builds = {"n": 0}
+    real_build = materializer.season_copies_build
+
+    def counted(**kwargs: Any) -> Any:
+        builds["n"] += 1
+        return real_build(**kwargs)
+
+    monkeypatch.setattr(materializer, "season_copies_build", counted)
+    return builds
 
 
 # ------------------------------------------------------------------ checks

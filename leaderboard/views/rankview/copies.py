@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
@@ -18,7 +19,15 @@ from leaderboard.core.checksum import checksum_of
 from leaderboard.core.epoch import EpochPlan, board_plan, epoch_plan, regional_values
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import ranked, ranked_values
-from leaderboard.core.shared_index import entry_player
+from leaderboard.core.shared_index import (
+    BucketOp,
+    Seen,
+    Views,
+    change_plan,
+    entry_player,
+    lookup_decode,
+    lookup_encode,
+)
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import (
     FirstReached,
@@ -53,7 +62,14 @@ from leaderboard.views.rankview.keys import (
     lookup_shard,
     shards_of,
 )
-from leaderboard.views.rankview.shared import SEEN_FIELDS_SUM, SIDES, lookup_seen, window_call
+from leaderboard.views.rankview.shared import (
+    SEEN_FIELDS_SUM,
+    SIDES,
+    bucket_writes,
+    bucket_writes_expected,
+    lookup_seen,
+    window_call,
+)
 from leaderboard.views.rankview.wire import _script_call, nodes_round_trip, round_trip
 
 # ---------------------------------------------------------------------------- copies
@@ -73,10 +89,6 @@ class CopyMeta:
     checksums: list[int]
     version: int
     released_at: float
-    # Holds exactly the ledger at `watermark` (finished by an epoch, which reads every
-    # committed change): the next epoch may then take the old scores from the change
-    # stream instead of reading them from the copy's lookup.
-    exact: bool = False
     # A first_reached copy's key encoding (core.tiebreak); None: a shared board.
     ties: FirstReached | None = None
     # A season with regions: each region's board, (counts, checksums) per bucket.
@@ -111,7 +123,6 @@ class CopyMeta:
             "checksums": orjson.dumps([f"{c:016x}" for c in self.checksums]),
             "version": self.version,
             "released_at": repr(self.released_at),
-            "exact": int(self.exact),
         }
 
     @classmethod
@@ -127,7 +138,6 @@ class CopyMeta:
             checksums=[int(c, 16) for c in orjson.loads(raw[b"checksums"])],
             version=int(raw[b"version"]),
             released_at=float(raw[b"released_at"]),
-            exact=raw.get(b"exact") == b"1",
             ties=FirstReached.from_dict(orjson.loads(raw[b"ties"])) if b"ties" in raw else None,
             boards={name: ([int(c) for c in b["counts"]], [int(c, 16) for c in b["checksums"]])
                     for name, b in orjson.loads(raw[b"boards"]).items()} if b"boards" in raw else {},
@@ -156,7 +166,8 @@ def copy_meta_load(r: redis.Redis, keys: Keys, copy: str) -> CopyMeta | None:
 
 def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
                    ties: FirstReached | None = None, regions: Iterable[str] = (),
-                   lookup_shards: int = LOOKUP_SHARDS, *, groups: int, token: int | None) -> CopyMeta:
+                   lookup_shards: int = LOOKUP_SHARDS, *, groups: int, token: int | None, index: str = "",
+                   side: int = 0) -> CopyMeta:
     """A new, empty copy's meta, written only while `token` holds the lease (None: a
     shadow copy the rebuild job claimed in the database).
 
@@ -167,7 +178,7 @@ def copy_meta_init(r: redis.Redis, keys: Keys, copy: str, layout: BucketLayout,
         copy=copy, gen=0, state=STATE_BROKEN, watermark=Watermark(), layout=layout,
         counts=[0] * layout.size, checksums=[0] * layout.size, version=0, released_at=0.0, ties=ties,
         boards={region: ([0] * layout.size, [0] * layout.size) for region in regions}, lookup_shards=lookup_shards,
-        groups=groups,
+        groups=groups, index=index, side=side,
     )
     copy_fields_set(r, keys, copy, meta.fields(), token=token)
     return meta
@@ -184,8 +195,17 @@ def copy_broken_mark(r: redis.Redis, keys: Keys, copy: str, *, token: int | None
     copy_fields_set(r, keys, copy, {"state": STATE_BROKEN}, token=token)
 
 
+def copies_drop(r: redis.Redis, keys: Keys, metas: Iterable[CopyMeta], *, token: int | None = None,
+                retire: bool = False) -> None:
+    """`copy_drop` of copies whose indexes no other copy reads: each index's data once."""
+    dropped: set[str] = set()
+    for meta in metas:
+        copy_drop(r, keys, meta, token=token, retire=retire, data=meta.index not in dropped)
+        dropped.add(meta.index)
+
+
 def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None = None,
-              retire: bool = False) -> None:
+              retire: bool = False, data: bool = True) -> None:
     """Delete a copy's data keys, its buckets' hidden sets with them (after a layout change
     or before a rebuild into it); with `token`, only while that token holds the lease (an
     epoch rebuilding its target copy) and only in groups no newer token stamped.
@@ -195,8 +215,12 @@ def copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int | None =
     and ours times out); UNLINK frees it in the background. The group fences stay: they
     keep the tokens that fence the copy's next contents. `retire`: the copy's name is
     never used again (a rebuild's replaced or discarded copies), so its fences go too,
-    each its group's last write.
+    each its group's last write. The index is both sides' data: only a caller dropping
+    both copies that read it drops it (`copies_drop`); `data` False drops the meta alone.
     """
+    if not data:
+        _fenced(r, keys, token, [("UNLINK", keys.copy_meta(meta.copy))])
+        return
     if meta.groups == LEGACY_GROUPS:
         _legacy_copy_drop(r, keys, meta, token=token)
         return
@@ -245,10 +269,9 @@ def _legacy_copy_drop(r: redis.Redis, keys: Keys, meta: CopyMeta, *, token: int 
 
 
 def copies_get(r: redis.Redis, keys: Keys) -> list[str]:
-    """The season's R copies (R = 2): the current one and the one the next epoch updates.
-
-    "0" and "1" until a rebuild publishes a shadow copy in place of one of them.
-    """
+    """The season's two copies, the two sides of one index: the current one and the one
+    the next epoch updates. "0" and "1" until a new index (a rebuild's shadow, or one an
+    epoch built beside a copy it could not update) is published with its own names."""
     raw = r.get(keys.copies)
     return [str(c) for c in orjson.loads(raw)] if raw else list(COPY_NAMES)
 
@@ -257,85 +280,99 @@ def copies_set(r: redis.Redis, keys: Keys, copies: list[str]) -> None:
     r.set(keys.copies, orjson.dumps(copies))
 
 
+def copies_retiring_mark(r: redis.Redis, keys: Keys, names: Iterable[str], *, token: int) -> None:
+    """Record copies about to be replaced by a new index, before the pointer names it: a
+    coordinator that dies before dropping them leaves the record to its successor."""
+    _fenced(r, keys, token, [("SADD", keys.retiring, *names)])
+
+
+def copies_retiring(r: redis.Redis, keys: Keys) -> list[str]:
+    """The copies recorded as replaced that the season's copies no longer name."""
+    recorded = r.smembers(keys.retiring)
+    if not recorded:
+        return []
+    live = set(copies_get(r, keys))
+    return sorted(name for raw in recorded if (name := raw.decode() if isinstance(raw, bytes) else raw) not in live)
+
+
+def copies_retired(r: redis.Redis, keys: Keys, names: Iterable[str], *, token: int) -> None:
+    """Forget copies recorded as replaced, once dropped."""
+    names = list(names)
+    if names:
+        _fenced(r, keys, token, [("SREM", keys.retiring, *names)])
+
+
 def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *,
                         state: str = STATE_APPLYING) -> CopyMeta:
     """Bump the copy's generation before touching it: readers of its old version retry.
 
     `state`: STATE_BROKEN for a build, whose counts and watermark land only at its end."""
     key = keys.copy_meta(meta.copy)
-    _fenced(r, keys, token, [("HINCRBY", key, "gen", 1), ("HSET", key, "state", state, "exact", 0)])
+    _fenced(r, keys, token, [("HINCRBY", key, "gen", 1), ("HSET", key, "state", state)])
     meta.gen += 1
     meta.state = state
-    meta.exact = False
     return meta
 
 
-def copy_scores_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: list[str]
-                    ) -> dict[str, IndexValue | None]:
-    """Each player's value in the copy's lookup (None: absent), in the copy's encoding."""
-    ties, side = meta.ties, meta.side
-    return {player_id: lookup_value(ties, seen.value) if (seen := lookup_seen(value, side)) is not None else None
-            for player_id, value in _shard_fields_get(r, meta, keys.lookup, player_ids)}
+# A player's lookup and region-shard fields as read (None: no field), both sides' parts.
+Fields = tuple[bytes | None, bytes | None]
 
 
-def copy_regions_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: list[str]) -> dict[str, str]:
-    """Each player's region in the copy ("" for none: no regional board holds them)."""
-    side = meta.side
-    return {player_id: seen.value if (seen := lookup_seen(value, side)) is not None else ""
-            for player_id, value in _shard_fields_get(r, meta, keys.region, player_ids)}
-
-
-def _shard_fields_get(r: redis.Redis, meta: CopyMeta, key_of: Callable[..., str], player_ids: list[str]
-                      ) -> Iterator[tuple[str, bytes | None]]:
-    """(player, raw field) of each player in the copy's lookup or region shards (`key_of`):
-    one HMGET per shard holding some of them, SHARD_SCAN_BATCH shards a round trip (an
-    epoch's 10,000 changes name ~10,000 shards of a 10M-player copy)."""
+def copy_fields_get(r: redis.Redis, keys: Keys, meta: CopyMeta, player_ids: Iterable[str]) -> dict[str, Fields]:
+    """Each player's lookup field and (in a season with regions) region-shard field in the
+    copy's index, both sides' parts: one HMGET per shard holding some of them,
+    SHARD_SCAN_BATCH shards a round trip (an epoch's 10,000 changes name ~10,000 shards of
+    a 10M-player index)."""
     order = list(shards_of(player_ids, meta.lookup_shards).items())
+    regional = bool(meta.boards)
+    out: dict[str, Fields] = {}
     for start in range(0, len(order), SHARD_SCAN_BATCH):
         batch = order[start:start + SHARD_SCAN_BATCH]
-        replies = round_trip(r, [("HMGET", key_of(meta.index, shard, groups=meta.groups), *players)
-                                 for shard, players in batch])
-        for (_, players), values in zip(batch, replies, strict=True):
-            yield from zip(players, values, strict=True)
-
-
-@dataclass(frozen=True, slots=True)
-class RegionMoves:
-    """The changed players' regions before and after, for a copy with regional boards."""
-
-    old: Mapping[str, str]
-    new: Mapping[str, str]
+        commands = [("HMGET", keys.lookup(meta.index, shard, groups=meta.groups), *players) for shard, players in batch]
+        if regional:
+            commands += [("HMGET", keys.region(meta.index, shard, groups=meta.groups), *players)
+                         for shard, players in batch]
+        replies = round_trip(r, commands)
+        for at, (_, players) in enumerate(batch):
+            regions = replies[len(batch) + at] if regional else [None] * len(players)
+            for player_id, value, region in zip(players, replies[at], regions, strict=True):
+                out[player_id] = (value, region)
+    return out
 
 
 class CopyMismatch(RuntimeError):
-    """A chunk's replies show the copy did not hold the scores its plan assumed."""
+    """A chunk's replies show the copy did not hold what its plan assumed."""
 
 
-def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
-               old_scores: Mapping[str, IndexValue | None], new_scores: Mapping[str, IndexValue],
-               regions: RegionMoves | None = None) -> dict[str, set[int]]:
-    """Move each changed player to its new score, in chunks of fenced slot-group scripts.
+def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, new_scores: Mapping[str, IndexValue],
+               new_regions: Mapping[str, str] | None = None) -> dict[str, set[int]]:
+    """Give the copy's side each changed player's new value, in chunks of fenced slot-group
+    scripts. Returns the touched buckets of each board ("" the global one).
+
+    Both sides' lookup (and region-shard) fields of the changed players are read first:
+    each player's ops come from core.shared_index.change_plan, which never changes what
+    the other side sees, so the other copy keeps serving exact answers from the same
+    buckets while this one is written. `new_regions`: each changed player's region (absent:
+    unchanged) in a season with regional boards; a player who changes region leaves the
+    old region's board and joins the new one in the same chunk, with their region-shard
+    part, so a player is never on two boards, nor on none, at a chunk boundary.
 
     Each chunk is planned from the counts and checksums the previous one left; its group
     writes go to every master at once, then its counts to the copy meta. A chunk spans
     slot groups written one by one, so a crash can leave one half-landed: the copy reads
-    as broken from its first chunk until the last landed, and the next epoch rebuilds a
-    copy left so. Returns the touched buckets of each board ("" the global one).
-
-    `regions`: a copy with regional boards moves each player on their old and new
-    region's boards in the same chunk, with the region shards, so a player is never on
-    two boards, nor on none, at a chunk boundary.
+    as broken from its first chunk until the last landed, and the next epoch builds a new
+    index instead of trusting it.
 
     With several chunks, a helper thread sends chunk i and waits for Redis while this
-    one plans and encodes chunk i+1, so the epoch's Python work hides behind Redis's (at
-    10M players Redis takes ~3x the Python time). Chunk i+1 is sent only once chunk i
-    succeeded: its counts assume chunk i's moves, so a failed chunk stops the rest.
+    one plans and encodes chunk i+1 (at 10M players Redis takes ~3x the Python time).
+    Chunk i+1 is sent only once chunk i succeeded: its counts assume chunk i's moves.
 
-    Every chunk's replies are checked against its plan (members removed, members and
-    lookup entries inserted): a copy that did not hold the old scores the plan assumed
-    is marked broken, so the next epoch rebuilds it, and CopyMismatch is raised.
+    Every op's reply is checked against what the plan expects of it (members and hidden
+    records added or removed, lookup fields created or deleted): a copy that did not hold
+    what the plan assumed is marked broken, and CopyMismatch is raised.
     """
     players = list(new_scores)
+    fields = copy_fields_get(r, keys, meta, players)
     touched: dict[str, set[int]] = {"": set(), **{board: set() for board in meta.boards}}
     counts, checksums = meta.counts, meta.checksums
     boards = dict(meta.boards)
@@ -357,23 +394,17 @@ def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta,
 
     try:
         for start in range(0, len(players), APPLY_CHUNK):
-            ids = players[start : start + APPLY_CHUNK]
-            olds = {p: old_scores.get(p) for p in ids}
-            news = {p: new_scores[p] for p in ids}
-            plan = epoch_plan(layout=meta.layout, counts=counts, checksums=checksums, old_scores=olds,
-                              new_scores=news)
-            chunk = _Chunk(plan=plan)
-            if regions is not None and meta.boards:
-                _regional_plans(chunk, meta, boards, olds, news, regions)
-            if not plan.lookups and not chunk.region_sets and not chunk.region_drops:
+            chunk = _chunk_plan(keys, meta, players[start:start + APPLY_CHUNK], fields, new_scores, new_regions,
+                                counts, checksums, boards)
+            if not chunk.ops:
                 continue
             if not opened:
                 # A chunk spans slot groups, each written on its own: a crash between two
                 # leaves no chunk boundary to re-plan from. Until every chunk landed the
-                # copy reads as broken (the next epoch rebuilds it), never as applying.
+                # copy reads as broken (the next epoch builds a new index), never as applying.
                 copy_broken_mark(r, keys, meta.copy, token=token)
                 opened = True
-            counts, checksums = plan.counts, plan.checksums
+            counts, checksums = chunk.plan.counts, chunk.plan.checksums
             boards.update({board: (p.counts, p.checksums) for board, p in chunk.boards.items()})
             _chunk_commands(keys, token, meta, chunk, boards)
             if in_flight is not None:
@@ -414,145 +445,167 @@ def _chunk_send(r: redis.Redis, keys: Keys, token: int | None, chunk: _Chunk) ->
 
 @dataclass(slots=True)
 class _Chunk:
-    """One chunk of `copy_apply`: the global plan, each regional board's, the region-shard
-    writes, and the commands they became (in that order; the copy-meta HSET last)."""
+    """One chunk of `copy_apply`: the global board's counts plan and each regional board's,
+    the ops of every slot group, and the commands they became."""
 
     plan: EpochPlan
     boards: dict[str, EpochPlan] = field(default_factory=dict)
-    region_sets: dict[str, str] = field(default_factory=dict)
-    # Players who left every regional board (their region is none now, or not the season's).
-    region_drops: list[str] = field(default_factory=list)
-    # Those of region_sets who had no region field before (HSET reports them as new).
-    region_new: int = 0
-    # One fenced write per slot group the chunk touches: (fence key, EVAL), and each of its
-    # ops' (command, label) for _chunk_mismatch; then the copy meta's counts (control slot).
+    # Per slot group, its ops and what each must reply when the index held what the plan assumed.
+    ops: dict[int, list[GroupOp]] = field(default_factory=dict)
+    expected: dict[int, list[int]] = field(default_factory=dict)
+    # One fenced write per slot group the chunk touches: (fence key, EVAL), in `ops` order;
+    # then the copy meta's counts (control slot).
     calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
-    labels: list[list[tuple[str, str]]] = field(default_factory=list)
     meta_command: tuple[Any, ...] = ()
 
+    def add(self, group: int, op: GroupOp, expected: int) -> None:
+        self.ops.setdefault(group, []).append(op)
+        self.expected.setdefault(group, []).append(expected)
 
-def _regional_plans(chunk: _Chunk, meta: CopyMeta, boards: Mapping[str, Board],
-                    olds: Mapping[str, IndexValue | None], news: Mapping[str, IndexValue],
-                    regions: RegionMoves) -> None:
-    for board, (old_values, new_values) in regional_values(
-            regions=meta.boards, old_values=olds, new_values=news, old_regions=regions.old,
-            new_regions=regions.new).items():
-        if new_values:
-            counts, checksums = boards[board]
-            chunk.boards[board] = board_plan(layout=meta.layout, counts=counts, checksums=checksums,
-                                             old_values=old_values, new_values=new_values)
-    # A region-shard entry exists exactly for the players the copy holds on a regional board.
-    for player_id in news:
-        was = regions.old.get(player_id, "")
-        now = regions.new.get(player_id, was)
-        had = olds.get(player_id) is not None and was in meta.boards
-        if now in meta.boards:
-            if not had or was != now:
-                chunk.region_sets[player_id] = now
-                chunk.region_new += not had
-        elif had:
-            chunk.region_drops.append(player_id)
+
+def _chunk_plan(keys: Keys, meta: CopyMeta, players: list[str], fields: Mapping[str, Fields],
+                new_scores: Mapping[str, IndexValue], new_regions: Mapping[str, str] | None,
+                counts: list[int], checksums: list[int], boards: Mapping[str, Board]) -> _Chunk:
+    """The ops of one chunk on every board of the copy's side (core.shared_index.change_plan
+    per player and board), the lookup and region-shard fields they change, and the counts
+    and checksums the side holds after them (core.epoch)."""
+    side, ties, layout = meta.side, meta.ties, meta.layout
+    regional = bool(meta.boards)
+
+    def place(text: str) -> tuple[int, int]:
+        return index_key(layout, ties, lookup_value(ties, text))
+
+    olds: dict[str, IndexValue | None] = {}
+    news: dict[str, IndexValue] = {}
+    old_regions: dict[str, str] = {}
+    now_regions: dict[str, str] = {}
+    ops: list[BucketOp] = []
+    board_ops: dict[str, list[BucketOp]] = {}
+    lookups: list[tuple[str, bytes | None, str | None]] = []
+    region_fields: list[tuple[str, bytes | None, str | None]] = []
+    for player_id in players:
+        raw, region_raw = fields[player_id]
+        views = lookup_decode(raw) if raw is not None else _NOWHERE
+        mine = views[side]
+        new = new_scores[player_id]
+        text = str(value_token(new))
+        olds[player_id] = lookup_value(ties, mine.value) if mine is not None else None
+        news[player_id] = new
+        planned, after = change_plan(copy=side, player_id=player_id, views=views, value=text, place=place)
+        ops += planned
+        if after != views:
+            lookups.append((player_id, raw, lookup_encode(after)))
+        if not regional:
+            continue
+        placed = lookup_decode(region_raw) if region_raw is not None else _NOWHERE
+        home = placed[side]
+        was = home.value if home is not None else ""
+        now = new_regions.get(player_id, was) if new_regions is not None else was
+        old_regions[player_id], now_regions[player_id] = was, now
+        parts = list(placed)
+        parts[side] = None
+        for board in {was, now} & meta.boards.keys():
+            # The board's entries of the player: each side's value under the name its
+            # region-shard part gives, for the sides placing them on this board.
+            seen: list[Seen | None] = [None, None]
+            for s in SIDES:
+                held, where = views[s], placed[s]
+                if held is not None and where is not None and where.value == board:
+                    seen[s] = Seen(held.value, second=where.second)
+            board_views: Views = (seen[0], seen[1])
+            planned, on_board = change_plan(copy=side, player_id=player_id, views=board_views,
+                                            value=text if board == now else None, place=place)
+            board_ops.setdefault(board, []).extend(planned)
+            entry = on_board[side]
+            if board == now and entry is not None:
+                parts[side] = Seen(now, second=entry.second)
+        placed_after: Views = (parts[0], parts[1])
+        if placed_after != placed:
+            region_fields.append((player_id, region_raw, lookup_encode(placed_after)))
+    plan = epoch_plan(layout=layout, counts=counts, checksums=checksums, old_scores=olds, new_scores=news)
+    chunk = _Chunk(plan=plan)
+    if regional:
+        for board, (old_values, new_values) in regional_values(
+                regions=meta.boards, old_values=olds, new_values=news, old_regions=old_regions,
+                new_regions=now_regions).items():
+            if new_values:
+                board_counts, board_checksums = boards[board]
+                chunk.boards[board] = board_plan(layout=layout, counts=board_counts, checksums=board_checksums,
+                                                 old_values=old_values, new_values=new_values)
+    _chunk_ops(keys, meta, chunk, ops, board_ops, lookups, region_fields)
+    return chunk
+
+
+# No part of a player the index lacks.
+_NOWHERE: Views = (None, None)
+
+
+def _chunk_ops(keys: Keys, meta: CopyMeta, chunk: _Chunk, ops: list[BucketOp], board_ops: Mapping[str, list[BucketOp]],
+               lookups: list[tuple[str, bytes | None, str | None]],
+               region_fields: list[tuple[str, bytes | None, str | None]]) -> None:
+    """A chunk's bucket writes (rankview.shared.bucket_writes: per bucket, removals before
+    additions) and field writes (an HSET and an HDEL per shard), by slot group, each with
+    the reply it must give."""
+    index, groups, layout_id = meta.index, meta.groups, meta.layout.layout_id
+    for board, planned in (("", ops), *board_ops.items()):
+        writes = bucket_writes(planned, bucket_key=partial(keys.bucket, index, layout_id, board=board, groups=groups),
+                               hidden_key=partial(_hidden_of, keys, index, layout_id, board, groups))
+        for bucket, bucket_ops in writes.items():
+            group = bucket_group(bucket=bucket, groups=groups, board=board)
+            for op, expected in zip(bucket_ops, bucket_writes_expected(bucket_ops), strict=True):
+                chunk.add(group, op, expected)
+    for key_of, changed in ((keys.lookup, lookups), (keys.region, region_fields)):
+        sets: dict[int, tuple[list[Any], list[bool]]] = {}
+        dels: dict[int, list[str]] = {}
+        for player_id, raw, text in changed:
+            shard = lookup_shard(player_id, meta.lookup_shards)
+            if text is None:
+                dels.setdefault(shard, []).append(player_id)
+            else:
+                pairs, created = sets.setdefault(shard, ([], []))
+                pairs += (player_id, text)
+                created.append(raw is None)
+        for shard, (pairs, created) in sets.items():
+            chunk.add(shard_group(shard=shard, groups=groups), ("HSET", key_of(index, shard, groups=groups), pairs),
+                      sum(created))
+        for shard, players in dels.items():
+            chunk.add(shard_group(shard=shard, groups=groups), ("HDEL", key_of(index, shard, groups=groups), players),
+                      len(players))
+
+
+def _hidden_of(keys: Keys, index: str, layout_id: int, board: str, groups: int, side: int, bucket: int) -> str:
+    return keys.hidden(index, side, layout_id, bucket, board, groups=groups)
 
 
 def _chunk_mismatch(chunk: _Chunk, replies: list[Any]) -> str:
-    """What a chunk's replies say that its plans did not expect. On each board ZREM counts
-    the members removed and ZADD the ones inserted; the lookup shards' HSETs count the
-    players new to the copy, the region shards' HSETs and HDELs those new to or gone from
-    every regional board. `replies`: each group write's list of op replies."""
-    counted: dict[tuple[str, str], int] = {}
-    for labels, reply in zip(chunk.labels, replies, strict=True):
-        for label, n in zip(labels, reply, strict=True):
-            counted[label] = counted.get(label, 0) + int(n)
-    for board, plan in (("", chunk.plan), *chunk.boards.items()):
-        name = f"region {board}" if board else "the global board"
-        removed = counted.get(("ZREM", f"board:{board}"), 0)
-        added = counted.get(("ZADD", f"board:{board}"), 0)
-        moved = len(plan.removals) - len(plan.departures)
-        if removed != len(plan.removals):
-            return f"{name}: removed {removed} members, the plan moved {len(plan.removals)} out of their buckets"
-        if added != moved + plan.arrivals:
-            return f"{name}: inserted {added} members, the plan expected {moved + plan.arrivals}"
-    arrived = counted.get(("HSET", "lookup"), 0)
-    if arrived != chunk.plan.arrivals:
-        return f"inserted {arrived} lookup entries, the plan expected {chunk.plan.arrivals}"
-    placed, dropped = counted.get(("HSET", "regions"), 0), counted.get(("HDEL", "regions"), 0)
-    if placed != chunk.region_new or dropped != len(chunk.region_drops):
-        return (f"inserted {placed} and removed {dropped} region entries, the plan expected "
-                f"{chunk.region_new} and {len(chunk.region_drops)}")
+    """What a chunk's replies say that its plan did not expect: each op of each group write
+    against the members, hidden records or fields it should have added or removed."""
+    for (group, expected), reply in zip(chunk.expected.items(), replies, strict=True):
+        got = [int(n) for n in reply]
+        if got != expected:
+            ops = chunk.ops[group]
+            wrong = [f"{op[0]} {op[1]}: {n}, expected {want}"
+                     for op, n, want in zip(ops, got, expected, strict=True) if n != want]
+            return f"slot group {group}: " + "; ".join(wrong[:5])
     return ""
 
 
 def _chunk_commands(keys: Keys, token: int | None, meta: CopyMeta, chunk: _Chunk, boards: Mapping[str, Board]
                     ) -> None:
-    """The group writes of one chunk, each op labelled with what it writes (for
-    _chunk_mismatch): per slot group a ZREM and a ZADD per touched bucket, an HSET per
-    touched lookup or region shard and an HDEL per region shard losing players, all in
-    the group's one fenced script (~64 scripts for ~3,000 commands, not a command each).
-    The copy meta's new counts go to the control slot after every group landed."""
-    plan = chunk.plan
-    index, groups = meta.index, meta.groups
-    ops: dict[str, list[GroupOp]] = {}
-    labels: dict[str, list[tuple[str, str]]] = {}
-
-    def add(group: int, op: GroupOp, label: str) -> None:
-        fence = keys.fence(index, group)
-        ops.setdefault(fence, []).append(op)
-        labels.setdefault(fence, []).append((op[0], label))
-
-    for board, board_plan_ in (("", plan), *chunk.boards.items()):
-        for bucket, command, args in _board_ops(meta, board_plan_):
-            add(bucket_group(bucket=bucket, groups=groups, board=board),
-                (command, keys.bucket(index, meta.layout.layout_id, bucket, board, groups=groups), args),
-                f"board:{board}")
-    hsets: dict[int, list[Any]] = {}
-    shards = meta.lookup_shards
-    if meta.ties is None:
-        for player_id, score in plan.lookups.items():
-            hsets.setdefault(lookup_shard(player_id, shards), []).extend((player_id, score))
-    else:  # a first_reached board: "score:reached_ms" in the lookup
-        for player_id, value in plan.lookups.items():
-            hsets.setdefault(lookup_shard(player_id, shards), []).extend((player_id, value_token(value)))
-    for shard, pairs in hsets.items():
-        add(shard_group(shard=shard, groups=groups), ("HSET", keys.lookup(index, shard, groups=groups), pairs),
-            "lookup")
-    regions: dict[int, list[Any]] = {}
-    for player_id, region in chunk.region_sets.items():
-        regions.setdefault(lookup_shard(player_id, shards), []).extend((player_id, region))
-    for shard, pairs in regions.items():
-        add(shard_group(shard=shard, groups=groups), ("HSET", keys.region(index, shard, groups=groups), pairs),
-            "regions")
-    for shard, players in shards_of(chunk.region_drops, shards).items():
-        add(shard_group(shard=shard, groups=groups), ("HDEL", keys.region(index, shard, groups=groups), players),
-            "regions")
-    chunk.calls = [(fence, group_write_call(fence, token, meta.gen, group_ops, side=meta.side))
-                   for fence, group_ops in ops.items()]
-    chunk.labels = list(labels.values())
-    chunk.meta_command = ("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(plan.counts),
-                          "checksums", orjson.dumps([f"{c:016x}" for c in plan.checksums]),
+    """The group writes of one chunk, one fenced script per slot group (~64 scripts for
+    ~3,000 commands, not a command each), recording the copy's side's generation; the copy
+    meta's new counts go to the control slot after every group landed."""
+    chunk.calls = [(keys.fence(meta.index, group),
+                    group_write_call(keys.fence(meta.index, group), token, meta.gen, group_ops, side=meta.side))
+                   for group, group_ops in chunk.ops.items()]
+    chunk.meta_command = ("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(chunk.plan.counts),
+                          "checksums", orjson.dumps([f"{c:016x}" for c in chunk.plan.checksums]),
                           *(("boards", boards_dumps(boards)) if meta.boards else ()))
 
 
-def _board_ops(meta: CopyMeta, plan: EpochPlan) -> Iterator[tuple[int, str, list[Any]]]:
-    """One board's (bucket, ZREM or ZADD, arguments) of a chunk, a ZREM and a ZADD per touched bucket."""
-    zrems: dict[int, list[Any]] = {}
-    for bucket, player_id in plan.removals:
-        zrems.setdefault(bucket, []).append(player_id)
-    zadds: dict[int, list[Any]] = {}
-    if meta.ties is None:
-        for bucket, player_id, score in plan.additions:
-            zadds.setdefault(bucket, []).extend((-score, player_id))  # type: ignore[operator]
-    else:
-        for bucket, player_id, value in plan.additions:
-            zadds.setdefault(bucket, []).extend((index_key(meta.layout, meta.ties, value)[1], player_id))
-    for bucket, members in zrems.items():
-        yield bucket, "ZREM", members
-    for bucket, pairs in zadds.items():
-        yield bucket, "ZADD", pairs
-
-
 def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: Watermark,
-                version: int, exact: bool = False, replicas: int = 0, replicas_ms: int = 0) -> CopyMeta:
-    """Mark the copy ready at `watermark`; `exact` only when it applied every change committed so far.
+                version: int, replicas: int = 0, replicas_ms: int = 0) -> CopyMeta:
+    """Mark the copy ready at `watermark`.
 
     Every group fence gets the copy's generation first (the one its manifests carry), so
     a reader of a group this mutation did not write still finds the generation it expects.
@@ -562,15 +615,13 @@ def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *
     writes from is never published."""
     try:
         copy_groups_stamp(r, keys, meta.index, meta.groups, token=token, gen=meta.gen, side=meta.side,
-                          replicas=replicas,
-                          replicas_ms=replicas_ms)
+                          replicas=replicas, replicas_ms=replicas_ms)
     except ReplicasBehind:
         copy_broken_mark(r, keys, meta.copy, token=token)
         raise
     meta.watermark = watermark
     meta.state = STATE_READY
     meta.version = version
-    meta.exact = exact
     copy_fields_set(r, keys, meta.copy, meta.fields(), token=token)
     return meta
 

@@ -8,7 +8,10 @@ is in, CopyMeta.index, its own name unless its meta says another):
     {P}:{season}:ptr                 current version number
     {P}:{season}:m:{version}         manifest JSON (no expiry while current; MANIFEST_TTL s once superseded)
     {P}:{season}:lease               the coordinator's fencing token (issued by the database)
-    {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums, groups
+    {P}:{season}:copy:{c}            copy meta hash: gen, state, watermark, counts, checksums, groups,
+                                     index, side
+    {P}:{season}:retiring            names of copies a new index replaced, dropped once their
+                                     grace period is over
     {P}:{season:i:g}:z:L:b           bucket b (layout L) of index i: member player_id, score -score
     {P}:{season:i:g}:r:REG:L:b       bucket b of region REG's board in index i (a season with regions)
     {P}:{season:i:g}:h:k             lookup shard k of index i: player_id -> score
@@ -115,6 +118,7 @@ class Keys:
         self.copies = f"{base}:copies"
         self.due = f"{base}:due"
         self.wanted = f"{base}:wanted"
+        self.retiring = f"{base}:retiring"
         self._base = base
 
     def manifest(self, version: int) -> str:

@@ -8,10 +8,9 @@ the bucket and subtracts from its hidden set in one script, because the other co
 epoch may be writing the same bucket meanwhile. Redis runs a script whole, so a reader
 never sees half a bucket's write.
 
-Every reader of a copy's buckets reads through it (a copy reads one side: its hidden sets
-and its part of each lookup field). The views' writers do not produce a second side yet:
-`bench/index_designs.py` builds the shared shape with this module, and the tests write
-one beside a serving copy to check that its readers never see it.
+The views' two copies are the two sides of one index: an epoch writes its copy's side
+with `bucket_writes` (rankview.copies.copy_apply), and every reader of a copy's buckets
+reads through these scripts (one side: its hidden sets and its part of each lookup field).
 """
 
 from __future__ import annotations
