@@ -1,15 +1,19 @@
 #!/usr/bin/env python
-"""Redis memory per player: both copies of the views (sorted buckets + lookup hashes) vs. one plain sorted set.
+"""Redis memory per player: everything the views hold (one index, both copies its sides:
+buckets, hidden sets, lookup shards, manifests and metas) vs. one plain sorted set.
 
-For each size, the loader (bench/loader.py) fills a fresh season and builds both copies;
-used_memory (INFO memory) is read before the build and after each copy. Then MEMORY
-USAGE of every key of each copy splits the figure into the bucket sorted sets and the
-lookup hash shards (as many as the copy was built with; OBJECT ENCODING says how many
-are listpacks), and the same players are put in ONE plain sorted set (what a
-single-index design would hold) to measure it the same way (used_memory delta).
+For each size, the loader (bench/loader.py) fills a fresh season, builds its index and
+publishes version 1; used_memory (INFO memory) is read before the build and after the
+publication. Then an epoch of --changes players (moved across buckets, as bench/epoch.py
+moves them) is applied to the other copy and published without the catch-up, so the two
+sides differ by one epoch (entries of both values, hidden sets, two-part lookup fields:
+the most the views hold between two epochs), and used_memory is read again. MEMORY USAGE
+of every key of the index splits the figure into buckets, hidden sets and lookup shards
+(OBJECT ENCODING says how many shards are listpacks), and the same players are put in
+ONE plain sorted set (what a single-index design would hold) to measure it the same way.
 
     SECRET_KEY=x .venv/bin/python bench/memory.py                 # 1M players (~1 min)
-    SECRET_KEY=x .venv/bin/python bench/memory.py --players 1M,10M  # ~3.5 GB of Redis at 10M
+    SECRET_KEY=x .venv/bin/python bench/memory.py --players 1M,10M  # ~2 GB of Redis at 10M
 
 Redis 7.0 here measured ~109 bytes per member of a sorted set with ~9-byte members,
 ~56 bytes per entry of a hashtable-encoded hash and ~15 of a listpack-encoded one
@@ -26,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchenv  # noqa: E402
+import epoch as epoch_bench  # noqa: E402
 import loader  # noqa: E402
 
 BATCH = 10_000  # commands per pipeline (a 10M-player copy has ~260,000 lookup shards)
@@ -53,9 +58,10 @@ def keys_listpacks(r: Any, keys: list[str]) -> int:
 
 
 def measure(players: int, args: argparse.Namespace) -> dict[str, Any]:
+    from leaderboard.recovery.rebuild import season_epoch_advance
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import COPIES, season_keys
+    from leaderboard.views.materializer import season_keys
 
     r = redis_get()
     result = loader.load_season(players=players, seed=args.seed, kind="memory", verbose=True)
@@ -63,19 +69,32 @@ def measure(players: int, args: argparse.Namespace) -> dict[str, Any]:
     keys = season_keys(season)
     extra: list[str] = []
     try:
+        # Published: memory_after_copy[-1] was read after the build, before version 1.
         out: dict[str, Any] = {"players": players, "used_before": result.memory_before,
-                               "used_after": list(result.memory_after_copy)}
-        layout = season.bucket_layout
+                               "used_built": result.memory_after_copy[-1],
+                               "used_published": loader.redis_used_memory(r)}
+        maker = epoch_bench.ChangeMaker(result.scores, seed=args.seed + players)
+        epoch_bench.ingest(season, maker.events(args.changes))
+        outcome = season_epoch_advance(season=season, r=r, catch_up=False)
+        if outcome.status != "published":
+            raise SystemExit(f"the epoch of {args.changes:,} changes did not publish: {outcome}")
+        out["used_pending"] = loader.redis_used_memory(r)
+        manifest = rankview.manifest_get(r, keys, outcome.version or 0)
+        assert manifest is not None
+        layout, index, groups = manifest.layout, manifest.index, manifest.groups
         started = time.perf_counter()
-        for copy in COPIES:
-            meta = rankview.copy_meta_load(r, keys, copy)
-            assert meta is not None
-            buckets = [keys.bucket(copy, layout.layout_id, b, groups=meta.groups) for b in range(layout.size)]
-            lookups = [keys.lookup(copy, k, groups=meta.groups) for k in range(meta.lookup_shards)]
-            out[f"zsets_{copy}"] = keys_usage(r, buckets, args.samples)
-            out[f"hashes_{copy}"] = keys_usage(r, lookups, args.samples)
-            out[f"shards_{copy}"] = meta.lookup_shards
-            out[f"listpacks_{copy}"] = keys_listpacks(r, lookups)
+        buckets = [keys.bucket(index, layout.layout_id, b, groups=groups) for b in range(layout.size)]
+        hidden = [keys.hidden(index, side, layout.layout_id, b, groups=groups)
+                  for b in range(layout.size) for side in rankview.SIDES]
+        lookups = [keys.lookup(index, k, groups=groups) for k in range(manifest.lookup_shards)]
+        control = [keys.ptr, *(keys.copy_meta(copy) for copy in rankview.copies_get(r, keys)),
+                   keys.manifest(outcome.version or 0), keys.manifest((outcome.version or 0) - 1)]
+        out["zsets"] = keys_usage(r, buckets, args.samples)
+        out["hidden"] = keys_usage(r, hidden, args.samples)
+        out["hashes"] = keys_usage(r, lookups, args.samples)
+        out["control"] = keys_usage(r, control, args.samples)
+        out["shards"] = manifest.lookup_shards
+        out["listpacks"] = keys_listpacks(r, lookups)
         out["usage_seconds"] = time.perf_counter() - started
         # One plain sorted set with the same players, measured the same way.
         before = loader.redis_used_memory(r)
@@ -102,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=5,
                         help="MEMORY USAGE SAMPLES (0 = every element: exact, slow on big keys)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--changes", type=int, default=10_000,
+                        help="players of the epoch applied to one copy only before measuring (the sides' difference)")
     benchenv.add_common_args(parser)
     args = parser.parse_args(argv)
     sizes = benchenv.parse_counts(args.players)
@@ -119,29 +140,31 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for m in results:
         n = m["players"]
-        copy0 = m["used_after"][0] - m["used_before"]
-        copy1 = m["used_after"][1] - m["used_after"][0]
-        usage = m["zsets_0"] + m["hashes_0"] + m["zsets_1"] + m["hashes_1"]
-        rows.append((benchenv.human(n), m["zsets_0"] / n, m["hashes_0"] / n, usage / n, m["baseline_usage"] / n,
-                     usage / m["baseline_usage"], copy0 / n, copy1 / n, m["baseline_delta"] / n, usage / 2**30))
-    print(benchenv.table(["players", "buckets/copy", "lookup/copy", "both copies", "one plain zset",
-                          "ours / plain", "used_memory: copy 0", "copy 1", "plain zset", "both copies GiB"], rows))
+        usage = m["zsets"] + m["hidden"] + m["hashes"] + m["control"]
+        rows.append((benchenv.human(n), (m["used_published"] - m["used_before"]) / n,
+                     (m["used_pending"] - m["used_before"]) / n, m["baseline_delta"] / n,
+                     (m["used_pending"] - m["used_before"]) / m["baseline_delta"],
+                     m["zsets"] / n, m["hidden"] / n, m["hashes"] / n, usage / n, m["baseline_usage"] / n,
+                     (m["used_pending"] - m["used_before"]) / 2**30))
+    print(benchenv.table(["players", "both copies, published", f"one epoch of {args.changes:,} pending",
+                          "one plain zset", "pending / plain", "MEMORY USAGE: buckets", "hidden sets", "lookup",
+                          "everything", "plain zset", "GiB"], rows))
     print()
-    print(benchenv.table(["players", "lookup shards/copy", "players/shard", "listpack shards: copy 0", "copy 1"],
-                         [(benchenv.human(m["players"]), m["shards_0"], m["players"] / m["shards_0"],
-                           f"{m['listpacks_0'] / m['shards_0']:.1%}", f"{m['listpacks_1'] / m['shards_1']:.1%}")
-                          for m in results]))
+    print(benchenv.table(["players", "lookup shards", "players/shard", "listpack shards"],
+                         [(benchenv.human(m["players"]), m["shards"], m["players"] / m["shards"],
+                           f"{m['listpacks'] / m['shards']:.1%}") for m in results]))
     print()
-    print("buckets, lookup, both copies and one plain zset: MEMORY USAGE of the keys (exact per key, without")
-    print("allocator fragmentation). used_memory columns: INFO memory deltas while building, server-wide, so")
-    print("other clients of the same Redis server add noise to them.")
+    print("used_memory columns: INFO memory deltas from before the build (server-wide: run on a Redis of its own).")
+    print("'published': the index built and version 1 published, both copies seeing every entry; 'pending':")
+    print("then one epoch applied to the other copy and published, the catch-up not run, so both versions are")
+    print("held. MEMORY USAGE columns (SAMPLES as given) split the pending state: bucket sorted sets, hidden")
+    print("sets, lookup shards, and everything with the pointer, copy metas and manifests.")
     biggest = max(results, key=lambda m: m["players"])
-    copies = [key.removeprefix("zsets_") for key in biggest if key.startswith("zsets_")]
-    per_copy = sum(biggest[f"zsets_{c}"] + biggest[f"hashes_{c}"] for c in copies) / len(copies) / biggest["players"]
     benchenv.figures_record(
-        "redis_bytes_per_player_per_copy", per_copy, "bytes",
-        note=(f"{biggest['players']:,} players, MEMORY USAGE (SAMPLES {args.samples}) of one copy's bucket sorted "
-              f"sets and lookup hashes, mean of {len(copies)} copies; 9-byte player ids"),
+        "redis_bytes_per_player", (biggest["used_pending"] - biggest["used_before"]) / biggest["players"],
+        "bytes",
+        note=(f"{biggest['players']:,} players, used_memory of everything the views hold (one index, both copies "
+              f"its sides) with one epoch of {args.changes:,} changes pending on one side; 9-byte player ids"),
         path=args.figures,
     )
     return 0
