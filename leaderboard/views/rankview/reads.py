@@ -292,23 +292,28 @@ class RankReader:
         learned = [(_learned_shards.get((prefix, slug, copy), LOOKUP_SHARDS),
                     _learned_groups.get((prefix, slug, copy), SLOT_GROUPS),
                     *_learned_data.get((prefix, slug, copy), (copy, 0))) for copy in copies]
-        shards = [lookup_shard(player_id, count) for count, *_ in learned]
+        # The copies are the two sides of one index: one lookup (and region) field serves
+        # both, with one read of the fence's generations of the sides.
+        places: dict[tuple[str, int, int], list[int]] = {}
+        for count, groups, index, side in learned:
+            places.setdefault((index, lookup_shard(player_id, count), groups), []).append(side)
         commands: list[tuple[Any, ...]] = [("GET", self.keys.ptr)]
-        for shard, (_, groups, index, side) in zip(shards, learned, strict=True):
+        for (index, shard, groups), sides in places.items():
             commands.append(("HGET", self.keys.lookup(index, shard, groups=groups), player_id))
             if regional:
                 commands.append(("HGET", self.keys.region(index, shard, groups=groups), player_id))
-            commands.append(("HGET", self.keys.fence(index, shard_group(shard=shard, groups=groups)),
-                             gen_field(side)))
+            commands.append(("HMGET", self.keys.fence(index, shard_group(shard=shard, groups=groups)),
+                             *(gen_field(side) for side in sides)))
         raw_ptr, *replies = round_trip(self.r, commands)
         manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
         shard = lookup_shard(player_id, manifest.lookup_shards)
         at = copies.index(manifest.copy) if manifest.copy in copies else None
         if at is not None and learned[at] == (manifest.lookup_shards, manifest.groups, manifest.index, manifest.side):
-            if regional:
-                score_raw, region_raw, gen = replies[3 * at:3 * at + 3]
-            else:
-                (score_raw, gen), region_raw = replies[2 * at:2 * at + 2], None
+            place = (manifest.index, shard, manifest.groups)
+            first = (2 + regional) * list(places).index(place)
+            score_raw = replies[first]
+            region_raw = replies[first + 1] if regional else None
+            gen = replies[first + 1 + regional][places[place].index(manifest.side)]
         else:
             if at is None:
                 # A rebuild published a copy under a new name: pipeline it from now on.
