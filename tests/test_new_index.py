@@ -109,3 +109,36 @@ def test_a_coordinator_that_dies_after_publishing_leaves_the_replaced_copies_to_
     assert not index_keys(season, before.index)
     assert not redis_get().exists(keys_of(season).copy_meta("0"), keys_of(season).copy_meta("1"))
     assert_matches_ledger(season)
+
+
+def test_one_coordinator_building_two_new_indexes_gives_each_names_of_its_own(
+        broken: tuple[Season, Events], post_scores: Post) -> None:
+    """Several epochs run under one fencing token (a coordinator keeps the season while
+    epochs come due): a second new index must not take the names of the first, which by
+    then serves."""
+    season, ev = broken
+    r = redis_get()
+    keys = keys_of(season)
+    token = materializer.season_lease_acquire(season=season, r=r, ttl_ms=60_000)
+    assert token is not None
+    try:
+        def run() -> None:
+            result = materializer.season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
+            assert result.status == "published", result
+
+        run()  # the broken idle copy: a new index
+        first = current_manifest(season)
+        post_ok(post_scores, season, [ev.result("p04", 996)])
+        run()  # its other side
+        serving = current_manifest(season)
+        assert serving.index == first.index and serving.side == 1
+        other = next(c for c in rankview.copies_get(r, keys) if c != serving.copy)
+        r.hset(keys.copy_meta(other), "state", rankview.STATE_BROKEN)
+        post_ok(post_scores, season, [ev.result("p05", 995)])
+        run()  # another new index, under the same token
+    finally:
+        rankview.lease_release(r, keys, token)
+    now = current_manifest(season)
+    assert now.index not in (first.index,) and now.copy not in (first.copy, serving.copy)
+    assert rankview.copies_get(r, keys) == [now.copy, now.copy + "b"]
+    assert_matches_ledger(season)

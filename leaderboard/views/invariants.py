@@ -33,7 +33,7 @@ from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value
 from leaderboard.views import rankview
 from leaderboard.views.rankview.copies import hidden_keys_of
 from leaderboard.views.rankview.reads import version_holds
-from leaderboard.views.rankview.shared import ahead_call, lookup_seen, seen_key_call
+from leaderboard.views.rankview.shared import ahead_call, lookup_seen, seen_card_call, seen_key_call
 
 # Sampled positions read at once: each costs a few round trips that mostly wait on Redis.
 SAMPLE_READERS = 8
@@ -122,11 +122,9 @@ def index_sizes(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, *, look
     version's side sees: ZCARD less its hidden ones); with `lookups`, of its lookup and
     region shards too (SHARD_SCAN_BATCH shards a round trip)."""
     boards = version_boards(manifest)
-    commands: list[tuple[str, ...]] = [command for board in boards for b in range(manifest.layout.size)
-                                       for command in (("ZCARD", _bucket_key(keys, board, b)),
-                                                       ("ZCARD", _hidden_key(keys, board, b)))]
-    raw = rankview.round_trip(r, commands)
-    replies = [int(n) - int(h) for n, h in zip(raw[::2], raw[1::2], strict=True)]
+    replies = [int(n) for n in rankview.round_trip(r, [
+        seen_card_call(bucket=_bucket_key(keys, board, b), hidden=_hidden_key(keys, board, b))
+        for board in boards for b in range(manifest.layout.size)])]
     size = manifest.layout.size
     cards = {board.board: replies[i * size:(i + 1) * size] for i, board in enumerate(boards)}
     if not lookups:
@@ -331,21 +329,13 @@ def _ahead_everywhere(r: redis.Redis, keys: rankview.Keys, manifest: Manifest, v
     for bucket in range(manifest.layout.size):
         key = _key_in(manifest, bucket, value)
         if key == "+inf":
-            commands += [("ZCARD", _bucket_key(keys, manifest, bucket)), ("ZCARD", _hidden_key(keys, manifest, bucket))]
+            commands.append(seen_card_call(bucket=_bucket_key(keys, manifest, bucket),
+                                           hidden=_hidden_key(keys, manifest, bucket)))
         elif key != "-inf":
             commands.append(ahead_call(bucket=_bucket_key(keys, manifest, bucket),
                                        hidden=_hidden_key(keys, manifest, bucket), key=int(key)))
-    ahead = 0
-    at = 0
-    replies = rankview.round_trip(r, commands)
-    while at < len(replies):
-        if isinstance(replies[at], list):
-            ahead += int(replies[at][0])
-            at += 1
-        else:
-            ahead += int(replies[at]) - int(replies[at + 1])
-            at += 2
-    return ahead
+    # A place read's reply is (ahead, position); a count's, the count.
+    return sum(int(reply[0]) if isinstance(reply, list) else int(reply) for reply in rankview.round_trip(r, commands))
 
 
 def _key_in(manifest: Manifest, bucket: int, value: IndexValue) -> int | str:

@@ -426,8 +426,17 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
     renamed: list[str] | None = None  # the copies of a new index, named when it is published
     if target is None or rebuild:
         # The season's first index takes the copies' names; a new one beside a serving
-        # index gets names of its own (the fencing token's, never issued twice).
-        names = list(copies) if current is None else [f"e{token}", f"e{token}b"]
+        # index gets names of its own: the fencing token's (never issued twice) and the
+        # version it is for (one coordinator runs several epochs under one token).
+        built_for = max(current_version or 0, season.published_version) + 1
+        names = list(copies) if current is None else [f"e{token}v{built_for}", f"e{token}v{built_for}b"]
+        if current is not None and set(names) & set(copies):
+            raise EpochError(f"a new index may not take the season's copies' names ({names}, {copies})")
+        if current is not None and target is not None and target.index != current.index:
+            # Copies from before they shared an index: the idle one is its own, which
+            # nothing serves; it goes before the new index is built, not after.
+            _grace_wait(target)
+            rankview.copies_drop(r, keys, [target], token=token)
         if current is not None:
             renamed = names
             # Both the copies it replaces and its own are recorded: until the pointer names

@@ -68,6 +68,7 @@ from leaderboard.views.rankview.shared import (
     bucket_writes,
     bucket_writes_expected,
     lookup_seen,
+    seen_card_call,
     window_call,
 )
 from leaderboard.views.rankview.wire import _script_call, nodes_round_trip, round_trip
@@ -648,12 +649,12 @@ def copy_verify_counts(r: redis.Redis, keys: Keys, meta: CopyMeta,
     checks = [(board, bucket) for board, bs in wanted.items() for bucket in bs]
     layout_id = meta.layout.layout_id
     # The entries the copy's side sees: the bucket's less its hidden ones.
-    replies = round_trip(r, [command for board, bucket in checks for command in (
-        ("ZCARD", keys.bucket(meta.index, layout_id, bucket, board, groups=meta.groups)),
-        ("ZCARD", keys.hidden(meta.index, meta.side, layout_id, bucket, board, groups=meta.groups)))]) if checks else []
+    replies = round_trip(r, [seen_card_call(
+        bucket=keys.bucket(meta.index, layout_id, bucket, board, groups=meta.groups),
+        hidden=keys.hidden(meta.index, meta.side, layout_id, bucket, board, groups=meta.groups))
+        for board, bucket in checks]) if checks else []
     problems = []
-    for (board, bucket), actual in zip(checks, (int(a) - int(h) for a, h in zip(replies[::2], replies[1::2],
-                                                                                 strict=True)), strict=True):
+    for (board, bucket), actual in zip(checks, (int(n) for n in replies), strict=True):
         counted = meta.boards[board][0][bucket] if board else meta.counts[bucket]
         if actual != counted:
             where = f"region {board} bucket {bucket}" if board else f"bucket {bucket}"
@@ -686,10 +687,23 @@ def copy_shard_sizes(r: redis.Redis, keys: Keys, index: str, shards: int, *, reg
     per shard would cost the client more than the server), every master at once.
 
     While none of the copy's `hidden` sets exists the two sides see the same players, and
-    every field counts: HLEN. Otherwise the fields are read (SEEN_FIELDS_SUM)."""
+    every field counts: HLEN. Otherwise the fields are read (SEEN_FIELDS_SUM). Counted by
+    HLEN, they are checked again afterwards: the other side's epoch may have begun
+    meanwhile (a reader holds no lease), and then they are counted again by reading them."""
     hidden = list(hidden)
-    one_sided = not hidden or not any(round_trip(r, [("EXISTS", key) for key in hidden]))
-    script, argv = (_HLEN_SUM, []) if one_sided else (SEEN_FIELDS_SUM, [side])
+
+    def one_sided() -> bool:
+        return not hidden or not any(round_trip(r, [("EXISTS", key) for key in hidden]))
+
+    if one_sided():
+        sizes = _shard_sizes(r, keys, index, shards, regions=regions, groups=groups, script=_HLEN_SUM, argv=[])
+        if one_sided():
+            return sizes
+    return _shard_sizes(r, keys, index, shards, regions=regions, groups=groups, script=SEEN_FIELDS_SUM, argv=[side])
+
+
+def _shard_sizes(r: redis.Redis, keys: Keys, index: str, shards: int, *, regions: bool, groups: int, script: str,
+                 argv: list[Any]) -> tuple[int, int]:
     key_of = [keys.lookup, *((keys.region,) if regions else ())]
     sizes = [0, 0]
     for which, key in enumerate(key_of):

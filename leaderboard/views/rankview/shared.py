@@ -119,6 +119,11 @@ return n
 """
 
 
+# How many entries of bucket KEYS[1] the side of hidden set KEYS[2] sees: both counted at
+# once, since the other side's epoch may be writing the bucket meanwhile.
+_SEEN_CARD = "return redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])"
+
+
 def bucket_writes(ops: Iterable[BucketOp], *, bucket_key: Callable[[int], str],
                   hidden_key: Callable[[int, int], str]) -> dict[int, list[GroupOp]]:
     """Each bucket's ops as the group writes that run them at once (fence.group_write_call),
@@ -176,6 +181,11 @@ def ahead_call(*, bucket: str, hidden: str, key: int) -> tuple[Any, ...]:
     """The read of how many entries one copy sees in a bucket strictly ahead of `key`
     (the place read without an entry: its reply's position is None)."""
     return place_call(bucket=bucket, hidden=hidden, key=key, name="")
+
+
+def seen_card_call(*, bucket: str, hidden: str) -> tuple[Any, ...]:
+    """The read of how many entries one side sees in a bucket."""
+    return _script_call(_SEEN_CARD, [bucket, hidden], [])
 
 
 def seen_key_call(*, bucket: str, hidden: str, name: str) -> tuple[Any, ...]:
