@@ -142,3 +142,29 @@ def test_one_coordinator_building_two_new_indexes_gives_each_names_of_its_own(
     assert now.index not in (first.index,) and now.copy not in (first.copy, serving.copy)
     assert rankview.copies_get(r, keys) == [now.copy, now.copy + "b"]
     assert_matches_ledger(season)
+
+
+def test_dropping_an_index_moves_both_copies_generations_before_any_key_goes(
+        broken: tuple[Season, Events], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both copies read the index: a reader of either must see its copy move before the
+    data under it starts to go, or its seqlock passes over half-dropped buckets."""
+    season, _ = broken
+    r = redis_get()
+    keys = keys_of(season)
+    serving = current_manifest(season)
+    metas = [meta for name in rankview.copies_get(r, keys) if (meta := rankview.copy_meta_load(r, keys, name))]
+    assert len({meta.index for meta in metas}) == 1 and len(metas) == 2
+    held_at_first_drop: list[bool] = []
+    real_send = rankview.copies.groups_send
+
+    def spying(*args: Any, **kwargs: Any) -> Any:
+        if not held_at_first_drop:
+            held_at_first_drop.append(rankview.copy_holds(r, keys, serving))
+        return real_send(*args, **kwargs)
+
+    monkeypatch.setattr(rankview.copies, "groups_send", spying)
+    # The copy that does not serve is dropped first, as a caller may list it.
+    rankview.copies_drop(r, keys, sorted(metas, key=lambda meta: meta.copy != serving.copy, reverse=True),
+                         retire=True)
+    assert held_at_first_drop == [False]
+    assert not index_keys(season, serving.index)

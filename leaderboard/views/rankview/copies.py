@@ -198,7 +198,15 @@ def copy_broken_mark(r: redis.Redis, keys: Keys, copy: str, *, token: int | None
 
 def copies_drop(r: redis.Redis, keys: Keys, metas: Iterable[CopyMeta], *, token: int | None = None,
                 retire: bool = False) -> None:
-    """`copy_drop` of copies whose indexes no other copy reads: each index's data once."""
+    """`copy_drop` of copies whose indexes no other copy reads: each index's data once.
+
+    Every copy's generation moves before any index's key goes: both copies of an index
+    read its data, and a reader of the copy dropped second would otherwise find its
+    generation unchanged while the data under it was already going (a count of a
+    bucket already unlinked reads 0, a rank from it is wrong, and the seqlock passes)."""
+    metas = list(metas)
+    _fenced(r, keys, token, [command for meta in metas for command in (
+        ("HINCRBY", keys.copy_meta(meta.copy), "gen", 1), ("HSET", keys.copy_meta(meta.copy), "state", STATE_BROKEN))])
     dropped: set[str] = set()
     for meta in metas:
         copy_drop(r, keys, meta, token=token, retire=retire, data=meta.index not in dropped)
