@@ -18,7 +18,6 @@ from leaderboard.core.tiebreak import (
     IndexValue,
     index_key,
     index_value,
-    lookup_parse,
     lookup_value,
     value_score,
 )
@@ -408,7 +407,7 @@ class RankReader:
                 for player_id, raw in zip(ids, reply, strict=True):
                     seen = lookup_seen(raw, side)
                     if seen is not None:
-                        values[player_id] = int(seen.value) if ties is None else lookup_parse(seen.value)
+                        values[player_id] = lookup_value(ties, seen.value)
         # A season rank depends on the value alone (the score, or the score and when it
         # was reached): one ZCOUNT per distinct value.
         distinct = [(value, *index_key(manifest.layout, ties, value)) for value in set(values.values())]
