@@ -11,10 +11,15 @@ from typing import Any
 
 from django.db import migrations
 
+# trigger -> table, for every append-only table the migrations set up (filled as the
+# migration modules are imported): what tests/test_append_only_tables.py checks is in place.
+APPEND_ONLY_TRIGGERS: dict[str, str] = {}
+
 
 def refuse_changes(*, table: str, trigger: str, function: str, message: str,
                    when: str | None = None) -> migrations.RunPython:
     """A reversible migration operation that installs the triggers; `when` limits them to some rows."""
+    APPEND_ONLY_TRIGGERS[trigger] = table
     pg_when = f" WHEN ({when})" if when else ""
     sqlite_when = f" WHEN {when}" if when else ""
     pg_up = f"""

@@ -139,6 +139,10 @@ REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "lb") or "lb"
 # cluster with many more groups than masters. Recorded per copy and manifest when the copy
 # is built; a change applies to copies built afterwards.
 VIEW_SLOT_GROUPS = env_int("VIEW_SLOT_GROUPS", 64, minimum=1)
+# The fewest lookup shards an index is built with (rounded up to a power of two): 128 hold
+# 12,288 players before the season outgrows them and asks for a rebuild; each empty shard
+# costs a key.
+VIEW_LOOKUP_SHARDS_MIN = env_int("VIEW_LOOKUP_SHARDS_MIN", 128, minimum=1)
 # Replicas of each master that must acknowledge a copy's writes (Redis WAIT) before the copy
 # is trusted and published, and how long to wait for them: Redis replicates asynchronously,
 # so a failover can promote a replica that lacks writes its master acknowledged. 0 (the

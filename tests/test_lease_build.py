@@ -127,6 +127,7 @@ def test_a_lease_that_expires_mid_build_stops_the_build_at_its_next_batch(
     assert_matches_ledger(season)
 
 
+@pytest.mark.postgres  # the build streams the scores through a server-side cursor there
 def test_a_build_that_holds_the_interpreter_longer_than_the_lease_keeps_it(
         season: Season, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     """The build's fetch holds the interpreter (as psycopg does converting a big fetch's

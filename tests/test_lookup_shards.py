@@ -1,14 +1,17 @@
-"""Lookup shards sized by the players a copy holds: a power of two >= max(16, players / 48),
-chosen when the copy is built from the scores and recorded in its meta and manifests, so
-each shard stays a listpack-encoded hash. Reads stay exact when a copy is built again with
-another count (a reader that learned the old one pays one more round trip), and a season
-that outgrows its shards through epochs gets a background rebuild that sizes them again."""
+"""Lookup shards sized by the players a copy holds: a power of two >= max(minimum,
+players / 48), chosen when the copy is built from the scores and recorded in its meta and
+manifests, so each shard stays a compact hash (listpack; ziplist before Redis 7). The
+minimum (VIEW_LOOKUP_SHARDS_MIN, 128) is lowered to 16 here so that small seasons outgrow
+it. Reads stay exact when a copy is built again with another count (a reader that learned
+the old one pays one more round trip), and a season that outgrows its shards through
+epochs gets a background rebuild that sizes them again."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -28,6 +31,17 @@ from tests.support.publication import RoundTrips, current_manifest, keys_of, pub
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
+
+@pytest.fixture(autouse=True)
+def small_minimum(settings: Any) -> None:
+    settings.VIEW_LOOKUP_SHARDS_MIN = 16
+
+
+def compact_encoding() -> str:
+    """What Redis calls a small hash's compact encoding: listpack from 7.0, ziplist before."""
+    major = int(str(redis_get().info("server")["redis_version"]).split(".")[0])
+    return "listpack" if major >= 7 else "ziplist"
+
 REGIONS = ["eu", "na"]
 
 
@@ -42,6 +56,9 @@ def queued(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_shard_counts() -> None:
     assert [lookup_shards_for(players=n) for n in (0, 768, 769, 1500, 1_000_000, 10_000_000)] == [
         16, 16, 32, 32, 32_768, 262_144]
+    assert [lookup_shards_for(players=n, minimum=128) for n in (0, 5000, 6144, 6145, 1_000_000)] == [
+        128, 128, 128, 256, 32_768]
+    assert lookup_shards_for(players=0, minimum=100) == 128  # a power of two
     assert not lookup_shards_outgrown(players=16 * 96, shards=16)
     assert lookup_shards_outgrown(players=16 * 96 + 1, shards=16)
 
@@ -79,7 +96,7 @@ def assert_reads_exact(season: Season, reader: rankview.RankReader, expected: St
     assert friends.ranks == {p: expected.entry(p).rank for p in ids}  # type: ignore[union-attr]
 
 
-def test_a_copy_of_n_players_has_about_n_over_48_listpack_shards(season_factory: Callable[..., Season]) -> None:
+def test_a_copy_of_n_players_has_about_n_over_48_compact_shards(season_factory: Callable[..., Season]) -> None:
     season = season_factory(slug="shards-sized", regions=REGIONS)
     ids = list(players("p", 1500))
     Profiles().set(**{p: REGIONS[i % 3] if i % 3 < 2 else None for i, p in enumerate(ids)})
@@ -95,8 +112,8 @@ def test_a_copy_of_n_players_has_about_n_over_48_listpack_shards(season_factory:
         meta = rankview.copy_meta_load(redis_get(), keys, copy)
         assert meta is not None and (meta.lookup_shards, meta.index) == (32, manifest.index)
         # ~47 players a shard: every shard exists and is a listpack, far below 128.
-        assert shard_encodings(keys, copy, 32) == ({"listpack"}, 1500)
-        assert shard_encodings(keys, copy, 32, regions=True) == ({"listpack"}, regional)
+        assert shard_encodings(keys, copy, 32) == ({compact_encoding()}, 1500)
+        assert shard_encodings(keys, copy, 32, regions=True) == ({compact_encoding()}, regional)
         assert not redis_get().exists(keys.lookup(meta.index, 32, groups=meta.groups),
                                         keys.lookup(meta.index, 16 + 32, groups=meta.groups))
     expected = db_standings(season)
@@ -206,3 +223,20 @@ def test_reads_stay_exact_while_the_shard_count_changes_and_an_outgrown_copy_is_
     assert_reads_exact(season, reader, db_standings(season), everyone[::41])
     assert RebuildJob.objects.filter(season=season).count() == 2
     full_check(season)
+
+
+def test_a_new_season_built_with_few_players_holds_thousands_before_its_shards_are_outgrown(
+        season_factory: Callable[..., Season], queued: list[int], settings: Any) -> None:
+    """The default minimum: a season's first build, with a handful of players (a demo's
+    first second), is sized for the thousands that follow, and asks for no rebuild."""
+    settings.VIEW_LOOKUP_SHARDS_MIN = 128
+    season = season_factory(slug="shards-new")
+    scored(season, list(players("a", 10)), "a", seed=1)
+    publish(season)
+    assert current_manifest(season).lookup_shards == 128
+    scored(season, list(players("b", 5000)), "b", seed=2)
+    publish(season)
+    grown = current_manifest(season)
+    assert (grown.lookup_shards, grown.total) == (128, 5010)
+    assert not RebuildJob.objects.filter(season=season).exists() and queued == []
+    assert shard_encodings(keys_of(season), grown.copy, 128) == ({compact_encoding()}, 5010)

@@ -15,7 +15,8 @@ from leaderboard.core.slots import SLOT_GROUPS_DEFAULT
 from leaderboard.core.tiebreak import FirstReached
 
 # The lookup shards of a manifest written before the copies sized them by their players,
-# and the fewest a copy gets.
+# and the fewest a copy gets unless the caller asks for more (VIEW_LOOKUP_SHARDS_MIN: a
+# new season's first build, with few players yet, is sized for the players to come).
 LOOKUP_SHARDS_DEFAULT = 16
 # A copy is built with a power of two >= players / LOOKUP_SHARD_PLAYERS lookup shards: at
 # ~48 players a shard every shard stays a listpack-encoded hash (Redis converts one past
@@ -26,9 +27,9 @@ LOOKUP_SHARD_PLAYERS = 48
 LOOKUP_SHARD_OUTGROWN = 96
 
 
-def lookup_shards_for(*, players: int) -> int:
-    """The lookup shards of a copy built with `players`: a power of two, at least the default."""
-    wanted = max(LOOKUP_SHARDS_DEFAULT, -(-players // LOOKUP_SHARD_PLAYERS))
+def lookup_shards_for(*, players: int, minimum: int = LOOKUP_SHARDS_DEFAULT) -> int:
+    """The lookup shards of a copy built with `players`: a power of two, at least `minimum`."""
+    wanted = max(minimum, -(-players // LOOKUP_SHARD_PLAYERS), 1)
     return 1 << (wanted - 1).bit_length()
 
 

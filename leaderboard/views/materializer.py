@@ -643,7 +643,7 @@ def season_copies_build(
     ties = season_ties(season)
     # Counted first: the copies' lookup shards are sized for the players they will hold.
     total = ledger_rows_count(season=season, queryset=PlayerScore.objects.filter(season_id=season.pk))
-    shards = lookup_shards_for(players=total)
+    shards = lookup_shards_for(players=total, minimum=settings.VIEW_LOOKUP_SHARDS_MIN)
     index = copies[0]
     olds = [old for copy in copies if (old := rankview.copy_meta_load(r, keys, copy)) is not None]
     # Names are fresh but for the season's first build; one left by a failed attempt goes.
