@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install run test lint stop bench-ingest figures
+.PHONY: install run test test-quick lint stop bench-ingest figures
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ run: install
 # the embedded Redis.
 test: install
 	SECRET_KEY=$${SECRET_KEY:-test-only-not-secret} $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests that start no processes, browser or cluster and take no seconds each: the
+# quick run while working (`make test` runs them too, and the rest).
+test-quick: install
+	SECRET_KEY=$${SECRET_KEY:-test-only-not-secret} $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Stops the embedded Redis whoever still uses it (each command stops it itself when it is
 # the last one using it; this is for one left behind by a killed process).

@@ -105,6 +105,9 @@ class PlayerScore(models.Model):
     # the season is sealed (docs/rules.md, Regional and friends boards).
     # A database default too: the bulk loader's COPY and older writers name no region.
     region = models.CharField(max_length=16, blank=True, default="", db_default="")
+    # A staff revocation the match service has not acknowledged yet: results that would
+    # raise the score above it are held for staff (docs/rules.md, Revocations that stick).
+    revoked_to = models.IntegerField(null=True, blank=True)
     updated_at = models.DateTimeField()
 
     class Meta:

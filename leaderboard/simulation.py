@@ -12,7 +12,12 @@ same mix of events (docs/rules.md, Writes: per-event outcomes):
 - `score_version` strictly increases per player;
 - a few percent of events are exact retries of a recent event (same `event_id`, same
   payload: the ledger answers `duplicate`);
-- rarely a `correction` with a reason, which revokes part of a player's best.
+- rarely a `correction` with a reason, which revokes part of a player's best;
+- a staff revocation is honoured as a match service should: when a result comes back
+  `held` because staff revoked the player's score (`acknowledge_revocation`), the
+  player's best drops to the revoked score (and their skill with it: the revoked match
+  overstated it), and the next batch carries a `correction` with that score, which
+  acknowledges the revocation.
 
 Everything is drawn from one seeded `random.Random`, so a given seed and call sequence
 produce the same events.
@@ -111,6 +116,10 @@ class MatchSimulator:
         self.generated = 0  # new events (retries excluded)
         self.retries = 0
         self.corrections = 0
+        self.acknowledged = 0
+        self._by_id = {player.player_id: player for player in self.players}
+        # Revocations to acknowledge in the next batch: player -> the revoked score.
+        self._acks: dict[str, int] = {}
 
     def _new_player(self, player_id: str) -> SimPlayer:
         rng = self.rng
@@ -182,6 +191,33 @@ class MatchSimulator:
             "reason": self.rng.choice(CORRECTION_REASONS),
         }
 
+    def acknowledge_revocation(self, player_id: str, score: int) -> None:
+        """Staff revoked `player_id`'s score to `score` (a result of theirs came back held,
+        reason `score_revoked`): take it into the player's best and send the correction
+        that acknowledges it with the next batch. Idempotent: answers of resent events
+        ask again for the same acknowledgment."""
+        player = self._by_id.get(player_id)
+        if player is None or score >= player.best:
+            return
+        player.skill = max(1.0, player.skill * score / player.best)
+        player.spread = player.skill * 0.25
+        player.best = score
+        self._acks[player_id] = score
+
+    def _acknowledgment(self, player_id: str, score: int, completed_at: str) -> dict[str, Any]:
+        player = self._by_id[player_id]
+        self._match_seq += 1
+        return {
+            "event_id": self._next_event_id(),
+            "match_id": f"{self.event_prefix}m{self._match_seq:09d}",
+            "player_id": player_id,
+            "best_score": score,
+            "score_version": self._next_version(player),
+            "completed_at": completed_at,
+            "kind": "correction",
+            "reason": "staff revocation acknowledged: the revoked match is removed upstream",
+        }
+
     def batch(
         self, size: int, *, completed_at: datetime | str, spread_seconds: float = 30.0
     ) -> list[dict[str, Any]]:
@@ -195,6 +231,11 @@ class MatchSimulator:
             raise ValueError("size must be >= 1")
         rng = self.rng
         out: list[dict[str, Any]] = []
+        while self._acks and len(out) < size:
+            player_id, score = self._acks.popitem()
+            when = completed_at if isinstance(completed_at, str) else rfc3339(completed_at)
+            out.append(self._acknowledgment(player_id, score, when))
+            self.acknowledged += 1
         while len(out) < size:
             if isinstance(completed_at, str):
                 when = completed_at

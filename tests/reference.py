@@ -9,7 +9,10 @@ Where the contract is silent, the model pins the behaviour the service has chose
   not admit is `rejected`, whatever its version;
 - `stale` carries reason "score_version_not_newer" and reports the player's current score;
 - `pending_version` is the next leaderboard version when the score changed, else None
-  (an `unchanged` result, and a correction to the same score, have nothing to publish).
+  (an `unchanged` result, and a correction to the same score, have nothing to publish);
+- a staff correction (the revocation flow) that lowers a score, or is applied while one
+  stands, stands until a correction from the match service: meanwhile a result that
+  would raise the score above it is `held` ("score_revoked") and changes nothing.
 
 Also the hypothesis strategy that produces the random event scripts both tests use.
 """
@@ -27,6 +30,7 @@ from leaderboard.core.events import ScoreEvent
 
 CONFLICT_REASON = "event_id_reused_with_different_payload"
 STALE_REASON = "score_version_not_newer"
+REVOKED_REASON = "score_revoked"
 
 Event = dict[str, Any]  # the contract's event fields; completed_at is an aware datetime
 
@@ -90,8 +94,10 @@ class ReferenceLedger:
     # ScoreChanged: (player_id, old_score, new_score, score_version, event_id)
     changes: list[tuple[str, int | None, int, int, str]] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    # player -> the score a standing staff revocation set
+    revoked: dict[str, int] = field(default_factory=dict)
 
-    def apply(self, event: Event, *, published_version: int) -> dict[str, Any]:
+    def apply(self, event: Event, *, published_version: int, staff: bool = False) -> dict[str, Any]:
         event_id = event["event_id"]
         player_id = event["player_id"]
         key = payload_key(event)
@@ -129,10 +135,20 @@ class ReferenceLedger:
                 event_id=event_id, status="stale", reason=STALE_REASON, player_id=player_id,
                 score=current_score, score_version=current_version, pending_version=None,
             )
+        elif (event.get("kind", "result") == "result" and player_id in self.revoked
+              and event["best_score"] > self.revoked[player_id]):
+            outcome = outcome_dict(
+                event_id=event_id, status="held", reason=REVOKED_REASON, player_id=player_id,
+                score=current_score, score_version=current_version, pending_version=None,
+            )
         else:
             if event.get("kind", "result") == "correction":
                 new_score = event["best_score"]
                 status = "applied"
+                if not staff:
+                    self.revoked.pop(player_id, None)
+                elif player_id in self.revoked or (current is not None and new_score < current[0]):
+                    self.revoked[player_id] = new_score
             else:
                 new_score = event["best_score"] if current is None else max(current[0], event["best_score"])
                 status = "applied" if current is None or new_score != current[0] else "unchanged"
@@ -213,6 +229,11 @@ class Script:
     batches: list[list[Event]]
     # The season's published version while each batch is applied (non-decreasing).
     published: list[int]
+    # Per batch: its corrections are staff's (the revocation flow); none when empty.
+    staff: list[bool] = field(default_factory=list)
+
+    def staff_of(self, batch: int) -> bool:
+        return bool(self.staff) and self.staff[batch]
 
     @property
     def events(self) -> list[Event]:
@@ -220,9 +241,11 @@ class Script:
 
 
 @st.composite
-def event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_events: int = 30) -> Script:
+def event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_events: int = 30,
+                  with_staff: bool = False) -> Script:
     """Interleavings of results, corrections, exact duplicates, conflicting retries
-    (same event_id, another payload), stale versions and rejected times, in random batches."""
+    (same event_id, another payload), stale versions and rejected times, in random batches;
+    `with_staff`: some batches are staff's (their corrections are revocations)."""
     count = draw(st.integers(min_value=1, max_value=max_events))
     events: list[Event] = []
     for i in range(count):
@@ -236,7 +259,9 @@ def event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_event
                 "player_id": draw(st.sampled_from(PLAYERS)),
                 # a narrow range so ties, max() and equal scores happen often
                 "best_score": draw(st.one_of(st.integers(0, 12), st.sampled_from((0, 1_000_000)))),
-                "score_version": draw(st.integers(1, 8)),
+                # With staff batches, versions mostly grow, so that results come after a
+                # revocation often enough to meet it.
+                "score_version": max(1, i + draw(st.integers(-3, 1))) if with_staff else draw(st.integers(1, 8)),
                 "completed_at": slot_time(
                     draw(st.sampled_from(TIME_SLOTS)), starts_at=starts_at, cutoff=cutoff
                 ).astimezone(draw(st.sampled_from(OFFSETS))),
@@ -278,7 +303,9 @@ def event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_event
     for step in steps:
         version += step
         published.append(version)
-    return Script(batches=batches, published=published)
+    staff = draw(st.lists(st.sampled_from((False, False, False, True)), min_size=len(batches),
+                          max_size=len(batches))) if with_staff else []
+    return Script(batches=batches, published=published, staff=staff)
 
 
 def reference_run(
@@ -287,8 +314,8 @@ def reference_run(
     """Apply a script to the reference model strictly one event at a time."""
     model = ReferenceLedger(rejection=rejection)
     outcomes = [
-        model.apply(event, published_version=published)
-        for batch, published in zip(script.batches, script.published, strict=True)
+        model.apply(event, published_version=published, staff=script.staff_of(i))
+        for i, (batch, published) in enumerate(zip(script.batches, script.published, strict=True))
         for event in batch
     ]
     return model, outcomes

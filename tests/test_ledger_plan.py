@@ -15,6 +15,8 @@ from leaderboard.core.ledger import (
     APPLIED,
     CONFLICT,
     DUPLICATE,
+    HELD,
+    HELD_REVOKED,
     REJECTED,
     STALE,
     UNCHANGED,
@@ -302,10 +304,48 @@ def test_inputs_are_not_mutated() -> None:
     assert (recorded, current) == snapshot
 
 
+# --- staff revocations that stick ------------------------------------------------------
+
+
+def test_a_staff_revocation_holds_later_results_above_it_until_the_match_service_corrects() -> None:
+    revoked = batch_plan(events=[ev("staff-1", best_score=711, score_version=6, kind="correction", reason="cheat")],
+                         recorded={}, current={"alice": PlayerState(975, 5)}, rejection=never, pending_version=3,
+                         staff=True)
+    assert statuses(revoked) == [APPLIED] and revoked.player_states["alice"].revoked_to == 711
+    state = revoked.player_states
+    # The match service's next result still counts the revoked match: held, nothing changes.
+    above = plan_of([ev("e7", best_score=979, score_version=7)], current=state)
+    (held,) = above.outcomes
+    assert (held.status, held.reason, held.score, held.score_version, held.pending_version) == (
+        HELD, HELD_REVOKED, 711, 6, None)
+    assert above.player_states == {} and above.changes == []
+    assert [(r.status, r.reason) for r in above.ledger_rows] == [(HELD, HELD_REVOKED)]
+    # A result at or below the revoked score is an ordinary unchanged one: the hold stays.
+    below = plan_of([ev("e8", best_score=700, score_version=8)], current=state)
+    assert statuses(below) == [UNCHANGED] and below.player_states["alice"].revoked_to == 711
+    # Its correction acknowledges the revocation; its results count again.
+    acknowledged = plan_of([ev("e9", best_score=711, score_version=9, kind="correction", reason="ack"),
+                            ev("e10", best_score=800, score_version=10)], current=state)
+    assert statuses(acknowledged) == [APPLIED, APPLIED]
+    assert acknowledged.player_states["alice"] == PlayerState(800, 10)
+    assert acknowledged.player_states["alice"].revoked_to is None
+
+
+def test_a_staff_correction_that_raises_a_score_holds_nothing_unless_a_revocation_stands() -> None:
+    raised = batch_plan(events=[ev("staff-1", best_score=900, score_version=2, kind="correction", reason="dispute")],
+                        recorded={}, current={"alice": PlayerState(500, 1)}, rejection=never, pending_version=1,
+                        staff=True)
+    assert raised.player_states["alice"].revoked_to is None
+    standing = batch_plan(events=[ev("staff-2", best_score=800, score_version=7, kind="correction", reason="review")],
+                          recorded={}, current={"alice": PlayerState(700, 6, revoked_to=700)}, rejection=never,
+                          pending_version=1, staff=True)
+    assert standing.player_states["alice"].revoked_to == 800
+
+
 # --- property: batch_plan over random batch splits == the sequential reference model --
 
 
-PlanRun = tuple[list[dict[str, Any]], dict[str, tuple[int, int]], list[tuple[Any, ...]], list[str]]
+PlanRun = tuple[list[dict[str, Any]], dict[str, tuple[int, int]], list[tuple[Any, ...]], list[str], dict[str, int]]
 
 
 def plan_run(script: Script, rejection: Any) -> PlanRun:
@@ -316,7 +356,7 @@ def plan_run(script: Script, rejection: Any) -> PlanRun:
     outcomes: list[dict[str, Any]] = []
     changes: list[tuple[Any, ...]] = []
     conflicts: list[str] = []
-    for raw_batch, published in zip(script.batches, script.published, strict=True):
+    for i, (raw_batch, published) in enumerate(zip(script.batches, script.published, strict=True)):
         events = [as_score_event(e) for e in raw_batch]
         ids = {e.event_id for e in events}
         players = {e.player_id for e in events}
@@ -326,6 +366,7 @@ def plan_run(script: Script, rejection: Any) -> PlanRun:
             current={k: v for k, v in states.items() if k in players},
             rejection=lambda e: rejection(asdict(e)),
             pending_version=published + 1,
+            staff=script.staff_of(i),
         )
         outcomes.extend(o.as_dict() for o in plan.outcomes)
         row_ids = [r.event.event_id for r in plan.ledger_rows]
@@ -343,19 +384,21 @@ def plan_run(script: Script, rejection: Any) -> PlanRun:
         )
         conflicts.extend(event.event_id for event, _ in plan.conflicts)
     final = {player: (s.score, s.score_version) for player, s in states.items()}
-    return outcomes, final, changes, conflicts
+    revoked = {player: s.revoked_to for player, s in states.items() if s.revoked_to is not None}
+    return outcomes, final, changes, conflicts, revoked
 
 
 @settings(max_examples=200, deadline=None)
-@given(script=event_scripts(starts_at=START, cutoff=CUTOFF, max_events=40))
+@given(script=event_scripts(starts_at=START, cutoff=CUTOFF, max_events=40, with_staff=True))
 def test_batch_plan_matches_sequential_reference_model(script: Script) -> None:
     rejection = season_rejection(starts_at=START, cutoff=CUTOFF)
     model, expected_outcomes = reference_run(script, rejection)
-    outcomes, final, changes, conflicts = plan_run(script, rejection)
+    outcomes, final, changes, conflicts, revoked = plan_run(script, rejection)
     assert outcomes == expected_outcomes
     assert final == model.players
     assert changes == model.changes
     assert conflicts == model.conflicts
+    assert revoked == model.revoked
 
 
 @settings(max_examples=100, deadline=None)

@@ -304,11 +304,12 @@ def test_sampled_reads_keep_the_order_and_raise_what_a_read_raised() -> None:
 
 
 def test_a_build_sent_in_many_small_transactions_is_exact(season_factory: Callable[..., Season],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                          monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     """Batches sorted into index order and cut into group scripts of a few members and
     fields (each bucket's ZADD and the shard writes split between them) still build every
     board exactly, each reply checked against its own script."""
     monkeypatch.setattr(materializer, "BUILD_BATCH", 40)
+    settings.VIEW_LOOKUP_SHARDS_MIN = 16
     monkeypatch.setattr(materializer, "BUILD_SHARD_FILL", 1)  # 16 shards: batches of 40
     monkeypatch.setattr(materializer, "BUILD_TRANSACTION_WRITES", 7)
     sent: list[int] = []

@@ -185,7 +185,10 @@ def test_each_role_can_do_exactly_what_its_permissions_say(world: dict[str, Any]
         response = client.post(url, INVALID)
         assert (response.status_code == 403) == (needed not in granted), (role, url, response.status_code)
         if response.status_code == 403:
-            assert b"Not allowed" in response.content and needed.encode() in response.content
+            page = response.content.decode()
+            assert "Not allowed" in page and needed in page
+            # The page names the signed-in user's role, in its text and its header badge.
+            assert f'id="forbidden-role">{role}<' in page and f'class="role role-{role}">{role}<' in page
     # The invalid forms changed nothing; the actions without a form (build a FINAL
     # candidate, run a reconciliation) ran only for roles that may run them.
     written = audit_actions(since=before)
@@ -536,8 +539,10 @@ def test_final_is_proposed_and_approved_by_two_people_and_the_player_page_explai
         ("season.final.approved", "ap2")]
 
     player = reviewer.get(f"/staff/seasons/{season.slug}/players/ann/").content.decode()
-    assert re.search(rf'id="player-score">800 <small>version {ann_last["score_version"]},', player)
-    assert re.search(r'id="player-rank">1 <small>position 1 of 3 in version \d+', player)
+    # The match service's score version and the board's version are named apart.
+    assert re.search(rf'id="player-score">800 <small>the match service\'s score version {ann_last["score_version"]},',
+                     player)
+    assert re.search(r'id="player-rank">1 <small>position 1 of 3 on board version \d+', player)
     assert re.search(r'id="player-final">1 <small>position 1, score 800', player)
     assert re.search(rf'id="player-why">set by <code>{ann_best["event_id"]}</code> \(result\)', player)
     outcomes = re.findall(r'<span class="status status-(\w+)">', player.split('id="player-events"')[1])

@@ -27,6 +27,10 @@ RECORDED_STATUSES = (APPLIED, UNCHANGED, STALE, REJECTED, HELD)
 # that arrives once ingest is sealed never changes the board by itself; staff review it
 # (who, when, evidence) and approve it through the two-person revocation flow.
 HELD_AFTER_SEAL = "correction_after_seal"
+# The reason a result is held when it would raise a player's score above a staff
+# revocation the match service has not acknowledged: its absolute best may still count
+# the revoked match. The match service acknowledges with a correction (any newer version).
+HELD_REVOKED = "score_revoked"
 ALL_STATUSES = RECORDED_STATUSES + (DUPLICATE, CONFLICT)
 
 
@@ -39,6 +43,11 @@ class PlayerState:
     # reached_at was recorded. Left out of ==: a state is equal by score and version,
     # and whoever orders by reached_at compares it explicitly.
     reached_at: datetime | None = field(default=None, compare=False)
+    # A staff revocation that lowered the score to this value (or a staff correction made
+    # while one stood), not yet acknowledged by a correction from the match service:
+    # until then, a result that would raise the score above it is held (HELD_REVOKED).
+    # None: no revocation stands. Left out of == like reached_at.
+    revoked_to: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +131,18 @@ def batch_plan(
     pending_version: int,
     digests: Sequence[str] | None = None,
     reached_orders: bool = False,
+    staff: bool = False,
 ) -> BatchPlan:
     """Decide every event of a batch in order.
 
     `reached_orders`: the season orders ties by reached_at (first_reached), so a
     correction that moves only reached_at changes the board too.
+
+    `staff`: the batch's corrections are staff's (the two-person revocation flow). One
+    that lowers a score, or is applied while an earlier one stands, leaves the player's
+    `revoked_to` at its score; a correction from the match service clears it (it has
+    taken the revocation into its own best). Meanwhile a result that would raise the
+    score above `revoked_to` is held for staff (HELD_REVOKED) and changes nothing.
 
     `recorded` holds earlier ledger rows for the batch's event ids, `current` the current
     state of the batch's players; neither is mutated. `digests`, when given, are the
@@ -174,14 +190,24 @@ def batch_plan(
 
         before = state.get(event.player_id)
         status, reason, pending = _decide(event, before, rejection, pending_version)
+        if (status == APPLIED and event.kind != KIND_CORRECTION and before is not None
+                and before.revoked_to is not None and event.best_score > before.revoked_to):
+            status, reason, pending = HELD, HELD_REVOKED, None
         after = before
         if status in (APPLIED, UNCHANGED):
             new_reached: datetime | None = event.reached
             new_score = event.best_score
+            revoked_to = before.revoked_to if before is not None else None
             if event.kind != KIND_CORRECTION and before is not None and before.score >= event.best_score:
                 # An equal or lower result keeps the score and when it was reached.
                 new_score, new_reached = before.score, before.reached_at
-            after = PlayerState(score=new_score, score_version=event.score_version, reached_at=new_reached)
+            elif event.kind == KIND_CORRECTION and not staff:
+                revoked_to = None
+            elif event.kind == KIND_CORRECTION and (
+                    revoked_to is not None or (before is not None and new_score < before.score)):
+                revoked_to = new_score
+            after = PlayerState(score=new_score, score_version=event.score_version, reached_at=new_reached,
+                                revoked_to=revoked_to)
             state[event.player_id] = after
             plan.player_states[event.player_id] = after
             if (before is None or before.score != new_score

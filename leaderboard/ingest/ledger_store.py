@@ -248,19 +248,21 @@ def player_states_fetch(*, season_id: int, player_ids: Iterable[str], using: str
             # Unique-index probes, as for the ledger above (ANY(...) may turn into a scan of
             # the season's current scores).
             cursor.execute(
-                "SELECT p.player_id, p.score, p.score_version, p.reached_at FROM unnest(%s::text[]) AS u(player_id) "
-                "CROSS JOIN LATERAL (SELECT player_id, score, score_version, reached_at FROM leaderboard_playerscore s "
-                "WHERE s.season_id = %s AND s.player_id = u.player_id LIMIT 1) AS p",
+                "SELECT p.player_id, p.score, p.score_version, p.reached_at, p.revoked_to "
+                "FROM unnest(%s::text[]) AS u(player_id) "
+                "CROSS JOIN LATERAL (SELECT player_id, score, score_version, reached_at, revoked_to "
+                "FROM leaderboard_playerscore s WHERE s.season_id = %s AND s.player_id = u.player_id LIMIT 1) AS p",
                 [_text_array(ids), season_id],
             )
             rows = cursor.fetchall()
     else:
         rows = list(
             PlayerScore.objects.using(using).filter(season_id=season_id, player_id__in=ids).values_list(
-                "player_id", "score", "score_version", "reached_at"
+                "player_id", "score", "score_version", "reached_at", "revoked_to"
             )
         )
-    return {row[0]: PlayerState(score=row[1], score_version=row[2], reached_at=row[3]) for row in rows}
+    return {row[0]: PlayerState(score=row[1], score_version=row[2], reached_at=row[3], revoked_to=row[4])
+            for row in rows}
 
 
 def player_regions_fetch(*, season_id: int, season_regions: list[str], player_ids: Iterable[str],
@@ -377,13 +379,15 @@ WITH ledger AS (
                 %(e_version_after)s::bigint[], %(e_pending)s::bigint[],
                 %(e_reached)s::timestamptz[]) AS e
 ), scores AS (
-    INSERT INTO leaderboard_playerscore (season_id, updated_at, player_id, score, score_version, reached_at, region)
+    INSERT INTO leaderboard_playerscore (
+        season_id, updated_at, player_id, score, score_version, reached_at, region, revoked_to)
     SELECT %(season)s, %(now)s, s.*
     FROM unnest(%(s_player)s::text[], %(s_score)s::int[], %(s_version)s::bigint[],
-                %(s_reached)s::timestamptz[], %(s_region)s::text[]) AS s
+                %(s_reached)s::timestamptz[], %(s_region)s::text[], %(s_revoked)s::int[]) AS s
     ON CONFLICT (season_id, player_id) DO UPDATE
         SET score = EXCLUDED.score, score_version = EXCLUDED.score_version,
-            reached_at = EXCLUDED.reached_at, updated_at = EXCLUDED.updated_at
+            reached_at = EXCLUDED.reached_at, updated_at = EXCLUDED.updated_at,
+            revoked_to = EXCLUDED.revoked_to
 ), {_HEADS_TAKE}, changes AS (
     INSERT INTO leaderboard_scorechange (
         season_id, committed_at, txid, player_id, old_score, new_score, score_version, event_id,
@@ -481,6 +485,7 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "s_version": _int_array([s.score_version for s in states.values()]),
         "s_reached": _text_array([utc(s.reached_at) for s in states.values()]),
         "s_region": _text_array([regions.get(player_id, "") for player_id in states]),
+        "s_revoked": _int_array([s.revoked_to for s in states.values()]),
         "c_player": _text_array([c.player_id for c in changes]),
         "c_old": _int_array([c.old_score for c in changes]),
         "c_new": _int_array([c.new_score for c in changes]),
@@ -527,13 +532,13 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
                 PlayerScore(
                     season_id=season_id, player_id=player_id, score=state.score,
                     score_version=state.score_version, reached_at=state.reached_at,
-                    region=regions.get(player_id, ""), updated_at=now,
+                    region=regions.get(player_id, ""), updated_at=now, revoked_to=state.revoked_to,
                 )
                 for player_id, state in plan.player_states.items()
             ],
             update_conflicts=True,
             unique_fields=["season", "player_id"],
-            update_fields=["score", "score_version", "reached_at", "updated_at"],
+            update_fields=["score", "score_version", "reached_at", "updated_at", "revoked_to"],
         )
     if plan.changes:
         ScoreChange.objects.using(using).bulk_create(

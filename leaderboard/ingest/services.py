@@ -271,6 +271,7 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
             pending_version=published + 1,
             digests=digests,
             reached_orders=first_reached,
+            staff=actor is not None,
         )
         plan.conflicts.extend(refused.conflicts)
         regions = ledger_store.player_regions_fetch(

@@ -25,6 +25,7 @@ from django.views.decorators.http import require_http_methods
 
 from leaderboard.core.errors import DomainError
 from leaderboard.ledger_databases import LedgerDatabaseMissing
+from seasons.models import StaffConsole
 from seasons.staff_services import ROLE_PERMISSIONS, staff_role_of
 
 View = Callable[..., HttpResponseBase]
@@ -50,7 +51,7 @@ def staff_required(codename: str, *, post: str | None = None) -> Callable[[View]
                 return redirect_to_login(request.get_full_path(), str(LOGIN_URL))
             needed = post if post is not None and request.method == "POST" else codename
             if not can(request, needed):
-                return render(request, "staff/forbidden.html", {"needed": needed}, status=403)
+                return forbidden(request, needed)
             try:
                 return view(request, *args, **kwargs)
             except LedgerDatabaseMissing as exc:
@@ -59,6 +60,15 @@ def staff_required(codename: str, *, post: str | None = None) -> Callable[[View]
         return wrapper
 
     return decorator
+
+
+def forbidden(request: HttpRequest, needed: str) -> HttpResponse:
+    """403, naming the user's role, what they tried in words, and the roles that may."""
+    what = dict(StaffConsole._meta.permissions).get(needed, needed)
+    roles = [role for role, granted in ROLE_PERMISSIONS.items() if needed in granted]
+    return render(request, "staff/forbidden.html",
+                  context(request, needed=needed, what=what.removeprefix("Can ").rstrip("."), roles=roles),
+                  status=403)
 
 
 def unavailable(request: HttpRequest, refusal: LedgerDatabaseMissing) -> HttpResponse:

@@ -21,6 +21,7 @@ import orjson
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from leaderboard.core.events import MAX_BATCH
+from leaderboard.core.ledger import HELD_REVOKED as REVOKED
 from leaderboard.simulation import MatchSimulator, SimConfig, player_ids
 
 # The token comes from the environment or a file, never the command line, where any
@@ -219,6 +220,11 @@ class SimulationRun:
                 if response.status_code == 200:
                     results = orjson.loads(response.content)["results"]
                     self.outcomes.update(r["status"] for r in results)
+                    for r in results:
+                        if r.get("reason") == REVOKED and r["status"] in ("held", "duplicate"):
+                            # Staff revoked this player's score: acknowledge it, as the
+                            # ledger asks (docs/rules.md, Revocations that stick).
+                            self.simulator.acknowledge_revocation(r["player_id"], r["score"])
                     self.sent_events += size
                     self.requests += 1
                     if attempt > 1:
@@ -240,7 +246,7 @@ class SimulationRun:
             delay = min(delay * 2, 8.0)
 
     def _report(self, elapsed: float, *, final: bool = False) -> None:
-        order = ("applied", "unchanged", "stale", "duplicate", "rejected", "conflict")
+        order = ("applied", "unchanged", "stale", "duplicate", "rejected", "held", "conflict")
         statuses = " ".join(f"{s} {self.outcomes[s]}" for s in order if self.outcomes[s])
         statuses += "".join(f" {s} {n}" for s, n in self.outcomes.items() if s not in order)
         errors = ", ".join(f"{k} {v}" for k, v in self.errors.most_common()) or "0"
