@@ -1,7 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
 from leaderboard.core.events import id_is_valid
 from leaderboard.core.final_hash import FinalLineFormat
+from leaderboard.core.lifecycle import SeasonState, transition_offered
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.models import Manifest as ManifestRow
 from seasons.models import FinalCandidate, FinalCorrection, FinalStanding, Season
@@ -49,3 +56,45 @@ def final_standing_get(*, season: Season, player_id: str) -> FinalStanding | Non
 
 def final_corrections_list(*, season: Season) -> list[FinalCorrection]:
     return list(FinalCorrection.objects.filter(season=season).order_by("id"))
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleOffer:
+    """What the console offers on a season's lifecycle now: the transitions staff can make
+    (each would succeed), and when the clock makes the next one by itself."""
+
+    open: bool
+    close: bool
+    seal: bool
+    # FINALIZING with no candidate for the current version: the tick builds one, and staff may too.
+    build: bool
+    # When the clock opens, closes or seals the season by itself (None: it does not).
+    opens_at: datetime | None
+    closes_at: datetime | None
+    seals_at: datetime | None
+
+
+def season_lifecycle_offer(*, season: Season, now: datetime | None = None) -> LifecycleOffer:
+    now = now or timezone.now()
+
+    def offered(target: str) -> bool:
+        return transition_offered(state=season.state, target=target, now=now, cutoff=season.cutoff)
+
+    seal_after = settings.SEAL_AFTER_CUTOFF_SECONDS
+    state = season.state
+    return LifecycleOffer(
+        open=offered(SeasonState.OPEN), close=offered(SeasonState.CLOSING), seal=offered(SeasonState.FINALIZING),
+        build=state == SeasonState.FINALIZING and final_candidate_current(season=season) is None,
+        opens_at=season.starts_at if state == SeasonState.SCHEDULED else None,
+        closes_at=season.cutoff if state == SeasonState.OPEN else None,
+        seals_at=(season.cutoff + timedelta(seconds=seal_after)
+                  if state in (SeasonState.OPEN, SeasonState.CLOSING) and seal_after is not None else None),
+    )
+
+
+def final_candidate_current(*, season: Season) -> FinalCandidate | None:
+    """A built or proposed FINAL candidate of the season's current version: while there is
+    one, nothing new to build (the lifecycle tick asks the same)."""
+    return season.final_candidates.filter(
+        status__in=[FinalCandidate.Status.BUILT, FinalCandidate.Status.PROPOSED], version=season.published_version,
+    ).first()

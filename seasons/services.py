@@ -43,7 +43,7 @@ from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from leaderboard.views.materializer import season_keys
 from seasons.models import FinalCandidate, FinalStanding, Season
-from seasons.selectors import final_line_format
+from seasons.selectors import final_candidate_current, final_line_format
 
 log = logging.getLogger(__name__)
 
@@ -244,10 +244,7 @@ def seasons_lifecycle_tick(*, now: datetime | None = None) -> list[str]:
             elif due == SeasonState.FINALIZING:
                 season_seal_ingest(season=season, actor=SYSTEM, reason="automatic seal after the cutoff")
                 done.append(f"{season.slug}: sealed")
-            elif season.state == SeasonState.FINALIZING and not season.final_candidates.filter(
-                status__in=[FinalCandidate.Status.BUILT, FinalCandidate.Status.PROPOSED],
-                version=season.published_version,
-            ).exists():
+            elif season.state == SeasonState.FINALIZING and final_candidate_current(season=season) is None:
                 # None yet, or the board moved on (a correction) since the last one.
                 candidate = season_final_candidate_build(season=season, actor=SYSTEM)
                 done.append(f"{season.slug}: candidate v{candidate.version}")

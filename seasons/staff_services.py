@@ -531,9 +531,15 @@ def _approval_attempt_begin(*, revocation: ScoreRevocation, actor: Actor, approv
         if late_result is not None and late_result.status != LateResult.Status.PENDING:
             raise StaffError(f"late result {late_result_name(late_result)} is {late_result.status}")
         if locked.last_outcome != APPROVAL_PENDING or not locked.attempts:
+            score_now, version_now = _player_state(locked.season, locked.player_id)
+            if version_now > locked.base_version and score_now == locked.score_before:
+                # Only the version moved (results that left the score as it was): the state
+                # both people looked at stands, so the correction follows the version now.
+                # The approval's audit row records the version it was based on.
+                locked.base_version = version_now
             locked.attempts += 1
             locked.last_outcome = APPROVAL_PENDING
-            locked.save(update_fields=["attempts", "last_outcome"])
+            locked.save(update_fields=["attempts", "last_outcome", "base_version"])
         season = locked.season
         event = ScoreEvent(
             event_id=f"staff-revocation-{locked.pk}-{locked.attempts}", match_id=f"staff-revocation-{locked.pk}",

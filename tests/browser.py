@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -78,3 +79,11 @@ def asgi_server(**extra_env: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+async def shot(page: Any, name: str) -> None:
+    """A full-page PNG of `page` in SCREENSHOT_DIR, when it is set (to look at what a test saw)."""
+    folder = os.environ.get("SCREENSHOT_DIR") or os.environ.get("STAFF_SCREENSHOT_DIR")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)

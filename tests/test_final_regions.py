@@ -337,8 +337,8 @@ def test_a_player_in_the_final_names_their_region_and_regional_place(regional_fi
 def test_the_staff_player_page_shows_the_regional_final_place(regional_final: Season, client_as: Any) -> None:
     viewer = client_as("viewer", "viewer")
     page = viewer.get("/staff/seasons/fin-reg/players/d4/").content.decode()
-    assert re.search(r'id="player-final">6 <small>position 7, score 400 \(version \d+\) · region <code>na</code>: '
-                     r'rank 3, position 4</small>', page)
+    assert re.search(r'id="player-final">6 <small>position 7, score 400 \(board version \d+\) · '
+                     r'region <code>na</code>: rank 3, position 4</small>', page)
     plain = viewer.get("/staff/seasons/fin-reg/players/h8/").content.decode()
-    assert re.search(r'id="player-final">1 <small>position 4, score 500 \(version \d+\)</small>', plain)
+    assert re.search(r'id="player-final">1 <small>position 4, score 500 \(board version \d+\)</small>', plain)
 

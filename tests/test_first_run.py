@@ -4,9 +4,11 @@ their own), and nothing left running afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import http.cookiejar
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -168,3 +170,87 @@ def test_make_run_prints_every_url_and_demo_logins_then_stops_in_order(tmp_path:
     assert not embedded_redis_alive(tmp_path / "var")
     leftovers = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True).stdout
     assert not leftovers.strip(), leftovers
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_stops_make_run_quietly(tmp_path: Path) -> None:
+    """`make run` in a terminal, as a newcomer types it, then Ctrl-C: the demo stops, and
+    neither make ("*** [run] Interrupt", exit 130) nor Python ("Invalid -W option") adds
+    noise to what it printed."""
+    import pty
+
+    port = _free_port()
+    env = fresh_env(tmp_path / "var", PORT=str(port))
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a new session whose controlling terminal is the pty
+        os.chdir(ROOT)
+        os.execvpe("make", ["make", "run"], env)
+    output = b""
+
+    def read_until(marker: bytes, seconds: float) -> None:
+        nonlocal output
+        deadline = time.monotonic() + seconds
+        while marker not in output:
+            assert time.monotonic() < deadline, output.decode(errors="replace")
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the child side closed: EOF
+                    break
+                output += chunk
+
+    try:
+        read_until(b"Ctrl-C stops everything", 120)
+        time.sleep(1)
+        os.write(master, b"\x03")  # what the terminal sends on Ctrl-C
+        read_until(b"stopped in", 30)
+        read_until(b"\x00never", 15)  # to EOF
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        os.close(master)
+    text = output.decode(errors="replace")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, text[-2000:]
+    assert "Interrupt" not in text and "Invalid -W option" not in text and "Traceback" not in text, text[-3000:]
+    assert not embedded_redis_alive(tmp_path / "var")
+
+
+def docs_block(document: str, heading: str) -> str:
+    """The first ```sh block under `heading` in docs/<document>."""
+    text = (ROOT / "docs" / document).read_text()
+    section = text.split(f"\n{heading}\n", 1)[1]
+    return section.split("```sh\n", 1)[1].split("\n```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_season_lifecycle_example_runs_in_the_order_printed(tmp_path: Path) -> None:
+    """docs/operations.md, season_lifecycle: the block as printed, line by line in a shell,
+    with the demo service running (its worker and beat), takes a new season to FINAL."""
+    block = docs_block("operations.md", "### season_lifecycle")
+    assert "create_season cup-1" in block and block.rstrip().endswith("season_lifecycle cup-1 approve --as bob")
+    port = _free_port()
+    var = tmp_path / "var"
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "rundemo", "--port", str(port), "--no-simulator"],
+            cwd=ROOT, env=fresh_env(var), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while "Ctrl-C stops everything" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        done = subprocess.run(["bash", "-e", "-x", "-c", block], cwd=ROOT, env=fresh_env(var), capture_output=True,
+                              text=True, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.rstrip().endswith("cup-1: FINAL"), done.stdout
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)

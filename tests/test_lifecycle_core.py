@@ -26,6 +26,7 @@ from leaderboard.core.lifecycle import (
     due_transition,
     initial_state,
     transition_check,
+    transition_offered,
 )
 
 S = SeasonState
@@ -90,7 +91,10 @@ def test_closing_and_sealing_are_refused_before_the_cutoff(target: str) -> None:
     current = {"CLOSING": "OPEN", "FINALIZING": "CLOSING"}[target]
     with pytest.raises(TransitionError) as excinfo:
         transition_check(current=current, target=target, now=BEFORE, cutoff=CUTOFF)
-    assert str(excinfo.value) == "the cutoff 2026-12-01T00:00:00+00:00 has not passed yet"
+    # For people: the instant in UTC and how far away it is.
+    assert str(excinfo.value) == "the cutoff, 2026-12-01 00:00 UTC (in 1 second), has not passed yet"
+    assert not transition_offered(state=current, target=target, now=BEFORE, cutoff=CUTOFF)
+    assert transition_offered(state=current, target=target, now=CUTOFF, cutoff=CUTOFF)
 
 
 def test_approving_final_has_no_clock_guard_beyond_the_seal() -> None:

@@ -275,3 +275,46 @@ def test_during_a_recovery_the_page_shows_its_progress_then_the_recovered_board(
 
     errors = browse(asgi_server_rejoining, scenario)
     assert errors == []
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.usefixtures("rank_views")
+def test_a_newcomer_reads_the_page_on_a_phone_and_looks_for_a_stranger(season: Season, post_scores: Post,
+                                                                     asgi_server: str) -> None:
+    """390 px wide, as a phone: nothing wider than the screen; the input's example is an id
+    of this board; a legend says what highlighted rows mean; an id with no entry gets a
+    sentence, not empty table headers; an unknown region is the page's own message."""
+    ev = Events()
+    post_ok(post_scores, season, [ev.result(f"p{i:06d}", 1000 + 10 * i) for i in range(120)])
+    assert publish(season) == 1
+    standings = db_standings(season)
+
+    async def scenario(page: Any) -> None:
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await page.goto(f"{asgi_server}/seasons/{season.slug}/live")
+        await wait_version(page, 1)
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+        forty_second = standings.window(from_position=42, limit=1)[0].player_id
+        assert await page.get_attribute("#findme-input", "placeholder") == f"e.g. {forty_second}"
+        assert "the player you follow" in await text(page, "#lb-legend")
+        await page.fill("#findme-input", "nobody-here")
+        await page.click("#findme-form button[type=submit]")
+        await page.wait_for_function("document.getElementById('me-summary')?.textContent.includes('nobody-here')")
+        assert await text(page, "#me-summary") == "nobody-here is not on the board in version 1."
+        assert await page.is_hidden("#me-neighbors") and await page.is_hidden("#me-history")
+        await page.fill("#findme-input", "p000050")
+        await page.click("#findme-form button[type=submit]")
+        await page.wait_for_function("document.getElementById('me-summary')?.dataset.rank === '70'")
+        assert await page.is_visible("#me-neighbors") and await page.is_hidden("#me-history")
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+        await browser.shot(page, "live-390px")
+
+        response = await page.goto(f"{asgi_server}/seasons/{season.slug}/live?region=eu")
+        assert response.status == 404
+        assert "has no region 'eu': it has no regions" in await text(page, "#lb-board-error")
+        await page.wait_for_timeout(300)
+        assert await page.evaluate("performance.getEntriesByType('resource').every(r => !r.name.startsWith('ws'))")
+
+    errors = browse(asgi_server, scenario)
+    assert errors == []

@@ -322,17 +322,23 @@ def test_the_page_without_regions_has_no_switcher(client: Client, season: Season
     assert 'id="lb-boards"' not in html and re.search(r'id="lb-board">global<', html)
 
 
-@pytest.mark.parametrize(("region", "status", "error"), [("mars", 404, "unknown_region"),
-                                                          ("Not%20One", 400, "validation_error")])
-def test_the_page_refuses_an_unknown_or_malformed_region(client: Client, regional: Season, region: str,
-                                                         status: int, error: str) -> None:
-    response = client.get(f"/seasons/{regional.slug}/live?region={region}")
-    assert response.status_code == status
-    assert response.json()["error"] == error
-    if status == 400:
-        assert "region" in response.json()["fields"]
-    else:
-        assert "its regions are na, eu" in response.json()["detail"]
+@pytest.mark.parametrize(("slug", "region", "status", "why"), [
+    ("reg", "mars", 404, "The season has no region &#x27;mars&#x27;: its regions are na, eu."),
+    ("reg", "Not%20One", 400, "“Not One” is not a region name: "),
+    ("plain", "eu", 404, "The season has no region &#x27;eu&#x27;: it has no regions."),
+])
+def test_the_page_says_when_a_region_is_unknown_or_malformed(client: Client, regional: Season, season: Season,
+                                                             slug: str, region: str, status: int, why: str) -> None:
+    """A person asked for the board: the page itself says why there is none, with links to
+    the boards there are, and connects to nothing (the API's codes as its status)."""
+    season = regional if slug == "reg" else season
+    response = client.get(f"/seasons/{season.slug}/live?region={region}")
+    assert response.status_code == status and response["Content-Type"].startswith("text/html")
+    html = response.content.decode()
+    assert 'id="lb-board-error"' in html and why in html and 'data-board-error="true"' in html
+    assert 'href="?">Watch the season\'s global board</a>' in html
+    assert ('href="?region=eu">region eu</a>' in html) == bool(season.regions)
+    assert 'id="lb-top"' not in html and 'id="lb-status"' not in html
 
 
 @pytest.fixture

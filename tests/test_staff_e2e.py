@@ -3,7 +3,7 @@ by Playwright) against the ASGI app served by uvicorn in a subprocess on the tes
 
 Two people sign in, a dispute is resolved by a revocation the second one approves, a
 rebuild's progress bar moves to 100% without a reload, ingest is sealed, a FINAL is
-proposed by one person and approved by the other, and the audit chain verifies. Set STAFF_SCREENSHOT_DIR to keep PNGs of
+proposed by one person and approved by the other, and the audit chain verifies. Set SCREENSHOT_DIR to keep PNGs of
 the pages along the way.
 
 CI needs the packages `chromium` (apt) and `playwright` (pip; never `playwright install`).
@@ -11,10 +11,8 @@ CI needs the packages `chromium` (apt) and `playwright` (pip; never `playwright 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +26,7 @@ from tests import browser
 from tests.support import TEST_ACTOR, Events, closing_season, db_scores, in_season, materialize, post_ok
 
 ROOT = browser.ROOT
+shot = browser.shot
 CHROMIUM = browser.CHROMIUM
 CHROMIUM_ARGS = browser.CHROMIUM_ARGS
 PASSWORD = "e2e-staff-password-1"
@@ -87,12 +86,6 @@ async def signed_in(browser: Any, base: str, username: str, errors: list[str]) -
     assert (await page.inner_text("#whoami")).strip() == username
     assert page.url == f"{base}/staff/"
     return page
-
-
-async def shot(page: Any, name: str) -> None:
-    folder = os.environ.get("STAFF_SCREENSHOT_DIR")
-    if folder:
-        await page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
 
 
 async def message(page: Any) -> str:

@@ -264,5 +264,5 @@ def test_the_player_page_shows_the_regional_rank_from_the_same_version_as_the_gl
 
     ann = summary("ann")
     assert "Rank (published)4 position 4 of 4" in ann
-    assert f"Regional rank (published)2 position 2 of 2 in na, version {version}" in ann
+    assert f"Regional rank (published)2 position 2 of 2 in na, board version {version}" in ann
     assert "Regional rank" not in summary("dan")  # no region: no regional board

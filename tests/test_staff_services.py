@@ -415,3 +415,19 @@ def test_a_revocation_after_final_is_listed_as_a_final_correction(season_factory
     assert (correction.score_before, correction.score_after, correction.actor_label) == (
         999, 0, people["approver"].username)
     assert "season.final.correction" in audit_actions(season)
+
+
+def test_an_approval_follows_a_version_that_moved_while_the_score_stayed(
+    open_season: Any, people: dict[str, Any], post_scores: Post
+) -> None:
+    """Results that left the score as it was (unchanged) do not make the proposal stale:
+    both people looked at the same score, and the correction takes the version after them."""
+    season, events = open_season
+    reviewer, approver = actor_of(people["reviewer"]), actor_of(people["approver"])
+    revocation = score_revocation_propose(season=season, player_id="alice", new_score=10, reason="bug", actor=reviewer)
+    post_ok(post_scores, season, [events.result("alice", 700), events.result("alice", 800)])  # below 900
+    newer = events.versions["alice"]
+    result = score_revocation_approve(revocation=revocation, actor=approver)
+    assert result.applied and score_of(season, "alice") == 10
+    assert event_of(season, result.revocation.event_id).score_version == newer + 1
+    assert audit_rows(season)[-1].before == {"score": 900, "score_version": newer}

@@ -7,6 +7,7 @@ progress, reconciliation, FINAL, the player view)."""
 from __future__ import annotations
 
 import csv
+import html
 import io
 import re
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from audit.models import AuditEntry
+from audit.services import audit_log
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.ledger_databases import DEFAULT_ALIAS
 from leaderboard.metrics import metrics_seasons_sample
@@ -298,7 +300,7 @@ def test_nobody_approves_their_own_proposal_and_a_stale_approval_offers_a_re_pro
     assert db_scores(season)["alice"] == 990
     page = second.get(f"/staff/revocations/{revocation.pk}/").content.decode()
     assert 'id="retry-form"' in page
-    assert f"Re-propose on the current version ({world['events'].versions['alice']})" in page
+    assert "Re-propose on the current score (990)" in page
     rebased = second.post(f"/staff/revocations/{revocation.pk}/rebase", {"reason": "still wrong"})
     assert "another approver must approve it" in follow_messages(second, rebased)[-1]
     # The re-proposal is ben's now: ann, who sees the same new state, approves it.
@@ -338,17 +340,31 @@ def test_late_results_are_applied_through_a_correction_or_dismissed(world: dict[
 @pytest.mark.django_db
 def test_lifecycle_buttons_are_for_approvers_and_audited(world: dict[str, Any], client_as: Any) -> None:
     season = world["season"]
-    Season.objects.filter(pk=season.pk).update(cutoff=datetime.now(UTC) - timedelta(minutes=1))
     reviewer, approver = client_as("reviewer"), client_as("approver", "olga")
-    assert b'id="lifecycle"' not in reviewer.get(f"/staff/seasons/{season.slug}/").content
+    # Before the cutoff nothing can close the season: no button, the time it closes by itself.
+    page = approver.get(f"/staff/seasons/{season.slug}/").content.decode()
+    assert "Close now" not in page and re.search(r'id="lifecycle-next">Takes results until the cutoff, '
+                                                 r'\d{4}-\d\d-\d\d \d\d:\d\d UTC \(in \d+ days?\)', page)
+    early = approver.post(f"/staff/seasons/{season.slug}/lifecycle", {"target": "CLOSING"})
+    assert re.fullmatch(r"the cutoff, \d{4}-\d\d-\d\d \d\d:\d\d UTC \(in \d+ days?\), has not "
+                        r"passed yet", follow_messages(approver, early)[0])
+    Season.objects.filter(pk=season.pk).update(cutoff=datetime.now(UTC) - timedelta(minutes=1))
+    page = reviewer.get(f"/staff/seasons/{season.slug}/").content.decode()
+    assert 'id="lifecycle-next"' in page and "Close now" not in page  # what happens next; no button
     assert reviewer.post(f"/staff/seasons/{season.slug}/lifecycle", {"target": "CLOSING"}).status_code == 403
-    assert b"Close (after the cutoff)" in approver.get(f"/staff/seasons/{season.slug}/").content
+    assert b"Close now" in approver.get(f"/staff/seasons/{season.slug}/").content
     closed = approver.post(f"/staff/seasons/{season.slug}/lifecycle", {"target": "CLOSING", "reason": "cutoff"})
     assert follow_messages(approver, closed) == ["Season is now CLOSING"]
+    page = approver.get(f"/staff/seasons/{season.slug}/").content.decode()
+    assert "Seal ingest now" in page and "Close now" not in page and "Open the season" not in page
     again = approver.post(f"/staff/seasons/{season.slug}/lifecycle", {"target": "OPEN"})
     assert "cannot become OPEN" in follow_messages(approver, again)[0]
     sealed = approver.post(f"/staff/seasons/{season.slug}/lifecycle", {"target": "seal", "reason": "all in"})
-    assert follow_messages(approver, sealed)[0].startswith("Ingest sealed at")
+    message = follow_messages(approver, sealed)[0]
+    # For people: a time, not the change stream's positions.
+    assert re.match(r"Ingest sealed at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(", message), message
+    assert not re.search(r"\d+:\d+,", message), message
+    assert "Seal ingest now" not in approver.get(f"/staff/seasons/{season.slug}/").content.decode()
     rows = audit_rows(season)[-2:]
     assert [(r.action, r.actor_label, r.reason) for r in rows] == [
         ("season.closing", "olga", "cutoff"), ("season.ingest.sealed", "olga", "all in")]
@@ -413,6 +429,30 @@ def test_the_audit_trail_filters_exports_csv_and_verifies(world: dict[str, Any],
 
     verified = viewer.post("/staff/audit/verify", HTTP_HX_REQUEST="true").content.decode()
     assert 'data-ok="true"' in verified and f"{total} rows verified" in verified
+
+
+@pytest.mark.django_db
+def test_long_audit_values_are_summarised_with_the_whole_behind_show_all(client_as: Any) -> None:
+    """A rebuild's 101 bucket bounds and a watermark of many partitions: a few short lines
+    in the row (the page stays readable), every value one click away."""
+    bounds = [i * 10_000 for i in range(101)]
+    watermark = ",".join(f"{p << 48}:{27_030 + p}" for p in range(8))
+    audit_log(actor=TEST_ACTOR, action="views.rebuild.requested", target_type="rebuild_job", target_id="1",
+              before={"ingest_watermark": watermark}, after={"layout": {"lower_bounds": bounds}, "players": 5})
+    row = html.unescape(client_as("viewer").get("/staff/audit/?action=views.rebuild").content.decode()
+                        ).split("data-seq=")[1]
+    before, after = re.findall(r'<pre class="json">(.*?)</pre>', row, re.S)[0:3:2]
+    assert len(after.splitlines()) <= 6 and "… 101 in all" in after and '"players": 5' in after, after
+    assert len(before.splitlines()) <= 3 and "characters)" in before and watermark not in before, before
+    alls = re.findall(r'<details class="json-all"><summary>show all \((\d+) lines\)</summary>'
+                      r'<pre class="json">(.*?)</pre>', row, re.S)
+    assert len(alls) == 2 and watermark in alls[0][1] and str(bounds)[1:-1] in alls[1][1]
+    # A short value is shown whole, with nothing to expand.
+    audit_log(actor=TEST_ACTOR, action="dispute.rejected", target_type="dispute", target_id="1",
+              before={"status": "open"}, after={"status": "rejected"})
+    row = html.unescape(client_as("viewer").get("/staff/audit/?action=dispute.").content.decode()
+                        ).split("data-seq=")[1].split("</tr>")[0]
+    assert "json-all" not in row and '"status": "rejected"' in row, row
 
 
 # --- with published versions (real Redis, epochs: transactional on PostgreSQL) -----------------------
@@ -518,11 +558,14 @@ def test_final_is_proposed_and_approved_by_two_people_and_the_player_page_explai
     first.post(f"/staff/seasons/{season.slug}/lifecycle", {"target": "seal"})
     materialize(season)
 
+    assert 'id="build-form"' in reviewer.get(f"/staff/seasons/{season.slug}/final/").content.decode()
     built = reviewer.post(f"/staff/seasons/{season.slug}/final/build")
     assert "reconciled" in follow_messages(reviewer, built)[0]
     candidate = FinalCandidate.objects.get(season=season)
     page = reviewer.get(f"/staff/seasons/{season.slug}/final/").content.decode()
     assert "ledger_sampled_ranks" in page and "Propose as FINAL" in page and "approve-form" not in page
+    # A candidate of the current version exists: building another would only supersede it.
+    assert 'id="build-form"' not in page
     first.post(f"/staff/seasons/{season.slug}/final/{candidate.pk}/propose", {"reason": "checked"})
     candidate.refresh_from_db()
     assert (candidate.status, candidate.proposed_by_label) == ("proposed", "ap1")

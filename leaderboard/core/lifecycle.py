@@ -14,6 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from leaderboard.core.errors import DomainError
+from leaderboard.core.humanize import instant_text
 from leaderboard.core.ledger import HELD_AFTER_SEAL
 
 
@@ -72,8 +73,17 @@ def transition_check(*, current: str, target: str, now: datetime, cutoff: dateti
             f"a {current} season cannot become {target}" + (f" (only {', '.join(allowed)})" if allowed else "")
         )
     if pair[1] in (SeasonState.CLOSING, SeasonState.FINALIZING) and now < cutoff:
-        raise TransitionError(f"the cutoff {cutoff.isoformat()} has not passed yet")
+        raise TransitionError(f"the cutoff, {instant_text(cutoff, now=now)}, has not passed yet")
     return action
+
+
+def transition_offered(*, state: str, target: str, now: datetime, cutoff: datetime) -> bool:
+    """Whether staff can make `target` happen now (what the console offers as a button)."""
+    try:
+        transition_check(current=state, target=target, now=now, cutoff=cutoff)
+    except TransitionError:
+        return False
+    return True
 
 
 def due_transition(*, state: str, now: datetime, starts_at: datetime, cutoff: datetime,

@@ -7,11 +7,11 @@ follows: the global one, or with `region` that region's (a switcher links them a
 
 from __future__ import annotations
 
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
-from leaderboard.api.errors import ApiError, api_error_body
+from leaderboard.api.errors import ApiError
 from leaderboard.api.params import region_param
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.core.live import RADIUS_DEFAULT, RADIUS_MAX
@@ -23,18 +23,21 @@ def season_live_page(request: HttpRequest, season_id: str) -> HttpResponse:
     season = season_get(slug=season_id)
     if season is None:
         raise Http404("no such season")
-    try:
-        # The read API's rule: 400 for a malformed region, 404 unknown_region for one the
-        # season does not have, with the API's error body.
-        region = region_param(request.GET, regions=season.regions)
-    except ApiError as exc:
-        return JsonResponse(api_error_body(exc), status=exc.status_code)
-    return render(request, "live/season.html", {
+    page = {
         "season": season,
         "is_final": season.state == SeasonState.FINAL.value,
         "socket_path": f"/ws/v1/seasons/{season.slug}/live",
-        "region": region,
         "regions": season.regions,
         "radius": RADIUS_DEFAULT,
         "radius_max": RADIUS_MAX,
-    })
+    }
+    try:
+        # The read API's rule: 400 for a malformed region, 404 unknown_region for one the
+        # season does not have; a person reads it on the page itself, with the boards it has.
+        region = region_param(request.GET, regions=season.regions)
+    except ApiError as exc:
+        problems = exc.extra.get("fields", {}).get("region")
+        why = f"“{request.GET.get('region', '')}” is not a region name: {problems[0]}" if problems else str(exc.detail)
+        return render(request, "live/season.html", {**page, "region": None, "board_error": why},
+                      status=exc.status_code)
+    return render(request, "live/season.html", {**page, "region": region})

@@ -211,7 +211,8 @@ def _revocation(revocation_id: int) -> ScoreRevocation:
 def revocation_page(request: HttpRequest, revocation_id: int) -> HttpResponse:
     revocation = _revocation(revocation_id)
     current = sel.player_score_get(season=revocation.season, player_id=revocation.player_id)
-    moved = current is not None and current.score_version != revocation.base_version
+    # The score moved since the proposal (a version that moved alone does not stop an approval).
+    moved = current is not None and current.score != revocation.score_before
     late_result = (sel.late_result_get(season=revocation.season, alias=revocation.late_result_alias,
                                        late_id=revocation.late_result_id)
                    if revocation.late_result_id is not None else None)

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 from seasons import staff_forms as f
 from seasons import staff_selectors as sel
 from seasons.models import FinalCandidate, Season
+from seasons.selectors import season_lifecycle_offer
 from seasons.services import (
     season_final_approve,
     season_final_candidate_build,
@@ -29,7 +30,7 @@ def final_page(request: HttpRequest, slug: str) -> HttpResponse:
     season = get_object_or_404(Season, slug=slug)
     return render(request, "staff/final.html", context(
         request, season=season, candidates=sel.final_candidates(season=season), form=f.OptionalReasonForm(),
-        reject_form=f.ReasonForm(), lifecycle_form=f.LifecycleForm(),
+        reject_form=f.ReasonForm(), lifecycle=season_lifecycle_offer(season=season),
     ))
 
 

@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from leaderboard.core.humanize import instant_text
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.models import RebuildJob, ReconciliationRun
 from leaderboard.recovery.rebuild import (
@@ -23,6 +24,7 @@ from leaderboard.recovery.rebuild import (
 from seasons import staff_forms as f
 from seasons import staff_selectors as sel
 from seasons.models import Season
+from seasons.selectors import season_lifecycle_offer
 from seasons.services import season_regions_set, season_seal_ingest, season_transition
 from seasons.staff_services import reconciliation_trigger, staff_actor
 from seasons.staff_views.common import GET_OR_POST, Done, act, context, staff_required
@@ -36,7 +38,7 @@ def season_page(request: HttpRequest, slug: str) -> HttpResponse:
         request, season=season, detail=sel.season_detail(season=season),
         manifests=sel.manifests_recent(season=season), jobs=sel.rebuild_jobs_recent(season=season),
         conflicts=sel.season_conflicts(season=season), regions=sel.season_region_sizes(season=season),
-        lifecycle_form=f.LifecycleForm(),
+        lifecycle=season_lifecycle_offer(season=season),
         regions_form=f.RegionsForm(initial={"regions": ", ".join(season.regions)}),
         split_form=f.SplitProposeForm(), lookup_form=f.PlayerLookupForm(),
     ))
@@ -69,7 +71,10 @@ def season_lifecycle(request: HttpRequest, slug: str) -> HttpResponse:
     def move(data: dict[str, Any]) -> str:
         if data["target"] == "seal":
             sealed = season_seal_ingest(season=season, actor=actor, reason=data["reason"])
-            return f"Ingest sealed at {sealed.ingest_watermark}; season FINALIZING"
+            assert sealed.sealed_at is not None
+            return (f"Ingest sealed at {instant_text(sealed.sealed_at, seconds=True)}: everything accepted until "
+                    "then is in the FINAL candidate, which the lifecycle builds once the board covers it (FINAL "
+                    "page). The season is FINALIZING.")
         moved = season_transition(season=season, target=SeasonState(data["target"]), actor=actor,
                                   reason=data["reason"])
         return f"Season is now {moved.state}"

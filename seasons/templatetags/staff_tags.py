@@ -8,12 +8,14 @@ they are (version 6003).
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from leaderboard.core.humanize import instant_text
 from seasons import staff_charts
 
 register = template.Library()
@@ -80,10 +82,64 @@ def duration(seconds: float | None) -> str:
 
 
 @register.filter
+def when(value: datetime | None, precision: str = "") -> str:
+    """An instant for people: "2026-12-03 19:30 UTC (in 4 minutes)"; `when:"s"` to the second."""
+    return "–" if value is None else instant_text(value, seconds=precision == "s")
+
+
+@register.filter
 def pretty_json(value: Any) -> str:
     if value is None or value == "":
         return ""
     return json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False)
+
+
+# An audit value longer than this is summarised, the whole of it behind "show all".
+SUMMARY_LIST_ITEMS = 6
+SUMMARY_TEXT_CHARS = 48
+SUMMARY_LINES = 12
+
+
+def _summarised(value: Any) -> Any:
+    """`value` with long lists cut to their first items and a count, long strings cut."""
+    if isinstance(value, dict):
+        return {key: _summarised(item) for key, item in value.items()}
+    if isinstance(value, list):
+        head = [_summarised(item) for item in value[:SUMMARY_LIST_ITEMS]]
+        return head + [f"… {len(value):,} in all"] if len(value) > SUMMARY_LIST_ITEMS else head
+    if isinstance(value, str) and len(value) > SUMMARY_TEXT_CHARS:
+        return value[:SUMMARY_TEXT_CHARS] + f"… ({len(value):,} characters)"
+    return value
+
+
+def _json_text(value: Any, depth: int = 0) -> str:
+    """JSON as pretty_json writes it, but a list of plain values on one line (which wraps):
+    a hundred numbers take a few lines, not a hundred."""
+    pad = " " * (depth + 1)
+    if isinstance(value, dict) and value:
+        items = [f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_json_text(v, depth + 1)}"
+                 for k, v in sorted(value.items())]
+        return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        return "[\n" + ",\n".join(pad + _json_text(v, depth + 1) for v in value) + "\n" + " " * depth + "]"
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+@register.filter
+def audit_value(value: Any) -> SafeString:
+    """An audit row's before or after: its JSON, summarised when long (lists of a hundred
+    bucket bounds, a watermark of many partitions), with the whole of it behind "show all"."""
+    if value is None or value == "":
+        return mark_safe("")
+    full = _json_text(value)
+    summary = _json_text(_summarised(value))
+    lines = summary.splitlines()
+    if len(lines) > SUMMARY_LINES:
+        summary = "\n".join([*lines[:SUMMARY_LINES - 1], f"… {len(lines) - SUMMARY_LINES + 1} more lines"])
+    if summary == full:
+        return format_html('<pre class="json">{}</pre>', full)
+    return format_html('<pre class="json">{}</pre><details class="json-all"><summary>show all ({} lines)</summary>'
+                       '<pre class="json">{}</pre></details>', summary, len(full.splitlines()), full)
 
 
 @register.filter

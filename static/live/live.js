@@ -14,7 +14,8 @@
   var PLAYER_RE = /^[A-Za-z0-9_.:-]{1,64}$/;
   var MAX_EVENTS = 12;
   var root = document.getElementById("live");
-  if (!root) return;
+  // No board to follow (an unknown region): the page says so itself, nothing to connect to.
+  if (!root || root.dataset.boardError) return;
 
   var el = {
     status: document.getElementById("lb-status"),
@@ -39,6 +40,8 @@
     me: document.getElementById("me"),
     meSummary: document.getElementById("me-summary"),
     meBody: document.querySelector("#me-neighbors tbody"),
+    meTable: document.getElementById("me-neighbors"),
+    meHistory: document.getElementById("me-history"),
     meEvents: document.getElementById("me-events"),
     boards: document.querySelectorAll("#lb-boards a")
   };
@@ -259,6 +262,7 @@
     el.total.textContent = Number(message.total_players).toLocaleString();
     fillRows(el.topBody, view.top, changed);
     el.empty.hidden = view.top.length > 0;
+    suggestPlayer(view.top);
     setStatus(message.state === "FINAL" ? "final" : "live", message.state === "FINAL" ? "Final" : "Live");
   }
 
@@ -305,8 +309,17 @@
     row.classList.add("changed");
   }
 
+  // The input's example is an id of this board, whatever ids look like in this game.
+  function suggestPlayer(top) {
+    if (!top.length || el.input.dataset.suggested) return;
+    el.input.placeholder = "e.g. " + top[Math.min(top.length, 42) - 1].player_id;
+    el.input.dataset.suggested = "true";
+  }
+
   function showPlayer(player, message, events) {
     el.me.hidden = false;
+    // A player not on the board has no neighbours: no empty table under the sentence.
+    el.meTable.hidden = !player.ranked;
     if (!player.ranked) {
       el.meSummary.textContent = player.player_id + " is not on the " +
         (view.region ? "board of region " + view.region : "board") + " in version " +
@@ -324,6 +337,7 @@
   }
 
   function addEvent(event, version) {
+    el.meHistory.hidden = false;
     var item = document.createElement("li");
     item.textContent = "v" + version + ": " + describe(event);
     item.dataset.type = event.type;
@@ -390,6 +404,7 @@
     showFindError("");
     view.playerId = playerId;
     el.meEvents.textContent = "";
+    el.meHistory.hidden = true;
     setPlayerQuery(playerId);
     reconnect();
   });
@@ -400,6 +415,7 @@
     view.playerId = null;
     el.me.hidden = true;
     el.meEvents.textContent = "";
+    el.meHistory.hidden = true;
     setPlayerQuery(null);
     reconnect();
   });

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import secrets
 import signal
@@ -23,10 +24,13 @@ from django.utils import timezone
 
 from audit.services import Actor
 from config import embedded_redis
+from leaderboard.core.humanize import instant_text
+from leaderboard.core.lifecycle import SeasonState
 from leaderboard.ingest.services import api_client_create
 from leaderboard.ledger_databases import ledger_aliases_configured
 from leaderboard.management.commands.simulate_matches import TOKEN_ENV
 from leaderboard.simulation import player_ids
+from seasons.models import Season
 from seasons.selectors import season_get
 from seasons.services import season_create
 from seasons.staff_services import staff_user_create
@@ -40,7 +44,12 @@ DEMO_STAFF = (("viewer", "viewer"), ("reviewer", "reviewer"), ("approver", "appr
 # main process alone is signalled, so it finishes its task and stops its own pool).
 # The web server's: its 2 s of graceful shutdown, then its live hubs leaving their groups
 # (live.routing.lifespan, up to ~6 s).
-STOP_ORDER = (("simulator", 3.0), ("web", 9.0), ("beat", 3.0), ("worker", 8.0))
+STOP_ORDER = (("simulator", 3.0), ("cup simulator", 3.0), ("web", 9.0), ("beat", 3.0), ("worker", 8.0))
+# Children whose clean exit is expected: the cup's players stop at its cutoff.
+ENDS_BY_ITSELF = frozenset({"cup simulator"})
+CUP_SLUG = "demo-cup"
+# The start of the warning Celery prints when it runs as root (celery.platforms).
+CELERY_ROOT_WARNING = "You're running the worker with superuser privileges"
 
 
 class Command(BaseCommand):
@@ -53,6 +62,8 @@ class Command(BaseCommand):
         parser.add_argument("--players", type=int, default=5000)
         parser.add_argument("--rate", type=int, default=500, help="simulated events per second")
         parser.add_argument("--no-simulator", action="store_true")
+        parser.add_argument("--cup-minutes", type=float, default=5.0,
+                            help="the demo cup's cutoff, minutes from now: a season to take to FINAL")
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Every ledger database (LEDGER_PARTITION_URLS) runs the same migrations as "default".
@@ -65,6 +76,7 @@ class Command(BaseCommand):
                 slug=slug, name="Demo season", starts_at=now - timedelta(days=1),
                 cutoff=now + timedelta(days=30), actor=DEMO_ACTOR,
             )
+        cup = _demo_cup(minutes=options["cup_minutes"])
         client, token = api_client_create(
             name=f"demo-match-service-{timezone.now():%Y%m%d%H%M%S}", scopes=["scores:write"],
             actor=DEMO_ACTOR,
@@ -79,8 +91,10 @@ class Command(BaseCommand):
             "CHANNEL_LAYER_URL": ",".join(settings.CHANNEL_LAYER_URLS),
         }
         # Celery warns at length when run as root, which a container often is; it is not
-        # something the demo's user can act on, and it buries the lines printed below.
-        celery_env = {**env, "PYTHONWARNINGS": "ignore::celery.exceptions.SecurityWarning"}
+        # something the demo's user can act on, and it buries the lines printed below. By
+        # its message: a filter naming celery.exceptions' class is refused at interpreter
+        # start, before celery can be imported ("Invalid -W option ignored").
+        celery_env = {**env, "PYTHONWARNINGS": f"ignore:{CELERY_ROOT_WARNING}"}
         commands: list[tuple[str, list[str], dict[str, str]]] = [
             ("worker", [python, "-m", "celery", "-A", "config", "--quiet", "worker", "--loglevel", "WARNING",
                         "--concurrency", "2"], celery_env),
@@ -97,11 +111,17 @@ class Command(BaseCommand):
         ]
         simulator = [python, "manage.py", "simulate_matches", slug, "--url", base, "--players",
                      str(options["players"]), "--rate", str(options["rate"]), "--report-every", "0"]
+        # The cup's players play until its cutoff, a tenth of the demo's; then they stop.
+        cup_seconds = (cup.cutoff - timezone.now()).total_seconds()
+        cup_simulator = [python, "manage.py", "simulate_matches", cup.slug, "--url", base, "--players",
+                         str(max(1, options["players"] // 10)), "--rate", str(max(1, options["rate"] // 10)),
+                         "--report-every", "0", "--duration", f"{max(0.0, cup_seconds):.0f}"]
         children: dict[str, subprocess.Popen[bytes]] = {}
         # A shell's background job starts with SIGINT ignored; Ctrl-C (and a SIGTERM from
         # a supervisor) must still stop everything this command started.
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
+        terminal = _terminal_take()
         try:
             for name, argv, child_env in commands:
                 # Their own sessions: the terminal's Ctrl-C reaches this command only, which
@@ -112,6 +132,10 @@ class Command(BaseCommand):
                 children["simulator"] = subprocess.Popen(
                     simulator, env={**env, TOKEN_ENV: token}, start_new_session=True
                 )
+                if cup_seconds > 1:
+                    children["cup simulator"] = subprocess.Popen(
+                        cup_simulator, env={**env, TOKEN_ENV: token}, start_new_session=True
+                    )
             sample = player_ids(1)[0]
             lines = [
                 "",
@@ -120,6 +144,10 @@ class Command(BaseCommand):
                 f"  live board      {base}/seasons/{slug}/live",
                 f"  staff console   {base}/staff/   (passwords are new on every run)",
                 *[f"                    {u:<10} {p}   role {r}" for u, r, p in staff],
+                f"  demo cup        {base}/staff/seasons/{cup.slug}/   a short season to take to FINAL:",
+                f"                  its cutoff is {instant_text(cup.cutoff)}; then approver seals it,",
+                "                  reviewer proposes the FINAL candidate, approver2 approves it",
+                f"                  (live board {base}/seasons/{cup.slug}/live)",
                 f"  read API        curl '{base}/v1/seasons/{slug}/leaderboard/top?limit=10'",
                 f"                  curl '{base}/v1/seasons/{slug}/players/{sample}/rank'",
                 f"  API docs        {base}/api/docs/",
@@ -137,7 +165,7 @@ class Command(BaseCommand):
             self.stdout.write("\n".join(lines))
             while True:
                 for name, proc in children.items():
-                    if proc.poll() is not None:
+                    if proc.poll() is not None and not (name in ENDS_BY_ITSELF and proc.returncode == 0):
                         self.stderr.write(f"{name} exited with {proc.returncode}; stopping")
                         return
                 time.sleep(0.5)
@@ -149,6 +177,7 @@ class Command(BaseCommand):
             if settings.REDIS_EMBEDDED:
                 embedded_redis.release(settings.VAR_DIR)
             self.stdout.write(f"stopped in {time.monotonic() - started:.1f} s")
+            _terminal_give_back(terminal)
 
     def _wait_ready(self, url: str, children: dict[str, subprocess.Popen[bytes]]) -> None:
         deadline = time.monotonic() + 60
@@ -164,6 +193,23 @@ class Command(BaseCommand):
                 pass
             time.sleep(0.2)
         raise CommandError(f"the web server did not answer {url} within 60 s")
+
+
+def _demo_cup(*, minutes: float) -> Season:
+    """A short season to take to FINAL in the demo: open now, its cutoff `minutes` away. A
+    cup from an earlier run that is still open is kept; one past its cutoff stays as it is
+    (FINAL, perhaps) and a new one is created beside it (demo-cup-2, ...)."""
+    now = timezone.now()
+    for n in itertools.count(1):
+        slug = CUP_SLUG if n == 1 else f"{CUP_SLUG}-{n}"
+        existing = season_get(slug=slug)
+        if existing is None:
+            return season_create(slug=slug, name=f"Demo cup{'' if n == 1 else f' {n}'}",
+                                 starts_at=now - timedelta(minutes=1), cutoff=now + timedelta(minutes=minutes),
+                                 actor=DEMO_ACTOR)
+        if existing.state == SeasonState.OPEN and existing.cutoff > now:
+            return existing
+    raise AssertionError("unreachable")
 
 
 def _demo_staff(username: str, role: str) -> str:
@@ -189,6 +235,52 @@ def _private_write(path: Path, text: str) -> Path:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _terminal_take() -> tuple[int, int] | None:
+    """In a terminal, become the terminal's foreground process group (as a shell does for
+    a job), so that Ctrl-C reaches this command alone and not `make run` above it: make
+    answers a Ctrl-C by waiting for its child and then printing "*** [run] Interrupt"
+    and exiting 130, after the demo stopped cleanly. Returns (terminal, the group it
+    had) for _terminal_give_back, or None outside a terminal."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        before = os.tcgetpgrp(fd)
+        if before == os.getpgrp():  # in the foreground (a background job leaves it be)
+            os.setpgid(0, 0)
+            _tcsetpgrp(fd, os.getpgrp())
+            return fd, before
+    except OSError:
+        pass
+    _terminal_closed(fd)
+    return None
+
+
+def _terminal_give_back(terminal: tuple[int, int] | None) -> None:
+    if terminal is None:
+        return
+    fd, before = terminal
+    with contextlib.suppress(OSError):
+        _tcsetpgrp(fd, before)
+    _terminal_closed(fd)
+
+
+def _tcsetpgrp(fd: int, group: int) -> None:
+    # A process outside the foreground group that changes it gets SIGTTOU (and stops)
+    # unless it ignores it.
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, group)
+    finally:
+        signal.signal(signal.SIGTTOU, previous)
+
+
+def _terminal_closed(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _stop(children: dict[str, subprocess.Popen[bytes]]) -> None:

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from django.conf import settings
 
 from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
-from leaderboard.core.manifest import Manifest
+from leaderboard.core.manifest import Manifest, lookup_shards_for
 from leaderboard.core.ranking import Entry, ranked, ranked_values
 from leaderboard.core.shared_index import entry_name, entry_player
 from leaderboard.core.slots import bucket_group, shard_group
@@ -23,7 +24,6 @@ from leaderboard.core.tiebreak import (
 )
 from leaderboard.views.rankview.keys import (
     COPY_NAMES,
-    LOOKUP_SHARDS,
     SLOT_GROUPS,
     Keys,
     gen_field,
@@ -288,7 +288,10 @@ class RankReader:
         started = time.monotonic()
         regional = self.region is not None or season in _learned_regional
         copies = self.copies
-        learned = [(_learned_shards.get((prefix, slug, copy), LOOKUP_SHARDS),
+        # A copy not learned yet is guessed to have a new index's fewest shards (a season
+        # of fewer than ~6,000 players): a wrong guess costs one more round trip, once.
+        guess = lookup_shards_for(players=0, minimum=settings.VIEW_LOOKUP_SHARDS_MIN)
+        learned = [(_learned_shards.get((prefix, slug, copy), guess),
                     _learned_groups.get((prefix, slug, copy), SLOT_GROUPS),
                     *_learned_data.get((prefix, slug, copy), (copy, 0))) for copy in copies]
         # The copies are the two sides of one index: one lookup (and region) field serves
