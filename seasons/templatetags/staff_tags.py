@@ -96,7 +96,7 @@ def pretty_json(value: Any) -> str:
 
 # An audit value longer than this is summarised, the whole of it behind "show all".
 SUMMARY_LIST_ITEMS = 6
-SUMMARY_TEXT_CHARS = 48
+SUMMARY_TEXT_CHARS = 64  # a content hash (64 hex digits) whole
 SUMMARY_LINES = 12
 
 

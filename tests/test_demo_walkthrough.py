@@ -1,0 +1,222 @@
+"""The demo of `make run` walked in a real browser with the logins it prints, as a newcomer
+would (README, The first five minutes): a revocation that lasts across the simulator's
+next results, and the demo cup taken from its cutoff to FINAL by three people.
+
+`manage.py rundemo` runs on a fresh VAR_DIR with the README's defaults (SQLite and the
+embedded Redis), its simulators posting over HTTP; headless Chromium drives the console.
+Set SCREENSHOT_DIR to keep PNGs of the pages along the way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from tests import browser
+from tests.test_first_run import _free_port, fresh_env
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+# A moderately active player of the simulator (it picks low indices more often): one
+# result every few seconds at the rate below, so its next result comes soon after the
+# revocation, and a proposal is seldom overtaken by a new best meanwhile.
+PLAYER = "p000100"
+CUP_SECONDS = 60
+
+
+@dataclass
+class Demo:
+    base: str
+    passwords: dict[str, str]
+    cup: str
+    log: Path
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    port = _free_port()
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "rundemo", "--port", str(port), "--players", "1000", "--rate", "200",
+             "--cup-minutes", str(CUP_SECONDS / 60)],
+            cwd=browser.ROOT, env=fresh_env(tmp_path / "var", DEBUG="true"), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while "Ctrl-C stops everything" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        banner = log.read_text()
+        passwords = dict(re.findall(r"^\s+(viewer|reviewer|approver2?)\s+(\S+)\s+role", banner, re.M))
+        cup = re.search(r"demo cup\s+\S+/staff/seasons/([\w-]+)/", banner)
+        assert len(passwords) == 4 and cup, banner
+        yield Demo(base=f"http://127.0.0.1:{port}", passwords=passwords, cup=cup.group(1), log=log)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
+def api(base: str, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"{base}{path}", timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def ranked(base: str, player_id: str, *, at_least: int = 0, seconds: float = 30) -> dict[str, Any]:
+    """The player's rank answer, once it comes from version `at_least` or later."""
+    deadline = time.monotonic() + seconds
+    while True:
+        status, body = api(base, f"/v1/seasons/demo/players/{player_id}/rank")
+        if status == 200 and body["leaderboard_version"] >= at_least:
+            return body
+        assert time.monotonic() < deadline, (status, body)
+        time.sleep(0.5)
+
+
+async def signed_in(chromium: Any, demo: Demo, username: str, errors: list[str]) -> Any:
+    context = await chromium.new_context(viewport={"width": 1366, "height": 900})
+    page = await context.new_page()
+    page.set_default_timeout(20_000)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    await page.goto(f"{demo.base}/staff/login/")
+    await page.fill("input[name=username]", username)
+    await page.fill("input[name=password]", demo.passwords[username])
+    await page.click("#login-form button[type=submit]")
+    await page.wait_for_selector("#whoami")
+    return page
+
+
+async def until(page: Any, url: str, selector: str, seconds: float) -> None:
+    """Reload `url` until `selector` is on it (what the clock does takes a tick)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        await page.goto(url)
+        if await page.locator(selector).count():
+            return
+        assert time.monotonic() < deadline, f"{selector} never appeared on {url}"
+        await page.wait_for_timeout(1000)
+
+
+def test_a_newcomer_revokes_a_score_that_lasts_and_takes_the_cup_to_final(demo: Demo) -> None:
+    from playwright.async_api import async_playwright
+
+    before = ranked(demo.base, PLAYER)["score"]
+    revoked_to = before // 2
+    errors: list[str] = []
+
+    async def scenario(chromium: Any) -> None:
+        reviewer = await signed_in(chromium, demo, "reviewer", errors)
+        approver = await signed_in(chromium, demo, "approver", errors)
+        approver2 = await signed_in(chromium, demo, "approver2", errors)
+        assert (await reviewer.inner_text(".who .role")).strip() == "reviewer"
+
+        # --- a revocation from the player's page; two people; it lasts
+        await reviewer.goto(f"{demo.base}/staff/seasons/demo/players/{PLAYER}/")
+        await reviewer.click("text=Propose a revocation")
+        await reviewer.fill("input[name=new_score]", str(revoked_to))
+        await reviewer.fill("textarea[name=reason]", "replay shows an exploit in one match")
+        await reviewer.click("#revocation-form button[type=submit]")
+        await reviewer.wait_for_selector("#revocation-status")
+        revocation_url = reviewer.url
+        deciders = [approver, approver2]
+        for _ in range(4):
+            decider = deciders[0]
+            await decider.goto(revocation_url)
+            if await decider.locator("#approve-form").count():
+                await decider.fill("#approve-form input[name=reason]", "agreed after the replay")
+                await decider.click("#approve-form button[type=submit]")
+                await decider.wait_for_selector("#messages")
+                if (await decider.inner_text("#revocation-status")).strip() == "applied":
+                    break
+            else:
+                # A new best of the player since the proposal: re-propose on it; the other decides.
+                await decider.click("#retry-form button[type=submit]")
+                await decider.wait_for_selector("#messages")
+                deciders.reverse()
+        done = (await decider.inner_text("#messages")).strip()
+        match = re.search(r"score (\d+) -> (\d+) .*visible from leaderboard version (\d+)", done)
+        assert match and int(match.group(2)) == revoked_to, done
+        revoked_from = int(match.group(1))
+        await browser.shot(decider, "demo-revocation-approved")
+        after = ranked(demo.base, PLAYER, at_least=int(match.group(3)))
+        assert after["score"] == revoked_to
+
+        # The simulator's next result still counts the revoked match: held, not applied;
+        # then the simulator acknowledges the revocation with a correction.
+        player_page = f"{demo.base}/staff/seasons/demo/players/{PLAYER}/"
+        await until(reviewer, player_page, "#player-events .status-held", 60)
+        assert "score_revoked" in await reviewer.inner_text("#player-events")
+        await until(reviewer, player_page, "#player-events >> text=staff revocation acknowledged", 30)
+        await browser.shot(reviewer, "demo-revocation-held")
+        # Across the simulator's next results the board never shows the revoked score again.
+        for _ in range(6):
+            assert ranked(demo.base, PLAYER)["score"] < revoked_from
+            await reviewer.wait_for_timeout(1000)
+        await reviewer.goto(f"{demo.base}/staff/seasons/demo/late/")
+        assert "above a staff revocation" in await reviewer.inner_text("#late-table")
+
+        # --- the cup: closed by the clock at its cutoff, sealed, proposed, approved
+        cup_page = f"{demo.base}/staff/seasons/{demo.cup}/"
+        await until(approver, cup_page, "#season-state >> text=CLOSING", CUP_SECONDS + 60)
+        assert "Close now" not in await approver.inner_text("#lifecycle")
+        await approver.fill("#lifecycle input[name=reason]", "the cup is over")
+        await approver.click("#lifecycle button[type=submit]")
+        await approver.wait_for_selector("#season-state >> text=FINALIZING")
+        assert re.match(r"Ingest sealed at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", (await approver.inner_text(
+            "#messages")).strip())
+        final_page = f"{demo.base}/staff/seasons/{demo.cup}/final/"
+        await until(reviewer, final_page, ".candidate[data-status='built']", 60)
+        assert await reviewer.locator("#build-form").count() == 0  # the clock built it
+        await reviewer.fill(".propose-form input[name=reason]", "reconciliation clean")
+        await reviewer.click(".propose-form button[type=submit]")
+        await reviewer.wait_for_selector(".candidate[data-status='proposed']")
+        await approver2.goto(final_page)
+        await approver2.fill(".approve-form input[name=reason]", "checked")
+        await approver2.click(".approve-form button[type=submit]")
+        await approver2.wait_for_selector("#final-done")
+        await browser.shot(approver2, "demo-cup-final")
+
+        # --- the audit trail of it all, readable at the window's width
+        await approver2.goto(f"{demo.base}/staff/audit/")
+        table = await approver2.inner_text("#audit-table")
+        for action in ("revocation.approved", "season.ingest.sealed", "season.final.proposed",
+                       "season.final.approved"):
+            assert action in table, action
+        assert await approver2.evaluate("document.documentElement.scrollWidth") <= 1366
+        await browser.shot(approver2, "demo-audit")
+
+    async def body() -> None:
+        async with async_playwright() as pw:
+            chromium = await pw.chromium.launch(executable_path=browser.CHROMIUM, args=browser.CHROMIUM_ARGS)
+            try:
+                await scenario(chromium)
+            finally:
+                await chromium.close()
+
+    async_to_sync(body)()
+    assert errors == []
+    status, final = api(demo.base, f"/v1/seasons/{demo.cup}/final")
+    assert status == 200 and final["state"] == "FINAL" and len(final["content_hash"]) == 64, final
