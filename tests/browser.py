@@ -87,3 +87,22 @@ async def shot(page: Any, name: str) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         await page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+
+
+async def signed_in(chromium: Any, base: str, username: str, password: str, errors: list[str],
+                    viewport: tuple[int, int] = (1400, 1000)) -> Any:
+    """A page of a fresh browser context (its own cookies) signed in to the staff console
+    as `username`; the page's JavaScript errors go to `errors`."""
+    context = await chromium.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+    page = await context.new_page()
+    page.set_default_timeout(20_000)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    await page.goto(f"{base}/staff/")
+    assert "/staff/login/" in page.url  # anonymous: sent to the login page
+    await page.fill("input[name=username]", username)
+    await page.fill("input[name=password]", password)
+    await page.click("#login-form button[type=submit]")
+    await page.wait_for_selector("#whoami")
+    assert (await page.inner_text("#whoami")).strip() == username
+    assert page.url == f"{base}/staff/"
+    return page

@@ -10,16 +10,11 @@ Set SCREENSHOT_DIR to keep PNGs of the pages along the way.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +22,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from tests import browser
-from tests.test_first_run import _free_port, fresh_env
+from tests.support.demo import RunningDemo, demo_running
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -35,46 +30,17 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 # result every few seconds at the rate below, so its next result comes soon after the
 # revocation, and a proposal is seldom overtaken by a new best meanwhile.
 PLAYER = "p000100"
+CUP = "demo-cup"
 CUP_SECONDS = 60
 
 
-@dataclass
-class Demo:
-    base: str
-    passwords: dict[str, str]
-    cup: str
-    log: Path
-
-
 @pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Demo]:
-    port = _free_port()
-    log = tmp_path / "run.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "rundemo", "--port", str(port), "--players", "1000", "--rate", "200",
-             "--cup-minutes", str(CUP_SECONDS / 60)],
-            cwd=browser.ROOT, env=fresh_env(tmp_path / "var", DEBUG="true"), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while "Ctrl-C stops everything" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        banner = log.read_text()
-        passwords = dict(re.findall(r"^\s+(viewer|reviewer|approver2?)\s+(\S+)\s+role", banner, re.M))
-        cup = re.search(r"demo cup\s+\S+/staff/seasons/([\w-]+)/", banner)
-        assert len(passwords) == 4 and cup, banner
-        yield Demo(base=f"http://127.0.0.1:{port}", passwords=passwords, cup=cup.group(1), log=log)
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-    assert "Traceback" not in log.read_text(), log.read_text()
+def demo(tmp_path: Path) -> Iterator[RunningDemo]:
+    with demo_running(tmp_path / "var", "--players", "1000", "--rate", "200", "--cup-minutes", str(CUP_SECONDS / 60),
+                      DEBUG="true") as running:
+        assert len(running.passwords) == 4 and f"/staff/seasons/{CUP}/" in running.banner, running.banner
+        yield running
+    assert "Traceback" not in running.log.read_text(), running.log.read_text()
 
 
 def api(base: str, path: str) -> tuple[int, dict[str, Any]]:
@@ -96,19 +62,6 @@ def ranked(base: str, player_id: str, *, at_least: int = 0, seconds: float = 30)
         time.sleep(0.5)
 
 
-async def signed_in(chromium: Any, demo: Demo, username: str, errors: list[str]) -> Any:
-    context = await chromium.new_context(viewport={"width": 1366, "height": 900})
-    page = await context.new_page()
-    page.set_default_timeout(20_000)
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    await page.goto(f"{demo.base}/staff/login/")
-    await page.fill("input[name=username]", username)
-    await page.fill("input[name=password]", demo.passwords[username])
-    await page.click("#login-form button[type=submit]")
-    await page.wait_for_selector("#whoami")
-    return page
-
-
 async def until(page: Any, url: str, selector: str, seconds: float) -> None:
     """Reload `url` until `selector` is on it (what the clock does takes a tick)."""
     deadline = time.monotonic() + seconds
@@ -120,7 +73,7 @@ async def until(page: Any, url: str, selector: str, seconds: float) -> None:
         await page.wait_for_timeout(1000)
 
 
-def test_a_newcomer_revokes_a_score_that_lasts_and_takes_the_cup_to_final(demo: Demo) -> None:
+def test_a_newcomer_revokes_a_score_that_lasts_and_takes_the_cup_to_final(demo: RunningDemo) -> None:
     from playwright.async_api import async_playwright
 
     before = ranked(demo.base, PLAYER)["score"]
@@ -128,9 +81,9 @@ def test_a_newcomer_revokes_a_score_that_lasts_and_takes_the_cup_to_final(demo: 
     errors: list[str] = []
 
     async def scenario(chromium: Any) -> None:
-        reviewer = await signed_in(chromium, demo, "reviewer", errors)
-        approver = await signed_in(chromium, demo, "approver", errors)
-        approver2 = await signed_in(chromium, demo, "approver2", errors)
+        reviewer, approver, approver2 = [
+            await browser.signed_in(chromium, demo.base, name, demo.passwords[name], errors, viewport=(1366, 900))
+            for name in ("reviewer", "approver", "approver2")]
         assert (await reviewer.inner_text(".who .role")).strip() == "reviewer"
 
         # --- a revocation from the player's page; two people; it lasts
@@ -179,7 +132,7 @@ def test_a_newcomer_revokes_a_score_that_lasts_and_takes_the_cup_to_final(demo: 
         assert "above a staff revocation" in await reviewer.inner_text("#late-table")
 
         # --- the cup: closed by the clock at its cutoff, sealed, proposed, approved
-        cup_page = f"{demo.base}/staff/seasons/{demo.cup}/"
+        cup_page = f"{demo.base}/staff/seasons/{CUP}/"
         await until(approver, cup_page, "#season-state >> text=CLOSING", CUP_SECONDS + 60)
         assert "Close now" not in await approver.inner_text("#lifecycle")
         await approver.fill("#lifecycle input[name=reason]", "the cup is over")
@@ -187,7 +140,7 @@ def test_a_newcomer_revokes_a_score_that_lasts_and_takes_the_cup_to_final(demo: 
         await approver.wait_for_selector("#season-state >> text=FINALIZING")
         assert re.match(r"Ingest sealed at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", (await approver.inner_text(
             "#messages")).strip())
-        final_page = f"{demo.base}/staff/seasons/{demo.cup}/final/"
+        final_page = f"{demo.base}/staff/seasons/{CUP}/final/"
         await until(reviewer, final_page, ".candidate[data-status='built']", 60)
         assert await reviewer.locator("#build-form").count() == 0  # the clock built it
         await reviewer.fill(".propose-form input[name=reason]", "reconciliation clean")
@@ -218,5 +171,5 @@ def test_a_newcomer_revokes_a_score_that_lasts_and_takes_the_cup_to_final(demo: 
 
     async_to_sync(body)()
     assert errors == []
-    status, final = api(demo.base, f"/v1/seasons/{demo.cup}/final")
+    status, final = api(demo.base, f"/v1/seasons/{CUP}/final")
     assert status == 200 and final["state"] == "FINAL" and len(final["content_hash"]) == 64, final

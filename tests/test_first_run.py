@@ -20,14 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def fresh_env(var_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"SECRET_KEY", "DEBUG", "DATABASE_URL", "REDIS_URL", "REDIS_CLUSTER", "CELERY_BROKER_URL",
-                        "CHANNEL_LAYER_URL", "DJANGO_SETTINGS_MODULE"}}
-    return {**env, "VAR_DIR": str(var_dir), **extra}
+from tests.support.demo import ROOT, demo_running, free_port, fresh_env
 
 
 def manage(var_dir: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -100,12 +93,6 @@ def test_a_deployment_without_secret_key_refuses_to_start(tmp_path: Path) -> Non
     assert "SECRET_KEY is required" in result.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _staff_login(base: str, username: str, password: str) -> str:
     """Sign in through the login form (CSRF and all); returns the page it lands on."""
     jar = http.cookiejar.CookieJar()
@@ -123,27 +110,13 @@ def _staff_login(base: str, username: str, password: str) -> str:
 
 @pytest.mark.slow
 def test_make_run_prints_every_url_and_demo_logins_then_stops_in_order(tmp_path: Path) -> None:
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = tmp_path / "run.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "rundemo", "--port", str(port), "--players", "200", "--rate", "100"],
-            cwd=ROOT, env=fresh_env(tmp_path / "var", DEBUG="true"), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while "Ctrl-C stops everything" not in log.read_text():
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        banner = log.read_text()
+    with demo_running(tmp_path / "var", "--players", "200", "--rate", "100", DEBUG="true") as demo:
+        base, banner, log, port = demo.base, demo.banner, demo.log, demo.port
         for url in ("/seasons/demo/live", "/staff/", "/v1/seasons/demo/leaderboard/top", "/api/docs/",
-                    "/internal/v1/seasons/demo/scores:apply", "/healthz", "/readyz"):
+                    "/internal/v1/seasons/demo/scores:apply", "/healthz", "/readyz", "/staff/seasons/demo-cup/"):
             assert f"{base}{url}" in banner, url
         assert "/admin/" not in banner, "the banner advertises a page no demo user can sign in to"
-        users = dict(re.findall(r"^\s+(viewer|reviewer|approver2?)\s+(\S+)\s+role", banner, re.M))
+        users = demo.passwords
         assert set(users) == {"viewer", "reviewer", "approver", "approver2"}
         assert _staff_login(base, "approver2", users["approver2"]).endswith("/staff/")
         # The token is in a private file, and in no process's command line.
@@ -154,14 +127,7 @@ def test_make_run_prints_every_url_and_demo_logins_then_stops_in_order(tmp_path:
         with urllib.request.urlopen(f"{base}/seasons/demo/live", timeout=10) as page:
             assert page.status == 200
         before_stop = log.read_text()
-    finally:
         started = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
-        try:
-            proc.wait(timeout=20)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
     took = time.monotonic() - started
     output = log.read_text()
     shutdown = output[len(before_stop):]
@@ -179,7 +145,7 @@ def test_ctrl_c_in_a_terminal_stops_make_run_quietly(tmp_path: Path) -> None:
     noise to what it printed."""
     import pty
 
-    port = _free_port()
+    port = free_port()
     env = fresh_env(tmp_path / "var", PORT=str(port))
     pid, master = pty.fork()
     if pid == 0:  # the child: a new session whose controlling terminal is the pty
@@ -230,27 +196,9 @@ def test_the_season_lifecycle_example_runs_in_the_order_printed(tmp_path: Path) 
     with the demo service running (its worker and beat), takes a new season to FINAL."""
     block = docs_block("operations.md", "### season_lifecycle")
     assert "create_season cup-1" in block and block.rstrip().endswith("season_lifecycle cup-1 approve --as bob")
-    port = _free_port()
     var = tmp_path / "var"
-    log = tmp_path / "run.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "rundemo", "--port", str(port), "--no-simulator"],
-            cwd=ROOT, env=fresh_env(var), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while "Ctrl-C stops everything" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+    with demo_running(var, "--no-simulator"):
         done = subprocess.run(["bash", "-e", "-x", "-c", block], cwd=ROOT, env=fresh_env(var), capture_output=True,
                               text=True, timeout=180)
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.rstrip().endswith("cup-1: FINAL"), done.stdout
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)

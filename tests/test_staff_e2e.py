@@ -71,21 +71,8 @@ def browse(scenario: Callable[[Any, list[str]], Awaitable[None]]) -> list[str]:
     return errors
 
 
-async def signed_in(browser: Any, base: str, username: str, errors: list[str]) -> Any:
-    """A page of a fresh browser context (its own cookies) signed in as `username`."""
-    context = await browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = await context.new_page()
-    page.set_default_timeout(15_000)
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    await page.goto(f"{base}/staff/")
-    assert "/staff/login/" in page.url  # anonymous: sent to the login page
-    await page.fill("input[name=username]", username)
-    await page.fill("input[name=password]", PASSWORD)
-    await page.click("#login-form button[type=submit]")
-    await page.wait_for_selector("#whoami")
-    assert (await page.inner_text("#whoami")).strip() == username
-    assert page.url == f"{base}/staff/"
-    return page
+async def signed_in(chromium: Any, base: str, username: str, errors: list[str]) -> Any:
+    return await browser.signed_in(chromium, base, username, PASSWORD, errors)
 
 
 async def message(page: Any) -> str:
