@@ -11,7 +11,7 @@ publishes version 1. Then, for each change count K, rounds of:
    points, the rest `correction` events lowering it by at least 10,000 (players already
    in the first bucket always go up). The ingest rate is printed too.
 2. After the copy grace period (COPY_GRACE_SECONDS, so the epoch never sleeps for it),
-   leaderboard.views.materializer.season_epoch_run is timed: read the change stream since the
+   leaderboard.views.epoch.season_epoch_run is timed: read the change stream since the
    older copy's watermark, apply it in fenced MULTI/EXEC chunks, verify counts, build
    the top 100, store the manifest, swap the pointer (`publish ms`: the version is
    served from here on, EpochResult.duration_ms), then record the manifest row, notify
@@ -271,7 +271,7 @@ def run_cell(season: Any, maker: ChangeMaker, r: Any, cell: Cell, args: argparse
 
     from leaderboard.recovery.rebuild import season_epoch_advance
     from leaderboard.views.invariants import version_check
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
 
     catch_up = MODES[cell.mode]
     grace = settings.COPY_GRACE_SECONDS + 0.05

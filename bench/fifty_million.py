@@ -110,7 +110,7 @@ def season_find(reuse: str) -> Any:
 def version_published(season: Any) -> int:
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
 
     return rankview.pointer_get(redis_get(), season_keys(season)) or 0
 
@@ -165,7 +165,8 @@ def step_memory(args: argparse.Namespace, players: int, season: Any, out: dict[s
 
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import COPIES, season_keys
+    from leaderboard.views.epoch import COPIES
+    from leaderboard.views.season_index import season_keys
 
     r = redis_get()
     info = r.info("memory")
@@ -333,7 +334,7 @@ def step_final(args: argparse.Namespace, players: int, season: Any, out: dict[st
     from leaderboard.recovery.reconcile import version_reconcile
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
 
     out.update(final.run_once(season, players, explain=False))
     print(f"# FINAL standings write {out['write_s']:.0f}s (hash alone {out['hash_s']:.0f}s), rolled back", flush=True)

@@ -39,7 +39,7 @@ def check_once(slug: str) -> dict[str, Any]:
     from leaderboard.recovery.reconcile import version_reconcile
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
     from seasons.models import Season
 
     season = (Season.objects.filter(slug__startswith="bench-50m-").order_by("-pk").first() if slug == "last"

@@ -3,7 +3,7 @@
 
 1. The loader (bench/loader.py) fills a fresh season (default 1M players), version 1.
 2. An epoch process starts (this script, --role epoch-loop): a loop that calls
-   leaderboard.views.materializer.season_epoch_run every EPOCH_SECONDS (default 1.0) on a
+   leaderboard.views.epoch.season_epoch_run every EPOCH_SECONDS (default 1.0) on a
    fixed-rate schedule, like Celery beat's interval, running a late tick at once and
    skipping ticks it missed. (A loop rather than Celery beat + worker: epochs_dispatch
    would also run epochs for every other season left in the benchmark database.) Each

@@ -76,7 +76,7 @@ def _constant(value: Any) -> Callable[[Any], Any]:
 
 def instrument(trace: Trace, *, baseline: bool) -> list[tuple[Any, str, Any]]:
     from leaderboard.core.gc_pause import gc_paused
-    from leaderboard.views import materializer, rankview
+    from leaderboard.views import build, rankview
     from leaderboard.views.rankview import fence
 
     undo: list[tuple[Any, str, Any]] = []
@@ -85,7 +85,7 @@ def instrument(trace: Trace, *, baseline: bool) -> list[tuple[Any, str, Any]]:
         # whole, the collector off only while a batch is encoded (back on while it is alive).
         for name, value in (("BUILD_LEASE_SECONDS", 0.0), ("BUILD_FETCH_PIECE", 1 << 40),
                             ("gc_paused", contextlib.nullcontext)):
-            _patch(materializer, name, _constant(value), undo)
+            _patch(build, name, _constant(value), undo)
 
         def paused(real: Any) -> Any:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -93,7 +93,7 @@ def instrument(trace: Trace, *, baseline: bool) -> list[tuple[Any, str, Any]]:
                     return real(*args, **kwargs)
             return wrapper
 
-        _patch(materializer, "_build_writes", paused, undo)
+        _patch(build, "_build_writes", paused, undo)
         _patch(rankview, "nodes_pack", paused, undo)
 
     def renew(real: Any) -> Any:
@@ -132,8 +132,8 @@ def instrument(trace: Trace, *, baseline: bool) -> list[tuple[Any, str, Any]]:
 
     _patch(fence, "lease_renew", renew, undo)
     _patch(psycopg.ServerCursor, "fetchmany", step("fetchmany (psycopg converts the rows)"), undo)
-    _patch(materializer, "_score_batches", batches, undo)
-    _patch(materializer, "_build_writes", step("encode a batch (_build_writes)"), undo)
+    _patch(build, "_score_batches", batches, undo)
+    _patch(build, "_build_writes", step("encode a batch (_build_writes)"), undo)
     _patch(rankview, "nodes_pack", step("pack a batch (nodes_pack)"), undo)
     _patch(rankview, "copy_verify_counts", step("verify counts + shard sizes"), undo)
     _patch(rankview, "copy_drop", step("drop the old copy"), undo)
@@ -161,7 +161,8 @@ def probe(trace: Trace, stop: threading.Event, build_thread: threading.Thread, e
 def copy_drop_idle(season: Any) -> str:
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import season_keys, season_lease_acquire
+    from leaderboard.views.epoch import season_lease_acquire
+    from leaderboard.views.season_index import season_keys
 
     r = redis_get()
     keys = season_keys(season)
@@ -191,7 +192,7 @@ def run_once(season: Any, run: int, lease_seconds: float, *, baseline: bool) -> 
     from leaderboard.recovery.rebuild import season_epoch_advance
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
 
     r = redis_get()
     idle = copy_drop_idle(season)
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     (batch,) = benchenv.parse_counts(args.batch)
     benchenv.environment_prepare(args)
     print(benchenv.machine_line())
-    from leaderboard.views import materializer
+    from leaderboard.views import build
     from seasons.models import Season
 
     if args.reuse:
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         season = loader.load_season(players=players, seed=args.seed, kind=KIND).season
     print(f"# season {season.slug}; build batches of {batch:,} rows; lease {args.lease_seconds} s", flush=True)
-    materializer.BUILD_BATCH = materializer.BUILD_BATCH_MAX = batch
+    build.BUILD_BATCH = build.BUILD_BATCH_MAX = batch
     try:
         modes = args.modes.split(",")
         outcomes: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}

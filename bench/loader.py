@@ -6,7 +6,7 @@
    (leaderboard_scoreevent: one `result` event per player, status applied, with its real
    payload hash) are copied too; off by default because it doubles the load time and
    the views are built from the current-scores table alone.
-2. The bucketed index, both copies its sides, is built with leaderboard.views.materializer.season_copies_build
+2. The bucketed index, both copies its sides, is built with leaderboard.views.build.season_copies_build
    (one REPEATABLE READ snapshot each, under a fenced lease taken for the build), then
    season_epoch_run publishes version 1.
 3. Prints the load time, build time and rates, Redis memory before/after each copy, and
@@ -236,12 +236,9 @@ def views_build(result: LoadResult, *, verbose: bool = True) -> None:
     from leaderboard.recovery.rebuild import season_epoch_advance
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import (
-        COPIES,
-        season_copies_build,
-        season_keys,
-        season_lease_acquire,
-    )
+    from leaderboard.views.build import season_copies_build
+    from leaderboard.views.epoch import COPIES, season_lease_acquire
+    from leaderboard.views.season_index import season_keys
 
     season = result.season
     r = redis_get()
@@ -368,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             from leaderboard.redis_client import redis_get
             from leaderboard.views.invariants import version_check
-            from leaderboard.views.materializer import season_keys
+            from leaderboard.views.season_index import season_keys
 
             started = time.perf_counter()
             check = version_check(r=redis_get(), keys=season_keys(result.season), sample=200, seed=1)

@@ -61,7 +61,7 @@ def measure(players: int, args: argparse.Namespace) -> dict[str, Any]:
     from leaderboard.recovery.rebuild import season_epoch_advance
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
 
     r = redis_get()
     result = loader.load_season(players=players, seed=args.seed, kind="memory", verbose=True)

@@ -134,7 +134,7 @@ def recovery_once(season: Any, run: int) -> tuple[float, float, float, float, fl
     from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
     from leaderboard.redis_client import redis_get
     from leaderboard.views import rankview
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
 
     r = redis_get()
     keys = season_keys(season)
@@ -169,7 +169,7 @@ def recovery_once(season: Any, run: int) -> tuple[float, float, float, float, fl
 def run_size(players: int, args: argparse.Namespace) -> Size:
     from leaderboard.redis_client import redis_get
     from leaderboard.views.invariants import version_check
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
 
     size = Size(players=players)
     started = time.perf_counter()

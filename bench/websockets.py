@@ -12,7 +12,7 @@
    --subscribed share of them with ?player_id= (random players of the season), and wait
    for each socket's snapshot.
 4. --versions rounds: --changes random players change score through the real write path
-   (bench/epoch.py's ChangeMaker and ingest), then leaderboard.views.materializer.season_epoch_run
+   (bench/epoch.py's ChangeMaker and ingest), then leaderboard.views.epoch.season_epoch_run
    publishes the version (its on-commit hook does the one group_send). The pointer swap is
    timestamped (rankview.pointer_publish, wrapped in this process) and every client
    timestamps the arrival of that version's message (same machine, same clock). The next

@@ -41,7 +41,7 @@ from leaderboard.models import ScoreChange
 from leaderboard.recovery.reconcile import display_order_sql, version_reconcile
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
-from leaderboard.views.materializer import season_keys
+from leaderboard.views.season_index import season_keys
 from seasons.models import FinalCandidate, FinalStanding, Season
 from seasons.selectors import final_candidate_current, final_line_format
 

@@ -11,7 +11,7 @@ import pytest
 
 from leaderboard.models import RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run, season_rebuild_start
-from leaderboard.views import materializer
+from leaderboard.views import build
 from seasons.models import Season
 from tests.support import NARROW, TEST_ACTOR, Events, assert_matches_ledger, post_ok, publish
 
@@ -26,9 +26,9 @@ def test_build_batches_are_capped_whatever_the_shard_fill(season_factory: Callab
     post_ok(post_scores, season, [ev.result(f"p{i:03d}", (i * 37) % 1000) for i in range(150)])
     publish(season)
     # 16 shards x 4 = 64 rows a batch by the fill; the cap makes it 25.
-    monkeypatch.setattr(materializer, "BUILD_BATCH", 10)
-    monkeypatch.setattr(materializer, "BUILD_SHARD_FILL", 4)
-    monkeypatch.setattr(materializer, "BUILD_BATCH_MAX", 25)
+    monkeypatch.setattr(build, "BUILD_BATCH", 10)
+    monkeypatch.setattr(build, "BUILD_SHARD_FILL", 4)
+    monkeypatch.setattr(build, "BUILD_BATCH_MAX", 25)
     job = season_rebuild_start(season=season, actor=TEST_ACTOR, reason="batch cap", enqueue=False)
     dones: list[int] = []
 

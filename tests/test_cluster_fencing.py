@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from leaderboard.core.slots import bucket_group
-from leaderboard.views import materializer, rankview
+from leaderboard.views import epoch as views_epoch
+from leaderboard.views import rankview
 from leaderboard.views.rankview.wire import node_clients
 from seasons.models import Season
 from tests.support import (
@@ -55,10 +56,10 @@ def _season_published(season: Season, post_scores: Post) -> None:
 
 def test_a_stale_token_is_refused_by_every_group_on_every_master(season: Season, post_scores: Post) -> None:
     _season_published(season, post_scores)
-    r, keys = materializer.redis_get(), keys_of(season)
+    r, keys = views_epoch.redis_get(), keys_of(season)
     manifest = current_manifest(season)
     # A coordinator takes the season over: its token is stamped into every group.
-    token = materializer.season_lease_acquire(season=season, r=r, ttl_ms=2000)
+    token = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=2000)
     assert token is not None
     rankview.lease_release(r, keys, token)
     # The copy's data is its index's (both copies' sides of it): fences, buckets, lookup.
@@ -91,7 +92,7 @@ def test_a_stale_token_is_refused_by_every_group_on_every_master(season: Season,
 def test_a_coordinator_killed_between_masters_leaves_a_copy_the_next_epoch_rebuilds(
         season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch) -> None:
     _season_published(season, post_scores)
-    r, keys = materializer.redis_get(), keys_of(season)
+    r, keys = views_epoch.redis_get(), keys_of(season)
     reader = reader_of(season)
     served = board_read(reader)
     ev = Events()
@@ -127,7 +128,7 @@ def test_a_coordinator_killed_between_masters_leaves_a_copy_the_next_epoch_rebui
 
 def test_a_version_is_published_only_once_every_group_took_its_writes(season: Season, post_scores: Post) -> None:
     _season_published(season, post_scores)
-    r, keys = materializer.redis_get(), keys_of(season)
+    r, keys = views_epoch.redis_get(), keys_of(season)
     current = current_manifest(season)
     idle = "1" if current.copy == "0" else "0"
     ev = Events()

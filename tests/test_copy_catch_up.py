@@ -1,4 +1,4 @@
-"""The older copy's catch-up after a publication (materializer.season_idle_copy_catch_up,
+"""The older copy's catch-up after a publication (views_epoch.season_idle_copy_catch_up,
 EPOCH_CATCH_UP): it waits out the grace period, holds exactly the current version
 afterwards, lets the next epoch apply each change once, and is fenced like the epoch.
 An epoch that comes due while the lease is held runs when the holder is done."""
@@ -14,8 +14,9 @@ import pytest
 from django.db import connection
 
 from leaderboard.recovery.rebuild import season_epoch_advance
-from leaderboard.views import materializer, rankview
-from leaderboard.views.materializer import season_idle_copy_catch_up
+from leaderboard.views import epoch as views_epoch
+from leaderboard.views import rankview
+from leaderboard.views.epoch import season_idle_copy_catch_up
 from seasons.models import Season
 from tests.support import (
     Events,
@@ -46,7 +47,7 @@ class EpochInBackground:
         post_ok(post_scores, season, [ev.result("p0", 50)])
         publish(season)
         post_ok(post_scores, season, [ev.result("p0", 60)])
-        self.r = materializer.redis_get()
+        self.r = views_epoch.redis_get()
         self.keys = keys_of(season)
         before = rankview.pointer_get(self.r, self.keys)
         assert before is not None
@@ -81,16 +82,16 @@ def published_twice(season: Season, post_scores: Post) -> tuple[Any, rankview.Ke
     publish(season)
     post_ok(post_scores, season, [ev.result("a", 3)])
     publish(season)
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
-    token = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+    token = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert token is not None
     return r, keys, token
 
 
 def idle_copy(season: Season) -> str:
     current = current_manifest(season).copy
-    return next(c for c in rankview.copies_get(materializer.redis_get(), keys_of(season)) if c != current)
+    return next(c for c in rankview.copies_get(views_epoch.redis_get(), keys_of(season)) if c != current)
 
 
 def test_after_a_publication_the_older_copy_holds_the_current_version(season: Season, post_scores: Post) -> None:
@@ -144,13 +145,13 @@ def test_the_catch_up_applies_the_rows_its_epoch_read_without_reading_the_stream
     post_ok(post_scores, season, [ev.result("p0", 100)])
     publish(season)
     reads: list[Any] = []
-    real = materializer.score_change_heads_after
+    real = views_epoch.score_change_heads_after
 
     def counting(**kwargs: Any) -> Any:
         reads.append(kwargs["cursor"])
         return real(**kwargs)
 
-    monkeypatch.setattr(materializer, "score_change_heads_after", counting)
+    monkeypatch.setattr(views_epoch, "score_change_heads_after", counting)
     post_ok(post_scores, season, [ev.result("p1", 101), ev.correction("p2", 0), ev.result("new", 7)])
     result = epoch(season)
     assert result.status == "published" and result.catch_up_ms is not None
@@ -184,7 +185,7 @@ def test_a_coordinator_that_lost_its_lease_cannot_touch_the_older_copy(season: S
     settings.EPOCH_CATCH_UP = False
     r, keys, stale = published_twice(season, post_scores)
     r.delete(keys.lease)  # its lease expired...
-    newer = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # ...and another coordinator took it
+    newer = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # ...and another coordinator took it
     assert newer is not None
     idle = idle_copy(season)
     gen_before = copy_contents(season, idle)[0].gen

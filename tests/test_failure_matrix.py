@@ -38,7 +38,7 @@ from leaderboard.recovery.rebuild import (
 )
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
-from leaderboard.views.materializer import season_epoch_run_locked, season_lease_acquire
+from leaderboard.views.epoch import season_epoch_run_locked, season_lease_acquire
 from leaderboard.views.selectors import leaderboard_reader
 from seasons.models import Season
 from seasons.services import season_seal_ingest

@@ -22,7 +22,7 @@ from leaderboard.models import LateResult, PlayerScore
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
-from leaderboard.views.materializer import season_keys
+from leaderboard.views.season_index import season_keys
 from seasons.models import FinalCandidate, FinalCorrection, FinalStanding, Season
 from seasons.services import (
     FinalNotReady,

@@ -11,7 +11,8 @@ import pytest
 
 from leaderboard import tasks
 from leaderboard.redis_client import redis_get
-from leaderboard.views import materializer, rankview
+from leaderboard.views import build, rankview
+from leaderboard.views import epoch as views_epoch
 from seasons.models import Season
 from tests.support import (
     Events,
@@ -49,8 +50,8 @@ def _copies_state(r: Any, keys: rankview.Keys, *names: str) -> set[str]:
 
 
 def _small_build_batches(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
-    monkeypatch.setattr(materializer, "BUILD_BATCH", size)
-    monkeypatch.setattr(materializer, "BUILD_BATCH_MAX", size)
+    monkeypatch.setattr(build, "BUILD_BATCH", size)
+    monkeypatch.setattr(build, "BUILD_BATCH_MAX", size)
 
 
 def test_a_build_that_loses_its_lease_midway_leaves_its_copy_broken_and_the_next_holder_rebuilds_it(
@@ -63,7 +64,7 @@ def test_a_build_that_loses_its_lease_midway_leaves_its_copy_broken_and_the_next
 
     # Another coordinator takes the season while the build is on its fourth batch: its
     # stamps refuse the rest of the build's writes.
-    real = materializer._build_writes
+    real = build._build_writes
     built = {"batches": 0}
     thief: dict[str, int | None] = {}
 
@@ -71,13 +72,13 @@ def test_a_build_that_loses_its_lease_midway_leaves_its_copy_broken_and_the_next
         built["batches"] += 1
         if built["batches"] == 4:
             r.delete(keys.lease)
-            thief["token"] = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+            thief["token"] = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
         return real(*args)
 
-    monkeypatch.setattr(materializer, "_build_writes", stealing)
+    monkeypatch.setattr(build, "_build_writes", stealing)
     with pytest.raises(rankview.FenceLost):
         epoch(season)
-    monkeypatch.setattr(materializer, "_build_writes", real)
+    monkeypatch.setattr(build, "_build_writes", real)
     token = thief["token"]
     assert token is not None and r.get(keys.lease) == str(token).encode()
 
@@ -105,7 +106,7 @@ def test_a_lease_that_expires_mid_build_stops_the_build_at_its_next_batch(
     events, building, other = _season_to_build(season)
     apply_events(season, [events.result("p0003", 7_777)])
     _small_build_batches(monkeypatch, 50)
-    real = materializer._build_writes
+    real = build._build_writes
     built = {"batches": 0}
 
     def expiring(*args: Any) -> Any:
@@ -114,10 +115,10 @@ def test_a_lease_that_expires_mid_build_stops_the_build_at_its_next_batch(
             r.delete(keys.lease)
         return real(*args)
 
-    monkeypatch.setattr(materializer, "_build_writes", expiring)
+    monkeypatch.setattr(build, "_build_writes", expiring)
     with caplog.at_level("WARNING"):
         assert tasks.season_epoch(season.pk) == "lease lost"
-    monkeypatch.setattr(materializer, "_build_writes", real)
+    monkeypatch.setattr(build, "_build_writes", real)
     assert built["batches"] == 3, "the build went on writing without its lease"
     assert f"lease was lost while building copy {building}, {other}" in caplog.text
     assert "the epoch lost the season's lease and published nothing" in caplog.text
@@ -172,7 +173,7 @@ def test_a_lease_lost_after_the_build_landed_leaves_a_copy_the_next_holder_finis
 
     def stolen_before_finish(*args: Any, **kwargs: Any) -> Any:
         r.delete(keys.lease)
-        materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+        views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
         return real_finish(*args, **kwargs)
 
     monkeypatch.setattr(rankview, "copy_finish", stolen_before_finish)

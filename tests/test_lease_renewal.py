@@ -15,7 +15,7 @@ import pytest
 
 from leaderboard.recovery.rebuild import season_epoch_advance
 from leaderboard.redis_client import redis_get
-from leaderboard.views import materializer, rankview
+from leaderboard.views import epoch, rankview
 from seasons.models import Season
 from tests.support import Events, apply_events
 from tests.support.cluster import redis_cli_target
@@ -56,7 +56,7 @@ def test_a_takeover_still_stops_a_fenced_write_at_once(season: Season) -> None:
     keys = keys_of(season)
     apply_events(season, [Events(season.slug).result("a", 10)])
     publish(season)
-    stale = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+    stale = epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert stale is not None
     r.set(keys.lease, stale + 1)  # another coordinator's token
     with pytest.raises(rankview.FenceLost):
@@ -127,7 +127,7 @@ def test_a_build_loops_renewal_rides_out_one_redis_error_but_never_renews_a_lost
 
     r = redis_get()
     keys = keys_of(season)
-    token = materializer.season_lease_acquire(season=season, r=r, ttl_ms=1_000)
+    token = epoch.season_lease_acquire(season=season, r=r, ttl_ms=1_000)
     assert token is not None
     keeper = LeaseKeeper(r, keys, token, ttl_ms=1_000, max_seconds=60)  # not started: the loop renews alone
     real_eval = r.eval
@@ -151,7 +151,7 @@ def test_a_build_loops_renewal_rides_out_one_redis_error_but_never_renews_a_lost
     with pytest.raises(redis.ConnectionError):
         keeper.renew()
     # Expired meanwhile and taken over: lost for good, whatever Redis answers next.
-    assert materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is not None
+    assert epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is not None
     with pytest.raises(FenceLost):
         keeper.renew()
     failing["n"] = 1

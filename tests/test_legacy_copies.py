@@ -18,7 +18,7 @@ from leaderboard.core.tiebreak import index_key
 from leaderboard.models import RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
 from leaderboard.redis_client import redis_cluster_of
-from leaderboard.views import materializer, rankview
+from leaderboard.views import epoch, rankview
 from leaderboard.views.rankview.copies import hidden_keys_of
 from leaderboard.views.rankview.keys import legacy_data_keys
 from seasons.models import Season
@@ -83,7 +83,7 @@ def _legacy_names(r: redis.Redis, keys: rankview.Keys) -> list[bytes]:
 
 def test_copies_made_before_slot_groups_are_recovered_rebuilt_and_dropped(season: Season, post_scores: Post
                                                                           ) -> None:
-    r, keys = materializer.redis_get(), keys_of(season)
+    r, keys = epoch.redis_get(), keys_of(season)
     if redis_cluster_of(r) is not None:
         pytest.skip("a copy with the old key names spans slots: only a single Redis ever held one")
     ev = Events()

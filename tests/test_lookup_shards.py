@@ -24,7 +24,7 @@ from leaderboard.recovery.rebuild import rebuild_run
 from leaderboard.redis_client import redis_get
 from leaderboard.tasks import rebuild_run_task
 from leaderboard.views import rankview
-from leaderboard.views.materializer import SHARDS_OUTGROWN_REASON
+from leaderboard.views.epoch import SHARDS_OUTGROWN_REASON
 from seasons.models import Season
 from tests.support import Events, Profiles, apply_events, db_scores, db_standings, full_check, players
 from tests.support.publication import RoundTrips, current_manifest, keys_of, publish

@@ -19,7 +19,8 @@ from leaderboard.models import RebuildJob, ScoreChange
 from leaderboard.recovery.rebuild import rebuild_run, season_rebuild_start
 from leaderboard.recovery.reconcile import reconciliation_run
 from leaderboard.redis_client import redis_get
-from leaderboard.views import materializer, rankview
+from leaderboard.views import epoch as views_epoch
+from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support import NARROW, TEST_ACTOR, Events, current_manifest, epoch, keys_of, ledger_rows, post_ok, publish
 
@@ -196,7 +197,7 @@ def test_metrics_are_best_effort_for_the_epoch(season_factory: Callable[..., Sea
     def down(**kwargs: Any) -> None:
         raise redis.ConnectionError("metrics Redis is down")
 
-    monkeypatch.setattr(materializer, "metrics_epoch_observe", down)
+    monkeypatch.setattr(views_epoch, "metrics_epoch_observe", down)
     assert publish(season) == 1  # published all the same
     assert rankview.pointer_get(redis_get(), keys_of(season)) == 1
     monkeypatch.undo()

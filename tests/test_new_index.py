@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from leaderboard.redis_client import redis_get
-from leaderboard.views import materializer, rankview
+from leaderboard.views import epoch as views_epoch
+from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support import (
     NARROW,
@@ -78,7 +79,7 @@ def test_a_coordinator_that_dies_before_publishing_a_new_index_leaves_it_to_the_
     def dies(**_: Any) -> int:
         raise RuntimeError("killed after the build")
 
-    monkeypatch.setattr(materializer, "copy_changes_apply", dies)
+    monkeypatch.setattr(views_epoch, "copy_changes_apply", dies)
     with pytest.raises(RuntimeError, match="killed after the build"):
         epoch(season)
     monkeypatch.undo()
@@ -98,7 +99,7 @@ def test_a_coordinator_that_dies_after_publishing_leaves_the_replaced_copies_to_
         broken: tuple[Season, Events], post_scores: Post, monkeypatch: pytest.MonkeyPatch) -> None:
     season, ev = broken
     before = current_manifest(season)
-    monkeypatch.setattr(materializer, "_copies_retire", lambda **_: None)
+    monkeypatch.setattr(views_epoch, "_copies_retire", lambda **_: None)
     assert publish(season) == before.version + 1
     monkeypatch.undo()
     assert index_keys(season, before.index), "the replaced copies are still there"
@@ -119,11 +120,11 @@ def test_one_coordinator_building_two_new_indexes_gives_each_names_of_its_own(
     season, ev = broken
     r = redis_get()
     keys = keys_of(season)
-    token = materializer.season_lease_acquire(season=season, r=r, ttl_ms=60_000)
+    token = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=60_000)
     assert token is not None
     try:
         def run() -> None:
-            result = materializer.season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
+            result = views_epoch.season_epoch_run_locked(season=season, r=r, keys=keys, token=token)
             assert result.status == "published", result
 
         run()  # the broken idle copy: a new index

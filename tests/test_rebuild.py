@@ -29,7 +29,7 @@ from leaderboard.recovery.rebuild import (
 )
 from leaderboard.redis_client import redis_get
 from leaderboard.tasks import rebuild_run_task
-from leaderboard.views import materializer, rankview
+from leaderboard.views import build, rankview, season_index
 from seasons.models import Season
 from tests.support import (
     NARROW,
@@ -80,8 +80,8 @@ def season_data_keys(season: Season, copy: str) -> list[bytes]:
 def test_progress_is_persisted_with_rate_and_eta(season_factory: Callable[..., Season], post_scores: Post,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     season, _ = seeded(season_factory, post_scores, "progress", players=120)
-    monkeypatch.setattr(materializer, "BUILD_BATCH", 25)  # several progress steps per copy
-    monkeypatch.setattr(materializer, "BUILD_SHARD_FILL", 0)  # not 4 x the 16 shards
+    monkeypatch.setattr(build, "BUILD_BATCH", 25)  # several progress steps per copy
+    monkeypatch.setattr(build, "BUILD_SHARD_FILL", 0)  # not 4 x the 16 shards
     job = season_rebuild_start(season=season, actor=TEST_ACTOR, reason="drill", enqueue=False)
     assert (job.status, job.done, job.total, job.percent, job.copy) == ("queued", 0, 0, 0.0, "")
     seen: list[tuple[str, int, int, float, float | None]] = []
@@ -133,7 +133,7 @@ def test_one_active_job_per_season(season_factory: Callable[..., Season], post_s
     with pytest.raises(RebuildError, match="already running"):
         season_split_propose(season=season, actor=TEST_ACTOR, split_points=[150])
     # A lost view would start a recovery: it finds the slot taken and waits for it.
-    r, ptr = redis_get(), materializer.season_keys(season).ptr
+    r, ptr = redis_get(), season_index.season_keys(season).ptr
     current = r.getdel(ptr)
     assert current is not None
     assert season_epoch_advance(season=season).detail == "views lost; a rebuild is in flight"

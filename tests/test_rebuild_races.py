@@ -31,7 +31,7 @@ from leaderboard.recovery.rebuild import (
 )
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
-from leaderboard.views.materializer import season_lease_acquire
+from leaderboard.views.epoch import season_lease_acquire
 from seasons.models import Season
 from tests.support import (
     CHILD_SETUP,
@@ -212,11 +212,11 @@ def test_a_publish_that_could_not_get_the_lease_gives_the_split_back(season_fact
 # scan is made small, so the build takes long enough to be killed in the middle of it.
 BUILDER_CHILD = CHILD_SETUP + """
 import sys
-from leaderboard.views import materializer
+from leaderboard.views import build
 from leaderboard.recovery.rebuild import rebuild_run
 
-materializer.BUILD_BATCH = 10
-materializer.BUILD_SHARD_FILL = 0
+build.BUILD_BATCH = 10
+build.BUILD_SHARD_FILL = 0
 rebuild_run(job_id=int(sys.argv[1]))
 """
 

@@ -20,7 +20,7 @@ from leaderboard.models import PlayerScore, RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
 from leaderboard.recovery.reconcile import version_reconcile
 from leaderboard.redis_client import redis_get
-from leaderboard.views import materializer, rankview
+from leaderboard.views import build, rankview, season_index
 from leaderboard.views.invariants import sampled_reads
 from seasons.models import Season
 from tests import test_rebuild as rebuild_tests
@@ -258,7 +258,7 @@ def test_a_build_write_that_overwrote_a_member_fails_the_build(season_factory: C
     season, _ = seeded(season_factory, post_scores, "rr-overwrite")
     r = redis_get()
     keys = keys_of(season)
-    real = materializer._send_build_batch
+    real = build._send_build_batch
     layout = current_manifest(season).layout
 
     def planted_first(r_: Any, keys_: Any, writes: Any, packed: Any, token: Any) -> None:
@@ -268,9 +268,9 @@ def test_a_build_write_that_overwrote_a_member_fails_the_build(season_factory: C
         r.zadd(keys.bucket(copy, layout.layout_id, layout.bucket_of(999), groups=meta.groups), {"p001": -1})
         real(r_, keys_, writes, packed, token)
 
-    monkeypatch.setattr(materializer, "_send_build_batch", planted_first)
+    monkeypatch.setattr(build, "_send_build_batch", planted_first)
     job = flushed(season)
-    with pytest.raises(materializer.EpochError, match=r"a build write to .* added \d+ members and fields, not \d+"):
+    with pytest.raises(season_index.EpochError, match=r"a build write to .* added \d+ members and fields, not \d+"):
         rebuild_run(job_id=job.pk)
     job.refresh_from_db()
     assert job.status == "failed" and rankview.pointer_get(r, keys) is None
@@ -308,18 +308,18 @@ def test_a_build_sent_in_many_small_transactions_is_exact(season_factory: Callab
     """Batches sorted into index order and cut into group scripts of a few members and
     fields (each bucket's ZADD and the shard writes split between them) still build every
     board exactly, each reply checked against its own script."""
-    monkeypatch.setattr(materializer, "BUILD_BATCH", 40)
+    monkeypatch.setattr(build, "BUILD_BATCH", 40)
     settings.VIEW_LOOKUP_SHARDS_MIN = 16
-    monkeypatch.setattr(materializer, "BUILD_SHARD_FILL", 1)  # 16 shards: batches of 40
-    monkeypatch.setattr(materializer, "BUILD_TRANSACTION_WRITES", 7)
+    monkeypatch.setattr(build, "BUILD_SHARD_FILL", 1)  # 16 shards: batches of 40
+    monkeypatch.setattr(build, "BUILD_TRANSACTION_WRITES", 7)
     sent: list[int] = []
-    real = materializer._send_build_batch
+    real = build._send_build_batch
 
     def counted(r: Any, keys: Any, writes: Any, packed: Any, token: Any) -> None:
         sent.append(len(writes))
         real(r, keys, writes, packed, token)
 
-    monkeypatch.setattr(materializer, "_send_build_batch", counted)
+    monkeypatch.setattr(build, "_send_build_batch", counted)
     board = Board(season_factory(slug="rr-small-writes", regions=REGIONS, layout=NARROW), players=120)
     season = board.season
     publish(season)

@@ -12,7 +12,7 @@ import pytest
 from leaderboard.recovery.rebuild import rebuild_run, season_rebuild_start
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
-from leaderboard.views.materializer import season_lease_acquire
+from leaderboard.views.epoch import season_lease_acquire
 from seasons.models import Season
 from tests.support import NARROW, TEST_ACTOR, Events, assert_matches_ledger, epoch, keys_of, post_ok, publish
 

@@ -162,7 +162,7 @@ def test_a_failed_reconciliation_is_printed_with_the_failing_checks(
     season_factory: SeasonFactory, post_scores: Post, users: None
 ) -> None:
     from leaderboard.redis_client import redis_get
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
 
     season = closing_season(season_factory, "bad")
     post_ok(post_scores, season, [Events("bad", in_season(season)).result("x", 5)])

@@ -50,23 +50,21 @@ from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.recovery.reconcile import recovery_reconcile, version_reconcile
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
-from leaderboard.views.invariants import IndexSizes, index_sizes, sampled_reads
-from leaderboard.views.materializer import (
-    EpochError,
+from leaderboard.views.build import season_copies_build
+from leaderboard.views.epoch import (
     EpochResult,
     changes_upto,
     copy_changes_apply,
     copy_manifest,
     manifest_record,
-    replicas_wait,
-    season_copies_build,
     season_epoch_run,
     season_epoch_run_locked,
-    season_keys,
     season_lease_acquire,
 )
+from leaderboard.views.invariants import IndexSizes, index_sizes, sampled_reads
 from leaderboard.views.rankview.reads import version_holds
 from leaderboard.views.rankview.shared import window_call
+from leaderboard.views.season_index import EpochError, replicas_wait, season_keys
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -618,7 +616,7 @@ def season_split_propose(*, season: Season, actor: Actor, split_points: list[obj
 
 
 def season_epoch_advance(*, season: Season, r: redis.Redis | None = None, catch_up: bool | None = None) -> EpochResult:
-    """An epoch (views.materializer.season_epoch_run), then the shadow build it asked for:
+    """An epoch (views.epoch.season_epoch_run), then the shadow build it asked for:
     a recovery of lost views, or a rebuild of a copy that outgrew its lookup shards. The
     epoch tasks call this; the job row is the claim, so a build is started once whoever asks."""
     result = season_epoch_run(season=season, r=r, catch_up=catch_up)

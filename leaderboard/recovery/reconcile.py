@@ -322,7 +322,7 @@ def recovery_reconcile(
     """A recovery's candidate against the ledger, without a full read of either side.
 
     Only for a version whose copy the caller built from the current-scores table itself
-    (materializer.season_copies_build: bucket counts and checksums taken from the rows it
+    (build.season_copies_build: bucket counts and checksums taken from the rows it
     sent, every write's reply and every bucket's size checked) and then caught up with the
     change stream, `replayed` being the players that catch-up applied. Per board: the
     player count, each bucket's count, the top 100 and the sampled ranks against the ledger
@@ -540,7 +540,7 @@ def reconciliation_run(*, season: Season, full: bool | None = None, sample: int 
     only when the change stream has nothing newer for them than the version's watermark.
     """
     from leaderboard.metrics import metrics_failure_count
-    from leaderboard.views.materializer import season_keys
+    from leaderboard.views.season_index import season_keys
 
     full = settings.RECONCILE_FULL if full is None else full
     sample = settings.RECONCILE_SAMPLE_SIZE if sample is None else sample

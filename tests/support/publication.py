@@ -20,8 +20,9 @@ from leaderboard.core.ranking import Entry, Standings
 from leaderboard.recovery.rebuild import season_epoch_advance
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
+from leaderboard.views.epoch import EpochResult
 from leaderboard.views.invariants import version_check
-from leaderboard.views.materializer import EpochResult, season_keys
+from leaderboard.views.season_index import season_keys
 from leaderboard.views.selectors import leaderboard_reader
 from seasons.models import Season
 from tests.support.writes import change_head, db_standings
@@ -183,16 +184,16 @@ class RoundTrips:
 
 def builds_counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count the index builds from the current scores from here on (`["n"]`)."""
-    from leaderboard.views import materializer
+    from leaderboard.views import build
 
     builds = {"n": 0}
-    real_build = materializer.season_copies_build
+    real_build = build.season_copies_build
 
     def counted(**kwargs: Any) -> Any:
         builds["n"] += 1
         return real_build(**kwargs)
 
-    monkeypatch.setattr(materializer, "season_copies_build", counted)
+    monkeypatch.setattr(build, "season_copies_build", counted)
     return builds
 
 

@@ -41,7 +41,7 @@ class ReplicasBehind(RuntimeError):
 def lease_acquire(r: redis.Redis, keys: Keys, *, token: int, ttl_ms: int) -> int | None:
     """The season's fenced lease under `token`, or None while someone holds it.
 
-    The caller takes the token from the database (materializer.season_lease_acquire),
+    The caller takes the token from the database (epoch.season_lease_acquire),
     larger than every one issued before: a counter kept in Redis would go back with a
     Redis restarted from an old snapshot, and issue again a token that a stalled
     coordinator still holds, whose fenced writes would then pass.

@@ -35,7 +35,7 @@ A player's lookup (and region) shard is crc32(player_id) % S, where S, the copy'
 max(16, players / 48), recorded in the copy meta and in every manifest of the copy. Small
 shards stay listpack-encoded hashes (~15 bytes a player instead of ~56 in a hashtable),
 and the rank read's first round trip still names one shard per copy. A copy that grows
-past 96 players a shard through epochs is rebuilt with more (materializer).
+past 96 players a shard through epochs is rebuilt with more (views.epoch).
 
 Scores are stored negated, so ascending ZRANGE order is score descending, then member
 ascending by bytes: the display order (docs/rules.md, Ranking) in one range call, and
@@ -78,7 +78,7 @@ LEGACY_GROUPS = 0
 SHARD_SCAN_BATCH = 1024
 # Keys a dropped copy unlinks per command.
 DROP_BATCH = 8192
-# The copies of the index (R = 2): the materializer alternates between them, and a rank
+# The copies of the index (R = 2): the epochs alternate between them, and a rank
 # read fetches the player's lookup score in each with the pointer, in one round trip.
 COPY_NAMES = ("0", "1")
 # How long a manifest outlives its currency: a candidate never published, or a version

@@ -1,4 +1,4 @@
-"""The epoch materializer (docs/rules.md, Publication) on a real database and a real Redis: versions
+"""The epoch (views.epoch; docs/rules.md, Publication) on a real database and a real Redis: versions
 built from the change stream, bucket moves, the fenced lease, crash recovery, rebuilds
 and the invariant checker."""
 
@@ -18,10 +18,11 @@ from leaderboard.core.shared_index import Seen, entry_name, lookup_decode, looku
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.models import RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
-from leaderboard.views import materializer, rankview
+from leaderboard.views import epoch as views_epoch
+from leaderboard.views import rankview
 from leaderboard.views.invariants import version_check
-from leaderboard.views.materializer import EpochError
 from leaderboard.views.rankview.shared import seen_key_call
+from leaderboard.views.season_index import EpochError
 from seasons.models import Season
 from tests.support import (
     NARROW,
@@ -52,7 +53,7 @@ Post = Callable[..., Any]
 
 
 def test_first_epoch_of_an_empty_season_publishes_an_empty_version(season: Season) -> None:
-    assert rankview.pointer_get(materializer.redis_get(), keys_of(season)) is None
+    assert rankview.pointer_get(views_epoch.redis_get(), keys_of(season)) is None
     result = epoch(season)
     assert (result.status, result.version, result.changed_players) == ("published", 1, 0)
     manifest, top = reader_of(season).top(100)
@@ -114,7 +115,7 @@ def test_later_versions_apply_only_the_changes(season: Season, post_scores: Post
     before = ManifestRow.objects.filter(season=season).count()
     idle = epoch(season)
     assert (idle.status, idle.version, idle.changed_players) == ("idle", 5, 0)
-    assert rankview.pointer_get(materializer.redis_get(), keys_of(season)) == 5
+    assert rankview.pointer_get(views_epoch.redis_get(), keys_of(season)) == 5
     assert ManifestRow.objects.filter(season=season).count() == before
     season.refresh_from_db()
     assert season.published_version == 5
@@ -155,7 +156,7 @@ def test_idle_epoch_returns_without_waiting_for_the_grace_period(season: Season,
     assert season_epoch_advance(season=season).status == "idle"
     assert time.monotonic() - released < 0.6
     # With a change, the copy that stopped being current is touched only after the grace.
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     older = rankview.copy_meta_load(r, keys_of(season), "0")
     assert older is not None and older.version == 1 and older.released_at > 0
     post_ok(post_scores, season, [ev.result("a", 3)])
@@ -169,7 +170,7 @@ def test_idle_epoch_returns_without_waiting_for_the_grace_period(season: Season,
 def test_moves_across_buckets_in_both_directions(season_factory: Callable[..., Season], post_scores: Post,
                                                  layout: BucketLayout) -> None:
     season = season_factory(slug="moves", layout=layout)
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
     ev = Events()
     low, high = (35_000, 55_000) if layout.size == 101 else (350, 550)
@@ -268,12 +269,12 @@ def test_pending_version_is_the_first_version_that_includes_the_change(season: S
 
 
 def test_a_second_coordinator_is_refused_while_the_lease_is_held(season: Season, post_scores: Post) -> None:
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
     post_ok(post_scores, season, [Events().result("a", 1)])
-    holder = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+    holder = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert holder is not None
-    assert materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is None
+    assert views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is None
     result = epoch(season)
     assert result.status == "skipped"
     assert rankview.pointer_get(r, keys) is None
@@ -282,15 +283,15 @@ def test_a_second_coordinator_is_refused_while_the_lease_is_held(season: Season,
     rankview.lease_release(r, keys, holder)
     assert publish(season) == 1
     # Released after the epoch: the next coordinator gets a larger token.
-    later = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+    later = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert later is not None and later > holder
 
 
 def test_an_expired_lease_lets_the_next_coordinator_in(season: Season, post_scores: Post) -> None:
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
     post_ok(post_scores, season, [Events().result("a", 1)])
-    holder = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+    holder = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert holder is not None
     assert 0 < r.pttl(keys.lease) <= 30_000  # the lease expires on its own
     assert epoch(season).status == "skipped"
@@ -307,16 +308,16 @@ def _version_one(season: Season, post_scores: Post) -> tuple[Any, rankview.Keys,
     ev = Events()
     post_ok(post_scores, season, [ev.result("a", 10), ev.result("b", 20)])
     assert publish(season) == 1
-    return materializer.redis_get(), keys_of(season), current_manifest(season), ev
+    return views_epoch.redis_get(), keys_of(season), current_manifest(season), ev
 
 
 def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores: Post) -> None:
     r, keys, current, ev = _version_one(season, post_scores)
 
-    stale = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+    stale = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert stale is not None
     r.delete(keys.lease)  # its lease expired...
-    fresh = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # ...and another coordinator took over
+    fresh = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # ...and another coordinator took over
     assert fresh is not None and fresh > stale
 
     target = rankview.copy_meta_init(r, keys, "1", current.layout, groups=current.groups, token=None)
@@ -356,7 +357,7 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
 
 
 def test_a_failed_stamp_gives_the_lease_back(season: Season, post_scores: Post) -> None:
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
     post_ok(post_scores, season, [Events().result("a", 1)])
     assert publish(season) == 1
@@ -365,15 +366,15 @@ def test_a_failed_stamp_gives_the_lease_back(season: Season, post_scores: Post) 
     r.delete(fence)
     r.set(fence, "not a hash")  # the stamp's script fails in this group (WRONGTYPE)
     with pytest.raises(redis.ResponseError):
-        materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
+        views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert r.get(keys.lease) is None  # not held for a TTL by a coordinator that gave up
     r.delete(fence)
     r.hset(fence, mapping={**held, b"token": 1 << 62})  # a newer coordinator stamped the group first
-    assert materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is None
+    assert views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is None
     assert r.get(keys.lease) is None
     r.delete(fence)
     r.hset(fence, mapping=held)
-    assert materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is not None
+    assert views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000) is not None
 
 
 def test_a_copy_no_replica_acknowledged_is_never_published(season: Season, post_scores: Post,
@@ -413,7 +414,7 @@ def test_a_current_copy_whose_slot_group_lost_writes_is_lost_not_idle(season: Se
 def test_a_coordinator_that_loses_its_lease_mid_epoch_publishes_nothing(
     season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch, stolen_at: str
 ) -> None:
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i}", i * 7_000) for i in range(20)])
@@ -427,7 +428,7 @@ def test_a_coordinator_that_loses_its_lease_mid_epoch_publishes_nothing(
 
     def steal() -> None:
         r.delete(keys.lease)
-        thief["token"] = materializer.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # type: ignore[assignment]
+        thief["token"] = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # type: ignore[assignment]
 
     def stealing(name: str) -> None:
         real = getattr(rankview, name)
@@ -464,7 +465,7 @@ def test_a_crash_midway_through_apply_keeps_the_previous_version(season_factory:
                                                                  post_scores: Post,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     season = season_factory(slug="crashy", layout=NARROW)
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i:02d}", (i * 37) % 1000) for i in range(40)])
@@ -528,11 +529,11 @@ def test_a_crash_between_pointer_swap_and_db_record_is_recorded_later(season: Se
     def die(**kwargs: Any) -> None:
         raise RuntimeError("crash after publication")
 
-    monkeypatch.setattr(materializer, "manifest_record", die)
+    monkeypatch.setattr(views_epoch, "manifest_record", die)
     with pytest.raises(RuntimeError):
         epoch(season)
     monkeypatch.undo()
-    assert rankview.pointer_get(materializer.redis_get(), keys_of(season)) == 2
+    assert rankview.pointer_get(views_epoch.redis_get(), keys_of(season)) == 2
     season.refresh_from_db()
     assert season.published_version == 1
     assert not ManifestRow.objects.filter(season=season, version=2).exists()
@@ -548,7 +549,7 @@ def test_a_crash_between_pointer_swap_and_db_record_is_recorded_later(season: Se
 
 
 def test_a_rebuilt_copy_does_not_revive_an_old_version(season: Season, post_scores: Post) -> None:
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i}", 100 * i) for i in range(10)])
@@ -581,7 +582,7 @@ def test_a_rebuilt_copy_does_not_revive_an_old_version(season: Season, post_scor
 
 @pytest.mark.usefixtures("without_catch_up")
 def test_a_lost_view_is_rebuilt_with_new_version_numbers(season: Season, post_scores: Post) -> None:
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i}", 10 * i) for i in range(30)])
     for step in range(3):
@@ -618,7 +619,7 @@ def test_a_lost_view_is_rebuilt_with_new_version_numbers(season: Season, post_sc
 
 
 def test_a_copy_that_fails_verification_is_not_published(season: Season, post_scores: Post) -> None:
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i}", 100 * i) for i in range(10)])
@@ -643,7 +644,7 @@ def test_a_copy_that_does_not_hold_the_assumed_old_scores_is_marked_broken_and_r
     season_factory: Callable[..., Season], post_scores: Post
 ) -> None:
     season = season_factory(slug="drifted", layout=NARROW)
-    r = materializer.redis_get()
+    r = views_epoch.redis_get()
     keys = keys_of(season)
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i:02d}", i * 30) for i in range(30)])
@@ -701,7 +702,7 @@ def _corruptible(season: Season, post_scores: Post) -> tuple[Any, rankview.Keys,
     post_ok(post_scores, season, [ev.result("p00", 15_005)])
     publish(season)
     full_check(season)
-    return materializer.redis_get(), keys_of(season), current_manifest(season)
+    return views_epoch.redis_get(), keys_of(season), current_manifest(season)
 
 
 CORRUPTIONS = {
