@@ -202,6 +202,15 @@ COPY_GRACE_SECONDS = env_float("COPY_GRACE_SECONDS", 0.5, minimum=0.02)
 # period is over, so the next epoch applies each change once before its pointer swap
 # instead of twice (R = 2). False leaves that work to the next epoch.
 EPOCH_CATCH_UP = env_bool("EPOCH_CATCH_UP", True)
+# An epoch's changes are applied by this many parts at once, each owning some of the
+# season's ledger partitions (at most one part a partition): the coordinator runs one and
+# Celery workers the others (leaderboard/views/parts.py). 1: the coordinator applies all.
+EPOCH_PARTS = env_int("EPOCH_PARTS", 1, minimum=1, maximum=64)
+# A part no worker has claimed this long after it was sent is run by the coordinator.
+EPOCH_PART_CLAIM_SECONDS = env_float("EPOCH_PART_CLAIM_SECONDS", 0.25, minimum=0.0)
+# A part whose runner is alive but has not reported after this long stops its epoch: the
+# next lease holder resumes it (the stuck runner's writes are fenced out by its token).
+EPOCH_PART_TIMEOUT_SECONDS = env_float("EPOCH_PART_TIMEOUT_SECONDS", 10.0, minimum=0.5)
 # The ASGI server answers the public read URLs before Django (leaderboard/api/fastpath.py)
 # with READ_THREADS threads per process; false sends them through Django's views.
 READ_FAST_PATH = env_bool("READ_FAST_PATH", True)

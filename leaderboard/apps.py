@@ -11,9 +11,12 @@ class LeaderboardConfig(AppConfig):
         import leaderboard.ledger_databases  # noqa: F401
         from leaderboard.live.hub import live_version_published
         from leaderboard.recovery.rebuild import rebuild_job_queued
-        from leaderboard.tasks import rebuild_job_enqueue
+        from leaderboard.tasks import epoch_parts_enqueue, rebuild_job_enqueue
+        from leaderboard.views.parts import epoch_parts_wanted
         from leaderboard.views.signals import version_published
 
         version_published.connect(live_version_published, dispatch_uid="leaderboard.live.version_published")
         # Shadow builds run on the Celery workers.
         rebuild_job_queued.connect(rebuild_job_enqueue, dispatch_uid="leaderboard.tasks.rebuild_job_enqueue")
+        # So do an epoch's parts, but the one its coordinator runs.
+        epoch_parts_wanted.connect(epoch_parts_enqueue, dispatch_uid="leaderboard.tasks.epoch_parts_enqueue")

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from celery import shared_task
+from celery import group, shared_task
 from django.conf import settings
 
 from leaderboard.core.lifecycle import MATERIALIZED_STATES
 from leaderboard.metrics import metrics_seasons_sample
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
 from leaderboard.recovery.reconcile import reconciliation_run
+from leaderboard.views.parts import PartSpec, part_run
 from leaderboard.views.rankview import FenceLost
 from seasons.models import Season
 
@@ -44,6 +46,28 @@ def season_epoch(season_id: int) -> str:
                  season.slug, result.version, result.changed_players, result.duration_ms,
                  "-" if result.catch_up_ms is None else f"{result.catch_up_ms:.1f}")
     return result.status
+
+
+# acks_late (the settings') with reject_on_worker_lost: a part whose worker was killed is
+# delivered again, and finds its report there (or its epoch gone) when it already ran.
+@shared_task(ignore_result=True, reject_on_worker_lost=True)
+def season_epoch_part(spec: dict[str, Any]) -> str:
+    """One part of an epoch (views.parts): claimed, applied and reported, or left to the
+    runner that has it, or skipped when its epoch is gone."""
+    try:
+        report = part_run(PartSpec.from_json(spec))
+    except FenceLost as lost:
+        log.warning("epoch part %s/%s: the season moved to a newer coordinator; nothing more written: %s",
+                    spec.get("epoch"), spec.get("part"), lost)
+        return "fenced"
+    return "skipped" if report is None else "done"
+
+
+def epoch_parts_enqueue(specs: list[dict[str, Any]], **_: object) -> None:
+    """Receiver of views.parts.epoch_parts_wanted: the parts go to the Celery workers as one
+    group (each its own message: every free worker takes one), to be run before the
+    coordinator stops waiting for them."""
+    group(season_epoch_part.s(spec) for spec in specs).apply_async(expires=settings.EPOCH_PART_TIMEOUT_SECONDS)
 
 
 @shared_task(ignore_result=True)

@@ -20,8 +20,10 @@ from leaderboard.views.rankview.wire import node_clients
 from seasons.models import Season
 from tests.support import (
     Events,
+    assert_idle_copy_caught_up,
     assert_matches_ledger,
     board_read,
+    builds_counted,
     current_manifest,
     epoch,
     keys_of,
@@ -89,40 +91,53 @@ def test_a_stale_token_is_refused_by_every_group_on_every_master(season: Season,
     assert_matches_ledger(season)
 
 
-def test_a_coordinator_killed_between_masters_leaves_a_copy_the_next_epoch_rebuilds(
+def test_a_coordinator_killed_between_masters_leaves_a_copy_the_next_epoch_resumes(
         season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch) -> None:
     _season_published(season, post_scores)
     r, keys = views_epoch.redis_get(), keys_of(season)
     reader = reader_of(season)
     served = board_read(reader)
     ev = Events()
-    post_ok(post_scores, season, [ev.result(f"p{i:03d}", 7 * i + 3) for i in range(0, 120, 2)])
-    real_send = rankview.copies.groups_send
+    # Moves into buckets all over the range: their writes go to many slot groups.
+    post_ok(post_scores, season, [ev.correction(f"p{i:03d}", 8_100 * i) for i in range(0, 120, 2)])
+    real_send = rankview.apply.groups_send
 
     def killed(client: redis.Redis, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        # The chunk reached the first half of its groups (on a cluster, some masters
-        # only), then the process died.
+        assert len(calls) > 10
+        # The bucket writes reached the first half of their groups (on a cluster, some
+        # masters only), then the process died.
         real_send(client, calls[: len(calls) // 2])
         raise RuntimeError("killed between masters")
 
-    monkeypatch.setattr(rankview.copies, "groups_send", killed)
+    monkeypatch.setattr(rankview.apply, "groups_send", killed)
     with pytest.raises(RuntimeError, match="killed between masters"):
         publish(season)
-    monkeypatch.setattr(rankview.copies, "groups_send", real_send)
+    monkeypatch.setattr(rankview.apply, "groups_send", real_send)
 
-    # The half-written copy is the other side of the serving copy's index: broken, while
-    # the serving side still answers as before.
+    # The half-written copy is the other side of the serving copy's index, still applying
+    # at its watermark (no player's lookup moved: those are written last), while the
+    # serving side still answers as before.
     serving = current_manifest(season)
     half = rankview.copy_meta_load(r, keys, "1" if serving.copy == "0" else "0")
-    assert half is not None and half.state == rankview.STATE_BROKEN and half.index == serving.index
+    assert half is not None and half.state == rankview.STATE_APPLYING and half.index == serving.index
     assert board_read(reader) == served
-    # The next epoch does not trust it: it builds a new index beside the serving one,
-    # publishes it under new names and drops the copies it replaced.
+    # Every one of those players moves again before the next epoch: it first finishes the
+    # range it was cut short in (the writes that landed are the ones it plans again), then
+    # applies the new moves. No new index.
+    post_ok(post_scores, season, [ev.correction(f"p{i:03d}", (8_100 * i + 431_000) % 1_000_000)
+                                  for i in range(0, 120, 2)])
+    builds = builds_counted(monkeypatch)
     publish(season)
-    rebuilt = current_manifest(season)
-    assert rebuilt.copy not in ("0", "1") and rebuilt.index == rebuilt.copy
-    assert rankview.copies_get(r, keys) == [rebuilt.copy, f"{rebuilt.copy}b"]
-    assert rankview.copy_meta_load(r, keys, "0") is None and rankview.copy_meta_load(r, keys, "1") is None
+    resumed = current_manifest(season)
+    assert builds["n"] == 0 and resumed.copy == half.copy and resumed.index == serving.index
+    assert rankview.copies_get(r, keys) == ["0", "1"]
+    assert_matches_ledger(season)
+    # The other side, which served meanwhile, caught up to the same version holds the same
+    # buckets (no hidden record left behind by the cut-short writes), and serves next.
+    assert_idle_copy_caught_up(season)
+    post_ok(post_scores, season, [ev.result("p001", 999)])
+    publish(season)
+    assert current_manifest(season).copy == serving.copy
     assert_matches_ledger(season)
 
 

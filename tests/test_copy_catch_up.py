@@ -15,6 +15,7 @@ from django.db import connection
 
 from leaderboard.recovery.rebuild import season_epoch_advance
 from leaderboard.views import epoch as views_epoch
+from leaderboard.views import parts as views_parts
 from leaderboard.views import rankview
 from leaderboard.views.epoch import season_idle_copy_catch_up
 from seasons.models import Season
@@ -136,26 +137,31 @@ def test_the_next_epoch_applies_only_the_changes_since_the_current_version(
     assert_board_equals(reader_of(season), db_standings(season))
 
 
-def test_the_catch_up_applies_the_rows_its_epoch_read_without_reading_the_stream_again(
+def test_the_epoch_and_its_catch_up_each_read_the_range_once(
     season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both copies apply the same range (the current version's watermark to the stream's
+    heads), each in its parts: one read of the range each, nothing before it again."""
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i}", i) for i in range(20)])
     publish(season)
     post_ok(post_scores, season, [ev.result("p0", 100)])
     publish(season)
-    reads: list[Any] = []
-    real = views_epoch.score_change_heads_after
+    before = current_manifest(season).watermark
+    reads: list[tuple[Any, Any, int]] = []
+    real = views_parts.stream_range_rows
 
     def counting(**kwargs: Any) -> Any:
-        reads.append(kwargs["cursor"])
-        return real(**kwargs)
+        rows = real(**kwargs)
+        reads.append((kwargs["after"], kwargs["upto"], len(rows)))
+        return rows
 
-    monkeypatch.setattr(views_epoch, "score_change_heads_after", counting)
+    monkeypatch.setattr(views_parts, "stream_range_rows", counting)
     post_ok(post_scores, season, [ev.result("p1", 101), ev.correction("p2", 0), ev.result("new", 7)])
     result = epoch(season)
     assert result.status == "published" and result.catch_up_ms is not None
-    assert len(reads) == 1, reads
+    upto = current_manifest(season).watermark
+    assert reads == [(before, upto, 3), (before, upto, 3)], reads
     assert_idle_copy_caught_up(season)
     assert_board_equals(reader_of(season), db_standings(season))
 

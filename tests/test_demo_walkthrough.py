@@ -114,8 +114,13 @@ def test_a_newcomer_revokes_a_score_that_lasts_and_takes_the_cup_to_final(demo: 
         assert match and int(match.group(2)) == revoked_to, done
         revoked_from = int(match.group(1))
         await browser.shot(decider, "demo-revocation-approved")
-        after = ranked(demo.base, PLAYER, at_least=int(match.group(3)))
-        assert after["score"] == revoked_to
+        promised = int(match.group(3))
+        after = ranked(demo.base, PLAYER, at_least=promised)
+        if after["score"] != revoked_to:
+            # An epoch that had read the stream before the approval committed was publishing
+            # the promised version: the next one has it (docs/api.md, pending_version).
+            after = ranked(demo.base, PLAYER, at_least=promised + 1)
+        assert after["score"] == revoked_to, after
 
         # The simulator's next result still counts the revoked match: held, not applied;
         # then the simulator acknowledges the revocation with a correction.

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.epoch import RangeValues
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.shared_index import Seen, entry_name, lookup_decode, lookup_encode
@@ -30,6 +31,7 @@ from tests.support import (
     assert_board_equals,
     assert_matches_ledger,
     board_read,
+    builds_counted,
     current_manifest,
     db_scores,
     db_standings,
@@ -78,13 +80,13 @@ def test_version_1_is_built_from_existing_scores(season: Season, post_scores: Po
 def test_later_versions_apply_only_the_changes(season: Season, post_scores: Post,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     applied: list[set[str]] = []
-    real_apply = rankview.copy_apply
+    real_apply = rankview.copy_range_apply
 
-    def spy(r: Any, keys: Any, token: int, meta: Any, new: dict[str, int], *rest: Any) -> Any:
-        applied.append(set(new))
-        return real_apply(r, keys, token, meta, new, *rest)
+    def spy(r: Any, keys: Any, token: int, meta: Any, values: RangeValues, **kwargs: Any) -> Any:
+        applied.append(set(values.new))
+        return real_apply(r, keys, token, meta, values, **kwargs)
 
-    monkeypatch.setattr(rankview, "copy_apply", spy)
+    monkeypatch.setattr(rankview, "copy_range_apply", spy)
     ev = Events()
     post_ok(post_scores, season, [ev.result(f"p{i:03d}", 500 * i) for i in range(200)])
     assert publish(season) == 1
@@ -320,13 +322,15 @@ def test_a_stale_token_can_neither_apply_nor_publish(season: Season, post_scores
     fresh = views_epoch.season_lease_acquire(season=season, r=r, ttl_ms=30_000)  # ...and another coordinator took over
     assert fresh is not None and fresh > stale
 
-    target = rankview.copy_meta_init(r, keys, "1", current.layout, groups=current.groups, token=None)
+    # The other side of the serving index: the new holder stamped its groups when it took the season.
+    target = rankview.copy_meta_load(r, keys, "1")
+    assert target is not None and target.index == current.index
     with pytest.raises(rankview.FenceLost):
         rankview.copy_begin_mutation(r, keys, stale, target)
     with pytest.raises(rankview.FenceLost):
-        rankview.copy_apply(r, keys, stale, target, {"x": 5})
-    assert r.hget(keys.lookup_of("1", "x", target.lookup_shards, groups=target.groups), "x") is None
-    assert r.zcard(keys.bucket("1", current.layout.layout_id, 0, groups=target.groups)) == 0
+        rankview.copy_range_apply(r, keys, stale, target, RangeValues(new={"x": 5}, old={"x": None}, taken={"x": [5]}))
+    assert r.hget(keys.lookup_of(target.index, "x", target.lookup_shards, groups=target.groups), "x") is None
+    assert r.zrange(keys.bucket(target.index, current.layout.layout_id, 0, groups=target.groups), 0, -1) == [b"b", b"a"]
     with pytest.raises(rankview.FenceLost):
         rankview.copy_finish(r, keys, stale, target, watermark=Watermark.single(0, 99), version=2)
     with pytest.raises(rankview.FenceLost):
@@ -439,7 +443,7 @@ def test_a_coordinator_that_loses_its_lease_mid_epoch_publishes_nothing(
 
         monkeypatch.setattr(rankview, name, wrapper)
 
-    stealing({"before_apply": "copy_apply", "before_manifest": "manifest_store",
+    stealing({"before_apply": "copy_range_apply", "before_manifest": "manifest_store",
               "before_publish": "pointer_publish"}[stolen_at])
     with pytest.raises(rankview.FenceLost):
         epoch(season)
@@ -478,41 +482,43 @@ def test_a_crash_midway_through_apply_keeps_the_previous_version(season_factory:
     served = board_read(reader)
     ranks = {p: reader.rank(p).entry for p in db_scores(season)}
 
-    # Twelve changes, moves in both directions and new players, applied three per chunk.
+    # Twelve changes, moves in both directions and new players, sent a few writes a script.
     changes = [ev.result(f"p{i:02d}", 1000 - i) for i in range(10, 16)]
     changes += [ev.correction(f"p{i:02d}", i) for i in range(30, 34)]
     changes += [ev.result("new1", 500), ev.result("new2", 0)]
     post_ok(post_scores, season, changes)
-    monkeypatch.setattr(rankview.copies, "APPLY_CHUNK", 3)
-    real_send = rankview.copies._chunk_send
+    monkeypatch.setattr(rankview.apply, "CHUNK_PLAYERS", 3)
+    monkeypatch.setattr(rankview.apply, "PIECES_PER_SEND", 2)
+    real_send = rankview.apply.groups_send
     calls = {"n": 0}
 
     def crashing(*args: Any) -> list[Any]:
         calls["n"] += 1
-        if calls["n"] == 3:  # two chunks, then the process dies
+        if calls["n"] == 3:  # two round trips of bucket writes landed, then the process dies
             raise RuntimeError("simulated crash")
         return real_send(*args)
 
-    monkeypatch.setattr(rankview.copies, "_chunk_send", crashing)
+    monkeypatch.setattr(rankview.apply, "groups_send", crashing)
     with pytest.raises(RuntimeError, match="simulated crash"):
         epoch(season)
-    monkeypatch.setattr(rankview.copies, "_chunk_send", real_send)
+    monkeypatch.setattr(rankview.apply, "groups_send", real_send)
 
     # The lease was released, version 3 still serves identical answers and is intact; the
-    # half-applied copy reads as broken (a chunk's slot groups are written one by one, so
-    # no chunk boundary is known to re-plan from: the next epoch rebuilds it) and held
-    # version 2, which is gone now.
+    # half-applied copy is still "applying" at its watermark (version 2, gone now): its
+    # players' lookups have not moved, so the next epoch resumes it, with no new index.
     assert r.get(keys.lease) is None
     assert rankview.pointer_get(r, keys) == 3
     assert board_read(reader) == served
     assert {p: reader.rank(p).entry for p in ranks} == ranks
     full_check(season, 3)
     half = rankview.copy_meta_load(r, keys, "1" if current_manifest(season).copy == "0" else "0")
-    assert half is not None and half.state == rankview.STATE_BROKEN
+    assert half is not None and half.state == rankview.STATE_APPLYING and half.version == 2
     with pytest.raises(rankview.VersionExpired):
         reader.rank("p01", 2)
 
+    builds = builds_counted(monkeypatch)
     assert publish(season) == 4
+    assert builds["n"] == 0
     assert_matches_ledger(season)
     post_ok(post_scores, season, [ev.result("p20", 777)])
     assert publish(season) == 5
@@ -666,7 +672,7 @@ def test_a_copy_that_does_not_hold_the_assumed_old_scores_is_marked_broken_and_r
     views[meta.side] = Seen("850", second=True)
     r.hset(field, "p10", lookup_encode((views[0], views[1])))
     post_ok(post_scores, season, [ev.result("p10", 620)])
-    with pytest.raises(rankview.CopyMismatch, match=r"ZREM .*: 0, expected 1"):
+    with pytest.raises(rankview.CopyMismatch, match=r"player p10: the side holds '850', the stream says 300 "):
         epoch(season)
     assert rankview.copy_meta_load(r, keys, stale).state == "broken"  # type: ignore[union-attr]
     # The version before still serves, untouched; the next epoch builds a new index and publishes.

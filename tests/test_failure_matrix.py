@@ -24,6 +24,7 @@ from django.db import connections
 from django.test import Client
 
 from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.epoch import RangeValues
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import Entry, Standings
 from leaderboard.models import LateResult, PlayerScore, RebuildJob
@@ -240,7 +241,7 @@ def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
         before = rankview.pointer_get(r, keys)  # type: ignore[assignment]
         served = board_snapshot(season)
         target = next(c for c in rankview.copies_get(r, keys) if c != current_manifest(season).copy)
-    assert landed, "no kill landed inside copy_apply"
+    assert landed, "no kill landed inside the apply"
 
     # The dead coordinator's lease still blocks the season; the previous version serves
     # exactly the same answers, and its copy is intact.
@@ -248,7 +249,7 @@ def test_a_materializer_killed_mid_apply_leaves_the_previous_version_serving(
     assert season_epoch_advance(season=season).status == "skipped"
     assert board_snapshot(season) == served
     full_check(season, before)
-    # The lease expires (2 s); the next coordinator rebuilds the half-applied copy and publishes.
+    # The lease expires (2 s); the next coordinator resumes the half-applied copy and publishes.
     lease_expired_wait(season)
     assert board_snapshot(season) == served
     assert publish(season) == before + 1
@@ -434,16 +435,16 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
     # and coordinator B runs a whole epoch with a newer token and publishes.
     token_a = season_lease_acquire(season=season, r=r, ttl_ms=30_000)
     assert token_a is not None
-    real_apply = rankview.copy_apply
+    real_apply = rankview.copy_range_apply
     seen: dict[str, Any] = {}
 
-    def apply_(r_: Any, keys_: Any, token: int | None, meta: Any, new: Any, *rest: Any) -> Any:
+    def apply_(r_: Any, keys_: Any, token: int | None, meta: Any, values: Any, **kwargs: Any) -> Any:
         if token == token_a and "b" not in seen:
             r_.delete(keys_.lease)
             seen["b"] = season_epoch_advance(season=season)
-        return real_apply(r_, keys_, token, meta, new, *rest)
+        return real_apply(r_, keys_, token, meta, values, **kwargs)
 
-    monkeypatch.setattr(rankview, "copy_apply", apply_)
+    monkeypatch.setattr(rankview, "copy_range_apply", apply_)
     with pytest.raises(rankview.FenceLost):
         season_epoch_run_locked(season=season, r=r, keys=keys, token=token_a)
     monkeypatch.undo()
@@ -463,7 +464,8 @@ def test_two_coordinators_with_stale_fencing_tokens(season_factory: Callable[...
     candidate = dataclasses.replace(manifest, version=manifest.version + 1)
     attempts: list[Callable[[], Any]] = [
         lambda: rankview.copy_begin_mutation(r, keys, token_a, stale_meta),
-        lambda: rankview.copy_apply(r, keys, token_a, stale_meta, {"p05": 5}),
+        lambda: rankview.copy_range_apply(r, keys, token_a, stale_meta,
+                                          RangeValues(new={"p05": 5}, old={"p05": 185}, taken={})),
         lambda: rankview.copy_finish(r, keys, token_a, stale_meta, watermark=Watermark.single(0, 10**9), version=99),
         lambda: rankview.manifest_store(r, keys, candidate, token=token_a),
         lambda: rankview.pointer_publish(r, keys, token=token_a, expected=manifest.version,

@@ -40,7 +40,8 @@ def renewing(season: Season) -> Iterator[subprocess.Popen[bytes]]:
 
 def test_renewals_of_the_holders_own_lease_do_not_fail_an_epochs_chunks(
         season: Season, renewing: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rankview.copies, "APPLY_CHUNK", 50)  # many chunks, each a fenced transaction
+    monkeypatch.setattr(rankview.apply, "CHUNK_PLAYERS", 50)  # many fenced scripts
+    monkeypatch.setattr(rankview.apply, "PIECES_PER_SEND", 4)
     monkeypatch.setattr(rankview, "FENCE_ATTEMPTS", 100)  # renewals every 2 ms: retries must win
     events = Events(season.slug)
     apply_events(season, [events.result(f"p{i:04d}", i) for i in range(1500)])

@@ -79,7 +79,7 @@ def test_a_coordinator_that_dies_before_publishing_a_new_index_leaves_it_to_the_
     def dies(**_: Any) -> int:
         raise RuntimeError("killed after the build")
 
-    monkeypatch.setattr(views_epoch, "copy_changes_apply", dies)
+    monkeypatch.setattr(views_epoch, "copy_side_apply", dies)
     with pytest.raises(RuntimeError, match="killed after the build"):
         epoch(season)
     monkeypatch.undo()

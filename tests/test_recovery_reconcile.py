@@ -21,6 +21,7 @@ from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
 from leaderboard.recovery.reconcile import version_reconcile
 from leaderboard.redis_client import redis_get
 from leaderboard.views import build, rankview, season_index
+from leaderboard.views import parts as views_parts
 from leaderboard.views.invariants import sampled_reads
 from seasons.models import Season
 from tests import test_rebuild as rebuild_tests
@@ -193,9 +194,9 @@ def test_a_change_the_catch_up_never_applied_is_refused(season_factory: Callable
     ledger's count and per-bucket counts do not."""
     settings.REBUILD_SAMPLE_SIZE = 1
     season, ev = seeded(season_factory, post_scores, "rr-missing")
-    real = rebuild_module.changes_upto
-    monkeypatch.setattr(rebuild_module, "changes_upto",
-                        lambda **kwargs: (c for c in real(**kwargs) if c[2] != "newcomer"))
+    real = views_parts.stream_range_rows
+    monkeypatch.setattr(views_parts, "stream_range_rows",
+                        lambda **kwargs: [c for c in real(**kwargs) if c[2] != "newcomer"])
 
     def write() -> None:
         post_ok(post_scores, season, [ev.result("newcomer", 5)])

@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from leaderboard.core.buckets import BucketLayout
-from leaderboard.core.checksum import checksum_add, checksum_remove
+from leaderboard.core.checksum import MODULUS, checksum_add, checksum_remove, pair_hash
 from leaderboard.core.tiebreak import IndexValue, lookup_text, value_score, value_token
 
 V = TypeVar("V")
@@ -259,3 +259,158 @@ def bucket_place(higher: Sequence[int], bucket: int, *, index: int, ahead: int) 
 def bucket_rank(higher: Sequence[int], bucket: int, ahead: int) -> int:
     """The rank of a value in `bucket` with `ahead` of the bucket's members strictly ahead."""
     return rank_after(higher[bucket] + ahead)
+
+
+# --- a range of the change stream, applied by parts ---------------------------------------
+
+
+@dataclass(slots=True)
+class RangeValues:
+    """What one range of the change stream does to its players: each one's value before
+    the range (`old`, None: not on the board) and after it (`new`), and in a season with
+    regions their region before and after ("" none). Derived from the stream rows alone,
+    so it is the same whatever part of it a copy already holds: the counts and checksums
+    a copy gains from the range (`range_deltas`) never depend on a half-applied write."""
+
+    new: dict[str, IndexValue] = field(default_factory=dict)
+    old: dict[str, IndexValue | None] = field(default_factory=dict)
+    new_region: dict[str, str] | None = None
+    old_region: dict[str, str] | None = None
+    # Every value each player took within the range, oldest first (a copy resumed after
+    # a crash may hold any of them: what it holds is checked against these).
+    taken: dict[str, list[IndexValue]] = field(default_factory=dict)
+
+
+def range_values(rows: Iterable[Sequence[Any]], *, reached_origin: int | None = None,
+                 regional: bool = False) -> RangeValues:
+    """RangeValues of stream rows in cursor order: (txid, id, player_id, new_score,
+    score_version, old_score), then with `reached_origin` (a first_reached board: values
+    are (score, reached_ms - origin)) reached_at and old_reached_at in ms since 1970
+    (None: before it was recorded, read as the season's start), then with `regional`
+    the row's region and old region; columns after those are not read. A player's first
+    row gives their value before the range; the row of their highest score_version (the
+    later one of equal versions: a region move repeats its score's version) their value
+    after it."""
+    out = RangeValues(new_region={} if regional else None, old_region={} if regional else None)
+    at = 6 if reached_origin is None else 8  # the region's column
+    versions: dict[str, int] = {}
+    new, old, taken = out.new, out.old, out.taken
+    new_region, old_region = out.new_region, out.old_region
+    for row in rows:
+        player_id = row[2]
+        value: IndexValue
+        before: IndexValue | None
+        if reached_origin is None:
+            value, before = row[3], row[5]
+        else:
+            reached, was = row[6], row[7]
+            value = (row[3], 0 if reached is None else reached - reached_origin)
+            before = None if row[5] is None else (row[5], 0 if was is None else was - reached_origin)
+        seen = versions.get(player_id)
+        if seen is None:
+            old[player_id] = before
+            taken[player_id] = [value]
+            if old_region is not None:
+                old_region[player_id] = row[at + 1]
+        else:
+            taken[player_id].append(value)
+        if seen is None or row[4] >= seen:
+            versions[player_id] = row[4]
+            new[player_id] = value
+            if new_region is not None:
+                new_region[player_id] = row[at]
+    return out
+
+
+@dataclass(slots=True)
+class BoardDeltas:
+    """What a range adds to one board's per-bucket counts and checksums (counts may be
+    negative; checksums modulo 2**64), and the buckets it touches."""
+
+    counts: list[int]
+    checksums: list[int]
+    touched: set[int] = field(default_factory=set)
+
+    @classmethod
+    def zero(cls, size: int) -> BoardDeltas:
+        return cls(counts=[0] * size, checksums=[0] * size)
+
+    def add(self, other: BoardDeltas) -> None:
+        for b, (n, s) in enumerate(zip(other.counts, other.checksums, strict=True)):
+            if n or s:
+                self.counts[b] += n
+                self.checksums[b] = (self.checksums[b] + s) % MODULUS
+        self.touched |= other.touched
+
+    def applied_to(self, counts: Sequence[int], checksums: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Base counts and checksums with these deltas added."""
+        return ([c + d for c, d in zip(counts, self.counts, strict=True)],
+                [(c + d) % MODULUS for c, d in zip(checksums, self.checksums, strict=True)])
+
+    def as_json(self) -> dict[str, object]:
+        return {"counts": self.counts, "checksums": [f"{c:016x}" for c in self.checksums],
+                "touched": sorted(self.touched)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> BoardDeltas:
+        return cls(counts=[int(n) for n in data["counts"]],  # type: ignore[attr-defined]
+                   checksums=[int(c, 16) for c in data["checksums"]],  # type: ignore[attr-defined]
+                   touched={int(b) for b in data["touched"]})  # type: ignore[attr-defined]
+
+
+def range_deltas(values: RangeValues, *, layout: BucketLayout, regions: Iterable[str] = ()
+                 ) -> dict[str, BoardDeltas]:
+    """Each board's deltas ("" the global one, then each of `regions`) for moving every
+    player of the range from their old value (and region) to their new one: what
+    `epoch_plan` and `board_plan` compute, from zero, once for both copies."""
+    size = layout.size
+    bucket_of = layout.bucket_of
+    out = {"": BoardDeltas.zero(size)}
+    boards = {region: BoardDeltas.zero(size) for region in regions}
+    out.update(boards)
+    glob = out[""]
+    counts, sums, touched = glob.counts, glob.checksums, glob.touched
+    old_region, new_region = values.old_region or {}, values.new_region or {}
+    for player_id, new in values.new.items():
+        old = values.old[player_id]
+        new_bucket = bucket_of(value_score(new))
+        new_hash = pair_hash(player_id, value_token(new))
+        old_bucket = old_hash = None
+        if old is not None:
+            old_bucket = bucket_of(value_score(old))
+            old_hash = pair_hash(player_id, value_token(old))
+        if old != new:
+            if old_bucket is not None:
+                counts[old_bucket] -= 1
+                sums[old_bucket] -= old_hash  # type: ignore[operator]
+                touched.add(old_bucket)
+            counts[new_bucket] += 1
+            sums[new_bucket] += new_hash
+            touched.add(new_bucket)
+        if not boards:
+            continue
+        was = old_region.get(player_id, "")
+        now = new_region.get(player_id, was)
+        if was == now and old == new:
+            continue
+        if was in boards and old_bucket is not None:
+            board = boards[was]
+            board.counts[old_bucket] -= 1
+            board.checksums[old_bucket] -= old_hash  # type: ignore[operator]
+            board.touched.add(old_bucket)
+        if now in boards:
+            board = boards[now]
+            board.counts[new_bucket] += 1
+            board.checksums[new_bucket] += new_hash
+            board.touched.add(new_bucket)
+    for deltas in out.values():
+        deltas.checksums = [s % MODULUS for s in deltas.checksums]
+    return out
+
+
+def parts_of(partitions: Sequence[int], parts: int) -> list[list[int]]:
+    """`partitions` dealt round robin into at most `parts` non-empty parts (each a list in
+    ascending order): each part owns its partitions' players, disjoint from every other's."""
+    ordered = sorted(set(partitions))
+    count = max(1, min(parts, len(ordered)))
+    return [ordered[i::count] for i in range(count)] if ordered else [[]]

@@ -35,8 +35,7 @@ Pure: no Django, no Redis. Reference for the scripts that run it in Redis.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from leaderboard.core.buckets import MAX_SCORE
 from leaderboard.core.tiebreak import KEY_LIMIT
@@ -69,9 +68,9 @@ class SharedIndexError(ValueError):
     key outside the hidden sets' encoding."""
 
 
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """What one copy sees of a player: the value's lookup text and which entry holds it."""
+class Seen(NamedTuple):
+    """What one copy sees of a player: the value's lookup text and which entry holds it.
+    (A tuple: an epoch makes two a changed player, ~4x faster than a frozen dataclass.)"""
 
     value: str
     second: bool = False
@@ -81,8 +80,7 @@ class Seen:
 Views = tuple[Seen | None, Seen | None]
 
 
-@dataclass(frozen=True, slots=True)
-class BucketOp:
+class BucketOp(NamedTuple):
     """One change to a bucket, always applied with the rest of that bucket's ops at once.
 
     ADD: the entry (key, name) joins the bucket, hidden from `copy` (recorded in its hidden

@@ -120,6 +120,77 @@ def score_change_reached_after(*, season_id: int, cursor: ChangeCursor | Waterma
     return [(*row[:6], *(None if t is None else instant_ms(t) for t in row[6:8]), *row[8:]) for row in rows]
 
 
+def stream_range_rows(*, season_id: int, partitions: list[int], after: Watermark, upto: Watermark,
+                      reached: bool = False, regions: bool = False) -> list[tuple]:  # type: ignore[type-arg]
+    """The changes of `partitions` (ascending) after `after` and at or before `upto`, each
+    partition's in cursor order, as (txid, id, player_id, new_score, score_version,
+    old_score), then with `reached` reached_at and old_reached_at in ms since 1970 (None:
+    not recorded), then with `regions` region and old_region, and last committed_at in
+    ms since 1970: what core.epoch.range_values reads, and the publication lag of each.
+    One query a partition, in the partition's own database; a part of an epoch reads its
+    own partitions with it (views.parts)."""
+    rows: list[tuple] = []  # type: ignore[type-arg]
+    for partition in sorted(partitions):
+        low, high = after.cursor(partition), upto.cursor(partition)
+        if high <= low:
+            continue
+        alias = ledger_alias_by_id(season_id=season_id, partition=partition)
+        if connections[alias].vendor == "postgresql":
+            columns = ["txid", "id", "player_id", "new_score", "score_version", "old_score"]
+            if reached:
+                columns += [_EPOCH_MS.format("reached_at"), _EPOCH_MS.format("old_reached_at")]
+            columns += [*_regions(regions), _EPOCH_MS.format("committed_at")]
+            with connections[alias].cursor() as db:
+                db.execute(
+                    f"SELECT {', '.join(columns)} FROM leaderboard_scorechange "
+                    "WHERE season_id = %s AND (txid, id) > (%s, %s) AND (txid, id) <= (%s, %s) AND txid < %s "
+                    "ORDER BY txid, id",
+                    [season_id, *low, *high, partition_end(partition)],
+                )
+                rows += db.fetchall()
+            continue
+        names = ["txid", "id", "player_id", "new_score", "score_version", "old_score",
+                 *(("reached_at", "old_reached_at") if reached else ()), *_regions(regions), "committed_at"]
+        found = ScoreChange.objects.using(alias).filter(
+            season_id=season_id, txid__gte=partition_start(partition)[0], txid__lt=partition_end(partition)).filter(
+            Q(txid__gt=low[0]) | Q(txid=low[0], id__gt=low[1])).filter(
+            Q(txid__lt=high[0]) | Q(txid=high[0], id__lte=high[1])).order_by("txid", "id").values_list(*names)
+        for row in found:
+            out = list(row)
+            if reached:
+                out[6:8] = [None if t is None else instant_ms(t) for t in row[6:8]]
+            out[-1] = instant_ms(row[-1])
+            rows.append(tuple(out))
+    return rows
+
+
+def stream_partition_changed(*, season_id: int, partition: int, after: Watermark, upto: Watermark) -> bool:
+    """Whether `partition` has a change after `after` and at or before `upto` (one probe of
+    the cursor index)."""
+    low, high = after.cursor(partition), upto.cursor(partition)
+    return ScoreChange.objects.using(ledger_alias_by_id(season_id=season_id, partition=partition)).filter(
+        season_id=season_id, txid__gte=partition_start(partition)[0], txid__lt=partition_end(partition)).filter(
+        Q(txid__gt=low[0]) | Q(txid=low[0], id__gt=low[1])).filter(
+        Q(txid__lt=high[0]) | Q(txid=high[0], id__lte=high[1])).exists()
+
+
+def stream_committed_cursors(*, season_id: int, alias: str, rows: list[tuple[int, int]] | None = None
+                             ) -> dict[int, tuple[int, int]]:
+    """stream_committed_watermark's cursors of the partitions in one ledger database, read
+    on Django's connection to it (in its current transaction: a build reads them in the
+    snapshot it scans the scores in), or from `rows` of (partition, head) a caller read
+    from leaderboard_streamhead in such a snapshot itself."""
+    if connections[alias].vendor != "postgresql":
+        last = ScoreChange.objects.using(alias).filter(season_id=season_id).order_by("-id").values_list(
+            "id", flat=True).first()
+        partitions = _stream_partitions(season_id=season_id, watermark=Watermark())
+        return {p: (partition_start(p)[0], last or 0) for p in partitions}
+    heads = dict(rows) if rows is not None else dict(
+        StreamHead.objects.using(alias).filter(season_id=season_id).values_list("partition", "head"))
+    return {p: (h, MAX_CURSOR_ID) for p, h in heads.items()
+            if ledger_alias_by_id(season_id=season_id, partition=p) == alias}
+
+
 def stream_committed_watermark(*, season_id: int) -> Watermark:
     """Each ledger partition's last committed commit number, as a watermark: every change
     at or below it is committed and visible to any read that starts now. A partition's

@@ -44,18 +44,17 @@ from leaderboard.core.reconciliation import (
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
 from leaderboard.core.tiebreak import first_reached_problem, index_value, value_score
-from leaderboard.ingest.selectors import score_change_heads_after, stream_changes_between
+from leaderboard.ingest.selectors import score_change_heads_after, stream_changes_between, stream_committed_watermark
 from leaderboard.ledger_reads import ledger_querysets_each
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.recovery.reconcile import recovery_reconcile, version_reconcile
 from leaderboard.redis_client import redis_get
-from leaderboard.views import rankview
-from leaderboard.views.build import season_copies_build
+from leaderboard.views import build, rankview
 from leaderboard.views.epoch import (
     EpochResult,
-    changes_upto,
-    copy_changes_apply,
+    changed_players,
     copy_manifest,
+    copy_side_apply,
     manifest_record,
     season_epoch_run,
     season_epoch_run_locked,
@@ -193,7 +192,7 @@ def _run(*, job: RebuildJob, on_progress: Callable[[RebuildJob], None] | None) -
     # sides: one set of buckets and one lookup, written once from one read of the
     # current scores.
     copies = [job.copy, _second(job)]
-    shadow = season_copies_build(season=season, copies=copies, layout=layout, r=r, token=None,
+    shadow = build.season_copies_build(season=season, copies=copies, layout=layout, r=r, token=None,
                                  progress=_JobProgress(job, on_progress))[0]
     txid, ident, vector = shadow.watermark.columns()
     RebuildJob.objects.filter(pk=job.pk).update(
@@ -437,23 +436,18 @@ def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankvie
 def _catch_up(*, r: redis.Redis, keys: rankview.Keys, token: int, season: Season, shadow: rankview.CopyMeta,
               upto: Watermark | None, version: int) -> tuple[rankview.CopyMeta, set[str]]:
     """Apply the changes after the shadow's watermark, up to `upto` (None: everything
-    committed), on every board: a region move takes the player from one regional board to
-    the other, as in an epoch. Returns the finished shadow and the players it replayed."""
-    shadow = rankview.copy_begin_mutation(r, keys, token, shadow)
-    changes = list(changes_upto(season_id=season.pk, after=shadow.watermark, upto=upto, ties=shadow.ties,
-                                 regions=bool(shadow.boards)))
-    if changes:
-        # The build's paged scan may already hold values (and regions) newer than its
-        # watermark: changes are absolute, and the apply reads the old ones from the shadow.
-        copy_changes_apply(r=r, keys=keys, token=token, target=shadow, changes=changes)
-    head = shadow.watermark.advanced(changes)
-    watermark = head if upto is None else upto.merge(head)
+    committed), on every board, in parts as an epoch does: a region move takes the player
+    from one regional board to the other. Returns the finished shadow and the players it
+    replayed."""
+    upto = (upto or stream_committed_watermark(season_id=season.pk)).merge(shadow.watermark)
+    replayed = changed_players(season=season, after=shadow.watermark, upto=upto)
+    if replayed:
+        copy_side_apply(season=season, r=r, keys=keys, token=token, target=shadow, upto=upto, current=None)
     problems = rankview.copy_verify_counts(r, keys, shadow, range(shadow.layout.size), lookups=True)
     if problems:
         raise EpochError(f"shadow {shadow.copy} failed verification: {'; '.join(problems)}")
-    return (rankview.copy_finish(r, keys, token, shadow, watermark=watermark, version=version,
-                                 **replicas_wait()),
-            {change[2] for change in changes})
+    return (rankview.copy_finish(r, keys, token, shadow, watermark=upto, version=version, **replicas_wait()),
+            replayed)
 
 
 def _changes_after(season: Season, cursor: Watermark) -> bool:

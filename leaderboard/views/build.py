@@ -15,15 +15,16 @@ from typing import Any, Protocol
 import psycopg
 import redis
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import MODULUS, checksum_add, pair_hash
 from leaderboard.core.gc_pause import gc_paused
 from leaderboard.core.manifest import lookup_shards_for
+from leaderboard.core.partitions import Watermark
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import FirstReached, index_key, value_token
-from leaderboard.ingest.selectors import stream_committed_watermark
+from leaderboard.ingest.selectors import stream_committed_cursors
 from leaderboard.ledger_reads import ledger_databases_list, ledger_rows_count
 from leaderboard.models import PlayerScore
 from leaderboard.views import rankview
@@ -111,7 +112,10 @@ def season_copies_build(
     first = metas[0]
     counts = [0] * layout.size
     checksums = [0] * layout.size
-    watermark = stream_committed_watermark(season_id=season.pk)
+    # The stream position each ledger database's scores are read at, read in the snapshot
+    # they are scanned in (_score_batches): the copies hold exactly the stream's state at
+    # their watermark, which every later range applied to them starts from.
+    cursors: dict[int, tuple[int, int]] = {}
     done = 0
     if progress is not None:
         progress.start(total)
@@ -127,7 +131,8 @@ def season_copies_build(
         # loop makes no cycles; each batch is freed by reference counting once sent.
         size = min(BUILD_BATCH_MAX, max(BUILD_BATCH, BUILD_SHARD_FILL * shards))
         with gc_paused():
-            for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards), size=size):
+            for batch, regions in _score_batches(season=season, ties=ties, regional=bool(first.boards), size=size,
+                                                 cursors=cursors):
                 if lease is not None:
                     lease.renew()
                 writes = _build_writes(keys, first, batch, counts, checksums, regions, shard_keys, token)
@@ -147,6 +152,7 @@ def season_copies_build(
         raise
     finally:
         sender.shutdown(wait=True)
+    watermark = Watermark.of_partitions(cursors)
     for meta in metas:
         meta.counts = list(counts)
         meta.checksums = list(checksums)
@@ -184,8 +190,8 @@ def _send_build_batch(r: redis.Redis, keys: rankview.Keys, writes: list[_BuildWr
             raise EpochError(f"copy {copy}: a build write to {fence} added {written} members and fields, not {new}")
 
 
-def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool, size: int
-                   ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
+def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool, size: int,
+                   cursors: dict[int, tuple[int, int]]) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
     """The season's current scores in batches of `size`: (player_id, value) rows
     (value: the score, or (score, reached_ms) on a first_reached board) and, in a season
     with regions, each row's region.
@@ -197,38 +203,48 @@ def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool,
     row). Inside a transaction (tests that never commit), and on SQLite, keyset pages
     through the ORM on Django's connection. Each ledger database of the season in turn (a
     build does not need the rows in any order).
+
+    Each database's rows come from one snapshot, in which its partitions' stream cursors
+    are read too, into `cursors`: the rows are the scores exactly at those cursors (a
+    REPEATABLE READ transaction on PostgreSQL; on SQLite one transaction, which holds the
+    writers off while the build reads).
     """
     for alias in ledger_databases_list(season=season):
-        yield from _score_batches_of(season=season, alias=alias, ties=ties, regional=regional, size=size)
+        yield from _score_batches_of(season=season, alias=alias, ties=ties, regional=regional, size=size,
+                                     cursors=cursors)
 
 
-def _score_batches_of(*, season: Season, alias: str, ties: FirstReached | None, regional: bool, size: int
-                      ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
+def _score_batches_of(*, season: Season, alias: str, ties: FirstReached | None, regional: bool, size: int,
+                      cursors: dict[int, tuple[int, int]]) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
     """`_score_batches` of one ledger database."""
     if connections[alias].vendor == "postgresql" and not connections[alias].in_atomic_block:
-        yield from _score_batches_fetched(season=season, alias=alias, ties=ties, regional=regional, size=size)
+        yield from _score_batches_fetched(season=season, alias=alias, ties=ties, regional=regional, size=size,
+                                          cursors=cursors)
         return
     scores = PlayerScore.objects.using(alias).filter(season_id=season.pk)
     columns: tuple[str, ...] = ("player_id", "score") if ties is None else ("player_id", "score", "reached_at")
     if regional:
         columns = (*columns, "region")
     after = ""
-    while True:
-        rows = list(scores.filter(player_id__gt=after).order_by("player_id").values_list(*columns)[:size])
-        if not rows:
-            return
-        after = rows[-1][0]
-        regions = [row[-1] for row in rows] if regional else None
-        if ties is not None:
-            yield [(row[0], (row[1], ties.reached_ms(row[2]))) for row in rows], regions
-        else:
-            yield [(row[0], row[1]) for row in rows], regions
+    with transaction.atomic(using=alias):
+        cursors.update(stream_committed_cursors(season_id=season.pk, alias=alias))
+        while True:
+            rows = list(scores.filter(player_id__gt=after).order_by("player_id").values_list(*columns)[:size])
+            if not rows:
+                return
+            after = rows[-1][0]
+            regions = [row[-1] for row in rows] if regional else None
+            if ties is not None:
+                yield [(row[0], (row[1], ties.reached_ms(row[2]))) for row in rows], regions
+            else:
+                yield [(row[0], row[1]) for row in rows], regions
 
 
 _score_of = itemgetter(1)  # a fetched row's score
 
 
-def _score_batches_fetched(*, season: Season, alias: str, ties: FirstReached | None, regional: bool, size: int
+def _score_batches_fetched(*, season: Season, alias: str, ties: FirstReached | None, regional: bool, size: int,
+                           cursors: dict[int, tuple[int, int]]
                            ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
     columns = ["player_id", "score"]
     if ties is not None:
@@ -238,9 +254,13 @@ def _score_batches_fetched(*, season: Season, alias: str, ties: FirstReached | N
     params: list[Any] = [ties.origin_ms] if ties is not None else []
     sql = f"SELECT {', '.join(columns)} FROM leaderboard_playerscore WHERE season_id = %s"
     conn = psycopg.connect(**connections[alias].get_connection_params())
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     try:
-        # One statement, one snapshot, taken after the watermark was read (as COPY's was).
+        # One snapshot for the stream heads and the scan.
         with conn.transaction(), conn.cursor(name=f"build-{season.pk}") as cursor:
+            heads = conn.execute("SELECT partition, head FROM leaderboard_streamhead WHERE season_id = %s",
+                                 [season.pk]).fetchall()
+            cursors.update(stream_committed_cursors(season_id=season.pk, alias=alias, rows=heads))
             cursor.execute(sql, [*params, season.pk])
             while rows := _rows_sorted_fetch(cursor, size):
                 regions = [row[-1] for row in rows] if regional else None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +19,6 @@ from django.db import transaction
 from django.db.models import Count, Q
 
 from leaderboard.core.buckets import BucketLayout
-from leaderboard.core.epoch import newest_scores
 from leaderboard.core.manifest import (
     LOOKUP_SHARD_OUTGROWN,
     Manifest,
@@ -28,21 +26,21 @@ from leaderboard.core.manifest import (
     lookup_shards_outgrown,
 )
 from leaderboard.core.partitions import Watermark
-from leaderboard.core.tiebreak import FirstReached, IndexValue
+from leaderboard.core.tiebreak import instant_ms
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import (
     changes_after_q,
     changes_covered_q,
-    score_change_heads_after,
-    score_change_reached_after,
+    stream_changes_between,
+    stream_committed_watermark,
 )
 from leaderboard.ledger_reads import ledger_rows_list
 from leaderboard.metrics import metrics_epoch_observe
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
-from leaderboard.views import rankview
-from leaderboard.views.build import BUILD_LEASE_SECONDS, season_copies_build
+from leaderboard.views import build, rankview
+from leaderboard.views.parts import RangeReport, parts_apply
 from leaderboard.views.rankview.reads import version_holds
 from leaderboard.views.season_index import EpochError, replicas_wait, season_keys, season_ties
 from leaderboard.views.signals import version_published_on_commit
@@ -76,6 +74,8 @@ class EpochResult:
     duration_ms: float = 0.0  # to the pointer swap
     detail: str = ""
     applied: int = 0  # players moved in the published copy before the swap
+    parts: int = 0  # the parts that applied it (views.parts)
+    parts_cpu_seconds: float = 0.0  # their CPU time, wherever they ran
     catch_up_ms: float | None = None  # the other copy brought up to this version, after its grace period
     # A shadow build the season needs (views lost, lookup shards outgrown). The epoch only
     # asks: the caller starts it (recovery.rebuild.season_epoch_advance), so that the views
@@ -88,21 +88,6 @@ class RebuildWanted:
     kind: str  # a RebuildJob.Kind
     layout: BucketLayout
     reason: str
-
-
-def change_values(changes: list[Change], ties: FirstReached | None) -> dict[str, IndexValue]:
-    """The newest index value per player: scores, or (score, reached_ms) on a first_reached board."""
-    if ties is None:
-        return newest_scores((c[2], c[3], c[4]) for c in changes)
-    origin = ties.origin_ms
-    # reached_at None: a row from before it was recorded, reached at the start (FirstReached.reached_ms).
-    return newest_scores((c[2], (c[3], 0 if c[6] is None else c[6] - origin), c[4]) for c in changes)
-
-
-def change_regions(changes: list[Change]) -> dict[str, str]:
-    """Each changed player's newest region, from the rows' trailing (region, old_region);
-    the same rules as `change_values` (a region move is a row with the score unchanged)."""
-    return newest_scores((c[2], c[-2], c[4]) for c in changes)
 
 
 def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int | None:
@@ -123,7 +108,7 @@ def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int 
             if meta is None and copy not in copies:
                 continue
             # A copy without a meta is stamped in the index and groups its next build will
-            # use: a build names its index after its first copy (season_copies_build). Each
+            # use: a build names its index after its first copy (views.build). Each
             # index once: both copies of one name it.
             index = meta.index if meta is not None else copies[0]
             if index in stamped:
@@ -177,10 +162,10 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
         keeper.start()
         result: EpochResult | None = None
         while True:
-            run, read = _epoch(season=season, r=r, keys=keys, token=token, keeper=keeper)
+            run = _epoch(season=season, r=r, keys=keys, token=token, keeper=keeper)
             if catch_up and run.status == "published":
                 run = replace(run, catch_up_ms=_catch_up_quietly(season=season, r=r, keys=keys, token=token,
-                                                                 read=read))
+                                                                 keeper=keeper))
             if result is None or run.status != "idle":
                 result = run  # the last publication, not the idle run after it
             # Past the bound the note stays for the next tick's task to run; a waiting
@@ -196,59 +181,45 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
 
 
 def _catch_up_quietly(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
-                      read: StreamRead | None) -> float | None:
+                      keeper: rankview.LeaseKeeper | None) -> float | None:
     # The version is already published: a failed catch-up only leaves the copy to the
-    # next epoch (broken, or not acknowledged by the replicas: rebuilt; failed before its
-    # first chunk, still applying: re-applied from its watermark).
+    # next epoch (broken, or not acknowledged by the replicas: rebuilt; cut short: resumed
+    # from its watermark).
     try:
-        return season_idle_copy_catch_up(season=season, r=r, keys=keys, token=token, read=read)
+        return season_idle_copy_catch_up(season=season, r=r, keys=keys, token=token, keeper=keeper)
     except (EpochError, rankview.FenceLost, rankview.CopyMismatch, rankview.ReplicasBehind, redis.RedisError):
         log.warning("season %s: idle copy not caught up; the next epoch applies its changes", season.slug,
                     exc_info=True)
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class StreamRead:
-    """The change-stream rows an epoch read (cursor after `after`, oldest first), handed to
-    the catch-up that follows it so the same rows are not read from the database twice."""
-
-    after: Watermark
-    changes: list[Change]
-
-    def between(self, after: Watermark, upto: Watermark) -> list[Change] | None:
-        """The rows after `after` and at or before `upto`; None when this read began later
-        than `after` (in any partition)."""
-        if not self.after <= after:
-            return None
-        return [c for c in self.changes if not after.covers(c[0], c[1]) and upto.covers(c[0], c[1])]
+def _grace_end(meta: rankview.CopyMeta) -> float:
+    """When the copy's grace period is over (time.time()): readers of the version it last
+    served may still be running until then."""
+    return meta.released_at + settings.COPY_GRACE_SECONDS
 
 
 def _grace_wait(meta: rankview.CopyMeta) -> None:
-    """Return once the copy's grace period is over: readers of the version it last served
-    may still be running until then."""
-    wait = meta.released_at + settings.COPY_GRACE_SECONDS - time.time()
+    wait = _grace_end(meta) - time.time()
     if wait > 0:
         time.sleep(min(wait, settings.COPY_GRACE_SECONDS))
 
 
 def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
-                              read: StreamRead | None = None) -> float | None:
+                              keeper: rankview.LeaseKeeper | None = None) -> float | None:
     """Bring the copy that is not current up to the current version's watermark.
 
     Called by the lease holder right after a publication, off the publication path:
     with R = 2 copies each change must reach both, and doing the older copy's share
     here, once its grace period is over, halves what the next epoch applies before
     its pointer swap. The copy keeps its old version number (its generation moves on,
-    so that version now reads as expired).
+    so that version now reads as expired). Its parts read their rows at once and write
+    them once the grace period is over.
 
-    A crash once its chunks began leaves the copy broken (a chunk spans slot groups
-    written one by one), and the next epoch rebuilds it; one before the first chunk
-    leaves it "applying" at its old watermark, re-applied from there with old scores read
-    from the copy (changes are absolute). With VIEW_REPLICAS_WAIT the copy is made ready
-    only once the masters' replicas acknowledged its writes (else broken, as above).
-    `read`: the rows the epoch just read, used when they cover the range (else the
-    stream is read). `season.final_version` is taken as the epoch refreshed it.
+    A crash leaves the copy "applying" at its old watermark, and the next epoch resumes
+    it from there (copy_side_apply). With VIEW_REPLICAS_WAIT the copy is made ready
+    only once the masters' replicas acknowledged its writes (else broken: the next epoch
+    builds a new index). `season.final_version` is taken as the epoch refreshed it.
     Returns the milliseconds spent after the grace period, or None with nothing to do.
     """
     current_version = rankview.pointer_get(r, keys)
@@ -264,45 +235,73 @@ def season_idle_copy_catch_up(*, season: Season, r: redis.Redis, keys: rankview.
         # A correction after FINAL just replaced it as current: keep the FINAL version
         # readable until the next epoch needs this copy (corrections are rare by then).
         return None
-    _grace_wait(idle)
-    started = time.monotonic()
-    changes = read.between(idle.watermark, current.watermark) if read is not None else None
-    if changes is None:
-        changes = list(changes_upto(season_id=season.pk, after=idle.watermark, upto=current.watermark,
-                                     ties=idle.ties, regions=bool(idle.boards)))
-    idle = rankview.copy_begin_mutation(r, keys, token, idle)
-    copy_changes_apply(r=r, keys=keys, token=token, target=idle, changes=changes)
+    grace_end = _grace_end(idle)
+    copy_side_apply(season=season, r=r, keys=keys, token=token, target=idle, upto=current.watermark,
+                    current=current.watermark, not_before=grace_end, keeper=keeper)
     rankview.copy_finish(r, keys, token, idle, watermark=current.watermark, version=idle.version,
                          **replicas_wait())
-    return (time.monotonic() - started) * 1000
+    return max(0.0, time.time() - grace_end) * 1000
 
 
-def copy_changes_apply(*, r: redis.Redis, keys: rankview.Keys, token: int, target: rankview.CopyMeta,
-                        changes: list[Change]) -> int:
-    """Apply stream rows (oldest first) to a copy being mutated and verify its counts."""
-    newest = change_values(changes, target.ties)
-    regions = change_regions(changes) if target.boards else None
-    touched = rankview.copy_apply(r, keys, token, target, newest, regions)
-    problems = rankview.copy_verify_counts(r, keys, target, touched)
+def copy_side_apply(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int | None,
+                    target: rankview.CopyMeta, upto: Watermark, current: Watermark | None,
+                    not_before: float = 0.0, keeper: rankview.LeaseKeeper | None = None,
+                    parts: int | None = None) -> RangeReport:
+    """Bring a copy's side from its watermark up to `upto` (views.parts: in parts, each
+    reading its own partitions' rows), add up the counts and checksums the parts report
+    into the copy meta and check the touched buckets against them. The copy stays
+    "applying" at `upto`: the caller finishes it (copy_finish).
+
+    A copy left part-way by an earlier apply (CopyMeta.applying_upto) first gets that
+    range again, whose writes that landed then change nothing now; then the rest. A copy
+    whose buckets disagree with the counts is marked broken (the next epoch builds a new
+    index) and EpochError is raised. `current`: the serving version's watermark, what is
+    new since it (the report's `fresh`)."""
+    if target.applying_upto is not None and target.applying_upto != target.watermark:
+        _side_range(season=season, r=r, keys=keys, token=token, target=target, upto=target.applying_upto,
+                    current=current, resume=True, not_before=not_before, keeper=keeper, parts=parts)
+        upto = upto.merge(target.watermark)
+    return _side_range(season=season, r=r, keys=keys, token=token, target=target, upto=upto, current=current,
+                       resume=False, not_before=not_before, keeper=keeper, parts=parts)
+
+
+def _side_range(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int | None,
+                target: rankview.CopyMeta, upto: Watermark, current: Watermark | None, resume: bool,
+                not_before: float, keeper: rankview.LeaseKeeper | None, parts: int | None) -> RangeReport:
+    after = target.watermark
+    target = rankview.copy_begin_mutation(r, keys, token, target, upto=upto)
+    report = parts_apply(season=season, r=r, token=token, meta=target, after=after, upto=upto,
+                         current=current, resume=resume, not_before=not_before, keeper=keeper, parts=parts)
+    target.counts, target.checksums = report.boards[""].applied_to(target.counts, target.checksums)
+    target.boards = {board: report.boards[board].applied_to(*counts) for board, counts in target.boards.items()}
+    # The counts and the watermark they are at, in one write: a crash after it leaves a
+    # copy applying at `upto` with nothing left of this range to apply.
+    target.watermark, target.applying_upto = upto, None
+    rankview.copy_fields_set(r, keys, target.copy, target.fields(), token=token)
+    problems = rankview.copy_verify_counts(r, keys, target, report.touched())
     if problems:
         rankview.copy_broken_mark(r, keys, target.copy, token=token)
         raise EpochError(f"copy {target.copy} failed verification, marked for a rebuild: {'; '.join(problems)}")
-    return len(newest)
+    return report
 
 
 def season_epoch_run_locked(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
                             keeper: rankview.LeaseKeeper | None = None) -> EpochResult:
     """The epoch itself, for a caller that already holds the season's lease (`token`),
     renewed by `keeper` (which a build from the scores stretches)."""
-    return _epoch(season=season, r=r, keys=keys, token=token, keeper=keeper)[0]
+    return _epoch(season=season, r=r, keys=keys, token=token, keeper=keeper)
 
 
 def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
-           keeper: rankview.LeaseKeeper | None = None) -> tuple[EpochResult, StreamRead | None]:
-    """The epoch, and the stream rows it applied (for the catch-up) when it published.
-    `keeper`: the lease's keeper, whose lease a build from the scores stretches."""
+           keeper: rankview.LeaseKeeper | None = None) -> EpochResult:
+    """One epoch. `keeper`: the lease's keeper, whose lease a build from the scores stretches.
+
+    The coordinator's own work does not grow with the changes: it reads the stream's
+    heads (the epoch's range ends there), hands the range to the parts, adds up their
+    counts and checksums, checks the touched buckets (at most every bucket of the
+    layout), and publishes."""
     started = time.monotonic()
-    season.refresh_from_db(fields=["published_version", "layout", "final_version"])
+    season.refresh_from_db(fields=["published_version", "layout", "final_version", "partitions", "partition_base"])
     _copies_retire(r=r, keys=keys, token=token)  # left by a coordinator that died after publishing
     current_version = rankview.pointer_get(r, keys)
     current = rankview.manifest_get(r, keys, current_version) if current_version else None
@@ -315,7 +314,7 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
         # the claim.
         return EpochResult(status="lost", detail="views lost", rebuild_wanted=RebuildWanted(
             kind=RebuildJob.Kind.RECOVERY, layout=season.bucket_layout,
-            reason="views lost: no current version in Redis")), None
+            reason="views lost: no current version in Redis"))
     if current is not None and current.version > season.published_version:
         # A coordinator died between the pointer swap and its database record.
         manifest_record(season=season, manifest=current, changed=0, epoch_ms=0.0)
@@ -325,7 +324,6 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
     target = rankview.copy_meta_load(r, keys, target_name)
     layout = current.layout if current is not None else season.bucket_layout
     ties = season_ties(season)
-    regional = bool(season.regions)
     # The two copies are the two sides of one index: a target that cannot be brought up
     # to date (broken, missing, or for other season options), or that is not the other
     # side of the current copy's index (copies from before they shared one), gets a new
@@ -334,28 +332,22 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
                or target.ties != ties or set(target.boards) != set(season.regions)
                or (current is not None and (target.index != current.index or target.side == current.side)))
 
-    # (txid, id, player_id, new_score, score_version) in cursor order, read before the
-    # target is touched: with nothing new since the current version the epoch is idle
-    # and must leave the older copy alone. It still serves the previous version, and it
-    # has not applied the current version's changes yet: moving its watermark past them
-    # without applying them would lose them from every later version built on it.
-    changes = []
-    if target is not None and not rebuild:
-        changes = list(_changes_after(season_id=season.pk, cursor=target.watermark, ties=ties,
-                                      regions=regional))
-    fresh: set[str] = set()  # players changed since the current version
+    # The epoch's range ends at the stream's committed heads, read before anything is
+    # touched: with nothing new since the current version the epoch is idle and must leave
+    # the older copy alone (it still serves the previous version and has not applied the
+    # current version's changes: moving its watermark past them would lose them).
+    upto = stream_committed_watermark(season_id=season.pk)
     if current is not None:
-        if target is not None and not rebuild and target.watermark <= current.watermark:
-            fresh = {c[2] for c in changes if not current.watermark.covers(c[0], c[1])}
-        else:
-            fresh = {c[2] for c in _changes_after(season_id=season.pk, cursor=current.watermark,
-                                                  ties=ties)}
-        if not fresh and current.version >= season.published_version:
-            return EpochResult(status="idle", version=current.version), None
+        upto = upto.merge(current.watermark)
+        if (not stream_changes_between(season_id=season.pk, after=current.watermark, upto=upto)
+                and current.version >= season.published_version):
+            return EpochResult(status="idle", version=current.version)
         # Nothing new, but the pointer is older than a version the database recorded
         # (Redis restarted from an old snapshot): publish above it, never serve it for long.
 
     renamed: list[str] | None = None  # the copies of a new index, named when it is published
+    fresh_before: int | None = None  # changed players the new index's build already holds
+    built_batches: list[tuple[int, int]] = []  # and the write batches of their changes
     if target is None or rebuild:
         # The season's first index takes the copies' names; a new one beside a serving
         # index gets names of its own: the fencing token's (never issued twice) and the
@@ -375,24 +367,25 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
             # it, the new index is the one to drop if this coordinator dies (the record
             # names the copies that are not the season's, whichever those are by then).
             rankview.copies_retiring_mark(r, keys, [*copies, *names], token=token)
-        with (keeper.stretched(int(BUILD_LEASE_SECONDS * 1000)) if keeper is not None
+        with (keeper.stretched(int(build.BUILD_LEASE_SECONDS * 1000)) if keeper is not None
               else contextlib.nullcontext()):
-            built = season_copies_build(season=season, copies=names, layout=layout, r=r, token=token, lease=keeper)
+            built = build.season_copies_build(season=season, copies=names, layout=layout, r=r, token=token,
+                                              lease=keeper)
         target = built[0]
-        changes = list(_changes_after(season_id=season.pk, cursor=target.watermark, ties=ties,
-                                      regions=regional))
+        upto = upto.merge(target.watermark)
         if current is not None:
-            fresh.update(c[2] for c in changes if not current.watermark.covers(c[0], c[1]))
+            fresh_before = len(changed_players(season=season, after=current.watermark, upto=target.watermark))
+        built_batches = commit_batches(season=season, after=current.watermark if current is not None else None,
+                                       upto=target.watermark)
+        not_before = 0.0
     else:
-        _grace_wait(target)
-        target = rankview.copy_begin_mutation(r, keys, token, target)
-    read = StreamRead(after=target.watermark, changes=changes)
-    head = target.watermark.advanced(changes)
+        not_before = _grace_end(target)
 
-    applied = copy_changes_apply(r=r, keys=keys, token=token, target=target, changes=changes)
-
+    report = copy_side_apply(season=season, r=r, keys=keys, token=token, target=target, upto=upto,
+                             current=current.watermark if current is not None else None, not_before=not_before,
+                             keeper=keeper)
     version = max(current_version or 0, season.published_version) + 1
-    target = rankview.copy_finish(r, keys, token, target, watermark=head, version=version, **replicas_wait())
+    target = rankview.copy_finish(r, keys, token, target, watermark=upto, version=version, **replicas_wait())
     as_of = datetime.now(UTC)
     manifest = copy_manifest(r=r, keys=keys, season=season, meta=target, version=version, as_of=as_of)
     rankview.manifest_store(r, keys, manifest, token=token)
@@ -407,16 +400,16 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
         rankview.copies_retired(r, keys, renamed, token=token)  # the season's copies now
         _copies_retire(r=r, keys=keys, token=token)
     epoch_ms = (time.monotonic() - started) * 1000
-    # Players whose entry differs from the previous version (every player of a first
-    # one); the copy itself applied `newest`, the changes since it was last current.
-    changed = len(fresh) if current is not None else manifest.total
+    # Players whose entry differs from the previous version (every player of a first one).
+    changed = manifest.total if current is None else report.fresh + (fresh_before or 0)
     manifest_record(season=season, manifest=manifest, changed=changed, epoch_ms=epoch_ms)
-    _metrics_observe(season=season, r=r, after=current.watermark if current is not None else None,
-                     upto=manifest.watermark, published_at=published_at, epoch_ms=epoch_ms)
+    _metrics_observe(season=season, r=r, batches=built_batches + report.batches, published_at=published_at,
+                     epoch_ms=epoch_ms)
     wanted = (_shards_rebuild_wanted(season=season, manifest=manifest)
               if lookup_shards_outgrown(players=manifest.total, shards=target.lookup_shards) else None)
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms,
-                       applied=applied, rebuild_wanted=wanted), read
+                       applied=report.applied, rebuild_wanted=wanted, parts=len(report.parts),
+                       parts_cpu_seconds=sum(part.cpu_seconds for part in report.parts))
 
 
 def copy_manifest(*, r: redis.Redis, keys: rankview.Keys, season: Season, meta: rankview.CopyMeta, version: int,
@@ -453,22 +446,15 @@ def copy_regions_boards(*, r: redis.Redis, keys: rankview.Keys, meta: rankview.C
             for region, (counts, checksums) in meta.boards.items()}
 
 
-def _metrics_observe(*, season: Season, r: redis.Redis, after: Watermark | None, upto: Watermark,
-                     published_at: datetime, epoch_ms: float) -> None:
-    """The epoch's duration and the event-to-publish lag of the changes it published.
-
-    The changes new in this version are those with a cursor in (previous watermark, new
-    watermark]; a write batch shares one committed_at, so one GROUP BY gives a row per
-    batch: (lag, events). Best effort: metrics never fail an epoch that published.
-    """
+def _metrics_observe(*, season: Season, r: redis.Redis, batches: list[tuple[int, int]], published_at: datetime,
+                     epoch_ms: float) -> None:
+    """The epoch's duration and the event-to-publish lag of the changes it published: the
+    parts report each write batch they applied that the previous version lacked (a batch
+    shares one committed_at: (committed_at ms, changes)). Best effort: metrics never fail
+    an epoch that published."""
     try:
-        rows = ScoreChange.objects.filter(season_id=season.pk).filter(
-            changes_covered_q(upto))
-        if after is not None:
-            rows = rows.filter(changes_after_q(after))
-        batches = rows.values("committed_at").annotate(n=Count("id")).order_by().values_list("committed_at", "n")
-        lags = [((published_at - committed_at).total_seconds(), int(n))
-                for committed_at, n in ledger_rows_list(season=season, queryset=batches)]
+        published_ms = published_at.timestamp() * 1000
+        lags = [((published_ms - committed_ms) / 1000, n) for committed_ms, n in batches]
         metrics_epoch_observe(season_slug=season.slug, duration_ms=epoch_ms, lags=lags, r=r)
     except Exception:  # noqa: BLE001 - best effort
         log.warning("season %s: epoch metrics not recorded", season.slug, exc_info=True)
@@ -490,27 +476,23 @@ def _shards_rebuild_wanted(*, season: Season, manifest: Manifest) -> RebuildWant
     return RebuildWanted(kind=RebuildJob.Kind.REBUILD, layout=manifest.layout, reason=reason)
 
 
-def changes_upto(
-    *, season_id: int, after: Watermark, upto: Watermark | None, ties: FirstReached | None = None,
-    regions: bool = False,
-) -> Iterator[Change]:
-    """Changes after `after` and at or before `upto`; upto None: everything committed."""
-    for change in _changes_after(season_id=season_id, cursor=after, ties=ties, regions=regions):
-        if upto is None or upto.covers(change[0], change[1]):
-            yield change
+def commit_batches(*, season: Season, after: Watermark | None, upto: Watermark) -> list[tuple[int, int]]:
+    """(committed_at ms, changes) of each write batch with changes after `after` (None: from
+    the start) and at or before `upto`, for their publication lag: what the parts report of
+    their rows, for the changes a new index's build took in (one GROUP BY)."""
+    rows = ScoreChange.objects.filter(season_id=season.pk).filter(changes_covered_q(upto))
+    if after is not None:
+        rows = rows.filter(changes_after_q(after))
+    grouped = rows.values("committed_at").annotate(n=Count("id")).order_by().values_list("committed_at", "n")
+    return [(instant_ms(at), int(n)) for at, n in ledger_rows_list(season=season, queryset=grouped)]
 
 
-def _changes_after(*, season_id: int, cursor: Watermark, ties: FirstReached | None = None,
-                   regions: bool = False) -> Iterator[Change]:
-    # Only a first_reached board reads the reached_at columns, only regional boards the regions.
-    read = score_change_heads_after if ties is None else score_change_reached_after
-    while True:
-        page: list[Change] = read(season_id=season_id, cursor=cursor, limit=STREAM_PAGE,  # type: ignore[assignment]
-                                  regions=regions)
-        yield from page
-        if len(page) < STREAM_PAGE:
-            return
-        cursor = cursor.advanced(page)
+def changed_players(*, season: Season, after: Watermark, upto: Watermark) -> set[str]:
+    """The players with a change after `after` and at or before `upto` (a version built on
+    a new index counts those its build took in, besides its parts' `fresh`; a recovery
+    checks those its catch-up replayed one by one)."""
+    rows = ScoreChange.objects.filter(season_id=season.pk).filter(changes_after_q(after) & changes_covered_q(upto))
+    return set(ledger_rows_list(season=season, queryset=rows.values_list("player_id", flat=True).distinct()))
 
 
 def manifest_record(*, season: Season, manifest: Manifest, changed: int, epoch_ms: float) -> None:

@@ -19,6 +19,7 @@ from django.db import OperationalError, connection, connections
 
 from leaderboard.models import RebuildJob
 from leaderboard.redis_client import redis_get
+from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support.publication import keys_of
 
@@ -97,15 +98,16 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 # One epoch in a child process, as a Celery worker would run it. The epoch's internals are
-# not touched: only the apply chunk is made small, so a big epoch takes long enough to be
-# killed in the middle of it.
+# not touched: only its writes are sent a few at a time (rankview.apply), so a big epoch
+# takes long enough to be killed in the middle of them.
 EPOCH_CHILD = CHILD_SETUP + """
 import sys
 from leaderboard.views import rankview
 from leaderboard.recovery.rebuild import season_epoch_advance
 from seasons.models import Season
 
-rankview.copies.APPLY_CHUNK = int(sys.argv[2])
+rankview.apply.CHUNK_PLAYERS = int(sys.argv[2])
+rankview.apply.PIECES_PER_SEND = 1
 season = Season.objects.get(slug=sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
@@ -130,26 +132,36 @@ def epoch_child(season: Season, *, apply_chunk: int, **env: str) -> subprocess.P
 
 
 def epoch_child_killed_inside_apply(season: Season, copy: str, rnd: Any, **env: str) -> bool:
-    """Run one epoch in a child applying two players per chunk (a few hundred chunks, each
-    a moment to die in) and SIGKILL it once `copy` is being applied to. True when the kill
-    landed there: the child died and left the copy half applied (False: the child
-    finished first). A copy reads as broken from its first chunk until the last landed
-    (a chunk spans slot groups), and its counts move with each chunk."""
+    """Run one epoch in a child sending two players' writes a script, a script a round trip (a
+    hundred round trips, each a moment to die in) and SIGKILL it once it writes `copy`'s
+    side. True when the kill landed there: the child died and left the copy applying,
+    some of its writes landed (False: the child finished first)."""
     r = redis_get()
-    meta_key = keys_of(season).copy_meta(copy)
-    counts_before = r.hget(meta_key, "counts")
+    keys = keys_of(season)
+    meta = rankview.copy_meta_load(r, keys, copy)
+    assert meta is not None
+    fences = [keys.fence(meta.index, group) for group in range(meta.groups)]
+    field = rankview.gen_field(meta.side)
+
+    def written() -> bool:
+        # Each group write stamps the mutation's generation (the meta's, moved by one when
+        # the mutation began) into its group's fence for the side.
+        gen = int(r.hget(keys.copy_meta(copy), "gen") or 0)
+        return gen > meta.gen and any(int(g or 0) == gen for g in (r.hget(fence, field) for fence in fences))
+
     child = epoch_child(season, apply_chunk=2, EPOCH_LEASE_SECONDS="2", COPY_GRACE_SECONDS="0.02",
                         READ_DEADLINE_SECONDS="0.01", **env)
     assert child.stdin is not None
     child.stdin.write("go\n")
     child.stdin.flush()
     deadline = time.monotonic() + 60
+    killed_writing = False
     while time.monotonic() < deadline and child.poll() is None:
-        state, counts = r.hmget(meta_key, ["state", "counts"])
-        if state in (b"applying", b"broken") and counts != counts_before:
-            time.sleep(rnd.uniform(0, 0.01))  # somewhere inside the apply
+        if written():
+            time.sleep(rnd.uniform(0, 0.01))  # somewhere inside the writes
+            killed_writing = r.hget(keys.copy_meta(copy), "state") == b"applying"
             os.kill(child.pid, signal.SIGKILL)
             break
     child.wait(timeout=30)
-    state, counts = r.hmget(meta_key, ["state", "counts"])
-    return child.returncode == -signal.SIGKILL and state in (b"applying", b"broken") and counts != counts_before
+    return (child.returncode == -signal.SIGKILL and killed_writing
+            and r.hget(keys.copy_meta(copy), "state") == b"applying")

@@ -3,15 +3,16 @@
 keys       the key layout, lookup shards, constants (read it first: it documents the layout)
 wire       protocol encoding, routing by slot, the readers' one-round-trip pipelines, writes to every node at once
 fence      the lease, fencing tokens, fenced transactions, the atomic pointer swap
-copies     a copy's meta, its fenced slot-group writes (an epoch's changes, drops), scans, verification
+copies     a copy's meta, its fenced slot-group writes (drops), scans, verification
+apply      a range of the change stream written into one side of an index (an epoch's part, a catch-up)
 manifests  manifests stored under the lease and the per-process manifest cache
 reads      RankReader: reads of a published version
 shared     the shared index's bucket writes and read scripts (core.shared_index): every read of
            a copy's buckets sees one side of them
 """
 
+from leaderboard.views.rankview.apply import PIECE_WRITES, copy_range_apply
 from leaderboard.views.rankview.copies import (
-    APPLY_CHUNK,
     Board,
     CopyMeta,
     CopyMismatch,
@@ -24,7 +25,6 @@ from leaderboard.views.rankview.copies import (
     copies_retiring,
     copies_retiring_mark,
     copies_set,
-    copy_apply,
     copy_begin_mutation,
     copy_broken_mark,
     copy_drop,
@@ -70,6 +70,7 @@ from leaderboard.views.rankview.keys import (
     STATE_BROKEN,
     STATE_READY,
     Keys,
+    gen_field,
     lookup_shard,
     shards_of,
 )
@@ -98,7 +99,7 @@ from leaderboard.views.rankview.wire import (
 )
 
 __all__ = [
-    "APPLY_CHUNK",
+    "PIECE_WRITES",
     "Board",
     "COPY_NAMES",
     "CopyMeta",
@@ -134,7 +135,7 @@ __all__ = [
     "copies_retiring",
     "copies_retiring_mark",
     "copies_set",
-    "copy_apply",
+    "copy_range_apply",
     "copy_begin_mutation",
     "copy_broken_mark",
     "copies_drop",
@@ -162,6 +163,7 @@ __all__ = [
     "lease_wanted",
     "lease_wanted_clear",
     "lease_wanted_mark",
+    "gen_field",
     "lookup_shard",
     "nodes_pack",
     "manifest_cache_clear",

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import itertools
-import sys
-import time
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import orjson
@@ -16,35 +12,24 @@ import redis
 
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_of
-from leaderboard.core.epoch import EpochPlan, board_plan, epoch_plan, regional_values
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.ranking import ranked, ranked_values
 from leaderboard.core.shared_index import (
-    BucketOp,
-    Seen,
-    Views,
-    change_plan,
     entry_player,
-    lookup_decode,
-    lookup_encode,
 )
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import (
     FirstReached,
     IndexValue,
-    index_key,
     index_value,
-    lookup_value,
     value_token,
 )
 from leaderboard.views.rankview.fence import (
     _HLEN_SUM,
-    GroupOp,
     ReplicasBehind,
     _fenced,
     copy_groups_stamp,
     group_unlink_call,
-    group_write_call,
     groups_send,
 )
 from leaderboard.views.rankview.keys import (
@@ -59,14 +44,11 @@ from leaderboard.views.rankview.keys import (
     STATE_READY,
     Keys,
     legacy_data_keys,
-    lookup_shard,
     shards_of,
 )
 from leaderboard.views.rankview.shared import (
     SEEN_FIELDS_SUM,
     SIDES,
-    bucket_writes,
-    bucket_writes_expected,
     lookup_seen,
     seen_card_call,
     window_call,
@@ -76,8 +58,6 @@ from leaderboard.views.rankview.wire import _script_call, nodes_round_trip, roun
 # ---------------------------------------------------------------------------- copies
 
 
-# Players per chunk of an epoch's apply (its fenced slot-group scripts, every master at once).
-APPLY_CHUNK = 2000
 
 @dataclass(slots=True)
 class CopyMeta:
@@ -103,6 +83,10 @@ class CopyMeta:
     side: int = 0
     # The index (data keys) the copy's side is in: its own name unless it shares one.
     index: str = ""
+    # While a range of the stream is being applied to the side: where it ends. An apply cut
+    # short leaves it, and the next one first finishes that range, planning the same writes
+    # from the same lookups (rankview.apply: writes landed then change nothing now).
+    applying_upto: Watermark | None = None
 
     def __post_init__(self) -> None:
         if not self.index:
@@ -124,6 +108,7 @@ class CopyMeta:
             "checksums": orjson.dumps([f"{c:016x}" for c in self.checksums]),
             "version": self.version,
             "released_at": repr(self.released_at),
+            "applying_upto": "" if self.applying_upto is None else self.applying_upto.dump(),
         }
 
     @classmethod
@@ -146,6 +131,7 @@ class CopyMeta:
             groups=groups,
             side=int(raw.get(b"side", 0)),
             index=raw[b"index"].decode() if b"index" in raw else copy,
+            applying_upto=Watermark.parse(raw[b"applying_upto"].decode()) if raw.get(b"applying_upto") else None,
         )
 
 
@@ -312,14 +298,17 @@ def copies_retired(r: redis.Redis, keys: Keys, names: Iterable[str], *, token: i
 
 
 def copy_begin_mutation(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *,
-                        state: str = STATE_APPLYING) -> CopyMeta:
+                        state: str = STATE_APPLYING, upto: Watermark | None = None) -> CopyMeta:
     """Bump the copy's generation before touching it: readers of its old version retry.
 
-    `state`: STATE_BROKEN for a build, whose counts and watermark land only at its end."""
+    `state`: STATE_BROKEN for a build, whose counts and watermark land only at its end.
+    `upto`: the end of the range about to be applied (CopyMeta.applying_upto)."""
     key = keys.copy_meta(meta.copy)
-    _fenced(r, keys, token, [("HINCRBY", key, "gen", 1), ("HSET", key, "state", state)])
+    _fenced(r, keys, token, [("HINCRBY", key, "gen", 1), ("HSET", key, "state", state, "applying_upto",
+                                                          "" if upto is None else upto.dump())])
     meta.gen += 1
     meta.state = state
+    meta.applying_upto = upto
     return meta
 
 
@@ -353,265 +342,6 @@ class CopyMismatch(RuntimeError):
     """A chunk's replies show the copy did not hold what its plan assumed."""
 
 
-def copy_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, new_scores: Mapping[str, IndexValue],
-               new_regions: Mapping[str, str] | None = None) -> dict[str, set[int]]:
-    """Give the copy's side each changed player's new value, in chunks of fenced slot-group
-    scripts. Returns the touched buckets of each board ("" the global one).
-
-    Both sides' lookup (and region-shard) fields of the changed players are read first:
-    each player's ops come from core.shared_index.change_plan, which never changes what
-    the other side sees, so the other copy keeps serving exact answers from the same
-    buckets while this one is written. `new_regions`: each changed player's region (absent:
-    unchanged) in a season with regional boards; a player who changes region leaves the
-    old region's board and joins the new one in the same chunk, with their region-shard
-    part, so a player is never on two boards, nor on none, at a chunk boundary.
-
-    Each chunk is planned from the counts and checksums the previous one left; its group
-    writes go to every master at once, then its counts to the copy meta. A chunk spans
-    slot groups written one by one, so a crash can leave one half-landed: the copy reads
-    as broken from its first chunk until the last landed, and the next epoch builds a new
-    index instead of trusting it.
-
-    With several chunks, a helper thread sends chunk i and waits for Redis while this
-    one plans and encodes chunk i+1 (at 10M players Redis takes ~3x the Python time).
-    Chunk i+1 is sent only once chunk i succeeded: its counts assume chunk i's moves.
-
-    Every op's reply is checked against what the plan expects of it (members and hidden
-    records added or removed, lookup fields created or deleted): a copy that did not hold
-    what the plan assumed is marked broken, and CopyMismatch is raised.
-    """
-    players = list(new_scores)
-    fields = copy_fields_get(r, keys, meta, players)
-    touched: dict[str, set[int]] = {"": set(), **{board: set() for board in meta.boards}}
-    counts, checksums = meta.counts, meta.checksums
-    boards = dict(meta.boards)
-    sender: ThreadPoolExecutor | None = None
-    in_flight: tuple[Future[list[Any]], _Chunk] | None = None
-    opened = False
-
-    def landed(chunk: _Chunk, replies: list[Any]) -> None:
-        problem = _chunk_mismatch(chunk, replies)
-        if problem:
-            copy_broken_mark(r, keys, meta.copy, token=token)
-            raise CopyMismatch(f"copy {meta.copy}: {problem}")
-        meta.counts = chunk.plan.counts
-        meta.checksums = chunk.plan.checksums
-        touched[""].update(chunk.plan.touched)
-        for board, plan in chunk.boards.items():
-            meta.boards[board] = (plan.counts, plan.checksums)
-            touched[board].update(plan.touched)
-
-    try:
-        for start in range(0, len(players), APPLY_CHUNK):
-            chunk = _chunk_plan(keys, meta, players[start:start + APPLY_CHUNK], fields, new_scores, new_regions,
-                                counts, checksums, boards)
-            if not chunk.ops:
-                continue
-            if not opened:
-                # A chunk spans slot groups, each written on its own: a crash between two
-                # leaves no chunk boundary to re-plan from. Until every chunk landed the
-                # copy reads as broken (the next epoch builds a new index), never as applying.
-                copy_broken_mark(r, keys, meta.copy, token=token)
-                opened = True
-            counts, checksums = chunk.plan.counts, chunk.plan.checksums
-            boards.update({board: (p.counts, p.checksums) for board, p in chunk.boards.items()})
-            _chunk_commands(keys, token, meta, chunk, boards)
-            if in_flight is not None:
-                landed(in_flight[1], in_flight[0].result())
-                in_flight = None
-            if sender is None and start + APPLY_CHUNK < len(players):
-                sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"apply-{keys.season}")
-                # The sender needs the GIL for a moment when each reply arrives; with the
-                # default 5 ms switch interval it waits for this thread's planning and
-                # Redis sits idle (~10% of an epoch at 10M players).
-                switch_interval = sys.getswitchinterval()
-                sys.setswitchinterval(min(switch_interval, 0.0005))
-            if sender is None:
-                landed(chunk, _chunk_send(r, keys, token, chunk))
-            else:
-                in_flight = (sender.submit(_chunk_send, r, keys, token, chunk), chunk)
-                # Hand the GIL over now: otherwise the sender waits for it until this
-                # thread blocks, after planning the next chunk, and nothing overlaps.
-                time.sleep(0)
-        if in_flight is not None:
-            landed(in_flight[1], in_flight[0].result())
-        if opened:
-            _fenced(r, keys, token, [("HSET", keys.copy_meta(meta.copy), "state", STATE_APPLYING)])
-    finally:
-        if sender is not None:
-            sender.shutdown(wait=True)
-            sys.setswitchinterval(switch_interval)
-    return touched
-
-
-def _chunk_send(r: redis.Redis, keys: Keys, token: int | None, chunk: _Chunk) -> list[Any]:
-    """A chunk's group writes, every master at once, then its counts in the copy meta: the
-    group writes' replies."""
-    replies = groups_send(r, chunk.calls)
-    _fenced(r, keys, token, [chunk.meta_command])
-    return replies
-
-
-@dataclass(slots=True)
-class _Chunk:
-    """One chunk of `copy_apply`: the global board's counts plan and each regional board's,
-    the ops of every slot group, and the commands they became."""
-
-    plan: EpochPlan
-    boards: dict[str, EpochPlan] = field(default_factory=dict)
-    # Per slot group, its ops and what each must reply when the index held what the plan assumed.
-    ops: dict[int, list[GroupOp]] = field(default_factory=dict)
-    expected: dict[int, list[int]] = field(default_factory=dict)
-    # One fenced write per slot group the chunk touches: (fence key, EVAL), in `ops` order;
-    # then the copy meta's counts (control slot).
-    calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
-    meta_command: tuple[Any, ...] = ()
-
-    def add(self, group: int, op: GroupOp, expected: int) -> None:
-        self.ops.setdefault(group, []).append(op)
-        self.expected.setdefault(group, []).append(expected)
-
-
-def _chunk_plan(keys: Keys, meta: CopyMeta, players: list[str], fields: Mapping[str, Fields],
-                new_scores: Mapping[str, IndexValue], new_regions: Mapping[str, str] | None,
-                counts: list[int], checksums: list[int], boards: Mapping[str, Board]) -> _Chunk:
-    """The ops of one chunk on every board of the copy's side (core.shared_index.change_plan
-    per player and board), the lookup and region-shard fields they change, and the counts
-    and checksums the side holds after them (core.epoch)."""
-    side, ties, layout = meta.side, meta.ties, meta.layout
-    regional = bool(meta.boards)
-
-    def place(text: str) -> tuple[int, int]:
-        return index_key(layout, ties, lookup_value(ties, text))
-
-    olds: dict[str, IndexValue | None] = {}
-    news: dict[str, IndexValue] = {}
-    old_regions: dict[str, str] = {}
-    now_regions: dict[str, str] = {}
-    ops: list[BucketOp] = []
-    board_ops: dict[str, list[BucketOp]] = {}
-    lookups: list[tuple[str, bytes | None, str | None]] = []
-    region_fields: list[tuple[str, bytes | None, str | None]] = []
-    for player_id in players:
-        raw, region_raw = fields[player_id]
-        views = lookup_decode(raw) if raw is not None else _NOWHERE
-        mine = views[side]
-        new = new_scores[player_id]
-        text = str(value_token(new))
-        olds[player_id] = lookup_value(ties, mine.value) if mine is not None else None
-        news[player_id] = new
-        planned, after = change_plan(copy=side, player_id=player_id, views=views, value=text, place=place)
-        ops += planned
-        if after != views:
-            lookups.append((player_id, raw, lookup_encode(after)))
-        if not regional:
-            continue
-        placed = lookup_decode(region_raw) if region_raw is not None else _NOWHERE
-        home = placed[side]
-        was = home.value if home is not None else ""
-        now = new_regions.get(player_id, was) if new_regions is not None else was
-        old_regions[player_id], now_regions[player_id] = was, now
-        parts = list(placed)
-        parts[side] = None
-        for board in {was, now} & meta.boards.keys():
-            # The board's entries of the player: each side's value under the name its
-            # region-shard part gives, for the sides placing them on this board.
-            seen: list[Seen | None] = [None, None]
-            for s in SIDES:
-                held, where = views[s], placed[s]
-                if held is not None and where is not None and where.value == board:
-                    seen[s] = Seen(held.value, second=where.second)
-            board_views: Views = (seen[0], seen[1])
-            planned, on_board = change_plan(copy=side, player_id=player_id, views=board_views,
-                                            value=text if board == now else None, place=place)
-            board_ops.setdefault(board, []).extend(planned)
-            entry = on_board[side]
-            if board == now and entry is not None:
-                parts[side] = Seen(now, second=entry.second)
-        placed_after: Views = (parts[0], parts[1])
-        if placed_after != placed:
-            region_fields.append((player_id, region_raw, lookup_encode(placed_after)))
-    plan = epoch_plan(layout=layout, counts=counts, checksums=checksums, old_scores=olds, new_scores=news)
-    chunk = _Chunk(plan=plan)
-    if regional:
-        for board, (old_values, new_values) in regional_values(
-                regions=meta.boards, old_values=olds, new_values=news, old_regions=old_regions,
-                new_regions=now_regions).items():
-            if new_values:
-                board_counts, board_checksums = boards[board]
-                chunk.boards[board] = board_plan(layout=layout, counts=board_counts, checksums=board_checksums,
-                                                 old_values=old_values, new_values=new_values)
-    _chunk_ops(keys, meta, chunk, ops, board_ops, lookups, region_fields)
-    return chunk
-
-
-# No part of a player the index lacks.
-_NOWHERE: Views = (None, None)
-
-
-def _chunk_ops(keys: Keys, meta: CopyMeta, chunk: _Chunk, ops: list[BucketOp], board_ops: Mapping[str, list[BucketOp]],
-               lookups: list[tuple[str, bytes | None, str | None]],
-               region_fields: list[tuple[str, bytes | None, str | None]]) -> None:
-    """A chunk's bucket writes (rankview.shared.bucket_writes: per bucket, removals before
-    additions) and field writes (an HSET and an HDEL per shard), by slot group, each with
-    the reply it must give."""
-    index, groups, layout_id = meta.index, meta.groups, meta.layout.layout_id
-    for board, planned in (("", ops), *board_ops.items()):
-        writes = bucket_writes(planned, bucket_key=partial(keys.bucket, index, layout_id, board=board, groups=groups),
-                               hidden_key=partial(_hidden_of, keys, index, layout_id, board, groups))
-        for bucket, bucket_ops in writes.items():
-            group = bucket_group(bucket=bucket, groups=groups, board=board)
-            for op, expected in zip(bucket_ops, bucket_writes_expected(bucket_ops), strict=True):
-                chunk.add(group, op, expected)
-    for key_of, changed in ((keys.lookup, lookups), (keys.region, region_fields)):
-        sets: dict[int, tuple[list[Any], list[bool]]] = {}
-        dels: dict[int, list[str]] = {}
-        for player_id, raw, text in changed:
-            shard = lookup_shard(player_id, meta.lookup_shards)
-            if text is None:
-                dels.setdefault(shard, []).append(player_id)
-            else:
-                pairs, created = sets.setdefault(shard, ([], []))
-                pairs += (player_id, text)
-                created.append(raw is None)
-        for shard, (pairs, created) in sets.items():
-            chunk.add(shard_group(shard=shard, groups=groups), ("HSET", key_of(index, shard, groups=groups), pairs),
-                      sum(created))
-        for shard, players in dels.items():
-            chunk.add(shard_group(shard=shard, groups=groups), ("HDEL", key_of(index, shard, groups=groups), players),
-                      len(players))
-
-
-def _hidden_of(keys: Keys, index: str, layout_id: int, board: str, groups: int, side: int, bucket: int) -> str:
-    return keys.hidden(index, side, layout_id, bucket, board, groups=groups)
-
-
-def _chunk_mismatch(chunk: _Chunk, replies: list[Any]) -> str:
-    """What a chunk's replies say that its plan did not expect: each op of each group write
-    against the members, hidden records or fields it should have added or removed."""
-    for (group, expected), reply in zip(chunk.expected.items(), replies, strict=True):
-        got = [int(n) for n in reply]
-        if got != expected:
-            ops = chunk.ops[group]
-            wrong = [f"{op[0]} {op[1]}: {n}, expected {want}"
-                     for op, n, want in zip(ops, got, expected, strict=True) if n != want]
-            return f"slot group {group}: " + "; ".join(wrong[:5])
-    return ""
-
-
-def _chunk_commands(keys: Keys, token: int | None, meta: CopyMeta, chunk: _Chunk, boards: Mapping[str, Board]
-                    ) -> None:
-    """The group writes of one chunk, one fenced script per slot group (~64 scripts for
-    ~3,000 commands, not a command each), recording the copy's side's generation; the copy
-    meta's new counts go to the control slot after every group landed."""
-    chunk.calls = [(keys.fence(meta.index, group),
-                    group_write_call(keys.fence(meta.index, group), token, meta.gen, group_ops, side=meta.side))
-                   for group, group_ops in chunk.ops.items()]
-    chunk.meta_command = ("HSET", keys.copy_meta(meta.copy), "counts", orjson.dumps(chunk.plan.counts),
-                          "checksums", orjson.dumps([f"{c:016x}" for c in chunk.plan.checksums]),
-                          *(("boards", boards_dumps(boards)) if meta.boards else ()))
-
-
 def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *, watermark: Watermark,
                 version: int, replicas: int = 0, replicas_ms: int = 0) -> CopyMeta:
     """Mark the copy ready at `watermark`.
@@ -631,6 +361,7 @@ def copy_finish(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, *
     meta.watermark = watermark
     meta.state = STATE_READY
     meta.version = version
+    meta.applying_upto = None
     copy_fields_set(r, keys, meta.copy, meta.fields(), token=token)
     return meta
 

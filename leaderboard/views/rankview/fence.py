@@ -248,7 +248,7 @@ def _fenced_packed(r: redis.Redis, keys: Keys, token: int | None, packed: bytes,
     token None: a shadow copy that no published manifest names yet, written only by the
     rebuild job that claimed it in the database; it needs atomic chunks, not a fence.
 
-    Encoding apart lets copy_apply encode the next chunk while a helper thread waits on
+    Encoding apart lets a caller encode the next batch while a helper thread waits on
     Redis with this one. Any error drops the connection, so a half-read reply or a
     pending WATCH never goes back to the pool.
 

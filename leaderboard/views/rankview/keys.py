@@ -127,6 +127,25 @@ class Keys:
     def copy_meta(self, copy: str) -> str:
         return f"{self._base}:copy:{copy}"
 
+    def part_claim(self, epoch: str, part: int) -> str:
+        """Who runs part `part` of apply `epoch` (views.parts): SET NX with a short TTL its
+        runner renews, in the season's control slot like the lease."""
+        return f"{self._base}:part:{epoch}:{part}"
+
+    def part_started(self, epoch: str, part: int) -> str:
+        """Set by each runner of the part once it claimed it: a claim gone without a report
+        then means its runner died (the coordinator runs the part again at once)."""
+        return f"{self._base}:part:{epoch}:{part}:started"
+
+    def part_report(self, epoch: str, part: int) -> str:
+        """What part `part` of apply `epoch` applied: its counts' deltas and figures (JSON)."""
+        return f"{self._base}:part:{epoch}:{part}:report"
+
+    def parts_done(self, epoch: str) -> str:
+        """The parts of apply `epoch` that reported, pushed as they do: the coordinator
+        blocks on it (BLPOP) instead of polling each report."""
+        return f"{self._base}:part:{epoch}:done"
+
     def group(self, index: str, group: int) -> str:
         """The hash-tagged base of every key of slot group `group` of index `index` (the
         data a copy reads: CopyMeta.index, Manifest.index)."""
