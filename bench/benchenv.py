@@ -189,16 +189,62 @@ class UvicornServer:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
+        if proc is not None:
+            processes_stop([proc])
+
+
+def processes_stop(procs: Sequence[subprocess.Popen[Any]]) -> None:
+    """SIGTERM each child still running, then SIGKILL the process group of any not gone
+    within 15 s."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
+    for proc in running:
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
+
+
+class CeleryWorkers:
+    """`count` Celery worker processes (one task at a time each: the solo pool) on the
+    benchmark's broker, in their own process groups; they run an epoch's parts
+    (tasks.season_epoch_part). stop() ends them."""
+
+    def __init__(self, *, count: int, env: dict[str, str], root: Path = ROOT):
+        self.count = count
+        self.env = env
+        self.root = root
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, timeout: float = 60.0) -> None:
+        from config.celery import app
+
+        # Tasks left on the benchmark's broker by an earlier, interrupted run would run first.
+        app.control.purge()
+        for i in range(self.count):
+            cmd = [sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "--pool", "solo",
+                   "-n", f"bench{i}-{os.getpid()}@%h", "--without-mingle", "--without-gossip",
+                   "--loglevel", "WARNING"]
+            self.procs.append(subprocess.Popen(cmd, cwd=self.root, env={**os.environ, **self.env},
+                                               start_new_session=True, stdout=subprocess.DEVNULL))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                raise SystemExit("a Celery worker exited at start")
+            if len(app.control.ping(timeout=1.0)) >= self.count:
+                return
+        raise SystemExit(f"{self.count} Celery workers did not answer within {timeout:.0f}s")
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self) -> None:
+        procs, self.procs = self.procs, []
+        processes_stop(procs)
 
 
 # ----------------------------------------------------------------------------- seasons

@@ -26,11 +26,16 @@ current-scores table every --vacuum-seconds (autovacuum's stand-in: this machine
 PostgreSQL runs without it); PostgreSQL's buffer allocations and backend writes are
 printed, since they set the writers' rate here.
 
+--parts N runs the epoch loop with EPOCH_PARTS=N (docs/architecture.md, Parts) and starts
+N - 1 Celery worker processes (--part-workers) to take the parts it sends; the season has
+--partitions ledger partitions (default 8), which the parts divide.
+
 Target (docs/rules.md, Publication): p99 < 5 s; this benchmark's goal: p99 < 2 s at 15,000 events/s.
 
     SECRET_KEY=x .venv/bin/python bench/freshness.py                      # 15k events/s, 30 s, 1M players
     SECRET_KEY=x .venv/bin/python bench/freshness.py --rate 20000 --duration 60 --players 10M
     SECRET_KEY=x .venv/bin/python bench/freshness.py --workload matches --players 200k --rate 18000
+    SECRET_KEY=x .venv/bin/python bench/freshness.py --parts 2 --rate 9000      # 8 partitions, 2 parts
 """
 
 from __future__ import annotations
@@ -296,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="VACUUM ANALYZE the current-scores table this often while writing, as autovacuum "
                              "would (0: never; this machine's PostgreSQL has autovacuum off)")
     parser.add_argument("--epoch-seconds", type=float, default=1.0, help="EPOCH_SECONDS of the epoch loop")
+    parser.add_argument("--partitions", type=int, default=8, help="the season's ledger partitions (default 8)")
+    parser.add_argument("--parts", type=int, default=1,
+                        help="EPOCH_PARTS of the epoch loop: parts an epoch's changes are applied in")
+    parser.add_argument("--part-workers", type=int, default=None,
+                        help="Celery worker processes (solo pool) taking the parts the epoch loop sends "
+                             "(default: parts - 1; the loop runs one part itself)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--role", choices=["main", "epoch-loop", "writer"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--season-id", type=int, help=argparse.SUPPRESS)
@@ -317,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
 
     env = benchenv.environment_prepare(args)
     print(benchenv.machine_line())
+    from django.conf import settings
+
+    settings.SEASON_PARTITIONS = args.partitions
+    part_workers = args.parts - 1 if args.part_workers is None else args.part_workers
     # The matches workload starts from one loaded player (the loader publishes version 1).
     result = loader.load_season(players=args.players if args.workload == "random" else 1, seed=args.seed,
                                 kind="fresh", verbose=True)
@@ -326,14 +341,14 @@ def main(argv: list[str] | None = None) -> int:
         figures = measure(season=season, players=args.players, rate=args.rate, writers=args.writers,
                           duration=args.duration, warmup=args.warmup, drain=args.drain,
                           vacuum_seconds=args.vacuum_seconds, epoch_seconds=args.epoch_seconds, seed=args.seed,
-                          env=env, workload=args.workload)
+                          env=env, workload=args.workload, parts=args.parts, part_workers=part_workers)
     finally:
         benchenv.season_cleanup(season, keep=args.keep)
 
     print()
     print(f"## freshness: {args.workload} workload, {args.players:,} players, {args.writers} writers"
-          f", offered {args.rate:,.0f} events/s, "
-          f"epoch loop every {args.epoch_seconds} s, {args.duration:.0f} s measured")
+          f", offered {args.rate:,.0f} events/s, {args.partitions} ledger partitions, {args.parts} part(s) an epoch "
+          f"({part_workers} part worker(s)), epoch loop every {args.epoch_seconds} s, {args.duration:.0f} s measured")
     print()
     print(report(figures))
     if figures["first_error"]:
@@ -347,11 +362,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(*, season: Any, players: int, rate: float, writers: int, duration: float, warmup: float, drain: float,
             vacuum_seconds: float, epoch_seconds: float, seed: int, env: dict[str, str],
-            workload: str = "random") -> dict[str, Any]:
+            workload: str = "random", parts: int = 1, part_workers: int = 0) -> dict[str, Any]:
     """Writers at `rate` and an epoch loop against `season` (already loaded, version 1
-    published); the figures of the run. In a season written to before (a reused one), the
+    published), its epochs in `parts` parts with `part_workers` Celery workers taking
+    them; the figures of the run. In a season written to before (a reused one), the
     event ids and score versions start past any earlier run's (clock-based bases)."""
-    env = {**env, "EPOCH_SECONDS": str(epoch_seconds)}
+    env = {**env, "EPOCH_SECONDS": str(epoch_seconds), "EPOCH_PARTS": str(parts)}
+    workers = benchenv.CeleryWorkers(count=part_workers, env=env)
     batch_base = int(time.time()) * 100 if workload == "random" else 0
     version_base = int(time.time()) - 1_700_000_000 if workload == "random" else 1
     tmp = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
@@ -359,6 +376,8 @@ def measure(*, season: Any, players: int, rate: float, writers: int, duration: f
     epoch_loop: subprocess.Popen[bytes] | None = None
     vacuumer = Vacuumer(vacuum_seconds)
     try:
+        if part_workers:
+            workers.start()
         epoch_loop = child("epoch-loop", ["--season-id", str(season.pk), "--out", str(tmp / "epochs.jsonl")], env)
         # The writers' set-up first (score generation: ~12 s at 50M players).
         start_at = time.time() + 3.0 + 0.5 * writers + players / 4e6
@@ -392,6 +411,7 @@ def measure(*, season: Any, players: int, rate: float, writers: int, duration: f
                 epoch_loop.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(epoch_loop.pid, signal.SIGKILL)
+        workers.stop()
 
     try:
         runs = [json.loads((tmp / f"writer-{w}.json").read_text()) for w in range(writers)]

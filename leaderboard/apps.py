@@ -12,8 +12,7 @@ class LeaderboardConfig(AppConfig):
         from leaderboard.live.hub import live_version_published
         from leaderboard.recovery.rebuild import rebuild_job_queued
         from leaderboard.tasks import epoch_parts_enqueue, rebuild_job_enqueue
-        from leaderboard.views.parts import epoch_parts_wanted
-        from leaderboard.views.signals import version_published
+        from leaderboard.views.signals import epoch_parts_wanted, version_published
 
         version_published.connect(live_version_published, dispatch_uid="leaderboard.live.version_published")
         # Shadow builds run on the Celery workers.

@@ -64,7 +64,7 @@ def season_epoch_part(spec: dict[str, Any]) -> str:
 
 
 def epoch_parts_enqueue(specs: list[dict[str, Any]], **_: object) -> None:
-    """Receiver of views.parts.epoch_parts_wanted: the parts go to the Celery workers as one
+    """Receiver of views.signals.epoch_parts_wanted: the parts go to the Celery workers as one
     group (each its own message: every free worker takes one), to be run before the
     coordinator stops waiting for them."""
     group(season_epoch_part.s(spec) for spec in specs).apply_async(expires=settings.EPOCH_PART_TIMEOUT_SECONDS)

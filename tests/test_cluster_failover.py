@@ -13,6 +13,7 @@ event the write API accepted. The window of 503s (first to last) is printed and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -38,6 +39,7 @@ from tests.support import (
     epoch,
     epoch_child,
     keys_of,
+    part_worker,
     publish,
     recovery_jobs,
 )
@@ -230,21 +232,29 @@ class Scene:
         assert assert_matches_ledger(self.season, exhaustive=False) == final
 
 
-@pytest.mark.parametrize("target", ["control", "groups"])
+@pytest.mark.parametrize(("target", "parts"), [("control", 1), ("groups", 1), ("groups", 2)])
 def test_a_master_killed_during_an_epoch_under_load(
         on_replicated: LocalCluster, season_factory: Callable[..., Season],
-        writer: tuple[ApiClient, str], target: str) -> None:
+        writer: tuple[ApiClient, str], settings: Any, target: str, parts: int) -> None:
+    """With 2 parts (a season of 8 ledger partitions), part 0 runs on a real Celery worker
+    and the coordinator runs part 1: the master dies under both."""
     cluster = on_replicated
-    scene = Scene.start(season_factory(slug=f"failover-{target}"), writer[1], seed=len(target))
+    env = {"EPOCH_LEASE_SECONDS": "2", "REDIS_CLUSTER": "true", "COPY_GRACE_SECONDS": str(COPY_GRACE_SECONDS),
+           "READ_DEADLINE_SECONDS": str(READ_DEADLINE_SECONDS), "EPOCH_PARTS": str(parts),
+           "EPOCH_PART_CLAIM_SECONDS": "3"}
+    settings.EPOCH_PARTS = parts
+    scene = Scene.start(season_factory(slug=f"failover-{target}-{parts}", partitions=8 if parts > 1 else 1),
+                        writer[1], seed=len(target) + parts)
     season = scene.season
     child = None
+    workers = contextlib.ExitStack()
     try:
+        if parts > 1:
+            worker_ = workers.enter_context(part_worker(env=env, chunk_players=4, pause=0.0))
         scene.move_everyone()
         victim = _victim(cluster, season, target)
         before = _copy_states(season)
-        child = epoch_child(season, apply_chunk=4, EPOCH_LEASE_SECONDS="2", REDIS_CLUSTER="true",
-                            COPY_GRACE_SECONDS=str(COPY_GRACE_SECONDS),
-                            READ_DEADLINE_SECONDS=str(READ_DEADLINE_SECONDS))
+        child = epoch_child(season, apply_chunk=4, **env)
         assert child.stdin is not None
         child.stdin.write("go\n")
         child.stdin.flush()
@@ -260,6 +270,9 @@ def test_a_master_killed_during_an_epoch_under_load(
         promoted_at = time.monotonic()
         outcomes, final = scene.converge()
     finally:
+        if parts > 1:
+            print("WORKER", "\n".join(worker_.errors[-80:]), "\n".join(worker_.lines[-20:]))
+        workers.close()
         scene.stop()
         if child is not None and child.poll() is None:
             child.kill()

@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import json
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -51,19 +52,23 @@ from tests.support import (
     apply_events,
     assert_matches_ledger,
     board_snapshot,
+    builds_counted,
     current_manifest,
     db_standings,
     epoch,
+    epoch_child,
     epoch_child_killed_inside_apply,
     full_check,
     held_correction_approve,
     keys_of,
     ledger_rows,
+    part_worker,
     post_ok,
     publish,
     reader_of,
     recovery_jobs,
     scores_at_watermark,
+    season_in_parts,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -984,3 +989,116 @@ def test_a_hot_bucket_split_under_write_load(season_factory: Callable[..., Seaso
     assert set(rankview.copies_get(r, keys)) == {job.copy, f"{job.copy}b"}
     assert rankview.copy_meta_load(r, keys, "0") is None and rankview.copy_meta_load(r, keys, "1") is None
     assert not [k for k in r.scan_iter(match=keys.bucket("0", 1, 0, groups=settings.VIEW_SLOT_GROUPS))]
+
+
+# --- an epoch in parts (EPOCH_PARTS=2) on a real Celery worker -----------------------------------------
+
+
+@pytest.fixture
+def in_parts(season_factory: Callable[..., Season], settings: Any) -> Season:
+    """A season of 8 ledger partitions, 400 players published, whose epochs go in 2 parts,
+    both sent to the one worker, which claims part 0 at once; the coordinator runs part 1
+    once it has waited 3 s for a worker. Leases (and so a part's claim) last 2 s."""
+    settings.EPOCH_LEASE_SECONDS = 2.0
+    return season_in_parts(season_factory, settings, slug="in-parts", prefix="q", claim_seconds=3.0)
+
+
+PART_ENV = {"EPOCH_PARTS": "2", "EPOCH_LEASE_SECONDS": "2", "EPOCH_PART_CLAIM_SECONDS": "3"}
+
+
+def parts_moved(season: Season, tag: str, shift: int) -> None:
+    apply_events(season, [Events(tag).correction(f"q{i:03d}", (2_503 * i + shift) % 1_000_001) for i in range(400)])
+
+
+def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = target()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.slow
+def test_a_part_worker_killed_mid_write_has_its_part_run_again_under_a_newer_token(
+        in_parts: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker is SIGKILLed inside part 0's writes. Its claim lapses (one lease); the
+    coordinator gives the token up, takes the season under a newer one (stamped into every
+    slot group) and hands part 0 out again: run resumed over what the dead worker wrote,
+    no index built, the version exact."""
+    season = in_parts
+    builds = builds_counted(monkeypatch)
+    before = current_manifest(season).version
+    with part_worker(env=PART_ENV, chunk_players=4, pause=0.02) as worker:
+        parts_moved(season, "killed-part", 50_000)
+        thread, out = in_thread(lambda: season_epoch_advance(season=season))
+        worker.wait_for(lambda line: line.startswith("wrote") and line.endswith(" 0"))
+        worker.signal(signal.SIGKILL)
+        thread.join(timeout=60)
+    assert "error" not in out, out
+    assert out["result"].status == "published"
+    assert builds["n"] == 0
+    assert assert_matches_ledger(season) == current_manifest(season).version > before
+    full_check(season, current_manifest(season).version)
+
+
+@pytest.mark.slow
+def test_a_coordinator_killed_after_handing_out_parts_is_resumed_by_the_next_one(
+        in_parts: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator (a child process) sent part 0 to the worker and is SIGKILLed while
+    the worker writes it. The previous version serves on; the worker's writes go on under
+    the dead coordinator's token until the next coordinator stamps a newer one, and are
+    refused from then on. The next epoch resumes the copy from where the writes stopped,
+    with no index built."""
+    season = in_parts
+    builds = builds_counted(monkeypatch)
+    before = current_manifest(season).version
+    served = board_snapshot(season)
+    with part_worker(env=PART_ENV, chunk_players=4, pause=0.02) as worker:
+        parts_moved(season, "killed-coordinator", 70_000)
+        child = epoch_child(season, apply_chunk=2000, **PART_ENV)
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        worker.wait_for(lambda line: line.startswith("wrote") and line.endswith(" 0"))
+        child.kill()
+        child.wait(timeout=30)
+        assert board_snapshot(season) == served
+        lease_expired_wait(season)
+        assert publish(season) == before + 1
+        assert builds["n"] == 0
+        assert assert_matches_ledger(season) == before + 1
+    full_check(season, before + 1)
+
+
+@pytest.mark.slow
+def test_a_part_worker_that_wakes_after_its_part_was_run_again_writes_nothing(
+        in_parts: Season, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker is stopped (SIGSTOP) inside part 0: its claim lapses, and the epoch runs
+    the part again under a newer token and publishes. Woken, the worker goes on with the
+    writes it had planned from what the side held before: every one is refused (its
+    token is older than the groups'), and the published version stays exact."""
+    season = in_parts
+    r = redis_get()
+    builds = builds_counted(monkeypatch)
+    with part_worker(env=PART_ENV, chunk_players=4, pause=0.02) as worker:
+        parts_moved(season, "stopped-part", 90_000)
+        thread, out = in_thread(lambda: season_epoch_advance(season=season, catch_up=False))
+        worker.wait_for(lambda line: line.startswith("wrote") and line.endswith(" 0"))
+        worker.signal(signal.SIGSTOP)
+        thread.join(timeout=60)
+        assert "error" not in out, out
+        assert out["result"].status == "published"
+        published = season_keys_dump(r, season)
+        worker.signal(signal.SIGCONT)
+        worker.wait_for(lambda line: "moved to a newer coordinator" in line, stream="errors")
+        assert season_keys_dump(r, season) == published
+    assert builds["n"] == 0
+    assert assert_matches_ledger(season) == current_manifest(season).version

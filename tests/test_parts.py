@@ -6,10 +6,7 @@ the next resumes it; parts sent to a real Celery worker run there."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,20 +17,21 @@ from leaderboard.redis_client import redis_get
 from leaderboard.views import epoch as views_epoch
 from leaderboard.views import parts as views_parts
 from leaderboard.views import rankview
+from leaderboard.views import signals as views_signals
 from leaderboard.views.parts import PartSpec, PartsStuck, part_run, parts_plan
 from seasons.models import Season
 from tests.support import (
-    ROOT,
     Events,
     apply_events,
     assert_idle_copy_caught_up,
     assert_matches_ledger,
     builds_counted,
-    child_env,
     current_manifest,
     epoch,
     keys_of,
+    part_worker,
     publish,
+    season_in_parts,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -43,12 +41,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 def eight(season_factory: Callable[..., Season], settings: Any) -> Season:
     """A season of 8 ledger partitions, 400 players, published; its epochs in 2 parts, and
     no worker to wait for (the coordinator runs every part)."""
-    settings.EPOCH_PARTS = 2
-    settings.EPOCH_PART_CLAIM_SECONDS = 0.0
-    season = season_factory(slug="parts", partitions=8)
-    apply_events(season, [Events("parts").result(f"p{i:03d}", 2_503 * i) for i in range(400)])
-    publish(season)
-    return season
+    return season_in_parts(season_factory, settings, slug="parts", prefix="p", claim_seconds=0.0)
 
 
 @pytest.fixture
@@ -184,55 +177,70 @@ def test_a_part_of_an_abandoned_apply_or_a_stale_token_writes_nothing(eight: Sea
 
 
 @pytest.fixture
-def worker_claims(eight: Season) -> Iterator[Callable[[float], list[PartSpec]]]:
+def worker_claims(eight: Season) -> Iterator[Callable[..., list[PartSpec]]]:
     """What a worker does with the parts it is sent, as far as a test needs: it claims part
-    0 with a TTL of `ttl` seconds and then... whatever the test makes of it (nothing: it
-    died; renewing the claim: it is stuck). Returns the specs it claimed."""
+    0 of the first `times` applies handed out with a TTL of `ttl` seconds and then...
+    whatever the test makes of it (nothing: it died; renewing the claim: it is stuck).
+    Returns the specs it claimed."""
     r, keys = redis_get(), keys_of(eight)
     claimed: list[PartSpec] = []
-    ttl = {"s": 0.6}
+    wanted = {"ttl": 0.6, "times": 1}
 
     def receiver(specs: list[dict[str, Any]], **_: Any) -> None:
         for raw in specs:
             spec = PartSpec.from_json(raw)
-            if spec.part == 0 and not claimed:
+            if spec.part == 0 and len(claimed) < wanted["times"]:
                 claimed.append(spec)
-                r.set(keys.part_claim(spec.epoch, 0), "a-worker", px=int(ttl["s"] * 1000))
+                r.set(keys.part_claim(spec.epoch, 0), "a-worker", px=int(wanted["ttl"] * 1000))
                 r.set(keys.part_started(spec.epoch, 0), "a-worker", ex=60)
 
-    views_parts.epoch_parts_wanted.connect(receiver, dispatch_uid="test-worker-claims")
+    views_signals.epoch_parts_wanted.connect(receiver, dispatch_uid="test-worker-claims")
 
-    def start(seconds: float) -> list[PartSpec]:
-        ttl["s"] = seconds
+    def start(ttl: float, times: int = 1) -> list[PartSpec]:
+        wanted.update(ttl=ttl, times=times)
         return claimed
 
     yield start
-    views_parts.epoch_parts_wanted.disconnect(dispatch_uid="test-worker-claims")
+    views_signals.epoch_parts_wanted.disconnect(dispatch_uid="test-worker-claims")
 
 
-def test_a_part_whose_runner_died_is_run_again_by_the_coordinator(
-        eight: Season, settings: Any, worker_claims: Callable[[float], list[PartSpec]]) -> None:
+def test_a_part_whose_runner_died_is_run_again_under_a_newer_token(
+        eight: Season, settings: Any, monkeypatch: pytest.MonkeyPatch,
+        worker_claims: Callable[..., list[PartSpec]]) -> None:
     """A worker claimed part 0 and died: its claim lapses within one lease (nobody renews
-    it), and the coordinator runs the part at once, not after the claim wait (the catch-up's
-    part 0, which no worker takes, is run after it)."""
-    settings.EPOCH_PART_CLAIM_SECONDS = 4.0
+    it). The coordinator gives its token up, takes the season under a newer one and
+    hands the part out again (run here once no worker claims it): published, no index
+    built, and a write of the dead runner's, were it only paused, is refused."""
+    settings.EPOCH_PART_CLAIM_SECONDS = 1.0
+    r, keys = redis_get(), keys_of(eight)
+    builds = builds_counted(monkeypatch)
     claimed = worker_claims(0.6)
     moved(eight, "dies")
-    started = time.monotonic()
     assert epoch(eight).status == "published"
-    assert claimed and time.monotonic() - started < 4.0 + 4.0
+    assert claimed and builds["n"] == 0
     assert_matches_ledger(eight)
+    assert_idle_copy_caught_up(eight)
+    # Had it been paused, not dead, its writes (here: of changes since, so that there is
+    # something to write) would be refused by every group.
+    meta = rankview.copy_meta_load(r, keys, claimed[0].copy)
+    assert meta is not None
+    moved(eight, "after-death", shift=222_000)
+    with pytest.raises(rankview.FenceLost):
+        views_parts._part_apply(eight, r, keys, PartSpec.from_json({
+            **claimed[0].as_json(), "gen": meta.gen, "upto": stream_committed_watermark(season_id=eight.pk).dump()}))
 
 
-def test_a_stuck_part_stops_the_epoch_and_the_next_resumes_it(
+def test_a_stuck_part_is_given_up_and_the_side_resumed_under_a_newer_token(
         eight: Season, settings: Any, monkeypatch: pytest.MonkeyPatch,
-        worker_claims: Callable[[float], list[PartSpec]]) -> None:
+        worker_claims: Callable[..., list[PartSpec]]) -> None:
     """Part 0's runner holds its claim (alive) and never reports: the epoch gives up after
-    EPOCH_PART_TIMEOUT_SECONDS, the lease goes back, and the next epoch (a newer token)
-    resumes the copy with no new index; the stuck runner's writes are fenced out."""
-    settings.EPOCH_PART_CLAIM_SECONDS = 30.0
+    EPOCH_PART_TIMEOUT_SECONDS and takes the season again under a newer token, which
+    resumes the copy with no new index and publishes; the stuck runner's writes are
+    fenced out. Stuck again, the second loss stops the call and the lease goes back."""
+    settings.EPOCH_PART_CLAIM_SECONDS = 0.5
     settings.EPOCH_PART_TIMEOUT_SECONDS = 1.0
     r, keys = redis_get(), keys_of(eight)
+    builds = builds_counted(monkeypatch)
     claimed = worker_claims(0.5)
     stop = threading.Event()
 
@@ -244,14 +252,8 @@ def test_a_stuck_part_stops_the_epoch_and_the_next_resumes_it(
     keeper = threading.Thread(target=renew, daemon=True)
     keeper.start()
     moved(eight, "stuck")
-    with pytest.raises(PartsStuck, match=r"part 0 .* has not reported in 1 s"):
-        epoch(eight)
-    stop.set()
-    keeper.join()
-    assert r.get(keys.lease) is None
-    builds = builds_counted(monkeypatch)
-    assert publish(eight) == current_manifest(eight).version
-    assert builds["n"] == 0
+    assert epoch(eight).status == "published"
+    assert len(claimed) == 1 and builds["n"] == 0
     assert_matches_ledger(eight)
     # The stuck runner wakes up and writes with its token (as if the copy were still at its
     # generation): what it would change is refused by every group, and nothing moves.
@@ -267,26 +269,27 @@ def test_a_stuck_part_stops_the_epoch_and_the_next_resumes_it(
     else:
         raise AssertionError("the stuck runner's writes were not refused")
     assert {key: r.dump(key) for key in r.scan_iter(f"{keys.prefix}:{{{eight.slug}:*")} == before
+    # Stuck under the newer token too: the call stops and gives the lease back; the next
+    # epoch resumes the copy.
+    worker_claims(0.5, times=3)
+    with pytest.raises(PartsStuck, match=r"part 0 .* has made no progress in 1 s"):
+        epoch(eight)
+    stop.set()
+    keeper.join()
+    assert r.get(keys.lease) is None
     publish(eight)
+    assert builds["n"] == 0
     assert_matches_ledger(eight)
 
 
 @pytest.mark.slow
 def test_parts_sent_to_a_celery_worker_run_there(eight: Season, settings: Any, part_reports: list[Any]) -> None:
-    """A real worker process takes the parts the coordinator sends (tasks.season_epoch_part);
-    the coordinator runs its own part and waits for the worker's report."""
+    """A real worker process takes the parts the coordinator sends (tasks.season_epoch_part),
+    one after the other; the coordinator waits for its reports and runs none itself."""
     settings.EPOCH_PART_CLAIM_SECONDS = 30.0
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "--pool", "solo",
-         "--without-mingle", "--without-gossip", "--without-heartbeat", "--loglevel", "WARNING"],
-        cwd=ROOT, env=child_env(EPOCH_PARTS="2"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
+    with part_worker(env={"EPOCH_PARTS": "2"}, chunk_players=2000, pause=0.0) as worker:
         moved(eight, "celery")
         assert epoch(eight).status == "published"
-    finally:
-        worker.terminate()
-        worker.wait(timeout=15)
     runners = {p.part: p.runner for report in part_reports for p in report.parts}
-    assert f":{worker.pid}:" in runners[0], runners
-    assert f":{worker.pid}:" not in runners[1], runners
+    assert all(f":{worker.proc.pid}:" in runner for runner in runners.values()), runners
     assert_matches_ledger(eight)

@@ -40,7 +40,7 @@ from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
 from leaderboard.views import build, rankview
-from leaderboard.views.parts import RangeReport, parts_apply
+from leaderboard.views.parts import PartsLost, RangeReport, parts_apply
 from leaderboard.views.rankview.reads import version_holds
 from leaderboard.views.season_index import EpochError, replicas_wait, season_keys, season_ties
 from leaderboard.views.signals import version_published_on_commit
@@ -76,6 +76,7 @@ class EpochResult:
     applied: int = 0  # players moved in the published copy before the swap
     parts: int = 0  # the parts that applied it (views.parts)
     parts_cpu_seconds: float = 0.0  # their CPU time, wherever they ran
+    parts_seconds: float = 0.0  # from handing them out to their last report (in duration_ms)
     catch_up_ms: float | None = None  # the other copy brought up to this version, after its grace period
     # A shadow build the season needs (views lost, lookup shards outgrown). The epoch only
     # asks: the caller starts it (recovery.rebuild.season_epoch_advance), so that the views
@@ -157,27 +158,58 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
         return EpochResult(status="skipped", detail="another coordinator holds the season")
     catch_up = settings.EPOCH_CATCH_UP if catch_up is None else catch_up
     started = time.monotonic()
-    keeper = rankview.LeaseKeeper(r, keys, token, ttl_ms=ttl_ms, max_seconds=LEASE_KEEP_MAX_SECONDS)
-    try:
-        keeper.start()
-        result: EpochResult | None = None
-        while True:
-            run = _epoch(season=season, r=r, keys=keys, token=token, keeper=keeper)
-            if catch_up and run.status == "published":
+    results: list[EpochResult] = []
+    for attempt in (1, 2):
+        keeper = rankview.LeaseKeeper(r, keys, token, ttl_ms=ttl_ms, max_seconds=LEASE_KEEP_MAX_SECONDS)
+        try:
+            keeper.start()
+            return _epochs_held(season=season, r=r, keys=keys, token=token, keeper=keeper, catch_up=catch_up,
+                                started=started, results=results)
+        except PartsLost:
+            # The lost part's runner may be paused, not dead, and write later under this
+            # token: take the season again under a newer one, stamped into every slot group
+            # before anything is written, and resume the side (once per call).
+            if attempt == 2:
+                raise
+            log.warning("season %s: an epoch part was lost; resumed under a newer token", season.slug,
+                        exc_info=True)
+        finally:
+            keeper.stop()
+            rankview.lease_release(r, keys, token)
+        retaken = season_lease_acquire(season=season, r=r, ttl_ms=ttl_ms)
+        if retaken is None:
+            rankview.epoch_due_mark(r, keys, ttl_ms=due_ttl_ms)
+            break
+        token = retaken
+    return results[-1] if results else EpochResult(status="skipped", detail="another coordinator holds the season")
+
+
+def _epochs_held(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int, keeper: rankview.LeaseKeeper,
+                 catch_up: bool, started: float, results: list[EpochResult]) -> EpochResult:
+    """Epochs under one token while one is due, each followed by its catch-up; the last
+    publication (or the idle run) is appended to `results` and returned. PartsLost out of
+    an epoch's apply; one out of a catch-up ends the run (the next holder's newer token
+    fences the lost runner out before the next apply)."""
+    while True:
+        run = _epoch(season=season, r=r, keys=keys, token=token, keeper=keeper)
+        lost = False
+        if catch_up and run.status == "published":
+            try:
                 run = replace(run, catch_up_ms=_catch_up_quietly(season=season, r=r, keys=keys, token=token,
                                                                  keeper=keeper))
-            if result is None or run.status != "idle":
-                result = run  # the last publication, not the idle run after it
-            # Past the bound the note stays for the next tick's task to run; a waiting
-            # rebuild gets the lease before the noted epoch.
-            if (time.monotonic() - started > EPOCH_HOLD_SECONDS or rankview.lease_wanted(r, keys)
-                    or not rankview.epoch_due_take(r, keys)):
-                return result
-            if keeper.lost:
-                return result
-    finally:
-        keeper.stop()
-        rankview.lease_release(r, keys, token)
+            except PartsLost:
+                log.warning("season %s: a catch-up part was lost; the next epoch resumes the copy under a newer "
+                            "token", season.slug, exc_info=True)
+                lost = True
+        if not results or run.status != "idle":
+            results.append(run)  # the last publication, not the idle run after it
+        # Past the bound the note stays for the next tick's task to run; a waiting
+        # rebuild gets the lease before the noted epoch.
+        if (lost or time.monotonic() - started > EPOCH_HOLD_SECONDS or rankview.lease_wanted(r, keys)
+                or not rankview.epoch_due_take(r, keys)):
+            return results[-1]
+        if keeper.lost:
+            return results[-1]
 
 
 def _catch_up_quietly(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
@@ -187,6 +219,8 @@ def _catch_up_quietly(*, season: Season, r: redis.Redis, keys: rankview.Keys, to
     # from its watermark).
     try:
         return season_idle_copy_catch_up(season=season, r=r, keys=keys, token=token, keeper=keeper)
+    except PartsLost:
+        raise
     except (EpochError, rankview.FenceLost, rankview.CopyMismatch, rankview.ReplicasBehind, redis.RedisError):
         log.warning("season %s: idle copy not caught up; the next epoch applies its changes", season.slug,
                     exc_info=True)
@@ -257,12 +291,15 @@ def copy_side_apply(*, season: Season, r: redis.Redis, keys: rankview.Keys, toke
     whose buckets disagree with the counts is marked broken (the next epoch builds a new
     index) and EpochError is raised. `current`: the serving version's watermark, what is
     new since it (the report's `fresh`)."""
+    resumed = None
     if target.applying_upto is not None and target.applying_upto != target.watermark:
-        _side_range(season=season, r=r, keys=keys, token=token, target=target, upto=target.applying_upto,
-                    current=current, resume=True, not_before=not_before, keeper=keeper, parts=parts)
+        resumed = _side_range(season=season, r=r, keys=keys, token=token, target=target,
+                              upto=target.applying_upto, current=current, resume=True, not_before=not_before,
+                              keeper=keeper, parts=parts)
         upto = upto.merge(target.watermark)
-    return _side_range(season=season, r=r, keys=keys, token=token, target=target, upto=upto, current=current,
+    rest = _side_range(season=season, r=r, keys=keys, token=token, target=target, upto=upto, current=current,
                        resume=False, not_before=not_before, keeper=keeper, parts=parts)
+    return rest if resumed is None else resumed.then(rest)
 
 
 def _side_range(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int | None,
@@ -409,7 +446,8 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
               if lookup_shards_outgrown(players=manifest.total, shards=target.lookup_shards) else None)
     return EpochResult(status="published", version=version, changed_players=changed, duration_ms=epoch_ms,
                        applied=report.applied, rebuild_wanted=wanted, parts=len(report.parts),
-                       parts_cpu_seconds=sum(part.cpu_seconds for part in report.parts))
+                       parts_cpu_seconds=sum(part.cpu_seconds for part in report.parts),
+                       parts_seconds=report.seconds)
 
 
 def copy_manifest(*, r: redis.Redis, keys: rankview.Keys, season: Season, meta: rankview.CopyMeta, version: int,

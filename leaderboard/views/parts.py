@@ -2,21 +2,29 @@
 set of the season's ledger partitions (so of its players), reads their changes in the
 epoch's range from its own stream cursors, and writes them into the side being updated
 under the season's fencing token; the coordinator only hands the parts out, waits for
-their reports and adds up their counts and checksums.
+their reports and adds up their counts and checksums: its own time does not grow with
+the changes.
 
 - A part's range is fixed by the coordinator before any part runs: (after, upto], the
   side's watermark and the stream heads it read. Running a part twice reads the same
   rows and writes nothing new (rankview.apply): its report is the same.
 - Parts run on Celery workers (tasks.season_epoch_part, sent through the
-  `epoch_parts_wanted` signal) and in the coordinator's own process: it runs the last
-  part itself, and any part no worker claimed within EPOCH_PART_CLAIM_SECONDS, or whose
-  runner died (its claim lapsed without a report). A runner claims its part with SET NX
-  and a TTL of one lease, renewed while it runs, so two runners never write one part
-  at once.
-- A part whose runner is alive but reports nothing within EPOCH_PART_TIMEOUT_SECONDS
-  stops the epoch (PartsStuck): the coordinator gives the lease up, the next one takes
-  the season with a newer token and stamps it into every slot group, so the stuck
-  runner's writes are refused when it wakes, and the next epoch resumes the side.
+  `epoch_parts_wanted` signal). The coordinator runs a part itself only when the range
+  is one part (EPOCH_PARTS=1: the coordinator applies it) or when no worker claimed it
+  within EPOCH_PART_CLAIM_SECONDS (none free, or none at all). A runner claims its part
+  with SET NX and a TTL of one lease, renewed while it runs, so two runners never write
+  one part at once.
+- A part is lost when its runner died or failed (its claim lapsed or was let go
+  without a report: PartDied) or holds its claim without reporting within
+  EPOCH_PART_TIMEOUT_SECONDS (PartsStuck). Its runner may be a process paused, not dead,
+  whose writes would still arrive under this apply's token, planned from what the side
+  held before: nothing more is written under that token. The coordinator takes the
+  season again under a newer one, stamped into every slot group first (so the lost
+  runner's writes are refused wherever they land), and the epoch resumes the side, the
+  lost part handed out again (views.epoch.season_epoch_run).
+- A part run again reads the same rows and plans from what the side holds now: a
+  runner that finds the part started by another applies it as resumed (no reply checks:
+  some writes may have landed).
 - A runner checks that the season's lease still holds its epoch's token before it
   writes: a part of an abandoned epoch (a redelivered message) writes nothing.
 """
@@ -29,36 +37,39 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
 import redis
 from django.conf import settings
-from django.dispatch import Signal
 
 from leaderboard.core.epoch import BoardDeltas, parts_of, range_deltas, range_values
 from leaderboard.core.partitions import Watermark
 from leaderboard.ingest.selectors import stream_partition_changed, stream_range_rows
 from leaderboard.views import rankview
 from leaderboard.views.season_index import EpochError, season_keys, season_ties
+from leaderboard.views.signals import epoch_parts_applied, epoch_parts_wanted
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
-
-# Sent with `specs` (a list of PartSpec.as_json()): parts the coordinator wants run on
-# workers. The coordinator runs whatever nobody claims, so without a listener (no
-# Celery: tests, a one-process deployment) every part still runs.
-epoch_parts_wanted = Signal()
 
 # How long a part's report is kept (a redelivered message finds it and does nothing).
 REPORT_TTL_SECONDS = 3600
 
 
-class PartsStuck(EpochError):
-    """A part's runner holds its claim but has not reported in time: the epoch stops, and
-    the next lease holder resumes the side (the stuck runner's writes are fenced out)."""
+class PartsLost(EpochError):
+    """A part's runner is gone or stuck: nothing more may be written under the apply's
+    token, and the side is resumed under a newer one (its late writes are fenced out)."""
+
+
+class PartsStuck(PartsLost):
+    """A part's runner holds its claim but has not reported in time."""
+
+
+class PartDied(PartsLost):
+    """A part's runner started it and let its claim go, or lost it, without a report."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +110,7 @@ class PartReport:
     batches: list[tuple[int, int]] = field(default_factory=list)
     cpu_seconds: float = 0.0
     seconds: float = 0.0
+    waited: float = 0.0  # of `seconds`, asleep until the side's grace period was over
     runner: str = ""
 
     def as_json(self) -> bytes:
@@ -119,6 +131,7 @@ class RangeReport:
 
     boards: dict[str, BoardDeltas]
     parts: list[PartReport]
+    seconds: float = 0.0  # from handing the parts out to the last report
 
     @property
     def applied(self) -> int:
@@ -131,6 +144,14 @@ class RangeReport:
     @property
     def batches(self) -> list[tuple[int, int]]:
         return [b for p in self.parts for b in p.batches]
+
+    def then(self, later: RangeReport) -> RangeReport:
+        """This range's report followed by the next one's (a resumed range, then the rest)."""
+        boards = {board: BoardDeltas.zero(len(deltas.counts)) for board, deltas in self.boards.items()}
+        for report in (self, later):
+            for board, deltas in report.boards.items():
+                boards[board].add(deltas)
+        return RangeReport(boards=boards, parts=self.parts + later.parts, seconds=self.seconds + later.seconds)
 
     def touched(self) -> dict[str, set[int]]:
         return {board: deltas.touched for board, deltas in self.boards.items()}
@@ -160,12 +181,15 @@ def part_run(spec: PartSpec, *, r: redis.Redis | None = None, runner: str | None
     claim = keys.part_claim(spec.epoch, spec.part)
     if not r.set(claim, runner, nx=True, px=ttl_ms):
         return None
-    r.set(keys.part_started(spec.epoch, spec.part), runner, ex=REPORT_TTL_SECONDS)
+    if r.set(keys.part_started(spec.epoch, spec.part), runner, ex=REPORT_TTL_SECONDS, get=True) is not None:
+        # A runner before this one started the part and died: some of its writes may have
+        # landed, which a first application's reply checks would take for a broken index.
+        spec = replace(spec, resume=True)
     try:
-        with _claim_kept(r, claim, runner, ttl_ms):
+        with _claim_kept(r, claim, runner, ttl_ms) as progress:
             if not _apply_live(r, keys, spec):
                 return None
-            report = _part_apply(season, r, keys, spec)
+            report = _part_apply(season, r, keys, spec, progress=progress.tick)
             report.runner = runner
             _report_store(r, keys, spec, report)
             return report
@@ -174,26 +198,43 @@ def part_run(spec: PartSpec, *, r: redis.Redis | None = None, runner: str | None
             r.eval(_RELEASE, 1, claim, runner)
 
 
-_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+# A claim's value is its runner's id, then a space and how far the runner got (a count
+# that moves while the part makes progress): the coordinator tells a slow part from a
+# stuck one by it.
+_OURS = ("local v = redis.call('GET', KEYS[1]) "
+         "if v ~= ARGV[1] and string.sub(v or '', 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then return 0 end ")
+_RELEASE = _OURS + "return redis.call('DEL', KEYS[1])"
+_RENEW = _OURS + "redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2]) return 1"
+
+
+class _Progress:
+    """How far a part got: ticked by its apply (rows read, planned, each round trip of
+    writes landed), carried into its claim by the keeper."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def tick(self) -> None:
+        self.count += 1
 
 
 @contextlib.contextmanager
-def _claim_kept(r: redis.Redis, claim: str, runner: str, ttl_ms: int) -> Iterator[None]:
-    """Renew the part's claim every third of its TTL while the part runs: a dead runner's
-    claim lapses within one TTL and the coordinator runs the part again."""
+def _claim_kept(r: redis.Redis, claim: str, runner: str, ttl_ms: int) -> Iterator[_Progress]:
+    """Renew the part's claim every third of its TTL while the part runs, with its progress:
+    a dead runner's claim lapses within one TTL, a stuck one's stops moving."""
     stop = threading.Event()
+    progress = _Progress()
 
     def keep() -> None:
         while not stop.wait(ttl_ms / 3000):
             with contextlib.suppress(redis.RedisError):
-                if not r.eval(_RENEW, 1, claim, runner, str(ttl_ms)):
+                if not r.eval(_RENEW, 1, claim, runner, str(ttl_ms), str(progress.count)):
                     return
 
     keeper = threading.Thread(target=keep, name=f"part-claim-{claim}", daemon=True)
     keeper.start()
     try:
-        yield
+        yield progress
     finally:
         stop.set()
         keeper.join()
@@ -210,8 +251,10 @@ def _apply_live(r: redis.Redis, keys: rankview.Keys, spec: PartSpec) -> bool:
     return meta is not None and meta.gen == spec.gen
 
 
-def _part_apply(season: Season, r: redis.Redis, keys: rankview.Keys, spec: PartSpec) -> PartReport:
+def _part_apply(season: Season, r: redis.Redis, keys: rankview.Keys, spec: PartSpec, *,
+                progress: Callable[[], None] | None = None) -> PartReport:
     started, cpu = time.monotonic(), time.process_time()
+    tick = progress or (lambda: None)
     meta = rankview.copy_meta_load(r, keys, spec.copy)
     if meta is None or meta.gen != spec.gen:
         raise EpochError(f"copy {spec.copy} moved on from generation {spec.gen}")
@@ -219,16 +262,18 @@ def _part_apply(season: Season, r: redis.Redis, keys: rankview.Keys, spec: PartS
     regional = bool(meta.boards)
     rows = stream_range_rows(season_id=season.pk, partitions=spec.partitions, after=Watermark.parse(spec.after),
                              upto=Watermark.parse(spec.upto), reached=ties is not None, regions=regional)
+    tick()
     values = range_values(rows, reached_origin=ties.origin_ms if ties is not None else None, regional=regional)
     boards = range_deltas(values, layout=meta.layout, regions=meta.boards)
-    wait = spec.not_before - time.time()
+    tick()
+    wait = max(0.0, spec.not_before - time.time())
     if wait > 0:
         time.sleep(wait)
-    applied = rankview.copy_range_apply(r, keys, spec.token, meta, values, resume=spec.resume)
+    applied = rankview.copy_range_apply(r, keys, spec.token, meta, values, resume=spec.resume, progress=tick)
     fresh, batches = _fresh(rows, spec.current)
     return PartReport(part=spec.part, boards=boards, rows=len(rows), players=len(values.new), applied=applied,
                       fresh=fresh, batches=batches, cpu_seconds=time.process_time() - cpu,
-                      seconds=time.monotonic() - started)
+                      seconds=time.monotonic() - started, waited=wait)
 
 
 def _fresh(rows: list[tuple[Any, ...]], current: str | None) -> tuple[int, list[tuple[int, int]]]:
@@ -289,6 +334,7 @@ def parts_apply(*, season: Season, r: redis.Redis, token: int | None, meta: rank
     """Apply the stream's range (after, upto] to `meta`'s side in parts and wait for all of
     them: their counts and checksums added up, and what each did. `meta` is being mutated
     (copy_begin_mutation: its generation is this apply's). `parts`: default EPOCH_PARTS."""
+    started = time.monotonic()
     keys = season_keys(season)
     planned = parts_plan(season=season, after=after, upto=upto, parts=parts or settings.EPOCH_PARTS)
     epoch = f"{token or 'shadow'}.{meta.copy}.{meta.gen}"
@@ -299,36 +345,39 @@ def parts_apply(*, season: Season, r: redis.Redis, token: int | None, meta: rank
              for i, partitions in enumerate(planned)]
     r.delete(keys.parts_done(epoch))
     if len(specs) > 1:
-        epoch_parts_wanted.send(sender=None, specs=[spec.as_json() for spec in specs[:-1]])
+        epoch_parts_wanted.send(sender=None, specs=[spec.as_json() for spec in specs])
     reports = _parts_wait(r, keys, specs, keeper=keeper)
     boards = {board: BoardDeltas.zero(meta.layout.size) for board in ("", *meta.boards)}
     for report in reports:
         for board, deltas in report.boards.items():
             boards[board].add(deltas)
-    return RangeReport(boards=boards, parts=reports)
+    applied = RangeReport(boards=boards, parts=reports, seconds=time.monotonic() - started)
+    epoch_parts_applied.send(sender=None, season_id=season.pk, copy=meta.copy, report=applied)
+    return applied
 
 
-def _claim_state(r: redis.Redis, keys: rankview.Keys, spec: PartSpec) -> tuple[bool, bool]:
-    """(claimed now, started by some runner)."""
+def _claim_state(r: redis.Redis, keys: rankview.Keys, spec: PartSpec) -> tuple[bytes | None, bool]:
+    """(the claim's value now: its runner and progress, None unclaimed; started by some runner)."""
     with r.pipeline(transaction=False) as pipe:
-        pipe.exists(keys.part_claim(spec.epoch, spec.part))
+        pipe.get(keys.part_claim(spec.epoch, spec.part))
         pipe.exists(keys.part_started(spec.epoch, spec.part))
         claimed, started = pipe.execute()
-    return bool(claimed), bool(started)
+    return claimed, bool(started)
 
 
 def _parts_wait(r: redis.Redis, keys: rankview.Keys, specs: list[PartSpec],
                 keeper: rankview.LeaseKeeper | None) -> list[PartReport]:
-    """Every part's report: the last part run here at once; the others by workers, or here
-    when nobody claims one in time or its claim lapses without a report."""
+    """Every part's report: by workers, or run here when the range is one part or nobody
+    claims one in time. PartDied when a runner started a part and its claim
+    is gone without a report, PartsStuck when one holds it and its progress has not moved
+    for EPOCH_PART_TIMEOUT_SECONDS (a big part may take longer, making progress)."""
     reports: dict[int, PartReport] = {}
     dispatched = time.monotonic()
     claim_wait = settings.EPOCH_PART_CLAIM_SECONDS
     timeout = settings.EPOCH_PART_TIMEOUT_SECONDS
-    seen_claimed: dict[int, float] = {}
+    seen_claimed: dict[int, tuple[bytes, float]] = {}  # a part's claim value, since when
     me = _runner_id()
-    pending = list(specs[-1:]) + list(specs[:-1])  # the coordinator's own part first
-    first = True
+    pending = list(reversed(specs))  # the last sent is the last a worker takes: stolen first
     while len(reports) < len(specs):
         if keeper is not None and keeper.lost:
             raise rankview.FenceLost(f"season {keys.season}: the lease was lost while its parts ran")
@@ -341,20 +390,32 @@ def _parts_wait(r: redis.Redis, keys: rankview.Keys, specs: list[PartSpec],
                 continue
             claimed, started = _claim_state(r, keys, spec)
             now = time.monotonic()
-            if claimed:
-                since = seen_claimed.setdefault(spec.part, now)
-                if now - since > timeout:
-                    raise PartsStuck(f"part {spec.part} of {spec.epoch} ({spec.partitions}) has not reported in "
-                                     f"{timeout:g} s")
+            if claimed is not None:
+                value, since = seen_claimed.get(spec.part, (None, now))
+                if value != claimed:
+                    seen_claimed[spec.part] = (claimed, now)
+                elif now - since > timeout:
+                    raise PartsStuck(f"part {spec.part} of {spec.epoch} ({spec.partitions}) has made no progress "
+                                     f"in {timeout:g} s")
                 continue
-            if (first and spec is specs[-1]) or started or now - dispatched >= claim_wait:
-                # Ours, unclaimed for too long, or its runner died (it started, its claim is
-                # gone and it reported nothing): run it here.
+            if started:
+                # A runner stores its report before it lets its claim go: read once more.
+                done = r.get(keys.part_report(spec.epoch, spec.part))
+                if done is not None:
+                    reports[spec.part] = PartReport.from_json(done)
+                    continue
+                raise PartDied(f"part {spec.part} of {spec.epoch} ({spec.partitions}): its runner stopped without "
+                               "a report")
+            if len(specs) == 1 or now - dispatched >= claim_wait:
+                # One part (the coordinator applies the range itself), or unclaimed for too
+                # long (no free worker): run it here.
                 seen_claimed.pop(spec.part, None)
                 report = part_run(spec, r=r, runner=me)
                 if report is not None:
                     reports[spec.part] = report
-        first = False
+                elif not _apply_live(r, keys, spec):
+                    raise rankview.FenceLost(f"season {keys.season}: apply {spec.epoch} is no longer the season's "
+                                             "(another lease holder, or its copy moved on)")
         if len(reports) < len(specs):
             r.blpop([keys.parts_done(specs[0].epoch)], timeout=0.05)
     return [reports[spec.part] for spec in specs]

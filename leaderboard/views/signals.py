@@ -15,6 +15,15 @@ from django.dispatch import Signal
 # the season's as the publishing transaction saw them, so that listeners need no query.
 version_published = Signal()
 
+# Sent with `specs` (a list of views.parts.PartSpec.as_json()): an epoch's parts the
+# coordinator wants run on workers. It runs whatever nobody claims, so without a listener
+# (no Celery: tests, a one-process deployment) every part still runs.
+epoch_parts_wanted = Signal()
+
+# Sent with season_id, copy and report (a views.parts.RangeReport) once every part of one
+# apply reported: what each part did, where it ran and its CPU time (benchmarks, metrics).
+epoch_parts_applied = Signal()
+
 
 def version_published_on_commit(*, season_slug: str, version: int, state: str, final_version: int | None) -> None:
     """Send `version_published` after the current transaction commits (at once outside one)."""

@@ -11,6 +11,7 @@ from tests.support.failure import (
     child_env,
     epoch_child,
     epoch_child_killed_inside_apply,
+    part_worker,
     recovery_jobs,
 )
 from tests.support.lifecycle import (
@@ -46,6 +47,7 @@ from tests.support.publication import (
     materialize,
     publish,
     reader_of,
+    season_in_parts,
 )
 from tests.support.shared_index import keyed_place, model_apply, plain_place
 from tests.support.writes import (
@@ -74,7 +76,7 @@ __all__ = [
     "assert_matches_ledger", "board_read", "board_snapshot", "builds_counted", "canonical_sha256", "change_head",
     "child_database_url", "child_env", "closing_season", "copy_contents", "current_manifest", "db_scores",
     "db_standings", "epoch", "epoch_child", "epoch_child_killed_inside_apply", "fast_get", "final_rows", "finalize",
-    "full_check", "in_season", "is_postgres", "iso", "ledger_rows", "keys_of", "live_run", "materialize", "players",
-    "post_ok", "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build", "staff",
-    "statuses", "keyed_place", "model_apply", "plain_place",
+    "full_check", "in_season", "is_postgres", "iso", "ledger_rows", "keys_of", "live_run", "materialize", "part_worker",
+    "players", "post_ok", "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build",
+    "season_in_parts", "staff", "statuses", "keyed_place", "model_apply", "plain_place",
 ]

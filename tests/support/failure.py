@@ -8,8 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -165,3 +166,99 @@ def epoch_child_killed_inside_apply(season: Season, copy: str, rnd: Any, **env: 
     child.wait(timeout=30)
     return (child.returncode == -signal.SIGKILL and killed_writing
             and r.hget(keys.copy_meta(copy), "state") == b"applying")
+
+
+# A Celery worker (the solo pool: one task at a time) that runs an epoch's parts as
+# production's do, but sends its writes a few players a script and pauses after each
+# round trip, saying so on stdout ("wrote <epoch> <part>"): a part takes seconds, long
+# enough to kill or stop the worker inside it.
+PART_WORKER = CHILD_SETUP + """
+import os
+import sys
+import time
+from config.celery import app
+from leaderboard.views import parts
+from leaderboard.views.rankview import apply
+
+apply.CHUNK_PLAYERS = int(sys.argv[1])
+apply.PIECES_PER_SEND = 1
+pause = float(sys.argv[2])
+real_send = apply.groups_send
+real_part_apply = parts._part_apply
+running = {}
+
+# The worker redirects print() to its log: the marks go to the pipe itself.
+out = os.dup(1)
+
+def slow_send(r, calls):
+    replies = real_send(r, calls)
+    os.write(out, f"wrote {running.get('epoch')} {running.get('part')}\\n".encode())
+    time.sleep(pause)
+    return replies
+
+def part_apply(season, r, keys, spec, **kwargs):
+    running.update(epoch=spec.epoch, part=spec.part)
+    return real_part_apply(season, r, keys, spec, **kwargs)
+
+apply.groups_send = slow_send
+parts._part_apply = part_apply
+print("ready", flush=True)
+app.worker_main(["worker", "--pool", "solo", "--without-mingle", "--without-gossip", "--without-heartbeat",
+                 "--loglevel", "WARNING"])
+"""
+
+
+class PartWorker:
+    """A PART_WORKER process; `lines` collects its stdout, `errors` its stderr."""
+
+    def __init__(self, proc: subprocess.Popen[str]):
+        self.proc = proc
+        self.lines: list[str] = []
+        self.errors: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(stream, out), daemon=True)
+                         for stream, out in ((proc.stdout, self.lines), (proc.stderr, self.errors))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, out: list[str]) -> None:
+        for line in stream:
+            out.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate: Callable[[str], bool], *, timeout: float = 60.0, stream: str = "lines") -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = next((line for line in list(getattr(self, stream)) if predicate(line)), None)
+            if found is not None:
+                return found
+            if self.proc.poll() is not None and stream == "lines":
+                break
+            time.sleep(0.01)
+        raise AssertionError(f"the part worker never printed it; out {self.lines[-5:]}, err {self.errors[-5:]}")
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
+
+
+@contextlib.contextmanager
+def part_worker(*, env: dict[str, str], chunk_players: int = 2, pause: float = 0.05) -> Iterator[PartWorker]:
+    """A real Celery worker for an epoch's parts (PART_WORKER), ready to take tasks from this
+    test's broker; killed at the end, whatever state it is in."""
+    from config.celery import app
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PART_WORKER, str(chunk_players), str(pause)], cwd=ROOT, env=child_env(**env),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    worker = PartWorker(proc)
+    try:
+        worker.wait_for(lambda line: line == "ready")
+        deadline = time.monotonic() + 60
+        while not app.control.ping(timeout=0.5):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the part worker did not start: {worker.errors[-10:]}")
+        yield worker
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)

@@ -70,6 +70,21 @@ def publish(season: Season) -> int:
     return result.version
 
 
+def season_in_parts(season_factory: Callable[..., Season], settings: Any, *, slug: str, prefix: str,
+                    claim_seconds: float, players: int = 400) -> Season:
+    """A season of 8 ledger partitions whose epochs go in 2 parts (a part no worker claims
+    within `claim_seconds` is run by the coordinator), `players` players `{prefix}000`...
+    with spread scores, published."""
+    from tests.support.writes import Events, apply_events
+
+    settings.EPOCH_PARTS = 2
+    settings.EPOCH_PART_CLAIM_SECONDS = claim_seconds
+    season = season_factory(slug=slug, partitions=8)
+    apply_events(season, [Events(slug).result(f"{prefix}{i:03d}", 2_503 * i) for i in range(players)])
+    publish(season)
+    return season
+
+
 def materialize(season: Season) -> Manifest:
     """Bring the published version up to every change committed so far, publishing only if
     one is missing (an idle epoch is fine); refreshes `season` and returns the manifest."""

@@ -54,6 +54,9 @@ class Command(BaseCommand):
                             help="share of a core a Redis master or the PostgreSQL writers may be kept busy")
         parser.add_argument("--ledger-replicas", type=int, default=3, help="copies of the ledger (default 3)")
         parser.add_argument("--seasons", type=int, default=1, help="live seasons at this size (default 1)")
+        parser.add_argument("--copy-grace-seconds", type=float, default=settings.COPY_GRACE_SECONDS,
+                            help="COPY_GRACE_SECONDS: the side that stopped serving is written only after it "
+                                 f"(default this deployment's, {settings.COPY_GRACE_SECONDS:g})")
 
     def handle(self, *args: Any, **options: Any) -> None:
         figures_path = Path(options["figures"])
@@ -79,6 +82,7 @@ class Command(BaseCommand):
                 bucket_member_budget=quantity_parse(options["bucket_budget"], name="--bucket-budget"),
                 ledger_replicas=options["ledger_replicas"],
                 seasons=options["seasons"],
+                copy_grace_seconds=options["copy_grace_seconds"],
             )
             shape = options["distribution"]
             if shape in DISTRIBUTIONS:

@@ -90,21 +90,26 @@ class _Plan:
 
 
 def copy_range_apply(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, values: RangeValues, *,
-                     resume: bool = False, fields: dict[str, Fields] | None = None) -> int:
+                     resume: bool = False, fields: dict[str, Fields] | None = None,
+                     progress: Callable[[], None] | None = None) -> int:
     """Give side `meta.side` of index `meta.index` every player's value after the range
     (values.new, and values.new_region in a season with regional boards). `resume`: the
     side may hold some of the range's writes already (an earlier application cut short).
     `fields`: the players' lookup and region-shard fields, when the caller read them.
+    `progress`: called as the apply gets on (fields read, planned, each round trip landed).
     Returns how many players' side changed."""
     if not values.new:
         return 0
+    tick = progress or (lambda: None)
     if fields is None:
         fields = copy_fields_get(r, keys, meta, values.new)
+        tick()
     try:
         plan = _range_plan(keys, meta, values, fields, resume=resume)
+        tick()
         _send(r, keys, token, meta, [(group, writes) for chunk in plan.buckets for group, writes in chunk.items()],
-              check=not resume)
-        _send(r, keys, token, meta, list(_field_pieces(plan.fields)), check=not resume)
+              check=not resume, progress=tick)
+        _send(r, keys, token, meta, list(_field_pieces(plan.fields)), check=not resume, progress=tick)
     except CopyMismatch:
         copy_broken_mark(r, keys, meta.copy, token=token)
         raise
@@ -297,7 +302,7 @@ def _field_pieces(by_group: dict[int, _Writes]) -> Iterator[tuple[int, _Writes]]
 
 
 def _send(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, scripts: list[tuple[int, _Writes]], *,
-          check: bool) -> None:
+          check: bool, progress: Callable[[], None]) -> None:
     """One phase's scripts (slot group, writes), PIECES_PER_SEND a round trip, every master
     at once; with more than one round trip, a helper thread sends round i while this one
     encodes round i+1. `check`: every reply against its plan (CopyMismatch at the first
@@ -309,11 +314,16 @@ def _send(r: redis.Redis, keys: Keys, token: int | None, meta: CopyMeta, scripts
         calls.append((fence, group_write_call(fence, token, meta.gen, ops, side=meta.side), ops,
                       [want for _, want in writes]))
     rounds = [calls[i:i + PIECES_PER_SEND] for i in range(0, len(calls), PIECES_PER_SEND)]
+
+    def landed(batch: list[tuple[str, tuple[Any, ...], list[GroupOp], list[int]]], replies: list[Any]) -> None:
+        _landed(batch, replies, check=check)
+        progress()
+
     if len(rounds) <= 1:
         for batch in rounds:
-            _landed(batch, groups_send(r, [(fence, call) for fence, call, _, _ in batch]), check=check)
+            landed(batch, groups_send(r, [(fence, call) for fence, call, _, _ in batch]))
         return
-    _rounds_send(r, rounds, lambda batch, replies: _landed(batch, replies, check=check))
+    _rounds_send(r, rounds, landed)
 
 
 def _rounds_send(r: redis.Redis, rounds: list[list[tuple[str, tuple[Any, ...], list[GroupOp], list[int]]]],
