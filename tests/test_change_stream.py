@@ -1,6 +1,9 @@
 """The durable change stream (docs/rules.md, The change stream): ScoreChanged rows written with the ledger, and
 score_changes_after, which must never skip a committed change, also when concurrent
-transactions commit out of sequence order."""
+transactions commit out of sequence order.
+
+The stream of one ledger partition: every season here has one, whatever the suite's
+TEST_SEASON_PARTITIONS (test_partitions and test_ledger_databases read many)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,11 @@ from leaderboard.ingest.services import score_events_apply
 from leaderboard.models import ScoreChange, StreamHead
 from seasons.models import Season
 from tests.support import materialize
+
+
+@pytest.fixture
+def season(season_factory: Callable[..., Season]) -> Season:
+    return season_factory(slug="s1", partitions=1)
 
 
 def ev(event_id: str, player_id: str, best_score: int, score_version: int = 1, **extra: Any) -> dict[str, Any]:
@@ -126,8 +134,8 @@ def test_change_rows_carry_season_commit_time_and_commit_number(
 def test_committed_changes_are_read_in_cursor_order(
     season_factory: Callable[..., Season]
 ) -> None:
-    season = season_factory(slug="stream")
-    other = season_factory(slug="other")
+    season = season_factory(slug="stream", partitions=1)
+    other = season_factory(slug="other", partitions=1)
     apply(season, ev("e1", "a", best_score=1),
           ev("e2", "b", best_score=2))
     apply(other, ev("x1", "a", best_score=50))
@@ -155,7 +163,7 @@ def test_committed_changes_are_read_in_cursor_order(
 def test_pages_with_limit_resume_from_the_cursor(
     season_factory: Callable[..., Season]
 ) -> None:
-    season = season_factory(slug="paged")
+    season = season_factory(slug="paged", partitions=1)
     for batch in range(3):
         apply(season, *[
             ev(f"b{batch}-{i}", f"p{i}", best_score=batch * 10 + i,
@@ -248,7 +256,7 @@ def test_a_later_writer_waits_for_the_earlier_one_so_nothing_commits_below_the_c
 ) -> None:
     """B cannot take a commit number while A holds the one before it: B's change can
     never become visible ahead of A's and be passed by a consumer's cursor."""
-    season = season_factory(slug="race")
+    season = season_factory(slug="race", partitions=1)
     tx_a, tx_b = pg_connections(), pg_connections()
     id_a, number_a = insert_change(tx_a, season, "A", 10)
     consumer = StreamConsumer(season)
@@ -271,7 +279,7 @@ def test_a_later_writer_waits_for_the_earlier_one_so_nothing_commits_below_the_c
 def test_a_rolled_back_writer_leaves_a_gap_that_is_never_filled(
     season_factory: Callable[..., Season], pg_connections: Callable[[], psycopg.Connection[Any]]
 ) -> None:
-    season = season_factory(slug="gap")
+    season = season_factory(slug="gap", partitions=1)
     tx_a = pg_connections()
     insert_change(tx_a, season, "A", 10)
     tx_a.rollback()
@@ -290,7 +298,7 @@ def test_a_long_transaction_elsewhere_on_the_server_does_not_hold_back_this_seas
     """A writing transaction held open in another season (and one with only an xid, as any
     other database on the same server could hold) must not delay this season's stream:
     the stream used to wait for the server's oldest running transaction."""
-    season, other = season_factory(slug="quiet"), season_factory(slug="busy")
+    season, other = season_factory(slug="quiet", partitions=1), season_factory(slug="busy", partitions=1)
     other_writer = pg_connections()
     insert_change(other_writer, other, "X", 1)  # open, uncommitted, holds the oldest xid
     bystander = pg_connections()
@@ -306,7 +314,7 @@ def test_a_long_transaction_elsewhere_on_the_server_does_not_hold_back_this_seas
 @pytest.mark.django_db(transaction=True)
 def test_many_interleaved_writers_never_lose_or_repeat_a_change(season_factory: Callable[..., Season]) -> None:
     """Writers of one season through the real write path, in threads, read while they run."""
-    season = season_factory(slug="many")
+    season = season_factory(slug="many", partitions=1)
     writers, per_writer = 4, 25
 
     def write(w: int) -> None:
@@ -336,7 +344,7 @@ def test_a_season_publishes_while_another_seasons_writing_transaction_stays_open
 ) -> None:
     """Freshness, not just the stream: with another season's writer (a FINAL approval's
     INSERT ... SELECT, say) open across it, this season's epoch publishes every change."""
-    season, other = season_factory(slug="fresh"), season_factory(slug="stalled")
+    season, other = season_factory(slug="fresh", partitions=1), season_factory(slug="stalled", partitions=1)
     apply(other, ev("o1", "x", 1))
     held = pg_connections()
     insert_change(held, other, "y", 2)  # open for the whole test, as a long approval would be

@@ -250,7 +250,7 @@ def test_a_master_killed_during_an_epoch_under_load(
     workers = contextlib.ExitStack()
     try:
         if parts > 1:
-            worker_ = workers.enter_context(part_worker(env=env, chunk_players=4, pause=0.0))
+            workers.enter_context(part_worker(env=env, chunk_players=4, pause=0.0))
         scene.move_everyone()
         victim = _victim(cluster, season, target)
         before = _copy_states(season)
@@ -270,8 +270,6 @@ def test_a_master_killed_during_an_epoch_under_load(
         promoted_at = time.monotonic()
         outcomes, final = scene.converge()
     finally:
-        if parts > 1:
-            print("WORKER", "\n".join(worker_.errors[-80:]), "\n".join(worker_.lines[-20:]))
         workers.close()
         scene.stop()
         if child is not None and child.poll() is None:

@@ -148,12 +148,12 @@ def test_the_epoch_and_its_catch_up_each_read_the_range_once(
     post_ok(post_scores, season, [ev.result("p0", 100)])
     publish(season)
     before = current_manifest(season).watermark
-    reads: list[tuple[Any, Any, int]] = []
+    reads: list[tuple[Any, Any, tuple[int, ...], int]] = []
     real = views_parts.stream_range_rows
 
     def counting(**kwargs: Any) -> Any:
         rows = real(**kwargs)
-        reads.append((kwargs["after"], kwargs["upto"], len(rows)))
+        reads.append((kwargs["after"], kwargs["upto"], tuple(kwargs["partitions"]), len(rows)))
         return rows
 
     monkeypatch.setattr(views_parts, "stream_range_rows", counting)
@@ -161,7 +161,11 @@ def test_the_epoch_and_its_catch_up_each_read_the_range_once(
     result = epoch(season)
     assert result.status == "published" and result.catch_up_ms is not None
     upto = current_manifest(season).watermark
-    assert reads == [(before, upto, 3), (before, upto, 3)], reads
+    # The range, each of its partitions read once by each copy's apply (in one part or more).
+    assert {(after, end) for after, end, _, _ in reads} == {(before, upto)}, reads
+    partitions = [p for _, _, parts, _ in reads for p in parts]
+    assert sorted(partitions) == sorted(2 * list(range(season.partitions))), reads
+    assert sum(n for *_, n in reads) == 2 * 3, reads
     assert_idle_copy_caught_up(season)
     assert_board_equals(reader_of(season), db_standings(season))
 

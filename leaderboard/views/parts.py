@@ -270,16 +270,18 @@ def _part_apply(season: Season, r: redis.Redis, keys: rankview.Keys, spec: PartS
     if wait > 0:
         time.sleep(wait)
     applied = rankview.copy_range_apply(r, keys, spec.token, meta, values, resume=spec.resume, progress=tick)
-    fresh, batches = _fresh(rows, spec.current)
+    fresh, batches = _fresh(rows, spec.current, Watermark.parse(spec.upto))
     return PartReport(part=spec.part, boards=boards, rows=len(rows), players=len(values.new), applied=applied,
                       fresh=fresh, batches=batches, cpu_seconds=time.process_time() - cpu,
                       seconds=time.monotonic() - started, waited=wait)
 
 
-def _fresh(rows: list[tuple[Any, ...]], current: str | None) -> tuple[int, list[tuple[int, int]]]:
+def _fresh(rows: list[tuple[Any, ...]], current: str | None, upto: Watermark) -> tuple[int, list[tuple[int, int]]]:
     """The players with a change the serving version lacks, and those changes' commit
     times (a write batch shares one: a (time, changes) pair each)."""
     newer = Watermark.parse(current) if current is not None else None
+    if newer is not None and newer >= upto:
+        return 0, []  # a catch-up to the serving version: nothing in it is new
     players: set[str] = set()
     batches: dict[int, int] = {}
     for row in rows:
