@@ -196,6 +196,8 @@ def lags_compute(season_id: int, writers: list[dict[str, Any]], warmup_until: fl
     """(lags in seconds of the changes committed after warm-up, changes counted, changes never published)."""
     from django.db import connection
 
+    from leaderboard.core.partitions import TXID_PARTITION_SHIFT, Watermark
+
     commit_at: dict[tuple[int, int], float] = {}
     uptos: dict[int, list[int]] = {}  # matches workload: writer -> each batch's highest event sequence
     for w in writers:
@@ -203,12 +205,15 @@ def lags_compute(season_id: int, writers: list[dict[str, Any]], warmup_until: fl
             commit_at[(w["writer"], n)] = committed
         uptos[w["writer"]] = list(itertools.accumulate((b[4] for b in w["batches"]), max))
     with connection.cursor() as cursor:
-        cursor.execute("SELECT watermark_txid, watermark_id, published_at, version FROM leaderboard_manifest "
-                       "WHERE season_id = %s ORDER BY version", [season_id])
-        versions = [((t, i), p.timestamp()) for t, i, p, _v in cursor.fetchall()]
+        cursor.execute("SELECT watermark_txid, watermark_id, watermark_vector, published_at, version "
+                       "FROM leaderboard_manifest WHERE season_id = %s ORDER BY version", [season_id])
+        versions = [(Watermark.from_columns(t, i, json.loads(vector) if isinstance(vector, str) else vector),
+                     p.timestamp()) for t, i, vector, p, _v in cursor.fetchall()]
         cursor.execute("SELECT txid, id, event_id FROM leaderboard_scorechange WHERE season_id = %s", [season_id])
         changes = cursor.fetchall()
-    marks = [v[0] for v in versions]
+    # A change is published by the first version whose watermark covers it in its own
+    # partition (each partition's cursor only moves forward from version to version).
+    marks: dict[int, list[tuple[int, int]]] = {}
     lags: list[float] = []
     unpublished = 0
     for txid, ident, event_id in changes:
@@ -223,8 +228,11 @@ def lags_compute(season_id: int, writers: list[dict[str, Any]], warmup_until: fl
         committed = commit_at.get(key)
         if committed is None or committed < warmup_until:
             continue
-        k = bisect.bisect_left(marks, (txid, ident))
-        if k == len(marks):
+        partition = txid >> TXID_PARTITION_SHIFT
+        if partition not in marks:
+            marks[partition] = [version.cursor(partition) for version, _at in versions]
+        k = bisect.bisect_left(marks[partition], (txid, ident))
+        if k == len(versions):
             unpublished += 1
             continue
         lags.append(versions[k][1] - committed)
