@@ -50,13 +50,17 @@ bench-ingest: install
 # bench/figures.json: the per-operation costs `manage.py capacity_plan` reads, each benchmark
 # run once at a small size (about 10 minutes on 2 cores; docs/benchmarks.md: Figures). They
 # need PostgreSQL and Redis (DATABASE_URL / REDIS_URL; FIGURES_REDIS_DB is the Redis logical
-# database they fill and clean, rebuild.py flushes it) and wrk.
+# database they fill and clean, rebuild.py flushes it) and wrk. An epoch's and a player's
+# cost grow with the season: FIGURES_PLAYERS=10M FIGURES_CHANGES=100k (about an hour) gives
+# the figures a plan for tens of millions of players should be read from.
 FIGURES_REDIS_DB ?= 1
+FIGURES_PLAYERS ?= 100k
+FIGURES_CHANGES ?= 10k
 FIGURES_RUN := SECRET_KEY=$${SECRET_KEY:-bench-only} $(BIN)/python
 figures: install
-	$(FIGURES_RUN) bench/memory.py --players 100k --redis-db $(FIGURES_REDIS_DB)
-	$(FIGURES_RUN) bench/epoch.py --players 100k --changes 10k --modes catch-up --repeats 3 \
-	  --redis-db $(FIGURES_REDIS_DB)
+	$(FIGURES_RUN) bench/memory.py --players $(FIGURES_PLAYERS) --redis-db $(FIGURES_REDIS_DB)
+	$(FIGURES_RUN) bench/epoch.py --players $(FIGURES_PLAYERS) --changes $(FIGURES_CHANGES) --modes catch-up \
+	  --parts 1 --repeats 3 --redis-db $(FIGURES_REDIS_DB)
 	$(FIGURES_RUN) bench/rebuild.py --players 100k --runs 1 --recovery-runs 0 --redis-db $(FIGURES_REDIS_DB)
 	$(FIGURES_RUN) bench/reads.py --players 100k --endpoints rank,neighbors,top --concurrency 16 --runs 2 \
 	  --duration 4 --warmup 1 --paced-fraction 0 --redis-db $(FIGURES_REDIS_DB)
