@@ -1,8 +1,9 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from leaderboard.api import health
+from leaderboard.api.errors import api_path_unknown
 from leaderboard.live import page as live_views
 from seasons.staff_views import console
 
@@ -17,4 +18,6 @@ urlpatterns = [
     path("", include("leaderboard.api.urls")),
     path("staff/", include("seasons.staff_urls")),
     path("admin/", admin.site.urls),
+    # Last: whatever under the API's prefixes named no operation is the API's JSON 404.
+    re_path(r"^(?:v1|internal)/(?P<rest>.*)$", api_path_unknown, name="api-unknown"),
 ]

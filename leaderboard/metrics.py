@@ -23,6 +23,7 @@ from django.utils import timezone
 from leaderboard.core.lifecycle import MATERIALIZED_STATES, SeasonState
 from leaderboard.core.partitions import Watermark
 from leaderboard.redis_client import redis_get
+from leaderboard.redis_errors import REDIS_ERRORS
 from leaderboard.views import rankview
 
 if TYPE_CHECKING:
@@ -241,7 +242,7 @@ def metrics_seasons_sample(*, now: datetime | None = None) -> int:
     slot = int(now.timestamp() // settings.METRICS_SAMPLE_SECONDS)
     try:
         counters: dict[str, SeasonCounters] | None = metrics_counters_read()
-    except redis.RedisError:
+    except REDIS_ERRORS:
         log.warning("metrics counters unavailable: samples without ingest, lag and epoch figures", exc_info=True)
         counters = None
     rows = []

@@ -25,8 +25,9 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from leaderboard.api.errors import REDIS_OUTAGES, ApiError
+from leaderboard.api.errors import ApiError
 from leaderboard.redis_client import redis_cluster_of, redis_get
+from leaderboard.redis_errors import REDIS_OUTAGES
 from leaderboard.views.rankview import round_trip
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
@@ -48,6 +47,7 @@ from leaderboard.models import (
     SeasonSample,
 )
 from leaderboard.redis_client import redis_get
+from leaderboard.redis_errors import REDIS_ERRORS
 from leaderboard.views import rankview
 from seasons.models import Dispute, DisputeNote, FinalCandidate, FinalStanding, ScoreRevocation, Season
 from seasons.staff_services import ROLES, late_result_alias_of
@@ -236,7 +236,7 @@ def _lag_metrics() -> dict[str, tuple[float | None, str | None]]:
     """Per season: mean event-to-publish lag and the histogram bound holding its 99th percentile."""
     try:
         raw = redis_get().hgetall(f"{settings.REDIS_KEY_PREFIX}:metrics:lag")
-    except redis.RedisError:
+    except REDIS_ERRORS:
         log.warning("lag metrics unavailable", exc_info=True)
         return {}
     parts: dict[str, dict[str, float]] = {}
@@ -288,6 +288,9 @@ class SeasonDetail:
     changes_window_seconds: float = CHANGE_WINDOW_SECONDS
 
 
+_RECOMMENDATIONS_UNAVAILABLE: tuple[type[Exception], ...] = (*REDIS_ERRORS, rankview.Unavailable)
+
+
 def season_detail(*, season: Season, window_seconds: float = CHANGE_WINDOW_SECONDS) -> SeasonDetail:
     from leaderboard.recovery.rebuild import season_split_recommendations
 
@@ -302,7 +305,7 @@ def season_detail(*, season: Season, window_seconds: float = CHANGE_WINDOW_SECON
         try:
             proposals = season_split_recommendations(season=season, window_seconds=window_seconds)
             error = ""
-        except (redis.RedisError, rankview.Unavailable) as exc:
+        except _RECOMMENDATIONS_UNAVAILABLE as exc:
             proposals, error = [], f"hot-bucket recommendations need Redis: {exc.__class__.__name__}"
         cached = (proposals, error, _bucket_changes(season, layout, window_seconds))
         cache.set(key, cached, HOT_CACHE_SECONDS)
@@ -414,7 +417,7 @@ def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
         rank_error = "the version moved while the page was read; reload"
     except rankview.Unavailable:
         rank_error = "no published version is available right now"
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         rank_error = f"the rank views are unreachable ({exc.__class__.__name__})"
     return PlayerDetail(
         season=season, player_id=player_id, events=events, score=score, rank=rank, position=position,

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission
@@ -48,6 +47,7 @@ from leaderboard.models import LateResult, PlayerScore, ReconciliationRun
 from leaderboard.ratelimit import rate_take, request_address
 from leaderboard.recovery.reconcile import reconciliation_run
 from leaderboard.redis_client import redis_get
+from leaderboard.redis_errors import REDIS_OUTAGES
 from seasons.models import Dispute, DisputeNote, ScoreRevocation, Season, StaffConsole
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,9 @@ def login_failures_key(hour: int) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:auth:failed:{hour}"
 
 
+_COUNTER_UNREACHABLE: tuple[type[Exception], ...] = (*REDIS_OUTAGES, OSError)
+
+
 def staff_login_failed_count(sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any) -> None:
     """Signal receiver (user_login_failed): counted, not audited.
 
@@ -203,7 +206,7 @@ def staff_login_failed_count(sender: Any, credentials: dict[str, Any], request: 
             pipe.hincrby(key, f"{address}|{username}", 1)
             pipe.expire(key, LOGIN_FAILURES_KEEP_SECONDS)
             pipe.execute()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+    except _COUNTER_UNREACHABLE:
         log.warning("failed sign-in of %r from %s not counted: Redis unreachable", username, address)
 
 

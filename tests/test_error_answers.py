@@ -5,6 +5,7 @@ API error (reads, writes, the live socket), range messages that say "out of rang
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -211,3 +212,57 @@ def test_a_cluster_with_every_node_stopped_answers_503_on_both_read_paths(
         redis_get.cache_clear()
         rankview.manifest_cache_clear()
         cluster_stop(cluster)
+
+
+# --- paths that name no operation, and methods the probes do not take --------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/v1/seasons/x/leaderbord/top"),
+    ("GET", "/v1/seasons/acceptance/players/a%2Fb/rank"),
+    ("GET", "/v1/seasons/acceptance/players/a%2Fb/neighbors"),
+    ("GET", "/v1/nothing"),
+    ("POST", "/internal/v1/nothing"),
+    ("DELETE", "/v1/"),
+])
+def test_an_api_path_that_names_no_operation_is_the_json_404(method: str, path: str) -> None:
+    """Under /v1/ and /internal/ every answer is the API's JSON, whatever the path: a typo,
+    or an id whose encoded '/' split the path, is not Django's HTML page (nor, for a POST,
+    its CSRF page)."""
+    from django.test import Client
+
+    response = Client(enforce_csrf_checks=True).generic(method, path)
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["error"] == "not_found"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("method", "path", "field"), [
+    ("PUT", "/internal/v1/players/a%2Fb/friends", "player_id"),
+    ("POST", "/internal/v1/seasons/a%2Fb/scores:apply", "season_id"),
+])
+def test_an_id_with_an_encoded_slash_in_a_write_url_is_a_400_naming_the_field(
+        method: str, path: str, field: str) -> None:
+    from leaderboard.ingest.services import api_client_create
+    from tests.support import TEST_ACTOR
+
+    _client, token = api_client_create(name="writer", scopes=["social:write", "scores:write"], actor=TEST_ACTOR)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    body = {"friends": [], "graph_version": 1} if field == "player_id" else {"events": []}
+    response = api.generic(method, path, data=json.dumps(body), content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert list(response.json()["fields"]) == [field]
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
+def test_the_probes_answer_another_method_with_the_json_405(path: str) -> None:
+    from django.test import Client
+
+    response = Client().post(path)
+    assert response.status_code == 405
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["error"] == "method_not_allowed"
+    assert response["Allow"] == "GET, HEAD"

@@ -175,10 +175,13 @@ def test_text_id_of_64_chars_with_any_printable_characters_accepted(field: str) 
         ("", ID_LENGTH_ERROR),
         ("bad\x00id", "must not contain control characters"),
         ("bad\nid", "must not contain control characters"),
+        ("ev-\u0085", "must not contain control characters"),
+        ("ev-\u009f", "must not contain control characters"),
+        ("ev-\x7f", "must not contain control characters"),
         (17, "must be a string"),
         (None, "must be a string"),
     ],
-    ids=["65-chars", "empty", "nul", "newline", "int", "null"],
+    ids=["65-chars", "empty", "nul", "newline", "c1-nel", "c1-last", "del", "int", "null"],
 )
 def test_text_id_rejected(field: str, value: Any, message: str) -> None:
     assert errors_of(valid(**{field: value})) == {field: [message]}

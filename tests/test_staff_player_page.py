@@ -72,3 +72,16 @@ def test_conflicting_deliveries_cannot_be_rewritten_or_deleted(
     if connections[alias].vendor == "postgresql":  # SQLite's test runner flushes with DELETE: UPDATE only there
         with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(using=alias):
             conflicts.filter(pk=conflict.pk).delete()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("player_id", ["a%00b", "%00", "a%C2%85b", "a%20b"])
+def test_a_player_id_outside_the_id_rule_is_a_404_not_a_server_error(
+    season_factory: Callable[..., Season], client_as: Any, player_id: str
+) -> None:
+    """A console URL naming no possible player (a NUL, which PostgreSQL refuses in text, a
+    control or a space) is the console's 404, never a 500."""
+    season = season_factory(slug="pp3")
+    viewer = client_as("viewer")
+    response = viewer.get(f"/staff/seasons/{season.slug}/players/{player_id}/")
+    assert response.status_code == 404

@@ -7,16 +7,22 @@ with `api_error_body`, its status and its headers.
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
-import redis
 from django import db
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from leaderboard.core.errors import DomainError
+from leaderboard.redis_errors import REDIS_OUTAGES
+
+_View = TypeVar("_View", bound=Callable[..., HttpResponse])
 
 
 class ApiError(exceptions.APIException):
@@ -74,6 +80,42 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     return response
 
 
+def api_error_response(exc: ApiError) -> JsonResponse:
+    """An ApiError answered by a plain Django view (the probes, unknown API paths)."""
+    return JsonResponse(api_error_body(exc), status=exc.status_code, headers=exc.headers or None)
+
+
+@csrf_exempt  # a POST to a mistyped path is told so, not refused for a CSRF token the API never uses
+def api_path_unknown(request: HttpRequest, rest: str = "") -> JsonResponse:
+    """Any path under /v1/ or /internal/ that names no operation (a typo, or an id with an
+    encoded '/' that split it): the API's JSON 404, never Django's HTML page."""
+    return api_error_response(ApiError(
+        status_code=status.HTTP_404_NOT_FOUND, code="not_found",
+        detail=f"no API operation at {request.path!r}: the operations are listed at /api/schema/ "
+               "(an id may not contain '/')"))
+
+
+def api_methods(*methods: str) -> Callable[[_View], _View]:
+    """require_http_methods answering the API's JSON 405 (with Allow) instead of an empty
+    HTML body: for the plain Django views under the API's rules (the probes)."""
+    allowed = sorted({m.upper() for m in methods})
+
+    def decorate(view: _View) -> _View:
+        @functools.wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in allowed:
+                refused = api_error_response(ApiError(
+                    status_code=status.HTTP_405_METHOD_NOT_ALLOWED, code="method_not_allowed",
+                    detail=f"method {request.method} is not allowed here; allowed: {', '.join(allowed)}"))
+                refused["Allow"] = ", ".join(allowed)
+                return refused
+            return view(request, *args, **kwargs)
+
+        return cast(_View, wrapped)
+
+    return decorate
+
+
 def validation_error(fields: dict[str, list[str]], *, write: bool = False) -> ApiError:
     """A 400 naming each bad field. `write`: the request would have written, and the
     client may rely on nothing having been written (a read writes nothing anyway)."""
@@ -87,16 +129,7 @@ def validation_error(fields: dict[str, list[str]], *, write: bool = False) -> Ap
 
 log = logging.getLogger(__name__)
 
-# Redis not answering: refused or timed out connections, and a Redis Cluster with no node
-# or no master for a slot (between a master's failure and its replica's promotion:
-# CLUSTERDOWN, TRYAGAIN, the cluster client's ClusterError; its "cannot be connected" and
-# uncovered slots reach callers as ConnectionError: redis_client and rankview.wire raise
-# them so). The one list: a read answers 503 on it, a rate limit fails open.
-REDIS_OUTAGES: tuple[type[Exception], ...] = (
-    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-    redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
-)
-# A dependency that does not answer: Redis (above) or PostgreSQL refused the connection or
+# A dependency that does not answer: Redis (redis_client.REDIS_OUTAGES) or PostgreSQL refused the connection or
 # timed out, or the database pool ran dry. The client should come back later; it is not a
 # bug, so it is a 503 and never a 500. Other database and Redis errors are bugs and stay 500s.
 OUTAGES: tuple[type[Exception], ...] = (*REDIS_OUTAGES, db.OperationalError, db.InterfaceError)
@@ -106,7 +139,7 @@ OUTAGE_RETRY_AFTER_SECONDS = 5
 
 def outage_error(exc: Exception) -> ApiError:
     """The 503 for a request that met an outage (one of OUTAGES): retry after a few seconds."""
-    which = "redis" if isinstance(exc, redis.RedisError) else "database"
+    which = "redis" if isinstance(exc, REDIS_OUTAGES) else "database"
     log.warning("%s unreachable: %s: %s", which, exc.__class__.__name__, exc)
     retry = OUTAGE_RETRY_AFTER_SECONDS
     return ApiError(status_code=status.HTTP_503_SERVICE_UNAVAILABLE, code="unavailable",

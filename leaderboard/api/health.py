@@ -7,17 +7,16 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_safe
 
-from leaderboard.api.errors import ApiError, api_error_body
+from leaderboard.api.errors import ApiError, api_error_response, api_methods
 from leaderboard.metrics import metrics_render
 from leaderboard.redis_client import redis_get
 
 
-# The probes answer GET and HEAD; any other method is a 405 with Allow, as on the API's URLs
+# The probes answer GET and HEAD; any other method is the API's JSON 405 with Allow
 # (CSRF-exempt: they change nothing, and the CSRF check would answer an unknown method 403).
 @csrf_exempt
-@require_safe
+@api_methods("GET", "HEAD")
 def healthz(request: HttpRequest) -> JsonResponse:
     """The process is up; says nothing of its dependencies."""
     return JsonResponse({"status": "ok"})
@@ -43,7 +42,7 @@ def operator_request(request: HttpRequest) -> bool:
 
 
 @csrf_exempt
-@require_safe
+@api_methods("GET", "HEAD")
 def readyz(request: HttpRequest) -> JsonResponse:
     """Ready to serve: the database and Redis both answer (503 otherwise).
 
@@ -70,12 +69,12 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 
 @csrf_exempt
-@require_safe
+@api_methods("GET", "HEAD")
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition, for operators only: it names every season."""
     if not operator_request(request):
         refused = ApiError(status_code=403, code="forbidden",
                            detail="metrics need the bearer token set in METRICS_TOKEN (or, when none is set, "
                                   "a request from this host)")
-        return JsonResponse(api_error_body(refused), status=refused.status_code)
+        return api_error_response(refused)
     return HttpResponse(metrics_render(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -34,7 +34,8 @@ KINDS = (KIND_RESULT, KIND_CORRECTION)
 # (PostgreSQL text refuses NUL) or a Redis key.
 ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 ID_RULE = "1..64 characters from [A-Za-z0-9_.:-]"
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode's control characters (category Cc): C0, DEL and C1 (U+0080..U+009F, e.g. NEL).
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # RFC 3339 date-time with a mandatory offset ("Z" or +hh:mm); fromisoformat alone would
 # also take naive times and week dates.
 _RFC3339_RE = re.compile(

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import redis
 from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
@@ -43,6 +42,7 @@ from leaderboard.ledger_databases import (
 )
 from leaderboard.metrics import metrics_outcomes_count
 from leaderboard.models import ApiClient, ScoreChange
+from leaderboard.redis_errors import REDIS_ERRORS
 from seasons.models import FinalCorrection, Season
 
 log = logging.getLogger(__name__)
@@ -308,7 +308,7 @@ def _outcomes_count(season_slug: str, outcomes: list[tuple[str, str]]) -> None:
     # Metrics are best effort: the batch is committed, Redis trouble must not turn it into an error.
     try:
         metrics_outcomes_count(season_slug=season_slug, statuses=outcomes)
-    except redis.RedisError:
+    except REDIS_ERRORS:
         log.warning("could not count ingest outcomes for %s", season_slug, exc_info=True)
 
 

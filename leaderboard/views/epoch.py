@@ -39,6 +39,7 @@ from leaderboard.metrics import metrics_epoch_observe
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get
+from leaderboard.redis_errors import REDIS_ERRORS
 from leaderboard.views import build, rankview
 from leaderboard.views.parts import PartsLost, RangeReport, parts_apply
 from leaderboard.views.rankview.reads import version_holds
@@ -122,7 +123,7 @@ def season_lease_acquire(*, season: Season, r: redis.Redis, ttl_ms: int) -> int 
         # for a renewed one). Released only while still ours (lease_release checks).
         try:
             rankview.lease_release(r, keys, token)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.warning("season %s: lease %s not released after a failed stamp", season.slug, token, exc_info=True)
         if isinstance(error, rankview.FenceLost):
             return None  # a newer coordinator stamped a group first: it holds the season
@@ -212,6 +213,11 @@ def _epochs_held(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: 
             return results[-1]
 
 
+# A catch-up that fails for these is left to the next epoch, which applies its changes.
+_CATCH_UP_LEFT_FOR_LATER: tuple[type[Exception], ...] = (
+    EpochError, rankview.FenceLost, rankview.CopyMismatch, rankview.ReplicasBehind, *REDIS_ERRORS)
+
+
 def _catch_up_quietly(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
                       keeper: rankview.LeaseKeeper | None) -> float | None:
     # The version is already published: a failed catch-up only leaves the copy to the
@@ -221,7 +227,7 @@ def _catch_up_quietly(*, season: Season, r: redis.Redis, keys: rankview.Keys, to
         return season_idle_copy_catch_up(season=season, r=r, keys=keys, token=token, keeper=keeper)
     except PartsLost:
         raise
-    except (EpochError, rankview.FenceLost, rankview.CopyMismatch, rankview.ReplicasBehind, redis.RedisError):
+    except _CATCH_UP_LEFT_FOR_LATER:
         log.warning("season %s: idle copy not caught up; the next epoch applies its changes", season.slug,
                     exc_info=True)
         return None

@@ -6,11 +6,12 @@ from typing import Any
 
 from django import forms
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from leaderboard.core.events import ID_RULE, id_is_valid
 from leaderboard.core.humanize import instant_text
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.models import RebuildJob, ReconciliationRun
@@ -221,6 +222,9 @@ def player_lookup(request: HttpRequest, slug: str) -> HttpResponse:
 @staff_required("console_view")
 def player_page(request: HttpRequest, slug: str, player_id: str) -> HttpResponse:
     season = get_object_or_404(Season, slug=slug)
+    if not id_is_valid(player_id):
+        # No player has an id outside the id rule (PostgreSQL would refuse a NUL in it).
+        raise Http404(f"no player id is like {player_id!r}: player ids are {ID_RULE}")
     return render(request, "staff/player.html", context(
         request, season=season, player=sel.player_detail(season=season, player_id=player_id),
         regions=sel.player_regions(player_id=player_id), friends=sel.player_friends(player_id=player_id),

@@ -262,3 +262,76 @@ def part_worker(*, env: dict[str, str], chunk_players: int = 2, pause: float = 0
             os.killpg(proc.pid, signal.SIGCONT)
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def redis_answering_errors(error: str) -> Iterator[str]:
+    """A server on a free local port that speaks RESP and answers every command with the
+    error line `error` ("CLUSTERDOWN The cluster is down", "TRYAGAIN ...", "READONLY ...",
+    "LOADING ..."): what a Redis node says during a failover, at the network edge, so the
+    client raises the class it raises in production. Yields its redis:// URL."""
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    stop = threading.Event()
+    reply = f"-{error}\r\n".encode()
+
+    def serve(conn: socket.socket) -> None:
+        # Each command of the request is one RESP array: count its '*' headers and answer
+        # each (a pipeline sends several at once).
+        with conn:
+            buffer = b""
+            while not stop.is_set():
+                try:
+                    chunk = conn.recv(65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                buffer += chunk
+                commands, buffer = _resp_commands(buffer)
+                if commands:
+                    conn.sendall(reply * commands)
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def _resp_commands(buffer: bytes) -> tuple[int, bytes]:
+    """(the whole RESP arrays at the start of `buffer`, what is left after them)."""
+    count = 0
+    while buffer.startswith(b"*"):
+        end = buffer.find(b"\r\n")
+        if end < 0:
+            break
+        items, at = int(buffer[1:end]), end + 2
+        for _ in range(items):
+            header_end = buffer.find(b"\r\n", at)
+            if header_end < 0 or buffer[at:at + 1] != b"$":
+                return count, buffer
+            size = int(buffer[at + 1:header_end])
+            at = header_end + 2 + size + 2
+            if at > len(buffer):
+                return count, buffer
+        count, buffer = count + 1, buffer[at:]
+    return count, buffer

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import redis
 
+from leaderboard.redis_errors import REDIS_ERRORS
 from leaderboard.views.rankview.keys import MANIFEST_TTL, Keys, gen_field
 from leaderboard.views.rankview.wire import (
     _MAP_ATTEMPTS,
@@ -162,7 +163,7 @@ class LeaseKeeper:
         started = time.monotonic()
         try:
             held = lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             if started - self.renewed_at < self.renewed_ttl_ms / 1000:
                 log.warning("season %s: lease renewal failed; it still holds, trying again later", self.keys.season,
                             exc_info=True)
@@ -204,7 +205,7 @@ class LeaseKeeper:
                     self.lost = True
                     return
                 self._renewed(started)
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 continue  # try again at the next tick; the TTL covers two more
 
 
