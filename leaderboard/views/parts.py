@@ -176,6 +176,10 @@ def part_run(spec: PartSpec, *, r: redis.Redis | None = None, runner: str | None
     done: Any = r.get(keys.part_report(spec.epoch, spec.part))
     if done is not None:
         return PartReport.from_json(done)
+    if not _apply_live(r, keys, spec):
+        # A part of an abandoned apply (a worker that slept through its epoch, a task
+        # queued behind it): not even a claim of it is written.
+        return None
     runner = runner or _runner_id()
     ttl_ms = int(settings.EPOCH_LEASE_SECONDS * 1000)
     claim = keys.part_claim(spec.epoch, spec.part)
