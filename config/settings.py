@@ -269,6 +269,11 @@ BENCH_BASELINE = env_bool("BENCH_BASELINE", False)
 # The largest request body on any URL (a full batch of 1,000 events is about 250 KB);
 # beyond it the ASGI server answers 413 before reading it (leaderboard/api/bodylimit.py).
 SCORES_MAX_BODY_BYTES = env_int("SCORES_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
+# A write batch's statements on PostgreSQL (its locks, its reads, its one insert) each give
+# up after this long: a table locked by someone else, a server that stalls, answer the
+# client 503 (retry-safe, nothing written) instead of holding its request for ever. A
+# batch of 1,000 events takes ~0.1-0.6 s; the epochs, rebuilds and checks are not bound.
+WRITE_STATEMENT_TIMEOUT_SECONDS = env_float("WRITE_STATEMENT_TIMEOUT_SECONDS", 5.0, minimum=0.05)
 DATA_UPLOAD_MAX_MEMORY_SIZE = SCORES_MAX_BODY_BYTES
 
 REST_FRAMEWORK = {

@@ -158,14 +158,21 @@ def ledger_placement_cache_clear() -> None:
 
 
 @contextlib.contextmanager
-def ledger_atomic(*, aliases: Iterable[str]) -> Iterator[None]:
+def ledger_atomic(*, aliases: Iterable[str], statement_timeout: float | None = None) -> Iterator[None]:
     """One transaction in each database, entered in the order given and committed in the
     reverse order. NOT atomic across databases: a failure while committing can leave the
     ones committed first committed. For work whose parts are each correct on their own
-    (per-database atomicity), or that is read-only."""
+    (per-database atomicity), or that is read-only. `statement_timeout` (seconds): on
+    PostgreSQL each statement inside gives up after it (an OperationalError, the
+    transaction rolled back)."""
     with contextlib.ExitStack() as stack:
         for alias in dict.fromkeys(aliases):
             stack.enter_context(transaction.atomic(using=alias))
+            if statement_timeout is not None and connections[alias].vendor == "postgresql":
+                with connections[alias].cursor() as cursor:
+                    # SET LOCAL: it ends with the transaction, the pooled session keeps none.
+                    cursor.execute("SELECT set_config('statement_timeout', %s, true)",
+                                   [f"{max(1, round(statement_timeout * 1000))}ms"])
         yield
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
@@ -240,7 +241,7 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
     conflicts of events whose id is claimed with another payload, kept with this part's
     rows (their outcomes are the caller's)."""
     now = timezone.now()
-    with ledger_atomic(aliases=[DEFAULT_ALIAS, using]):
+    with ledger_atomic(aliases=[DEFAULT_ALIAS, using], statement_timeout=settings.WRITE_STATEMENT_TIMEOUT_SECONDS):
         # Read under the locks: a lifecycle transition takes the season's lock exclusively,
         # so the state that admits these events is the one they commit against.
         row, partitions = _partitions_lock(season=season, events=events, using=using)
