@@ -626,9 +626,10 @@ def default_commits_after(then: Callable[[], None]) -> Callable[..., contextlib.
     from leaderboard.ledger_databases import ledger_atomic
 
     @contextlib.contextmanager
-    def atomic(*, aliases: Any) -> Iterator[None]:
-        with ledger_atomic(aliases=[a for a in aliases if a == DEFAULT_ALIAS]):
-            with ledger_atomic(aliases=[a for a in aliases if a != DEFAULT_ALIAS]):
+    def atomic(*, aliases: Any, statement_timeout: float | None = None) -> Iterator[None]:
+        with ledger_atomic(aliases=[a for a in aliases if a == DEFAULT_ALIAS], statement_timeout=statement_timeout):
+            with ledger_atomic(aliases=[a for a in aliases if a != DEFAULT_ALIAS],
+                               statement_timeout=statement_timeout):
                 yield
             then()
     return atomic

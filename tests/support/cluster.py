@@ -102,6 +102,9 @@ class LocalCluster:
     node_timeout_ms: int
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     _clients: dict[int, redis.Redis] = field(default_factory=dict)
+    # A killed master's first slot, read before the kill: once its replica is promoted the
+    # cluster no longer names any slot of the dead node.
+    _killed_slots: dict[int, int] = field(default_factory=dict)
 
     @property
     def ports(self) -> list[int]:
@@ -246,6 +249,9 @@ class LocalCluster:
 
     def master_kill(self, port: int) -> None:
         """SIGKILL to the node on `port` (a master, with a replica to take over, for a failover)."""
+        slots = [first for node in self.nodes() if node.port == port for first, _ in node.slots]
+        if slots:
+            self._killed_slots[port] = slots[0]
         process = self.processes[port]
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
@@ -256,8 +262,7 @@ class LocalCluster:
     def failover_wait(self, killed: int, *, timeout: float = 60) -> int:
         """Once a replica of the master killed on `killed` serves its slots and the living
         nodes are all ok again; returns the promoted node's port."""
-        killed_id = next(node.node_id for node in self.nodes() if node.port == killed)
-        slot = next(first for node in self.nodes() if node.node_id == killed_id for first, _ in node.slots)
+        slot = self._killed_slots[killed]
 
         def promoted() -> bool:
             return self.slot_master(slot) != killed and self._ready()
