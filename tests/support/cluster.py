@@ -249,7 +249,8 @@ class LocalCluster:
 
     def master_kill(self, port: int) -> None:
         """SIGKILL to the node on `port` (a master, with a replica to take over, for a failover)."""
-        slots = [first for node in self.nodes() if node.port == port for first, _ in node.slots]
+        # Asked of the victim itself: another node may be stopped (SIGSTOP) by the test.
+        slots = [first for node in self.nodes(port=port) if node.port == port for first, _ in node.slots]
         if slots:
             self._killed_slots[port] = slots[0]
         process = self.processes[port]
