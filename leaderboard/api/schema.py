@@ -260,7 +260,9 @@ def _text(max_length: int, *, min_length: int = 0, description: str = "") -> dic
     return schema
 
 
-_ID_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": "^[^\\u0000-\\u001f\\u007f]*$"}
+# No control characters (Unicode's Cc: C0, DEL, C1), as core.events checks.
+_ID_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
+            "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"}
 _PLAYER_ID = {"type": "string", "pattern": ID_PATTERN, "description": "1..64 characters from [A-Za-z0-9_.:-]"}
 # RFC 3339 with a mandatory offset; the year is 1970..9999 (the pattern's part: the format says the rest).
 _COMPLETED_AT = {"type": "string", "format": "date-time", "pattern": "^(19[7-9][0-9]|[2-9][0-9]{3})-",
