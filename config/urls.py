@@ -19,5 +19,5 @@ urlpatterns = [
     path("staff/", include("seasons.staff_urls")),
     path("admin/", admin.site.urls),
     # Last: whatever under the API's prefixes named no operation is the API's JSON 404.
-    re_path(r"^(?:v1|internal)/(?P<rest>.*)$", api_path_unknown, name="api-unknown"),
+    re_path(r"^(?:v1|internal)/", api_path_unknown, name="api-unknown"),
 ]

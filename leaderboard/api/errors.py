@@ -86,7 +86,7 @@ def api_error_response(exc: ApiError) -> JsonResponse:
 
 
 @csrf_exempt  # a POST to a mistyped path is told so, not refused for a CSRF token the API never uses
-def api_path_unknown(request: HttpRequest, rest: str = "") -> JsonResponse:
+def api_path_unknown(request: HttpRequest) -> JsonResponse:
     """Any path under /v1/ or /internal/ that names no operation (a typo, or an id with an
     encoded '/' that split it): the API's JSON 404, never Django's HTML page."""
     return api_error_response(ApiError(
@@ -129,8 +129,8 @@ def validation_error(fields: dict[str, list[str]], *, write: bool = False) -> Ap
 
 log = logging.getLogger(__name__)
 
-# A dependency that does not answer: Redis (redis_client.REDIS_OUTAGES) or PostgreSQL refused the connection or
-# timed out, or the database pool ran dry. The client should come back later; it is not a
+# A dependency that does not answer: Redis (redis_errors.REDIS_OUTAGES) or PostgreSQL refused the
+# connection or timed out, or the database pool ran dry. The client should come back later; it is not a
 # bug, so it is a 503 and never a 500. Other database and Redis errors are bugs and stay 500s.
 OUTAGES: tuple[type[Exception], ...] = (*REDIS_OUTAGES, db.OperationalError, db.InterfaceError)
 # Long enough not to hammer a dependency that is restarting, short enough to notice it back.
