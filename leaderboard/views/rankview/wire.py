@@ -80,6 +80,13 @@ _MAP_ATTEMPTS = 2
 # Before sending again what TRYAGAIN or CLUSTERDOWN refused: a migration's key move or a
 # promotion takes milliseconds to seconds; a moment's wait gives the one resend a chance.
 _REFUSED_PAUSE_SECONDS = 0.1
+# A read is sent again up to this many times while a node refuses it, with a shorter pause
+# (its deadline, READ_DEADLINE_SECONDS, is 0.2 s): a script naming a key the migrating slot
+# does not hold (a hidden set that is empty, a key moved already) is refused with TRYAGAIN
+# on both nodes until the slot is handed over, which a reshard does within milliseconds of
+# moving its last key.
+_READ_RESENDS = 3
+_READ_REFUSED_PAUSE_SECONDS = 0.02
 
 
 def slot_map_refresh(cluster: redis.RedisCluster) -> None:
@@ -149,8 +156,11 @@ def _cluster_reads(cluster: redis.RedisCluster, commands: list[tuple[Any, ...]])
     """`round_trip` on a cluster: the commands grouped by the master of their slot (in
     order within a node, so a read placed after others on the same slot runs after them),
     every node's batch written before any reply is read, so the trip takes about the time
-    of the slowest node. A refusal or a failed node: the slot map refreshed, the whole
-    trip sent once more (reads change nothing); refused again, an outage."""
+    of the slowest node. A failed node: the slot map refreshed, the whole trip sent once
+    more (reads change nothing). Commands a node refused unrun (a slot being migrated
+    answers ASK for the keys it no longer has, TRYAGAIN for a script whose keys are split)
+    are sent once more as writes are (`_refused_resend`: behind ASKING to the node named);
+    refused again, an outage."""
     nodes = cluster.nodes_manager
     for attempt in range(_MAP_ATTEMPTS):
         batches = slot_batches(nodes, commands)
@@ -161,19 +171,42 @@ def _cluster_reads(cluster: redis.RedisCluster, commands: list[tuple[Any, ...]])
                 conn.send_packed_command([_pack(commands[at] for at in ats)])
             for conn, ats in conns:
                 for at in ats:
-                    replies[at] = conn.read_response()
-            return replies
+                    replies[at] = _reply_read(conn)
         except BaseException as exc:
             for conn, _ in conns:
                 conn.disconnect()
-            if not isinstance(exc, _MAP_STALE):
-                raise
-            if attempt + 1 == _MAP_ATTEMPTS:
-                if isinstance(exc, MovedError | AskError):
-                    raise redis.ConnectionError(f"Redis Cluster slots still moving: {exc}") from exc
+            if not isinstance(exc, _MAP_STALE) or attempt + 1 == _MAP_ATTEMPTS:
                 raise
             slot_map_refresh(cluster)
+            continue
+        return _cluster_replies_settled(cluster, commands, replies)
     raise AssertionError("unreachable")
+
+
+def _reply_read(conn: Any) -> Any:
+    """One reply; an error reply as its exception (a whole reply: the connection stays in step)."""
+    try:
+        return conn.read_response()
+    except redis.ResponseError as error:
+        return error
+
+
+def _cluster_replies_settled(cluster: redis.RedisCluster, commands: list[tuple[Any, ...]],
+                             replies: list[Any]) -> list[Any]:
+    """The replies of a cluster trip with the refused commands answered by a second send;
+    the first error left is raised (a refusal twice is the outage every reader answers)."""
+    calls: list[tuple[str, tuple[Any, ...]]] | None = None
+    for _ in range(_READ_RESENDS):
+        if not any(isinstance(reply, CLUSTER_REFUSALS) for reply in replies):
+            break
+        calls = calls or [(_command_key(command), command) for command in commands]
+        _refused_resend(cluster, calls, replies, pause=_READ_REFUSED_PAUSE_SECONDS)
+    for reply in replies:
+        if isinstance(reply, CLUSTER_REFUSALS):
+            raise redis.ConnectionError(f"Redis Cluster slots still moving: {reply}") from reply
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+    return replies
 
 
 # Threads sending to the masters of a cluster at once: an epoch's chunk goes to every
@@ -305,7 +338,8 @@ def _batches_send(batches: list[_Batch], out: list[Any]) -> None:
         future.result()
 
 
-def _refused_resend(cluster: redis.RedisCluster, calls: list[tuple[str, tuple[Any, ...]]], out: list[Any]) -> None:
+def _refused_resend(cluster: redis.RedisCluster, calls: list[tuple[str, tuple[Any, ...]]], out: list[Any], *,
+                    pause: float = _REFUSED_PAUSE_SECONDS) -> None:
     """The calls a node refused unrun (CLUSTER_REFUSALS in `out`) sent once more, their new
     replies in `out`: after MOVED, TRYAGAIN or CLUSTERDOWN on a fresh slot map; after ASK
     to the node it names, behind ASKING, as the slot's migration asks (the map still
@@ -322,21 +356,37 @@ def _refused_resend(cluster: redis.RedisCluster, calls: list[tuple[str, tuple[An
         else:
             routed.append(i)
     if any(isinstance(out[i], TryAgainError | ClusterDownError) for i in refused):
-        time.sleep(_REFUSED_PAUSE_SECONDS)
+        time.sleep(pause)
     batches: list[_Batch] = []
     for (host, port), indexes in asked.items():
-        node = cluster.get_node(host=host, port=port)
-        if node is None:
-            routed += indexes  # a node the map does not know yet: routed by the fresh map
-            continue
         commands = [command for i in indexes for command in (("ASKING",), calls[i][1])]
-        batches.append((cluster.get_redis_connection(node), indexes, _pieces(commands), 2))
+        batches.append((_asked_client(cluster, host, port), indexes, _pieces(commands), 2))
     if routed:
         slot_map_refresh(cluster)
         for client, at in node_clients(cast(redis.Redis, cluster), [calls[i][0] for i in routed]).values():
             indexes = [routed[j] for j in at]
             batches.append((client, indexes, _pieces(calls[i][1] for i in indexes), 1))
     _batches_send(batches, out)
+
+
+def _asked_client(cluster: redis.RedisCluster, host: str, port: int) -> redis.Redis:
+    """The client of the node an ASK names. A master just added to the cluster serves no
+    slot until its first one is migrated, so the slot map does not list it: its client is
+    made from the cluster client's connection settings, once per cluster and node."""
+    node = cluster.get_node(host=host, port=port)
+    if node is not None:
+        return cluster.get_redis_connection(node)  # type: ignore[no-any-return]
+    with _asked_lock:
+        known = _asked_clients.setdefault(id(cluster), {})
+        client = known.get((host, port))
+        if client is None:
+            manager = cluster.nodes_manager
+            client = known[(host, port)] = manager.create_redis_node(host, port, **manager.connection_kwargs)
+        return client
+
+
+_asked_clients: dict[int, dict[tuple[str, int], redis.Redis]] = {}
+_asked_lock = threading.Lock()
 
 
 def _replies_read(client: redis.Redis, data: list[bytes], count: int) -> list[Any]:
