@@ -7,6 +7,9 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from django.core.management import execute_from_command_line
 
+    from config.embedded_redis import environ_ensure
+
+    environ_ensure()
     execute_from_command_line(sys.argv)
 
 

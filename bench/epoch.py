@@ -63,7 +63,7 @@ and the time follows K, not the number of players.
         --parts 1,2,4 --workers 2 --repeats 3                           # parts on 2 workers (~1 h)
 
 --redis single,cluster measures the same cells on the one Redis server (--redis-url) and
-then on a local Redis Cluster of 3 masters this run starts (tests/support/cluster.py:
+then on a local Redis Cluster of 3 masters this run starts (config/local_cluster.py:
 redis-server processes on free ports from 17000, nothing persisted, stopped at the end),
 each with a season loaded for it; `redis cpu ms` is then the sum over the masters, and
 the ratio cluster / single of each cell's median is printed. The Celery broker and the
@@ -226,7 +226,7 @@ def redis_target_use(target: str, single_url: str) -> Any:
 
     started = None
     if target == "cluster":
-        from tests.support.cluster import cluster_start
+        from config.local_cluster import cluster_start
 
         started = cluster_start(masters=CLUSTER_MASTERS)
         print(f"# Redis Cluster of {CLUSTER_MASTERS} masters on ports {started.master_ports()}", flush=True)
@@ -471,7 +471,7 @@ def run_targets(args: argparse.Namespace, sizes: list[int], changes: list[int], 
                 cells += run_size(players, changes, args, profile_dir, target)
         finally:
             if started is not None:
-                from tests.support.cluster import cluster_stop
+                from config.local_cluster import cluster_stop
 
                 cluster_stop(started)
                 redis_target_use("single", single_url)

@@ -756,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request
     from audit.services import Actor
-    from leaderboard.ingest.services import api_client_create
+    from leaderboard.api_clients import api_client_create
 
     tag = datetime.now(UTC).strftime("%m%d%H%M%S") + "-" + secrets.token_hex(2)
     client_obj, token = api_client_create(

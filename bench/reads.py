@@ -19,7 +19,7 @@
    rate for both), paced by a Lua delay() schedule (latency measured from each request's
    send), to read p99 at a sustainable load.
 
-5. With --redis single,cluster: a local Redis Cluster of 3 masters (tests/support/cluster.py,
+5. With --redis single,cluster: a local Redis Cluster of 3 masters (config/local_cluster.py,
    its own ports) gets the same season, key by key (DUMP/RESTORE: the same names in their
    own slots), and a second server with REDIS_CLUSTER=true on --port + 2 serves it; rank,
    neighbors and top are measured there too (`rank@cluster`, ...) in the same runs,
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "cluster" in modes:
             sys.path.insert(0, str(ROOT))
-            from tests.support.cluster import cluster_start
+            from config.local_cluster import cluster_start
 
             cluster = cluster_start(masters=3)
             started = time.perf_counter()
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         if clustered is not None:
             clustered.stop()
         if cluster is not None:
-            from tests.support.cluster import cluster_stop
+            from config.local_cluster import cluster_stop
 
             cluster_stop(cluster)
         benchenv.season_cleanup(result.season, keep=args.keep, extra_keys=[key])

@@ -6,11 +6,11 @@ For each size N, a fresh season with 4 regions: N players COPYed into its curren
 move for every 1,000th player (event_id "region:2"). Medians of --runs runs, each against
 a baseline measured in the same run:
 
-- players per region (seasons.staff_selectors.season_region_sizes, its cache cleared
+- players per region (seasons.staff.season.selectors.season_region_sizes, its cache cleared
   before each run: the GROUP BY over the season's current scores that the season page runs
   at most every 15 s per process), against `count(*)` of the same rows: the least a count
   of the season's players costs without a summary kept elsewhere;
-- a player's region history (seasons.staff_selectors.player_regions: profile, profile
+- a player's region history (seasons.staff.players.selectors.player_regions: profile, profile
   changes, score in every season and the moves through the partial index
   score_change_region_moves), against the moves query alone without that index
   (event_id LIKE '%region:%', which no index serves: the scan the player page would run
@@ -98,7 +98,8 @@ def measure(players: int, args: argparse.Namespace) -> dict[str, Any]:
 
     from leaderboard.models import ScoreChange
     from seasons.models import Season
-    from seasons.staff_selectors import player_regions, season_region_sizes
+    from seasons.staff.players.selectors import player_regions
+    from seasons.staff.season.selectors import season_region_sizes
 
     season = benchenv.season_new("regions")
     Season.objects.filter(pk=season.pk).update(regions=REGIONS)

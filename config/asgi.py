@@ -11,7 +11,10 @@ from typing import Any
 
 from django.core.asgi import get_asgi_application
 
+from config.embedded_redis import environ_ensure
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+environ_ensure()
 
 # Django is set up before the consumers (and the models they import) are imported.
 django_application = get_asgi_application()

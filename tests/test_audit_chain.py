@@ -17,7 +17,7 @@ from django.db import DatabaseError, connection, transaction
 from audit.chain import GENESIS, chain_verify, row_hash
 from audit.models import AuditChainHead, AuditEntry
 from audit.services import Actor, audit_chain_verify, audit_log
-from tests.staff_support import drop_audit_trigger_sql
+from tests.support.staff_console import drop_audit_trigger_sql
 
 ACTOR = Actor(kind="system", id="", label="tests")
 
@@ -151,7 +151,7 @@ def test_an_edited_row_is_named_by_the_verifier_the_command_and_the_console(clie
         call_command("audit_verify")
 
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    from seasons.staff_services import staff_user_create
+    from seasons.staff.accounts.services import staff_user_create
 
     viewer, _ = staff_user_create(username="auditor", role="viewer", password="pw-auditor-1", actor=ACTOR)
     client.force_login(viewer)

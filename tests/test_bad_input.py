@@ -15,16 +15,16 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from config.asgi import application
+from leaderboard.api_clients import api_client_create
 from leaderboard.core.buckets import BucketLayout, LayoutError
 from leaderboard.core.splits import split_points_valid
-from leaderboard.ingest.services import api_client_create
 from leaderboard.models import RebuildJob, ScoreEvent
 from seasons.models import Season
-from tests.staff_support import follow_messages
 from tests.support import TEST_ACTOR, fast_get, live_run
+from tests.support.staff_console import follow_messages
 
 # The staff fixtures (make_staff, client_as, fast_passwords).
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 pytestmark = pytest.mark.django_db
 

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from leaderboard.ingest.services import api_client_create
-from tests import browser
-from tests.support import TEST_ACTOR
+from leaderboard.api_clients import api_client_create
+from tests.support import TEST_ACTOR, browser
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -43,7 +43,7 @@ from tests.support import (
     publish,
     recovery_jobs,
 )
-from tests.support.cluster import LocalCluster, cluster_start, cluster_stop
+from tests.support.cluster import FailoverCluster, cluster_start, cluster_stop
 from tests.support.readload import LedgerWriter, VersionedReadLoad
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -63,7 +63,7 @@ COPY_GRACE_SECONDS = 1.5
 
 
 @pytest.fixture(scope="module")
-def replicated() -> Iterator[LocalCluster]:
+def replicated() -> Iterator[FailoverCluster]:
     """This module's own cluster of 3 masters with a replica each. Started only in a session
     whose rank views are on a cluster (.ci/run has a step for it): a single-Redis session
     skips the test rather than spend its minute and a half twice in a CI run."""
@@ -77,7 +77,8 @@ def replicated() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def on_replicated(replicated: LocalCluster, settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+def on_replicated(replicated: FailoverCluster, settings: Any,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[FailoverCluster]:
     """The rank views on the replicated cluster, for this process and the children it
     starts (broker and channel layer stay on the plain Redis); every node running, each
     master with its replica, when the test starts."""
@@ -100,7 +101,7 @@ def on_replicated(replicated: LocalCluster, settings: Any, monkeypatch: pytest.M
     rankview.manifest_cache_clear()
 
 
-def _victim(cluster: LocalCluster, season: Season, target: str) -> int:
+def _victim(cluster: FailoverCluster, season: Season, target: str) -> int:
     """The master to kill: the control slot's, or one that serves slot groups of the
     season's copies and not the control slot."""
     control = cluster.key_master(keys_of(season).ptr)
@@ -234,7 +235,7 @@ class Scene:
 
 @pytest.mark.parametrize(("target", "parts"), [("control", 1), ("groups", 1), ("groups", 2)])
 def test_a_master_killed_during_an_epoch_under_load(
-        on_replicated: LocalCluster, season_factory: Callable[..., Season],
+        on_replicated: FailoverCluster, season_factory: Callable[..., Season],
         writer: tuple[ApiClient, str], settings: Any, target: str, parts: int) -> None:
     """With 2 parts (a season of 8 ledger partitions), part 0 runs on a real Celery worker
     and the coordinator runs part 1: the master dies under both."""
@@ -287,7 +288,7 @@ def test_a_master_killed_during_an_epoch_under_load(
     scene.assert_ledger_kept(final)
 
 
-def _replica_of(cluster: LocalCluster, master: int) -> int:
+def _replica_of(cluster: FailoverCluster, master: int) -> int:
     nodes = cluster.nodes()
     master_id = next(node.node_id for node in nodes if node.port == master)
     return next(node.port for node in nodes if node.master_id == master_id and not node.failed)
@@ -295,7 +296,7 @@ def _replica_of(cluster: LocalCluster, master: int) -> int:
 
 @pytest.mark.parametrize("replicas_wait", [0, 1])
 def test_a_failover_that_loses_acknowledged_writes(
-        on_replicated: LocalCluster, season_factory: Callable[..., Season], writer: tuple[ApiClient, str],
+        on_replicated: FailoverCluster, season_factory: Callable[..., Season], writer: tuple[ApiClient, str],
         settings: Any, replicas_wait: int) -> None:
     """Redis replicates asynchronously: a master acknowledges writes its replica never
     receives, and a failover loses them. Made certain here: the replica of a master that

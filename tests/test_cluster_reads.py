@@ -1,4 +1,4 @@
-"""Reads of the rank views on a real local Redis Cluster of 3 masters (tests/support/cluster.py).
+"""Reads of the rank views on a real local Redis Cluster of 3 masters (config/local_cluster.py).
 
 A version is published by the epoch on the Redis this session serves its rank views from:
 on a cluster session (TEST_REDIS_CLUSTER=1) directly on the cluster; otherwise on the single
@@ -23,14 +23,14 @@ import redis.asyncio
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry
 from leaderboard.core.slots import bucket_group
-from leaderboard.live import hub as live
+from leaderboard.live.players import PlayerRead, players_read, players_read_async
 from leaderboard.redis_client import redis_cluster_of, redis_get
 from leaderboard.views import rankview
 from leaderboard.views.invariants import version_check
 from leaderboard.views.rankview import reads as rank_reads
 from seasons.models import Season
 from tests.conftest import redis_flush
-from tests.support.cluster import LocalCluster, cluster_start, cluster_stop
+from tests.support.cluster import FailoverCluster, cluster_start, cluster_stop
 from tests.support.publication import (
     NARROW,
     RoundTrips,
@@ -48,7 +48,7 @@ PLAYERS = [f"c{i:02d}" for i in range(60)]
 
 
 @pytest.fixture(scope="module")
-def started(request: pytest.FixtureRequest) -> Iterator[LocalCluster | None]:
+def started(request: pytest.FixtureRequest) -> Iterator[FailoverCluster | None]:
     """This module's own cluster, unless the session already serves the rank views from one."""
     from django.conf import settings
 
@@ -61,7 +61,7 @@ def started(request: pytest.FixtureRequest) -> Iterator[LocalCluster | None]:
 
 
 @pytest.fixture
-def on_cluster(started: LocalCluster | None, season_factory: Callable[..., Season], rank_views: Any,
+def on_cluster(started: FailoverCluster | None, season_factory: Callable[..., Season], rank_views: Any,
                settings: Any) -> Iterator[tuple[Season, redis.RedisCluster]]:
     """A season of 60 players with ties over 11 buckets, version 1 published and served
     from the cluster; the rank views' client is the cluster's."""
@@ -125,19 +125,19 @@ def test_every_read_on_the_cluster_answers_as_the_ledger(on_cluster: tuple[Seaso
     friends = reader.players([*PLAYERS[:20], "nobody"])
     assert friends.ranks == {p: standings.rank_of(p) for p in PLAYERS[:20]}
     manifest = current_manifest(season)
-    reads, trips = live.players_read(redis_get(), keys_of(season), manifest, {p: 2 for p in PLAYERS[::5]})
+    reads, trips = players_read(redis_get(), keys_of(season), manifest, {p: 2 for p in PLAYERS[::5]})
     assert trips <= 4
     for player_id, read in reads.items():
         assert read.entry == standings.entry(player_id)
         assert list(read.window) == standings.neighbors(player_id, 2)
-    async def batched() -> tuple[dict[str, live.PlayerRead], int]:
+    async def batched() -> tuple[dict[str, PlayerRead], int]:
         # The live boards' asyncio client, per node (pipeline_raw).
         from django.conf import settings
 
         # Typed as the plain client, as LiveRegistry.redis() hands it to the hubs.
         aclient = cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(settings.REDIS_URL))
         try:
-            return await live.players_read_async(aclient, keys_of(season), manifest, {p: 2 for p in PLAYERS[::5]})
+            return await players_read_async(aclient, keys_of(season), manifest, {p: 2 for p in PLAYERS[::5]})
         finally:
             await aclient.aclose()
 
@@ -224,10 +224,10 @@ def test_the_live_boards_reads_wait_for_a_connection_of_a_busy_node(
     manifest = current_manifest(season)
     standings = db_standings(season)
 
-    async def rounds() -> list[tuple[dict[str, live.PlayerRead], int]]:
+    async def rounds() -> list[tuple[dict[str, PlayerRead], int]]:
         aclient = cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(settings.REDIS_URL, max_connections=1))
         try:
-            return await asyncio.gather(*(live.players_read_async(aclient, keys_of(season), manifest, {p: 1})
+            return await asyncio.gather(*(players_read_async(aclient, keys_of(season), manifest, {p: 1})
                                           for p in PLAYERS[:12]))
         finally:
             await aclient.aclose()

@@ -20,7 +20,7 @@ from leaderboard.views.rankview import fence
 from seasons.models import Season
 from tests.conftest import redis_flush
 from tests.support import Events, apply_events, assert_matches_ledger, current_manifest, epoch, keys_of, publish
-from tests.support.cluster import LocalCluster, cluster_start, cluster_stop
+from tests.support.cluster import FailoverCluster, cluster_start, cluster_stop
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -28,7 +28,7 @@ PLAYERS = [f"m{i:03d}" for i in range(300)]
 
 
 @pytest.fixture(scope="module")
-def replicated() -> Iterator[LocalCluster]:
+def replicated() -> Iterator[FailoverCluster]:
     """This module's own cluster: 3 masters with a replica each (a manual failover needs one)."""
     cluster = cluster_start(masters=3, replicas=1)
     yield cluster
@@ -36,7 +36,7 @@ def replicated() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def on_replicated(replicated: LocalCluster, settings: Any) -> Iterator[LocalCluster]:
+def on_replicated(replicated: FailoverCluster, settings: Any) -> Iterator[FailoverCluster]:
     settings.REDIS_CLUSTER, settings.REDIS_URL = True, replicated.url
     _process_state_forget()
     redis_flush(redis_get())
@@ -50,7 +50,7 @@ def _process_state_forget() -> None:
     redis_get.cache_clear()
 
 
-def _manual_failover(cluster: LocalCluster, master: int) -> int:
+def _manual_failover(cluster: FailoverCluster, master: int) -> int:
     """CLUSTER FAILOVER on a replica of `master`; returns once the replica serves its slots."""
     master_id = next(node.node_id for node in cluster.nodes() if node.port == master)
     replica = next(node.port for node in cluster.nodes() if node.master_id == master_id)
@@ -66,7 +66,7 @@ def _manual_failover(cluster: LocalCluster, master: int) -> int:
 
 @pytest.mark.parametrize("target", ["control", "groups"])
 def test_an_epoch_after_a_manual_failover_publishes(
-        on_replicated: LocalCluster, season_factory: Callable[..., Season], target: str) -> None:
+        on_replicated: FailoverCluster, season_factory: Callable[..., Season], target: str) -> None:
     cluster = on_replicated
     season = season_factory(slug=f"moved-{target}")
     rnd = random.Random(target)
@@ -98,7 +98,7 @@ def test_an_epoch_after_a_manual_failover_publishes(
     assert assert_matches_ledger(season) == result.version
 
 
-def test_a_group_write_refused_with_moved_is_sent_again_on_a_fresh_map(on_replicated: LocalCluster) -> None:
+def test_a_group_write_refused_with_moved_is_sent_again_on_a_fresh_map(on_replicated: FailoverCluster) -> None:
     """The write path alone: fenced group writes routed by a stale map (a master's slots
     moved to its replica) land once each, every reply a script's, none an error."""
     cluster = on_replicated
@@ -114,7 +114,7 @@ def test_a_group_write_refused_with_moved_is_sent_again_on_a_fresh_map(on_replic
     assert [client.hget(fence, "token") for fence in fences] == [b"7"] * len(fences)
 
 
-def test_a_fenced_transaction_refused_with_moved_is_sent_again_on_a_fresh_map(on_replicated: LocalCluster) -> None:
+def test_a_fenced_transaction_refused_with_moved_is_sent_again_on_a_fresh_map(on_replicated: FailoverCluster) -> None:
     """The control slot's fenced MULTI/EXEC on a stale map: the WATCH of the lease meets
     MOVED on the old master, nothing of the transaction runs there, and it runs once on
     the promoted replica."""

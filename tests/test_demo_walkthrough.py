@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 
-from tests import browser
+from tests.support import browser
 from tests.support.demo import RunningDemo, demo_running
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

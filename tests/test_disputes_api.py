@@ -12,7 +12,7 @@ from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
-from leaderboard.ingest.services import KNOWN_SCOPES, api_client_create
+from leaderboard.api_clients import KNOWN_SCOPES, api_client_create
 from seasons.models import Dispute, Season
 from tests.support import TEST_ACTOR
 

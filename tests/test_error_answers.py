@@ -23,11 +23,12 @@ from leaderboard.core.buckets import LayoutError
 from leaderboard.core.errors import DomainError
 from leaderboard.core.events import BatchTooLarge, EventValidationError
 from leaderboard.core.lifecycle import TransitionError
-from leaderboard.live import hub as live
+from leaderboard.live.messages import unavailable_message
+from leaderboard.live.redis_async import pipeline_raw
 from leaderboard.recovery.rebuild import RebuildError
 from seasons.models import Season
 from seasons.services import FinalNotReady, SeasonError
-from seasons.staff_services import StaffError
+from seasons.staff.common import StaffError
 
 ROOT = Path(__file__).resolve().parent.parent
 BIGINT_RANGE = "1..9223372036854775807 (the largest 64-bit integer)"
@@ -68,7 +69,7 @@ def test_the_live_socket_and_the_read_api_say_the_same_unavailable(season: Seaso
     response = APIClient().get(f"/v1/seasons/{season.slug}/leaderboard/top")
     assert response.status_code == 503
     body = response.json()
-    message = live.unavailable_message(season.slug, None, None)
+    message = unavailable_message(season.slug, None, None)
     assert body["retry_after"] == message["retry_after"] == 3
     assert response["Retry-After"] == "3"
     assert message["type"] == body["error"] == "unavailable"
@@ -202,7 +203,7 @@ def test_a_cluster_with_every_node_stopped_answers_503_on_both_read_paths(
             # A stopped node's URL: the live boards' own (asyncio) client finds no node either.
             client = redis.asyncio.RedisCluster.from_url(f"redis://127.0.0.1:{cluster.ports[0]}")
             try:
-                await live.pipeline_raw(cast(redis.asyncio.Redis, client), [("GET", "x")])
+                await pipeline_raw(cast(redis.asyncio.Redis, client), [("GET", "x")])
             finally:
                 await client.aclose()
 
@@ -245,7 +246,7 @@ def test_an_api_path_that_names_no_operation_is_the_json_404(method: str, path: 
 ])
 def test_an_id_with_an_encoded_slash_in_a_write_url_is_a_400_naming_the_field(
         method: str, path: str, field: str) -> None:
-    from leaderboard.ingest.services import api_client_create
+    from leaderboard.api_clients import api_client_create
     from tests.support import TEST_ACTOR
 
     _client, token = api_client_create(name="writer", scopes=["social:write", "scores:write"], actor=TEST_ACTOR)

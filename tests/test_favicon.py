@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 
 @pytest.mark.django_db

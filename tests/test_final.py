@@ -34,7 +34,6 @@ from seasons.services import (
     season_final_reject,
     season_seal_ingest,
 )
-from tests.staff_support import audit_actions
 from tests.support import (
     RECONCILIATION_CHECKS,
     Events,
@@ -52,6 +51,7 @@ from tests.support import (
     staff,
     statuses,
 )
+from tests.support.staff_console import audit_actions
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 

@@ -27,7 +27,7 @@ from seasons.services import final_standings_hash, season_seal_ingest
 from tests.support import TEST_ACTOR, Events, Post, canonical_sha256, final_rows, finalize, in_season, iso, post_ok
 
 # The staff fixtures (client_as), for the console's player page.
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 

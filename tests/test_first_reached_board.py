@@ -30,7 +30,6 @@ from leaderboard.views import rankview
 from leaderboard.views.invariants import version_check
 from seasons.models import Season
 from seasons.services import SeasonError, final_standings_hash
-from tests.reference import ReferenceLedger, season_rejection
 from tests.support import (
     COMPLETED_AT,
     NARROW,
@@ -48,6 +47,7 @@ from tests.support import (
     publish,
     reader_of,
 )
+from tests.support.reference import ReferenceLedger, season_rejection
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 

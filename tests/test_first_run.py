@@ -70,7 +70,8 @@ def test_one_off_command_leaves_no_embedded_redis_running(tmp_path: Path) -> Non
 def test_embedded_redis_is_shared_while_in_use_and_stopped_by_its_last_user(tmp_path: Path) -> None:
     env = fresh_env(tmp_path)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import django, sys, time; django.setup(); print('up', flush=True); time.sleep(60)"],
+        [sys.executable, "-c", "import django, time; from config.embedded_redis import environ_ensure; "
+         "environ_ensure(); django.setup(); print('up', flush=True); time.sleep(60)"],
         cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"}, stdout=subprocess.PIPE, text=True,
     )
     try:

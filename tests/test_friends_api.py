@@ -15,8 +15,8 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from rest_framework.test import APIClient
 
+from leaderboard.api_clients import KNOWN_SCOPES, api_client_create
 from leaderboard.core.profiles import StaleGraphVersion
-from leaderboard.ingest.services import KNOWN_SCOPES, api_client_create
 from leaderboard.models import FriendList
 from leaderboard.profiles import player_friends_put
 from tests.support import TEST_ACTOR

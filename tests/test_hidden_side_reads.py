@@ -20,7 +20,7 @@ from leaderboard.core.ranking import Standings
 from leaderboard.core.shared_index import change_plan, lookup_decode, lookup_encode
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import index_key
-from leaderboard.live.hub import players_read
+from leaderboard.live.players import players_read
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from leaderboard.views.invariants import version_check

@@ -566,27 +566,28 @@ def test_a_revocation_approval_interrupted_after_the_ledger_write_completes_when
     attempt first and its outcome after. Interrupted in between, the revocation stays
     proposed with the attempt pending (nothing may rebase or reject it); approved again,
     the same event is `duplicate` of an applied one and the approval completes, audited."""
-    from seasons import staff_services
     from seasons.models import ScoreRevocation
+    from seasons.staff import common
+    from seasons.staff.revocations import services as revocations
     from tests.support.lifecycle import staff
 
     _, away = split_partitions()
     (there,) = players_in(away, 1, "t")
     assert statuses_of(apply(split_season, [Events("rv").result(there, 100)])) == ["applied"]
-    revocation = staff_services.score_revocation_propose(season=split_season, player_id=there, new_score=7,
-                                                         reason="cheat", actor=staff())
+    revocation = revocations.score_revocation_propose(season=split_season, player_id=there, new_score=7,
+                                                      reason="cheat", actor=staff())
     approver = staff()
     with audit_action_failing("revocation.approved"), pytest.raises(OperationalError):
-        staff_services.score_revocation_approve(revocation=revocation, actor=approver)
+        revocations.score_revocation_approve(revocation=revocation, actor=approver)
     revocation.refresh_from_db()
     assert (revocation.status, revocation.attempts, revocation.last_outcome) == ("proposed", 1, "pending")
     assert db_scores(split_season)[there] == 7
-    for refused in (lambda: staff_services.score_revocation_reject(revocation=revocation, actor=approver,
-                                                                   reason="no"),
-                    lambda: staff_services.score_revocation_rebase(revocation=revocation, actor=approver)):
-        with pytest.raises(staff_services.StaffError, match="interrupted"):
+    for refused in (lambda: revocations.score_revocation_reject(revocation=revocation, actor=approver,
+                                                                reason="no"),
+                    lambda: revocations.score_revocation_rebase(revocation=revocation, actor=approver)):
+        with pytest.raises(common.StaffError, match="interrupted"):
             refused()
-    result = staff_services.score_revocation_approve(revocation=revocation, actor=approver)
+    result = revocations.score_revocation_approve(revocation=revocation, actor=approver)
     assert (result.status, result.revocation.status) == ("applied", "applied"), result.detail
     assert result.revocation.event_id == f"staff-revocation-{revocation.pk}-1"
     assert AuditEntry.objects.filter(action="revocation.approved", target_id=str(revocation.pk)).count() == 1

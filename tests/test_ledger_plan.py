@@ -1,5 +1,5 @@
 """batch_plan: the pure ledger rules of docs/rules.md (Writes: per-event outcomes), checked by example and against the
-brute-force reference model (tests/reference.py) over random interleavings and batch splits."""
+brute-force reference model (tests/support/reference.py) over random interleavings and batch splits."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from leaderboard.core.ledger import (
     RecordedEvent,
     batch_plan,
 )
-from tests.reference import (
+from tests.support.reference import (
     Script,
     as_score_event,
     event_scripts,

@@ -36,7 +36,7 @@ from tests.support import (
     publish,
 )
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
 Post = Callable[..., Any]

@@ -19,9 +19,12 @@ from channels.testing.websocket import WebsocketCommunicator
 from django.conf import settings
 
 from config.asgi import application
-from leaderboard.core.live import top_apply
+from leaderboard.core.live import Subscription, top_apply
 from leaderboard.core.ranking import Standings
+from leaderboard.live import announce
 from leaderboard.live import hub as live
+from leaderboard.live.announce import live_version_published, season_group
+from leaderboard.live.players import PlayerRead, players_read, players_read_async
 from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support import (
@@ -342,7 +345,7 @@ def test_final_season_state_is_in_the_snapshot(season: Season, post_scores: Post
         assert (snap["state"], snap["final_version"], snap["leaderboard_version"]) == ("FINAL", 1, 1)
         assert [e["player_id"] for e in snap["top"]] == ["a", "b"]
         # An announcement of a version the socket already holds sends nothing.
-        await sync_to_async(live.live_version_published)(season.slug, 1)
+        await sync_to_async(live_version_published)(season.slug, 1)
         assert await comm.receive_nothing(timeout=0.3)
         await comm.disconnect()
 
@@ -373,7 +376,7 @@ def test_a_failing_channel_layer_never_fails_the_epoch(season: Season, post_scor
         async def group_send(self, group: str, message: dict[str, Any]) -> None:
             raise ConnectionError("redis down")
 
-    monkeypatch.setattr(live, "get_channel_layer", lambda: Broken())
+    monkeypatch.setattr(announce, "get_channel_layer", lambda: Broken())
     board(season, post_scores, Events(), {"a": 3})
     assert publish(season) == 1
 
@@ -466,7 +469,7 @@ def test_players_read_matches_the_reference_with_ties_and_bucket_edges(
     reference = db_standings(season)
     manifest = current_manifest(season)
     wanted = {p: (i % 11) for i, p in enumerate(sorted(scores))} | {"absent": 3}
-    reads, trips = live.players_read(redis_get(), keys_of(season), manifest, wanted)
+    reads, trips = players_read(redis_get(), keys_of(season), manifest, wanted)
     assert trips == 4
     for player_id, radius in wanted.items():
         read = reads[player_id]
@@ -478,9 +481,9 @@ def test_players_read_matches_the_reference_with_ties_and_bucket_edges(
         # The live boards' own client: per node on a cluster.
         client = live.LiveRegistry().redis()
         try:
-            assert await live.players_read_async(client, keys_of(season), manifest, wanted) == (reads, 4)
-            assert await live.players_read_async(client, keys_of(season), manifest, {"absent": 2}) == (
-                {"absent": live.PlayerRead(entry=None, radius=2)}, 2)
+            assert await players_read_async(client, keys_of(season), manifest, wanted) == (reads, 4)
+            assert await players_read_async(client, keys_of(season), manifest, {"absent": 2}) == (
+                {"absent": PlayerRead(entry=None, radius=2)}, 2)
         finally:
             await client.aclose()
 
@@ -499,7 +502,7 @@ def test_a_superseded_version_is_not_read_for_players(season: Season, post_score
         post_ok(post_scores, season, [ev.result("a", score)])
         publish(season)
     with pytest.raises(rankview.Torn):
-        live.players_read(redis_get(), keys_of(season), manifest, {"a": 1})
+        players_read(redis_get(), keys_of(season), manifest, {"a": 1})
 
 
 # --- the process's group listener ---------------------------------------------------------
@@ -512,7 +515,7 @@ def layer_redis() -> redis.Redis:
 
 def group_members(r: Any, slug: str) -> list[bytes]:
     """Members of the season's group in channels-redis (its sorted set `...group:{name}`)."""
-    keys = list(r.scan_iter(match=f"*group:{live.season_group(slug)}"))
+    keys = list(r.scan_iter(match=f"*group:{season_group(slug)}"))
     assert len(keys) <= 1
     return list(r.zrange(keys[0], 0, -1)) if keys else []
 
@@ -525,7 +528,7 @@ def test_the_process_not_each_socket_is_in_the_group(season: Season, post_scores
     # The channel layer's Redis is flushed with the rank views' only when they are one server:
     # beside a cluster, earlier tests' processes may still be in the group.
     layer = layer_redis()
-    for key in layer.scan_iter(match=f"*group:{live.season_group(season.slug)}"):
+    for key in layer.scan_iter(match=f"*group:{season_group(season.slug)}"):
         layer.delete(key)
 
     async def body() -> None:
@@ -703,8 +706,7 @@ def test_a_slow_client_is_dropped_without_delaying_the_others(season: Season, po
         close = await slow.receive_output(timeout=TIMEOUT)
         assert close == {"type": "websocket.close", "code": 4408, "reason": "slow_consumer"}
         await slow.wait(timeout=TIMEOUT)
-        assert [socket.subscription for socket in hub.sockets.values()] == [live.Subscription(player_id="b",
-                                                                                                 radius=5)]
+        assert [socket.subscription for socket in hub.sockets.values()] == [Subscription(player_id="b", radius=5)]
         await fast.disconnect()
 
     run(body)

@@ -1,4 +1,4 @@
-"""The fan-out's send (leaderboard.live.hub.send_started): a send runs in the caller's task until
+"""The fan-out's send (leaderboard.live.frames.send_started): a send runs in the caller's task until
 it completes or first waits; only then does the rest need a task of its own, which goes on
 exactly where the send stopped and takes a cancellation (the send timeout) into it. And
 the garbage collector's pause around a round (gc_paused). Plain asyncio: no database,
@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from leaderboard.live.hub import gc_paused, send_started
+from leaderboard.core.gc_pause import gc_paused
+from leaderboard.live.frames import send_started
 
 
 def run(body: Callable[[], Awaitable[None]]) -> None:

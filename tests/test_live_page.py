@@ -14,8 +14,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.test import Client
 
 from seasons.models import Season
-from tests import browser
-from tests.support import Events, current_manifest, db_standings, post_ok, publish
+from tests.support import Events, browser, current_manifest, db_standings, post_ok, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

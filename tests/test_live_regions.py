@@ -28,12 +28,22 @@ from leaderboard.core.live import (
 )
 from leaderboard.core.ranking import Standings
 from leaderboard.live import hub as live
+from leaderboard.live.players import players_read
 from leaderboard.models import PlayerScore
 from leaderboard.redis_client import redis_get
 from leaderboard.views.selectors import leaderboard_reader
 from seasons.models import Season
-from tests import browser
-from tests.support import NARROW, Events, Profiles, apply_events, current_manifest, keys_of, ledger_rows, publish
+from tests.support import (
+    NARROW,
+    Events,
+    Profiles,
+    apply_events,
+    browser,
+    current_manifest,
+    keys_of,
+    ledger_rows,
+    publish,
+)
 from tests.test_live_consumer import connect, receive, run
 from tests.test_live_page import browse, text, wait_version
 
@@ -211,7 +221,7 @@ def test_the_batched_reads_of_a_regional_board_match_the_regional_reader(regiona
         board = manifest.board_of(region)
         assert board is not None and board.board == region
         wanted = {p: i % 4 for i, p in enumerate(sorted(homes))} | {"absent": 2}
-        reads, trips = live.players_read(redis_get(), keys_of(regional), board, wanted)
+        reads, trips = players_read(redis_get(), keys_of(regional), board, wanted)
         assert trips <= 4
         ranked = 0
         for player_id, radius in wanted.items():

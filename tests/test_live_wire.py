@@ -1,4 +1,4 @@
-"""The fan-out's own frames (leaderboard.live.hub.frame_build, wire_write): a version's text
+"""The fan-out's own frames (leaderboard.live.frames.frame_build, wire_write): a version's text
 is framed once (compressed once, on permessage-deflate without server context takeover,
 leaderboard.live.protocol) and the same bytes are written to the transport of every
 socket that sends it, byte for byte what the server's websocket send writes; and the
@@ -28,6 +28,8 @@ from websockets.typing import Origin
 from config.asgi import application
 from leaderboard.core.live import splice, top_apply
 from leaderboard.live import hub as live
+from leaderboard.live import redis_async
+from leaderboard.live.frames import Deflate, SplicedDeflate, frame_build, text_frame, wire_of
 from seasons.models import Season
 from tests.support import Events, db_standings, post_ok, publish
 
@@ -41,13 +43,13 @@ def test_a_frame_is_what_the_servers_send_writes(size: int) -> None:
     server.state = State.OPEN
     server.send_text(data)
     sent = b"".join(server.data_to_send())
-    assert live.text_frame(data) == sent
+    assert text_frame(data) == sent
     assert Frame(Opcode.TEXT, data).serialize(mask=False) == sent
 
 
 def test_a_deflated_frame_is_what_the_servers_send_writes_and_the_same_for_every_socket() -> None:
     texts = [b"", b"x", orjson.dumps({"top": [{"player_id": f"p{i:06d}", "score": 1000 - i} for i in range(100)]})]
-    kind = live.Deflate(12, (("memLevel", 5),))
+    kind = Deflate(12, (("memLevel", 5),))
     for text in texts:
         frames = []
         for _ in range(2):  # two messages on one connection, then on another: no context carried over
@@ -60,22 +62,22 @@ def test_a_deflated_frame_is_what_the_servers_send_writes_and_the_same_for_every
             server.send_text(text)
             server.send_text(text)
             frames.extend(server.data_to_send())
-        assert frames == [live.frame_build(text, kind)] * 4
+        assert frames == [frame_build(text, kind)] * 4
         # A client that keeps its context (as browsers do) reads it back.
         client = PerMessageDeflate(remote_no_context_takeover=True, local_no_context_takeover=False,
                                    remote_max_window_bits=12, local_max_window_bits=12)
-        frame = live.frame_build(text, kind)
+        frame = frame_build(text, kind)
         body = frame[2:] if frame[1] < 126 else frame[4:]
         for _ in range(2):
             assert client.decode(Frame(Opcode.TEXT, body, rsv1=True)).data == text
 
 
 def test_a_spliced_text_deflates_from_its_shared_part_to_the_same_text() -> None:
-    kind = live.Deflate(12, (("memLevel", 5),))
+    kind = Deflate(12, (("memLevel", 5),))
     # A shared text long enough that zlib has written out part of it before the socket's fields.
     full = orjson.dumps({"type": "version", "top": [{"player_id": f"p{i:06d}", "rank": i} for i in range(5000)]})
     diff = orjson.dumps({"type": "version", "top_diff": {"set": []}})
-    deflater = live.SplicedDeflate(kind, (diff.decode(), full.decode()))
+    deflater = SplicedDeflate(kind, (diff.decode(), full.decode()))
     # A browser keeps its decompression context across messages: frames made from copies of
     # one compressor, one after another, must each decode alone.
     client = PerMessageDeflate(remote_no_context_takeover=True, local_no_context_takeover=False,
@@ -88,15 +90,16 @@ def test_a_spliced_text_deflates_from_its_shared_part_to_the_same_text() -> None
             body = frame[2:] if frame[1] < 126 else frame[4:] if frame[1] == 126 else frame[10:]
             assert client.decode(Frame(Opcode.TEXT, body, rsv1=True), max_size=2**22).data == text.encode()
     # A text that is not spliced onto either shared text is compressed whole.
-    assert deflater.frame('{"type":"other"}') == live.frame_build(b'{"type":"other"}', kind)
+    assert deflater.frame('{"type":"other"}') == frame_build(b'{"type":"other"}', kind)
 
 
 def test_commands_are_packed_alike_with_or_without_hiredis(monkeypatch: pytest.MonkeyPatch) -> None:
-    commands: list[live.Call] = [("ZCOUNT", "lb:{s}:b:3", "-inf", "(1234"), ("ZRANGE", "k", 0, 10, "WITHSCORES"),
-                                 ("HMGET", "k", b"p\xc3\xa9", "p\u00e9"), ("GET", "")]
-    packed = live.resp_pack(commands)
-    monkeypatch.setattr(live, "_pack_command", None)
-    assert live.resp_pack(commands) == packed
+    commands: list[redis_async.Call] = [("ZCOUNT", "lb:{s}:b:3", "-inf", "(1234"),
+                                        ("ZRANGE", "k", 0, 10, "WITHSCORES"),
+                                        ("HMGET", "k", b"p\xc3\xa9", "p\u00e9"), ("GET", "")]
+    packed = redis_async.resp_pack(commands)
+    monkeypatch.setattr(redis_async, "_pack_command", None)
+    assert redis_async.resp_pack(commands) == packed
     assert packed.startswith(b"*4\r\n$6\r\nZCOUNT\r\n$10\r\nlb:{s}:b:3\r\n")
 
 
@@ -104,7 +107,7 @@ def test_only_uvicorns_sans_io_connections_are_written_to_directly() -> None:
     async def send(message: dict[str, Any]) -> None:
         pass
 
-    assert live.wire_of(send) is None  # the test communicator, another server
+    assert wire_of(send) is None  # the test communicator, another server
 
 
 class Server:

@@ -19,7 +19,7 @@ from leaderboard.models import RebuildJob
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from seasons.models import Season
-from seasons.staff_services import score_revocation_approve, score_revocation_propose
+from seasons.staff.revocations.services import score_revocation_approve, score_revocation_propose
 from tests.support import (
     Events,
     closing_season,

@@ -1,4 +1,4 @@
-"""GET /metrics (leaderboard/metrics.py): every metric family, in Prometheus text format as
+"""GET /metrics (leaderboard/metrics/render.py): every metric family, in Prometheus text format as
 the reference parser reads it, with values that follow from what happened: the
 event-to-publish lag of each published change, epoch durations, version age, bucket
 sizes and skew, ingest outcomes and rejections, rebuild progress, reconciliation and

@@ -18,8 +18,7 @@ from rest_framework.test import APIClient
 from leaderboard.api.errors import OUTAGE_RETRY_AFTER_SECONDS
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
-from tests import browser
-from tests.support import NARROW, Events, db_scores, fast_get, post_ok, publish
+from tests.support import NARROW, Events, browser, db_scores, fast_get, post_ok, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 

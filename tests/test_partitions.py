@@ -28,7 +28,6 @@ from leaderboard.models import ScoreChange, ScoreEventConflict, StreamHead
 from seasons.models import Season
 from seasons.services import SeasonError, season_repartition
 from tests.conftest import SEASON_CUTOFF, SEASON_START
-from tests.reference import Script, as_json, event_scripts, reference_run, season_rejection
 from tests.support import (
     TEST_ACTOR,
     Events,
@@ -41,6 +40,7 @@ from tests.support import (
     ledger_rows,
     materialize,
 )
+from tests.support.reference import Script, as_json, event_scripts, reference_run, season_rejection
 
 pytestmark = [pytest.mark.postgres]
 

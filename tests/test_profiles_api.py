@@ -19,8 +19,8 @@ from django.db import connection, transaction
 from django.test import override_settings
 from rest_framework.test import APIClient
 
+from leaderboard.api_clients import KNOWN_SCOPES, api_client_create
 from leaderboard.core.profiles import ProfileWrite
-from leaderboard.ingest.services import KNOWN_SCOPES, api_client_create
 from leaderboard.models import ApiClient, PlayerProfile, PlayerProfileChange
 from leaderboard.profiles import player_profiles_apply
 from tests.support import TEST_ACTOR

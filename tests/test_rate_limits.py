@@ -22,12 +22,12 @@ from config.asgi import application
 from leaderboard import ratelimit
 from leaderboard.api.fastpath import ReadFastPath
 from seasons.models import Season
-from seasons.staff_services import login_failures_key
-from tests.staff_support import PASSWORD
+from seasons.staff.accounts.services import login_failures_key
 from tests.support import live_run
+from tests.support.staff_console import PASSWORD
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_flushed")]
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 TOP = "/v1/seasons/nowhere/leaderboard/top"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from leaderboard.metrics import metrics_render
+from leaderboard.metrics.render import metrics_render
 from leaderboard.models import ReconciliationRun
 from leaderboard.recovery.reconcile import reconciliation_run
 from leaderboard.redis_client import redis_get

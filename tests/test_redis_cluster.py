@@ -1,4 +1,4 @@
-"""The rank views' client on a real local Redis Cluster (tests/support/cluster.py): REDIS_CLUSTER
+"""The rank views' client on a real local Redis Cluster (config/local_cluster.py): REDIS_CLUSTER
 makes redis_get() a cluster client that finds every key's master from one node's URL and
 keeps answering across a master's failover; the tests' flush empties every master."""
 
@@ -14,13 +14,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 from leaderboard.redis_client import redis_cluster_of, redis_get
 from tests.conftest import redis_flush
-from tests.support.cluster import SLOTS, LocalCluster, cluster_start, cluster_stop
+from tests.support.cluster import SLOTS, FailoverCluster, cluster_start, cluster_stop
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def replicated() -> Iterator[LocalCluster]:
+def replicated() -> Iterator[FailoverCluster]:
     """3 masters with a replica each; a node silent for 1.5 s is failed over."""
     started = cluster_start(masters=3, replicas=1, node_timeout_ms=1500)
     yield started
@@ -28,7 +28,7 @@ def replicated() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def on_cluster(replicated: LocalCluster, settings: Any) -> Iterator[redis.RedisCluster]:
+def on_cluster(replicated: FailoverCluster, settings: Any) -> Iterator[redis.RedisCluster]:
     settings.REDIS_CLUSTER = True
     settings.REDIS_URL = replicated.url
     redis_get.cache_clear()
@@ -40,7 +40,7 @@ def on_cluster(replicated: LocalCluster, settings: Any) -> Iterator[redis.RedisC
     redis_get.cache_clear()
 
 
-def keys_on_every_master(cluster: LocalCluster) -> dict[int, str]:
+def keys_on_every_master(cluster: FailoverCluster) -> dict[int, str]:
     """A key of each master's slots, by master port."""
     found: dict[int, str] = {}
     for n in range(1000):
@@ -60,7 +60,7 @@ def test_the_plain_client_without_redis_cluster(settings: Any) -> None:
         redis_get.cache_clear()
 
 
-def test_the_cluster_of_six_nodes(replicated: LocalCluster) -> None:
+def test_the_cluster_of_six_nodes(replicated: FailoverCluster) -> None:
     nodes = replicated.nodes()
     assert len(nodes) == 6 and len(replicated.master_ports()) == 3
     assert sum(last - first + 1 for node in nodes for first, last in node.slots) == SLOTS
@@ -69,7 +69,7 @@ def test_the_cluster_of_six_nodes(replicated: LocalCluster) -> None:
     assert all(replicated.state_ok(port) for port in replicated.ports)
 
 
-def test_one_url_reaches_every_master(replicated: LocalCluster, on_cluster: redis.RedisCluster) -> None:
+def test_one_url_reaches_every_master(replicated: FailoverCluster, on_cluster: redis.RedisCluster) -> None:
     keys = keys_on_every_master(replicated)
     for port, key in keys.items():
         on_cluster.set(key, port)
@@ -80,7 +80,7 @@ def test_one_url_reaches_every_master(replicated: LocalCluster, on_cluster: redi
     assert all(replicated.node(port).dbsize() == 0 for port in replicated.master_ports())
 
 
-def test_reads_and_writes_go_on_across_a_failover(replicated: LocalCluster, on_cluster: redis.RedisCluster) -> None:
+def test_reads_and_writes_go_on_across_a_failover(replicated: FailoverCluster, on_cluster: redis.RedisCluster) -> None:
     keys = keys_on_every_master(replicated)
     for port, key in keys.items():
         # Written on the master's own connection: WAIT counts the replicas that hold the

@@ -19,7 +19,7 @@ from seasons.models import Season
 from tests.support import Events
 from tests.support.failure import redis_answering_errors
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 # What a node answers between a master's failure and its replica's promotion, after a
 # demotion, and while it loads its data after a restart.

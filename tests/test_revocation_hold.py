@@ -14,15 +14,12 @@ import pytest
 
 from leaderboard.models import LateResult, PlayerScore
 from seasons.models import Season
-from seasons.staff_services import (
-    late_result_dismiss,
-    score_revocation_approve,
-    score_revocation_propose,
-)
-from tests.staff_support import actor_of
+from seasons.staff.late_results.services import late_result_dismiss
+from seasons.staff.revocations.services import score_revocation_approve, score_revocation_propose
 from tests.support import Events, db_scores, ledger_rows, post_ok, publish, reader_of, statuses
+from tests.support.staff_console import actor_of
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 pytestmark = pytest.mark.django_db
 Post = Callable[..., Any]
 

@@ -21,7 +21,7 @@ from django.conf import settings
 from kombu import Connection
 
 from seasons.models import Season
-from tests.support import ROOT, Events, apply_events, assert_matches_ledger, child_env
+from tests.support import ROOT, Events, apply_events, assert_matches_ledger, child_env, process_stop
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -127,7 +127,7 @@ import django
 
 django.setup()
 from channels.layers import get_channel_layer
-from leaderboard.live.hub import season_group
+from leaderboard.live.announce import season_group
 
 async def main() -> None:
     layer = get_channel_layer()
@@ -230,12 +230,7 @@ def test_an_epoch_task_sent_through_rabbitmq_publishes_a_version(season: Season,
             assert time.monotonic() < deadline, "no version published within 60 s"
             time.sleep(0.2)
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        process_stop(worker, timeout=15)
     # The message went through RabbitMQ, where the worker's queue was declared.
     assert queue_exists_on_rabbitmq(rabbitmq)
     season.refresh_from_db()

@@ -3,10 +3,12 @@ plus a property test of score_events_apply against the brute-force reference mod
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,12 +17,17 @@ from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from rest_framework.test import APIClient
 
+from leaderboard.api_clients import api_token_hash
 from leaderboard.core.events import events_parse
-from leaderboard.ingest.services import api_token_hash, score_events_apply
+from leaderboard.core.lifecycle import REJECT_BEFORE_START
+from leaderboard.ingest import ledger_store
+from leaderboard.ingest.services import score_events_apply
+from leaderboard.ingest.signals import batch_committed
+from leaderboard.metrics.counters import metrics_key
 from leaderboard.models import ApiClient, LateResult, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
 from seasons.models import Season
 from tests.conftest import SEASON_CUTOFF, SEASON_START
-from tests.reference import Script, as_json, event_scripts, reference_run, season_rejection
+from tests.support.reference import Script, as_json, event_scripts, reference_run, season_rejection
 
 URL = "/internal/v1/seasons/{}/scores:apply"
 
@@ -604,7 +611,7 @@ def test_unknown_season_with_bad_token_is_401_not_404(event_factory: EventFactor
 def test_token_without_the_scope_is_403(season: Season, event_factory: EventFactory) -> None:
     token = "lbk_reader-only-token"
     ApiClient.objects.create(
-        name="reader", token_prefix=token[:12], token_hash=api_token_hash(token), scopes=["other"]
+        name="reader", token_prefix=token[:12], token_hash=api_token_hash(token=token), scopes=["other"]
     )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
@@ -627,6 +634,142 @@ def test_get_is_not_allowed(season: Season, api: APIClient) -> None:
     response = api.get(URL.format(season.slug))
     assert response.status_code == 405
     assert response.json()["error"] == "method_not_allowed"
+
+
+# --- after the commit: the batch is announced, and the metrics count it ------------------
+
+
+@pytest.fixture
+def announced() -> Iterator[list[dict[str, Any]]]:
+    """What ingest.signals.batch_committed was sent with during the test."""
+    sent: list[dict[str, Any]] = []
+
+    def listen(*, season_slug: str, outcomes: list[tuple[str, str]], **_: object) -> None:
+        sent.append({"season_slug": season_slug, "outcomes": outcomes})
+
+    batch_committed.connect(listen, dispatch_uid="tests.announced")
+    yield sent
+    batch_committed.disconnect(dispatch_uid="tests.announced")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_committed_batch_is_announced_and_the_metrics_count_its_outcomes(
+    season: Season, post_scores: Post, event_factory: EventFactory, redis_flushed: Any,
+    announced: list[dict[str, Any]],
+) -> None:
+    """Ingest sends batch_committed once the batch commits (it imports no metrics); the
+    metrics' receiver, connected in LeaderboardConfig.ready, counts the outcomes in Redis."""
+    applied = event_factory(event_id="c1", player_id="p1")
+    early = event_factory(event_id="c2", player_id="p2", completed_at="2026-10-01T00:00:00Z")
+    assert post_scores(season.slug, {"events": [applied, early]}).status_code == 200
+    assert post_scores(season.slug, applied).json()["results"][0]["status"] == "duplicate"
+    assert announced == [
+        {"season_slug": season.slug, "outcomes": [("applied", ""), ("rejected", REJECT_BEFORE_START)]},
+        {"season_slug": season.slug, "outcomes": [("duplicate", "")]},
+    ]
+    slug = season.slug
+    assert redis_flushed.hgetall(metrics_key("events")) == {
+        f"{slug}|applied".encode(): b"1", f"{slug}|rejected".encode(): b"1", f"{slug}|duplicate".encode(): b"1"}
+    assert redis_flushed.hgetall(metrics_key("rejected")) == {f"{slug}|{REJECT_BEFORE_START}".encode(): b"1"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_that_rolls_back_is_neither_announced_nor_counted(
+    season: Season, event_factory: EventFactory, redis_flushed: Any, announced: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    write = ledger_store.batch_plan_write
+
+    def write_then_fail(**kwargs: Any) -> None:
+        write(**kwargs)
+        raise DatabaseError("the batch's transaction fails after its rows were written")
+
+    monkeypatch.setattr(ledger_store, "batch_plan_write", write_then_fail)
+    with pytest.raises(DatabaseError, match="fails after its rows were written"):
+        score_events_apply(season=season, events=events_parse(event_factory(player_id="p1")), client=None)
+    assert counts(season) == NOTHING
+    assert announced == []
+    assert redis_flushed.hgetall(metrics_key("events")) == {}
+
+
+# --- what ingest imports ---------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _module_file(module: str) -> Path | None:
+    base = REPO / module.replace(".", "/")
+    return next((p for p in (base / "__init__.py", base.with_suffix(".py")) if p.is_file()), None)
+
+
+class _Imports(ast.NodeVisitor):
+    """The repository's modules a module imports: every import statement, or (`loading`) only
+    those run when it is imported (not in a function, not under TYPE_CHECKING)."""
+
+    def __init__(self, *, loading: bool) -> None:
+        self.loading = loading
+        self.found: set[str] = set()
+
+    def _add(self, module: str) -> None:
+        parts = module.split(".")
+        self.found |= {m for i in range(1, len(parts) + 1) if _module_file(m := ".".join(parts[:i]))}
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._add(alias.name)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        assert node.level == 0 and node.module, "the repository's imports are absolute"
+        self._add(node.module)
+        for alias in node.names:
+            self._add(f"{node.module}.{alias.name}")
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        if not self.loading:
+            self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_If(self, node: ast.If) -> None:
+        if not (self.loading and "TYPE_CHECKING" in ast.unparse(node.test)):
+            self.generic_visit(node)
+
+
+def imports_of(module: str, *, loading: bool) -> set[str]:
+    path = _module_file(module)
+    assert path is not None, module
+    visitor = _Imports(loading=loading)
+    visitor.visit(ast.parse(path.read_text(), str(path)))
+    return visitor.found - {module}
+
+
+def imported_when_loading(modules: list[str]) -> dict[str, str]:
+    """Every repository module importing `modules` loads, each with a module that imports it."""
+    by: dict[str, str] = {}
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        for found in imports_of(module, loading=True) - by.keys() - set(modules):
+            by[found] = module
+            todo.append(found)
+    return by
+
+
+def test_ingest_imports_neither_the_metrics_nor_the_views() -> None:
+    """Counting a batch's outcomes must not pull the views into the write path: ingest
+    announces a committed batch (ingest.signals.batch_committed) and the metrics listen.
+    No module of leaderboard/ingest imports leaderboard.metrics or leaderboard.views, even
+    in a function, and nothing they load on import does."""
+    forbidden = ("leaderboard.metrics", "leaderboard.views")
+    ingest = sorted(f"leaderboard.ingest.{p.stem}" for p in (REPO / "leaderboard/ingest").glob("*.py"))
+    assert "leaderboard.ingest.services" in ingest
+    direct = {m: sorted(n for n in imports_of(m, loading=False) if n.startswith(forbidden)) for m in ingest}
+    assert direct == dict.fromkeys(ingest, []), direct
+    loaded = imported_when_loading(ingest)
+    assert {"leaderboard.core.ledger", "leaderboard.models", "seasons.models"} <= loaded.keys()
+    assert {m: by for m, by in loaded.items() if m.startswith(forbidden)} == {}
+    # The check sees such an import where there is one: the scrape reads the rank views.
+    assert "leaderboard.views.rankview" in imported_when_loading(["leaderboard.metrics.render"])
 
 
 # --- property: score_events_apply on the real database == the reference model -------------

@@ -31,7 +31,6 @@ from seasons.services import (
     seasons_lifecycle_tick,
 )
 from seasons.tasks import seasons_lifecycle
-from tests.staff_support import audit_actions
 from tests.support import (
     TEST_ACTOR,
     Events,
@@ -47,6 +46,7 @@ from tests.support import (
     staff,
     statuses,
 )
+from tests.support.staff_console import audit_actions
 
 Post = Callable[..., Any]
 SeasonFactory = Callable[..., Season]

@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from audit.models import AuditEntry
 from leaderboard.core.lifecycle import SeasonState
 from seasons.models import FinalCandidate, FinalStanding, Season
-from seasons.staff_services import staff_roles_ensure
+from seasons.staff.accounts.services import staff_roles_ensure
 from tests.support import Events, closing_season, current_manifest, final_rows, in_season, materialize, post_ok
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]

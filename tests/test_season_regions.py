@@ -21,7 +21,7 @@ from seasons.services import SeasonError, season_create, season_regions_set, sea
 from tests.support import TEST_ACTOR
 
 pytestmark = pytest.mark.django_db
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 NOW = datetime.now(UTC)
 SeasonFactory = Callable[..., Season]

@@ -23,22 +23,19 @@ from django.db import OperationalError, transaction
 from audit.models import AuditEntry
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_placement_cache_clear, season_ledger_is_split
 from leaderboard.models import LateResult, ScoreEvent
-from seasons import staff_services
 from seasons.models import ScoreRevocation, Season
 from seasons.services import season_seal_ingest
-from seasons.staff_selectors import late_result_get
-from seasons.staff_services import (
-    StaffError,
-    late_result_dismiss,
-    late_result_proposal_score,
-    score_revocation_approve,
-    score_revocation_propose,
-)
-from tests.staff_support import actor_of, follow_messages
+from seasons.staff.common import StaffError
+from seasons.staff.late_results import services as late_results_services
+from seasons.staff.late_results.selectors import late_result_get
+from seasons.staff.late_results.services import late_result_dismiss, late_result_proposal_score
+from seasons.staff.revocations import services as revocations_services
+from seasons.staff.revocations.services import score_revocation_approve, score_revocation_propose
 from tests.support import TEST_ACTOR, Events, audit_action_failing, closing_season, db_scores, in_season, post_ok
+from tests.support.staff_console import actor_of, follow_messages
 from tests.test_partitions import players_in
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 Post = Callable[..., Any]
 
@@ -165,17 +162,17 @@ def approved_losing_the_late_half(*, season: Season, player_id: str, late: LateR
 
 def approve_losing_the_late_half(*, revocation: ScoreRevocation, approver: Any,
                                  monkeypatch: pytest.MonkeyPatch) -> ScoreRevocation:
-    real = staff_services.ledger_atomic
+    real = revocations_services.ledger_atomic
     calls = iter(range(100))
 
     def outcome_loses_its_second_half(*, aliases: Any) -> Any:
         # The approval's first call records its attempt; its second records the outcome.
         return second_half_lost(aliases=aliases) if next(calls) == 1 else real(aliases=aliases)
 
-    monkeypatch.setattr(staff_services, "ledger_atomic", outcome_loses_its_second_half)
+    monkeypatch.setattr(revocations_services, "ledger_atomic", outcome_loses_its_second_half)
     with pytest.raises(OperationalError):
         score_revocation_approve(revocation=revocation, actor=approver)
-    monkeypatch.setattr(staff_services, "ledger_atomic", real)
+    monkeypatch.setattr(revocations_services, "ledger_atomic", real)
     revocation.refresh_from_db()
     return revocation
 
@@ -231,13 +228,17 @@ def test_a_proposal_after_a_lost_half_finds_the_late_result_applied(
     assert ScoreRevocation.objects.filter(late_result_id=late.pk, late_result_alias=ledger_b()).count() == 1
 
 
+# The modules calling _late_result_applied_repair (each imports it by name): a replacement goes into both.
+REPAIR_CALLERS = (late_results_services, revocations_services)
+
+
 def approved_right_after_the_repair_step(*, revocation: ScoreRevocation, approver: Any,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The next proposal or dismissal runs its repair step (nothing to repair yet), then the
     revocation's approval commits in "default" and loses its late result's half, before
     that proposal or dismissal takes the late result's lock: the order two staff members
     acting at once can produce."""
-    real = staff_services._late_result_applied_repair
+    real = late_results_services._late_result_applied_repair
     fired: list[bool] = []
 
     def repair_then_approval(*, alias: str, late_result_id: int) -> Any:
@@ -246,10 +247,12 @@ def approved_right_after_the_repair_step(*, revocation: ScoreRevocation, approve
             fired.append(True)
             assert repaired is None
             approve_losing_the_late_half(revocation=revocation, approver=approver, monkeypatch=monkeypatch)
-            monkeypatch.setattr(staff_services, "_late_result_applied_repair", real)
+            for module in REPAIR_CALLERS:
+                monkeypatch.setattr(module, "_late_result_applied_repair", real)
         return repaired
 
-    monkeypatch.setattr(staff_services, "_late_result_applied_repair", repair_then_approval)
+    for module in REPAIR_CALLERS:
+        monkeypatch.setattr(module, "_late_result_applied_repair", repair_then_approval)
 
 
 def applied_once(season: Season, late: LateResult, revocation: ScoreRevocation) -> None:

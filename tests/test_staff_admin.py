@@ -12,10 +12,10 @@ from django.test import Client
 
 from audit.models import AuditEntry
 from audit.selectors import staff_role_granters
-from seasons.staff_services import staff_roles_ensure
+from seasons.staff.accounts.services import staff_roles_ensure
 
 pytestmark = pytest.mark.django_db
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 User = get_user_model()
 
 

@@ -21,9 +21,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from leaderboard.models import RebuildJob
 from leaderboard.recovery.rebuild import rebuild_run
 from seasons.models import Dispute, ScoreRevocation, Season
-from seasons.staff_services import staff_user_create
-from tests import browser
-from tests.support import TEST_ACTOR, Events, closing_season, db_scores, in_season, materialize, post_ok
+from seasons.staff.accounts.services import staff_user_create
+from tests.support import TEST_ACTOR, Events, browser, closing_season, db_scores, in_season, materialize, post_ok
 
 ROOT = browser.ROOT
 shot = browser.shot

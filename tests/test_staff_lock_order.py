@@ -1,4 +1,4 @@
-"""The staff services take their row locks in one order (seasons/staff_services.py): the
+"""The staff services take their row locks in one order (seasons/staff/): the
 revocation, then its dispute, then its late result, then the season's write lock, and the
 audit chain's head last. Two actions on one dispute then queue behind each other instead
 of deadlocking. Real PostgreSQL, real threads, no seam replaced."""
@@ -14,18 +14,16 @@ import pytest
 from django.db import connection, connections, transaction
 
 from seasons.models import Dispute, DisputeNote, ScoreRevocation, Season
-from seasons.staff_services import (
-    _dispute_locked,
-    dispute_file,
-    dispute_note_add,
+from seasons.staff.disputes.services import _dispute_locked, dispute_file, dispute_note_add
+from seasons.staff.revocations.services import (
     score_revocation_approve,
     score_revocation_propose,
     score_revocation_reject,
 )
-from tests.staff_support import actor_of
 from tests.support import Events, post_ok
+from tests.support.staff_console import actor_of
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 Post = Callable[..., Any]
 

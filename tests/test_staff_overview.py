@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from leaderboard.metrics import metrics_seasons_sample
+from leaderboard.metrics.samples import metrics_seasons_sample
 from leaderboard.models import SeasonSample
 from seasons.models import Season
 from tests.support import Events, post_ok
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 Post = Callable[..., Any]
 

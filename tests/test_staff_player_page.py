@@ -14,7 +14,7 @@ from leaderboard.models import ScoreEventConflict
 from seasons.models import Season
 from tests.support import Events, ledger_rows, post_ok
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 Post = Callable[..., Any]
 

@@ -19,12 +19,13 @@ from django.utils import timezone
 
 from leaderboard.core.profiles import ProfileWrite
 from leaderboard.profiles import player_friends_put, player_profiles_apply
-from seasons import staff_selectors
 from seasons.models import Season
 from seasons.services import season_seal_ingest
+from seasons.staff.players.selectors import player_regions
+from seasons.staff.season.selectors import season_region_sizes
 from tests.support import TEST_ACTOR, Events, apply_events, closing_season, in_season
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 pytestmark = pytest.mark.django_db
 
 
@@ -94,13 +95,13 @@ def test_region_sizes_are_one_cached_count_and_a_region_left_behind_still_shows(
     Season.objects.filter(pk=season.pk).update(regions=["na"])
     season.refresh_from_db()
     with CaptureQueriesContext(connection) as first:
-        sizes = staff_selectors.season_region_sizes(season=season)
+        sizes = season_region_sizes(season=season)
     assert [(r.region, r.players, r.listed) for r in sizes.sizes] == [("na", 1, True), ("eu", 1, False),
                                                                       ("", 0, True)]
     assert sizes.players == 2 and sizes.changing
     assert len(first) == 1
     with CaptureQueriesContext(connection) as again:
-        assert staff_selectors.season_region_sizes(season=season).sizes == sizes.sizes
+        assert season_region_sizes(season=season).sizes == sizes.sizes
     assert len(again) == 0
 
 
@@ -209,7 +210,7 @@ def test_the_region_moves_are_read_through_their_partial_index(season_factory: C
     scores(season, "ann")
     profiles(("ann", "na", 2))
     with CaptureQueriesContext(connection) as queries:
-        regions = staff_selectors.player_regions(player_id="ann")
+        regions = player_regions(player_id="ann")
     assert [(m.old_region, m.region, m.profile_version) for m in regions.seasons[0].moves] == [("eu", "na", 2)]
     (sql,) = [q["sql"] for q in queries.captured_queries if "leaderboard_scorechange" in q["sql"]]
     with connection.cursor() as cursor:

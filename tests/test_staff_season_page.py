@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from seasons import staff_selectors
 from seasons.models import Season
+from seasons.staff.season.selectors import season_detail
 from tests.support import Events, materialize, post_ok
 
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 Post = Callable[..., Any]
 
@@ -34,7 +34,7 @@ def test_changes_per_minute_are_over_the_seasons_age_when_it_is_younger_than_the
     post_ok(post_scores, season, [events.result(f"p{i}", 12_345) for i in range(30)])
     materialize(season)
 
-    detail = staff_selectors.season_detail(season=season)
+    detail = season_detail(season=season)
     assert detail.changes_window_seconds == pytest.approx(120, abs=5)
     (row,) = [b for b in detail.buckets if b.changes]
     assert row.changes == 30 and row.changes_per_minute == pytest.approx(15, rel=0.05)
@@ -50,7 +50,7 @@ def test_changes_per_minute_are_over_the_seasons_age_when_it_is_younger_than_the
     old.refresh_from_db()
     post_ok(post_scores, old, [events.result(f"o{i}", 5) for i in range(30)])
     materialize(old)
-    assert staff_selectors.season_detail(season=old).changes_window_seconds == 600
+    assert season_detail(season=old).changes_window_seconds == 600
 
 
 @pytest.mark.django_db

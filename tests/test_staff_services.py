@@ -1,4 +1,4 @@
-"""The staff console's services (seasons/staff_services.py): roles, disputes, two-person score
+"""The staff console's services (seasons/staff/): roles, disputes, two-person score
 revocations through the ledger (stale included), the late-results queue, and that every
 action's audit row commits in the same transaction as the action itself."""
 
@@ -16,30 +16,24 @@ from django.core.management.base import CommandError
 
 from audit.models import AuditEntry
 from leaderboard.models import LateResult, PlayerScore, ScoreEvent
-from seasons import staff_services
 from seasons.models import Dispute, DisputeNote, FinalCorrection, ScoreRevocation, Season
 from seasons.services import season_seal_ingest
-from seasons.staff_services import (
-    ROLE_PERMISSIONS,
-    StaffError,
-    dispute_assign,
-    dispute_file,
-    dispute_note_add,
-    dispute_reject,
-    late_result_dismiss,
-    late_result_proposal_score,
+from seasons.staff.accounts.services import ROLE_PERMISSIONS, staff_role_of, staff_user_create
+from seasons.staff.common import StaffError
+from seasons.staff.disputes.services import dispute_assign, dispute_file, dispute_note_add, dispute_reject
+from seasons.staff.late_results.services import late_result_dismiss, late_result_proposal_score
+from seasons.staff.revocations.services import (
     score_revocation_approve,
     score_revocation_propose,
     score_revocation_rebase,
     score_revocation_reject,
-    staff_role_of,
-    staff_user_create,
 )
-from tests.staff_support import actor_of, audit_actions, audit_head, audit_rows
 from tests.support import TEST_ACTOR, Events, closing_season, db_scores, in_season, ledger_rows, post_ok
+from tests.support.failure import staff_services_modules
+from tests.support.staff_console import actor_of, audit_actions, audit_head, audit_rows
 
 # The staff fixtures (make_staff, client_as, fast_passwords).
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 pytestmark = pytest.mark.django_db
 Post = Callable[..., Any]
@@ -318,7 +312,8 @@ def test_when_the_audit_row_cannot_be_written_the_action_does_not_happen(
     ledger_before = ScoreEvent.objects.count()
     audit_before = AuditEntry.objects.count()
 
-    monkeypatch.setattr(staff_services, "audit_log", _boom)
+    for module in staff_services_modules():
+        monkeypatch.setattr(module, "audit_log", _boom)
     actions: list[Callable[[], Any]] = [
         lambda: dispute_file(season=season, player_id="bob", summary="s2", actor=reviewer),
         lambda: dispute_assign(dispute=dispute, assignee=people["reviewer"], actor=reviewer),

@@ -22,17 +22,18 @@ from audit.models import AuditEntry
 from audit.services import audit_log
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.ledger_databases import DEFAULT_ALIAS
-from leaderboard.metrics import metrics_seasons_sample
+from leaderboard.metrics.samples import metrics_seasons_sample
 from leaderboard.models import LateResult, RebuildJob, ReconciliationRun
 from leaderboard.recovery.rebuild import rebuild_run
 from seasons.models import Dispute, FinalCandidate, ScoreRevocation, Season
 from seasons.services import season_seal_ingest
-from seasons.staff_services import ROLE_PERMISSIONS, score_revocation_propose
-from tests.staff_support import PASSWORD, actor_of, audit_actions, audit_head, audit_rows, follow_messages
+from seasons.staff.accounts.services import ROLE_PERMISSIONS
+from seasons.staff.revocations.services import score_revocation_propose
 from tests.support import TEST_ACTOR, Events, closing_season, db_scores, in_season, ledger_rows, materialize, post_ok
+from tests.support.staff_console import PASSWORD, actor_of, audit_actions, audit_head, audit_rows, follow_messages
 
 # The staff fixtures (make_staff, client_as, fast_passwords).
-pytest_plugins = ["tests.staff_fixtures"]
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 Post = Callable[..., Any]
 TOO_LONG = "x" * 10_001  # longer than every text field: makes any action's form invalid

@@ -9,8 +9,8 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
+from leaderboard.api_clients import api_client_by_token
 from leaderboard.models import ApiClient
-from leaderboard.views.selectors import api_client_by_token
 
 
 class ClientPrincipal:

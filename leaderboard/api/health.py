@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from leaderboard.api.errors import ApiError, api_error_response, api_methods
-from leaderboard.metrics import metrics_render
+from leaderboard.metrics.render import metrics_render
 from leaderboard.redis_client import redis_get
 
 

@@ -30,7 +30,7 @@ from leaderboard.api.params import (
 )
 from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.ranking import Entry, ranked_among
+from leaderboard.core.ranking import RADIUS_MAX, Entry, ranked_among
 from leaderboard.views.rankview import RankReader, Unavailable, UnknownRegion, VersionExpired
 from leaderboard.views.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
@@ -150,7 +150,7 @@ def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | N
 def neighbors_answer(*, season_id: str, player_id: str, query: Query, region: str | None = None) -> Answer:
     region = _region(region)
     player_id_param(player_id)
-    radius = int_param(query, "radius", default=10, low=0, high=10)
+    radius = int_param(query, "radius", default=RADIUS_MAX, low=0, high=RADIUS_MAX)
     version = int_param(query, "version", default=None, low=1, high=None)
 
     def call(reader: RankReader) -> Answer:

@@ -23,6 +23,7 @@ from rest_framework import serializers
 
 from leaderboard.core.events import MAX_BATCH, MAX_ID_LENGTH, MAX_REASON_LENGTH, MAX_SCORE, MAX_SCORE_VERSION, MIN_SCORE
 from leaderboard.core.profiles import MAX_FRIENDS, MAX_GRAPH_VERSION, MAX_PROFILE_BATCH, MAX_PROFILE_VERSION
+from leaderboard.core.ranking import RADIUS_MAX
 from leaderboard.core.season_options import MAX_REGION_LENGTH
 
 BEARER = "bearerToken"
@@ -155,7 +156,7 @@ VERSION = int_query("version", "read this published version instead of the curre
                                "retained is 410", low=1)
 LIMIT = int_query("limit", "entries to return", low=1, high=100, default=100)
 FROM_POSITION = int_query("from_position", "the first display position of the window", low=1, default=1)
-RADIUS = int_query("radius", "entries on each side of the player", low=0, high=10, default=10)
+RADIUS = int_query("radius", "entries on each side of the player", low=0, high=RADIUS_MAX, default=RADIUS_MAX)
 INCLUDE_PENDING = OpenApiParameter(
     "include_pending",
     # What bool_param takes, in any letter case.
@@ -213,7 +214,7 @@ class RankSerializer(VersionedSerializer):
 
 class NeighborsSerializer(VersionedSerializer):
     player = EntrySerializer()
-    radius = serializers.IntegerField(min_value=0, max_value=10)
+    radius = serializers.IntegerField(min_value=0, max_value=RADIUS_MAX)
     entries = EntrySerializer(many=True, help_text="up to `radius` entries on each side, the player included")
     total_players = serializers.IntegerField(min_value=0)
 

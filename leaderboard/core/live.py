@@ -32,12 +32,11 @@ from urllib.parse import parse_qs
 import orjson
 
 from leaderboard.core.events import check_player_id
-from leaderboard.core.ranking import Entry
+from leaderboard.core.ranking import RADIUS_MAX, Entry
 from leaderboard.core.season_options import check_region, unknown_region_detail
 
 TOP_LIMIT = 100
 RADIUS_DEFAULT = 5
-RADIUS_MAX = 10
 
 # Close codes of the live socket (4000-4999 are the application's own, RFC 6455 7.4.2).
 CLOSE_BAD_REQUEST = 4400

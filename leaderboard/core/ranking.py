@@ -16,6 +16,10 @@ from typing import Any
 
 from leaderboard.core.tiebreak import IndexValue
 
+# Entries on each side of a player in a neighbours read (the API's `radius`, the live
+# board's): 21 entries cover a phone screen, and a wider one would be a window read.
+RADIUS_MAX = 10
+
 
 def display_key(player_id: str, score: int) -> tuple[int, bytes]:
     return (-score, player_id.encode())

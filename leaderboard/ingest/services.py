@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import IntegrityError, OperationalError
 from django.utils import timezone
 
 from audit.services import Actor, audit_log
-from leaderboard.core.errors import DomainError
 from leaderboard.core.events import ScoreEvent
 from leaderboard.core.ledger import (
     APPLIED,
@@ -32,6 +29,7 @@ from leaderboard.core.partitions import layout_partition
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import reached_rejection
 from leaderboard.ingest import ledger_store
+from leaderboard.ingest.signals import batch_committed_on_commit
 from leaderboard.ledger_databases import (
     DEFAULT_ALIAS,
     ledger_alias,
@@ -41,22 +39,10 @@ from leaderboard.ledger_databases import (
     season_ledger_alias,
     season_ledger_is_split,
 )
-from leaderboard.metrics import metrics_outcomes_count
 from leaderboard.models import ApiClient, ScoreChange
-from leaderboard.redis_errors import REDIS_ERRORS
 from seasons.models import FinalCorrection, Season
 
 log = logging.getLogger(__name__)
-
-TOKEN_PREFIX = "lbk_"
-# scores:write: the match-results service; disputes:write: a support tool filing disputes;
-# profiles:write: the profile service (players' regions); social:write: the social service (friend lists).
-KNOWN_SCOPES = frozenset({"scores:write", "disputes:write", "profiles:write", "social:write"})
-
-
-class ApiClientError(DomainError):
-    code = "invalid_api_client"
-
 
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
@@ -301,16 +287,8 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
                                           actor=actor or _client_actor(client), now=now,
                                           public_reason=public_reason)
         outcomes = [(o.status, o.reason) for o in [*plan.outcomes, *refused.outcomes]]
-        transaction.on_commit(lambda: _outcomes_count(season.slug, outcomes), using=DEFAULT_ALIAS)
+        batch_committed_on_commit(season_slug=season.slug, outcomes=outcomes, using=DEFAULT_ALIAS)
     return plan, published
-
-
-def _outcomes_count(season_slug: str, outcomes: list[tuple[str, str]]) -> None:
-    # Metrics are best effort: the batch is committed, Redis trouble must not turn it into an error.
-    try:
-        metrics_outcomes_count(season_slug=season_slug, statuses=outcomes)
-    except REDIS_ERRORS:
-        log.warning("could not count ingest outcomes for %s", season_slug, exc_info=True)
 
 
 def _client_actor(client: ApiClient | None) -> Actor:
@@ -359,55 +337,3 @@ def _final_corrections_record(*, season: Season, changes: list[Change], reasons:
                   season_slug=season.slug, before={"score": c.old_score},
                   after={"score": c.new_score, "score_version": c.score_version, "event_id": c.event_id},
                   reason=reasons.get(c.event_id, ""))
-
-
-def api_token_hash(token: str) -> str:
-    # Tokens are 256-bit random strings, so a fast hash is enough: no dictionary to
-    # defend against, and every write request checks one.
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def api_client_create(*, name: str, scopes: list[str], actor: Actor) -> tuple[ApiClient, str]:
-    """Create a client and return it with its token; the token is never stored or shown again."""
-    unknown = set(scopes) - KNOWN_SCOPES
-    if unknown:
-        raise ApiClientError(f"unknown scope(s): {', '.join(sorted(unknown))}")
-    if not scopes:
-        raise ApiClientError("at least one scope is required")
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    with transaction.atomic():
-        client = ApiClient.objects.create(
-            name=name,
-            token_prefix=token[:12],
-            token_hash=api_token_hash(token),
-            scopes=sorted(set(scopes)),
-        )
-        audit_log(
-            actor=actor,
-            action="api_client.created",
-            target_type="api_client",
-            target_id=str(client.pk),
-            after={"name": name, "scopes": client.scopes, "token_prefix": client.token_prefix},
-        )
-    return client, token
-
-
-def api_client_deactivate(*, name: str, actor: Actor, reason: str = "") -> ApiClient:
-    """Stop a client's token from authenticating (a rotation's last step, or a leak's first).
-
-    Tokens are never stored, so a deactivated client cannot be brought back: a new client
-    with a new token replaces it.
-    """
-    with transaction.atomic():
-        client = ApiClient.objects.select_for_update().filter(name=name).first()
-        if client is None:
-            raise ApiClientError(f"no API client named {name!r}")
-        if not client.active:
-            raise ApiClientError(f"API client {name!r} is already deactivated")
-        client.active = False
-        client.save(update_fields=["active"])
-        audit_log(actor=actor, action="api_client.deactivated", target_type="api_client", target_id=str(client.pk),
-                  before={"name": client.name, "active": True}, after={"name": client.name, "active": False},
-                  reason=reason)
-    return client
-

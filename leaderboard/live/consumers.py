@@ -1,11 +1,12 @@
 """The live board socket, /ws/v1/seasons/{season_id}/live[?player_id=P&radius=R&region=G]
 (docs/api.md, Live board websocket).
 
-Thin: what to send is decided in leaderboard.core.live (pure) and leaderboard.live.hub (reads,
-rounds, the per-process registry, group listener and fan-out). This class admits the
-socket, registers it with its board's hub (the season's, or a region's; live.Socket holds
-what the socket last sent, the base of diffs and events), sends its snapshots, answers the client, and
-closes it when the hub finds its client too slow.
+Thin: what to send is decided in leaderboard.core.live (pure), leaderboard.live.hub (rounds,
+the per-process registry, group listener and fan-out) and leaderboard.live.messages
+(snapshots, "unavailable"). This class admits the socket, registers it with its board's
+hub (the season's, or a region's; live.Socket holds what the socket last sent, the base of
+diffs and events), sends its snapshots, answers the client, and closes it when the hub
+finds its client too slow.
 
 The socket itself is not a member of the channel layer's group (its process is, once per
 season), so it has no channel of its own, and versions are sent to it by the hub: its
@@ -41,6 +42,8 @@ from leaderboard.core.live import (
     subscription_parse,
 )
 from leaderboard.live import hub as live
+from leaderboard.live.announce import season_live_state
+from leaderboard.live.messages import snapshot_message, snapshot_read, unavailable_message, unavailable_text
 from leaderboard.ratelimit import live_sockets, scope_address
 from seasons.selectors import season_get
 
@@ -121,7 +124,7 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await self._refuse(parsed)
             return
         # An id outside the id rule names no season (and never reaches the database).
-        found = await database_sync_to_async(live.season_live_state)(self.slug) if id_is_valid(self.slug) else None
+        found = await database_sync_to_async(season_live_state)(self.slug) if id_is_valid(self.slug) else None
         if found is None:
             await self._refuse(Refusal(CLOSE_UNKNOWN_SEASON, "unknown_season", f"no season {self.slug!r}"))
             return
@@ -141,8 +144,8 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         try:
             self.hub = await live.registry().join(self.slug, self.socket_id, self.socket, found)
         except TimeoutError:
-            await self._send_message(live.unavailable_message(self.slug, self.state, self.final_version,
-                                                              region=self.region))
+            await self._send_message(unavailable_message(self.slug, self.state, self.final_version,
+                                                         region=self.region))
             self.closing = True
             await self.close(code=CLOSE_TRY_AGAIN_LATER, reason="try_again_later")
             return
@@ -206,20 +209,20 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await socket.take()
         try:
             try:
-                snap = await sync_to_async(live.snapshot_read, thread_sensitive=False)(self.slug,
-                                                                                       socket.subscription)
+                snap = await sync_to_async(snapshot_read, thread_sensitive=False)(self.slug,
+                                                                                  socket.subscription)
             except Exception:
                 # Redis unreachable: say "unavailable" (the next version is pushed when there
                 # is one) rather than end the socket with a server error.
                 log.exception("live: snapshot of %s failed", self.slug)
                 snap = None
             if snap is None:
-                text = await live.unavailable_text(self.slug, self.state, self.final_version, region=self.region)
+                text = await unavailable_text(self.slug, self.state, self.final_version, region=self.region)
                 if await self._send_text(text):
                     socket.sent_unavailable(text)
             else:
-                message = live.snapshot_message(self.slug, self.state, self.final_version, snap,
-                                                socket.subscription)
+                message = snapshot_message(self.slug, self.state, self.final_version, snap,
+                                           socket.subscription)
                 if await self._send_message(message):
                     socket.sent(snap.manifest.version,
                                 PlayerMark.of(snap.player.entry) if snap.player is not None else None)
@@ -250,7 +253,7 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         if self.socket is None:
             return
         # The state may have moved (to FINAL) without a new version: read it afresh.
-        found = await database_sync_to_async(live.season_live_state)(self.slug)
+        found = await database_sync_to_async(season_live_state)(self.slug)
         if found is not None:
             self.state, self.final_version = found
         await self._snapshot()

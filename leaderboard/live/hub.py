@@ -1,10 +1,10 @@
-"""Live boards over websockets (docs/architecture.md, Live boards): publication, per-process fan-out, batched reads.
+"""Live boards over websockets (docs/architecture.md, Live boards): the per-process fan-out.
 
 One published version reaches the sockets like this:
 
 1. The epoch swaps the pointer to version V, records it, and (on commit) calls
-   `live_version_published`: ONE `channel_layer.group_send` to the season's group
-   `live.{season}` carrying only {version, state}.
+   `live_version_published` (live.announce): ONE `channel_layer.group_send` to the
+   season's group `live.{season}` carrying only {version, state}.
 2. The members of that group are server processes, not sockets: each process that has
    sockets of the season runs one listener (`_listen`) with one channel in the group, so
    the announcement is one small Redis message per process, handed to the process's
@@ -14,26 +14,32 @@ One published version reaches the sockets like this:
    GIL while it sends): the manifests of V and V-1 (cached), the part of the message
    every socket shares serialized twice (full top 100, and the diff against V-1); then
    rank and neighbours of every player subscribed in this process in at most four
-   pipelined round trips (`players_plan`), whatever their number. Announcements that come
-   while a round is being sent are coalesced into one round of the newest.
+   pipelined round trips (`players_plan`, live.players, over live.redis_async's raw
+   pipelines), whatever their number. Announcements that come while a round is being
+   sent are coalesced into one round of the newest.
 4. The hub sends each socket its message itself, in one pass over the sockets
    (`_fan_out`): sockets without a player first (while the players are read), each
    group of them that last sent the same version with one shared text; then each socket
    with a player, its own few fields spliced onto the shared text. A send is run in the
    hub's task until it completes, which the server's send does at once unless the
-   client stopped reading (`send_started`), so the fan-out costs no task, future or
-   timer per socket. A send that has to wait goes on in a task of its own bounded by
+   client stopped reading (`send_started`; it and the frames the hub writes to a
+   connection itself are live.frames), so the fan-out costs no task, future or timer
+   per socket. A send that has to wait goes on in a task of its own bounded by
    the send timeout: a slow client is dropped (close 4408) instead of holding anything
    others wait for, and one that catches up gets the newest version (`catch_up`).
 5. A watcher checks the season's pointer when no announcement came for a few seconds:
    views found lost (a flushed Redis) are said to every socket ("unavailable", with the
-   running recovery's progress, repeated as it advances), and a version whose
-   announcement was lost is published to the sockets all the same.
+   running recovery's progress, repeated as it advances: live.messages), and a version
+   whose announcement was lost is published to the sockets all the same.
 
 Per process means per event loop: a uvicorn worker has one; tests create one per test.
 A region's board (a socket's `?region=`) has a hub of its own beside the global board's,
 with its own listener in the same group: each reads the announced version's manifest and
 serves its board of it (`Manifest.board_of`), so the global hub's rounds are unchanged.
+
+This module holds the sockets, the season hubs, their rounds, listener and watcher, and
+the registry; what they use that knows nothing of sockets or hubs is in the modules named
+above.
 """
 
 from __future__ import annotations
@@ -41,61 +47,46 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 import weakref
-import zlib
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
 import redis
 import redis.asyncio
-from asgiref.sync import async_to_sync
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
 from leaderboard.core.gc_pause import gc_paused
-from leaderboard.core.live import (
-    TOP_LIMIT,
-    PlayerMark,
-    Subscription,
-    board_fields,
-    player_payload,
-    recovery_payload,
-    top_diff,
-    version_text,
-)
+from leaderboard.core.live import TOP_LIMIT, PlayerMark, Subscription, board_fields, top_diff, version_text
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.ranking import Entry, ranked_values
-from leaderboard.core.shared_index import entry_player
-from leaderboard.core.slots import bucket_group, shard_group
-from leaderboard.core.tiebreak import IndexValue, index_key, index_value, lookup_value, value_score
-from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
-from leaderboard.redis_client import cluster_outage, cluster_unreachable
+from leaderboard.live.announce import season_group
+from leaderboard.live.frames import (
+    Deflate,
+    FrameKind,
+    SplicedDeflate,
+    _Rest,
+    frame_build,
+    frame_kind,
+    send_started,
+    wire_of,
+    wire_write,
+)
+from leaderboard.live.messages import unavailable_text
+from leaderboard.live.players import PlayerRead, players_read_async
+from leaderboard.live.redis_async import ASYNC_REDIS_CONNECTIONS, REDIS_READ_TIMEOUT_SECONDS
 from leaderboard.views import rankview
-from leaderboard.views.rankview.reads import board_entry, seqlock_commands, seqlock_holds
-from leaderboard.views.rankview.shared import ahead_call, place_call, window_call
-from leaderboard.views.rankview.wire import slot_batches
-from leaderboard.views.selectors import leaderboard_reader, read_unavailable
-from seasons.models import Season
+from leaderboard.views.season_index import season_keys
 
 log = logging.getLogger(__name__)
 
-GROUP_PREFIX = "live"
 # Manifests a process keeps per season: the current version's and the one before (its
 # diff base), and a few more for a socket that is a version or two behind.
 MANIFESTS_KEPT = 4
-# The type of the group message.
-VERSION_EVENT = "live.version"
 # Control messages a socket's consumer may have waiting (only live.slow today).
 INBOX_SIZE = 8
 JOIN_TIMEOUT_SECONDS = 10.0
-ASYNC_REDIS_CONNECTIONS = 16
-# The bound of one read (a round trip) of the hub's Redis client.
-REDIS_READ_TIMEOUT_SECONDS = 5.0
 # Sockets sent to between two yields to the event loop: a fan-out to 10,000 sockets
 # must not hold the loop (handshakes, client messages, the listener) for its whole length.
 FAN_OUT_SLICE = 512
@@ -119,329 +110,6 @@ def group_refresh_seconds() -> float:
     """How often a process re-joins a season's group: channels-redis forgets members after
     `group_expiry`, and a Redis that lost its data has forgotten them already."""
     return settings.LIVE_GROUP_REFRESH_SECONDS
-
-
-def season_group(season_slug: str) -> str:
-    # Slugs are [-a-zA-Z0-9_] and at most 64 characters: always a valid group name.
-    return f"{GROUP_PREFIX}.{season_slug}"
-
-
-# --------------------------------------------------------------------------- publication
-
-
-def season_live_state(season_slug: str) -> tuple[str, int | None] | None:
-    """(state, final_version) of a season, or None when there is no such season."""
-    row = Season.objects.filter(slug=season_slug).values_list("state", "final_version").first()
-    return None if row is None else (row[0], row[1])
-
-
-def live_version_published(season_slug: str, version: int, state: str | None = None,
-                           final_version: int | None = None, **_: object) -> None:
-    """Tell every live socket of the season that `version` is published: one group_send.
-
-    Connected to the views' `version_published` signal (LeaderboardConfig.ready), sent
-    after the publishing transaction commits with the season's state. It must never fail
-    the epoch: the version is published whether or not anyone is told, and a socket that
-    misses it catches up with the next one (full top, events since what it last sent).
-    """
-    try:
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        async_to_sync(layer.group_send)(season_group(season_slug), {
-            "type": VERSION_EVENT, "season": season_slug, "version": version,
-            "state": state, "final_version": final_version,
-        })
-    except Exception:
-        log.exception("live: could not announce version %s of season %s", version, season_slug)
-
-
-# ------------------------------------------------------------------------- batched reads
-
-
-@dataclass(frozen=True, slots=True)
-class PlayerRead:
-    """A player in one version: its entry (None: not ranked) and the entries around it
-    within the widest radius any socket of the process asked for."""
-
-    entry: Entry | None
-    window: tuple[Entry, ...] = ()
-    radius: int = 0
-
-
-# A Redis command: its name and arguments (str, bytes or int), its reply taken raw (no
-# redis-py callback applies to these commands' replies but ZRANGE's, which is why the plan
-# sends it without the withscores option it would need).
-Call = tuple[Any, ...]
-Plan = Generator[list[Call], list[Any], dict[str, "PlayerRead"]]
-
-
-def players_read(r: redis.Redis, keys: rankview.Keys, manifest: Manifest,
-                 wanted: Mapping[str, int]) -> tuple[dict[str, PlayerRead], int]:
-    """`players_plan` on a sync client: (reads, round trips). Raises rankview.Torn."""
-    plan = players_plan(keys, manifest, wanted)
-    trips = 0
-    try:
-        calls = next(plan)
-        while True:
-            replies = rankview.round_trip(r, calls)
-            trips += 1
-            calls = plan.send(replies)
-    except StopIteration as done:
-        return done.value, trips
-
-
-async def players_read_async(r: redis.asyncio.Redis, keys: rankview.Keys, manifest: Manifest,
-                             wanted: Mapping[str, int]) -> tuple[dict[str, PlayerRead], int]:
-    """`players_plan` on an asyncio client, in the event loop: no worker thread to contend
-    for the GIL with the loop that is sending the same version to other sockets. Each
-    round trip is bounded by REDIS_READ_TIMEOUT_SECONDS as a whole (the process's client
-    has no per-reply timeout: that was a timer per reply, thousands per round)."""
-    plan = players_plan(keys, manifest, wanted)
-    trips = 0
-    try:
-        calls = next(plan)
-        while True:
-            async with asyncio.timeout(REDIS_READ_TIMEOUT_SECONDS):
-                replies = await pipeline_raw(r, calls)
-            trips += 1
-            calls = plan.send(replies)
-    except StopIteration as done:
-        return done.value, trips
-
-
-async def pipeline_raw(r: redis.asyncio.Redis, commands: list[Call]) -> list[Any]:
-    """One round trip of commands on a connection of the client's pool, packed into one
-    buffer here and the replies read as the parser gives them.
-
-    redis-py's pipeline packs each command and runs each reply through its callbacks in
-    Python: with a few thousand commands per round that was half the cost of reading a
-    version's players. A reply that is an error raises (the connection is dropped, since
-    the replies after it are unread), like the pipeline's execute. On a cluster client the
-    commands go to their slots' masters, all at once (`_nodes_pipeline_raw`).
-    """
-    if isinstance(r, redis.asyncio.RedisCluster):
-        return await _nodes_pipeline_raw(r, commands)
-    pool = r.connection_pool
-    connection = await pool.get_connection()
-    try:
-        await connection.send_packed_command(resp_pack(commands), check_health=False)
-        return [await connection.read_response() for _ in commands]
-    except BaseException:
-        await connection.disconnect()
-        raise
-    finally:
-        await pool.release(connection)
-
-
-async def _nodes_pipeline_raw(r: redis.asyncio.RedisCluster, commands: list[Call]) -> list[Any]:
-    """`pipeline_raw` on a cluster: the commands grouped by the master of their slot (in
-    order within a node, so the seqlock's reads of a slot group run after the group's
-    data reads), every node's batch written before any reply is read. A stale slot map
-    (a failover) drops the connections, refreshes the map and fails the round: the
-    round's caller reads the next version or retries. No node answering is a redis
-    ConnectionError, as on the sync client (redis_client.cluster_outage)."""
-    await _cluster_call(r.initialize())
-    nodes = r.nodes_manager
-    batches = slot_batches(nodes, commands)
-    taken = []
-    try:
-        # Nodes in one order for every round, so two rounds waiting for connections never
-        # each hold the other's.
-        for name, ats in sorted(batches.items()):
-            node = r.get_node(node_name=name)
-            assert node is not None
-            connection = await _connection_acquire(node)
-            taken.append((node, connection, ats))
-            await connection.send_packed_command(resp_pack([commands[at] for at in ats]), check_health=False)
-        replies: list[Any] = [None] * len(commands)
-        for _, connection, ats in taken:
-            for at in ats:
-                replies[at] = await connection.read_response()
-        return replies
-    except BaseException as exc:
-        for _, connection, _ in taken:
-            await connection.disconnect()
-        if isinstance(exc, redis.exceptions.RedisError):
-            await _cluster_call(nodes.initialize())
-        raise
-    finally:
-        for node, connection, _ in taken:
-            node.release(connection)
-
-
-async def _cluster_call(call: Awaitable[Any]) -> Any:
-    """An asyncio cluster client's call that may find no node or slot available: then the
-    outage every caller already handles (redis ConnectionError), not RedisClusterException."""
-    try:
-        return await call
-    except redis.exceptions.RedisClusterException as exc:
-        if not cluster_unreachable(exc):
-            raise
-        raise cluster_outage(exc) from exc
-
-
-async def _connection_acquire(node: Any) -> Any:
-    """A connection of a cluster node's pool (ASYNC_REDIS_CONNECTIONS at most): when all are
-    in use, wait for one as the plain client's blocking pool does (the round's timeout
-    bounds the wait), instead of failing the round."""
-    while True:
-        try:
-            return node.acquire_connection()
-        except redis.exceptions.MaxConnectionsError:
-            await asyncio.sleep(0.002)
-
-
-try:
-    import hiredis
-
-    _pack_command: Callable[..., bytes] | None = hiredis.pack_command
-except ImportError:  # redis-py without hiredis
-    _pack_command = None
-
-
-def resp_pack(commands: list[Call]) -> bytes:
-    """Commands in the Redis protocol (RESP arrays of bulk strings): hiredis's packer (C,
-    half the time of the loop below on a round's thousands of commands) when it is there."""
-    if _pack_command is not None:
-        return b"".join(map(_pack_command, commands))
-    out: list[bytes] = []
-    for command in commands:
-        out.append(b"*%d\r\n" % len(command))
-        for arg in command:
-            data = arg if isinstance(arg, bytes) else str(arg).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, int]) -> Plan:
-    """Rank and neighbours of many players in one version, in at most four pipelined round trips.
-
-    A generator that yields the commands of each round trip and receives their replies (so
-    the sync and the asyncio drivers share it). `wanted` maps player_id -> radius.
-    Raises rankview.Torn when the manifest's copy no longer holds the version after the
-    reads (it was superseded and its grace period passed): nothing read is then trusted.
-    The last round trip re-reads the copy's generation and version after every data read
-    (Redis runs one command at a time, and each round trip starts after the previous one
-    answered), the same seqlock the single-player reads of RankReader use.
-    On a region's board (`Manifest.board_of`) the reads are that board's, and a player
-    whose region-shard entry names another board (or none) is not ranked on it.
-    """
-    out = {player_id: PlayerRead(entry=None, radius=radius) for player_id, radius in wanted.items()}
-    if not wanted:
-        return out
-    layout = manifest.layout
-    index_name = manifest.index
-    groups = manifest.groups
-    # The slot groups read, whose `gen` the last round trip checks (the seqlock).
-    touched: set[int] = set()
-
-    def bucket_key(bucket: int) -> str:
-        touched.add(bucket_group(bucket=bucket, groups=groups, board=manifest.board))
-        return keys.bucket(index_name, layout.layout_id, bucket, manifest.board, groups=groups)
-
-    def hidden_key(bucket: int) -> str:
-        return keys.hidden(index_name, manifest.side, layout.layout_id, bucket, manifest.board, groups=groups)
-
-    # 1. Scores from the copy's lookup: one HMGET per lookup shard (the copy's count).
-    shards = list(rankview.shards_of(wanted, manifest.lookup_shards).items())
-    touched.update(shard_group(shard=shard, groups=groups) for shard, _ in shards)
-    lookups: list[Call] = [("HMGET", keys.lookup(index_name, shard, groups=groups), *players)
-                           for shard, players in shards]
-    if manifest.board:
-        # The players' regions in the same round trip; the global board never asks.
-        lookups += [("HMGET", keys.region(index_name, shard, groups=groups), *players) for shard, players in shards]
-    replies = yield lookups
-    homes = replies[len(shards):] if manifest.board else [[None] * len(players) for _, players in shards]
-    # Values: scores, or (score, reached_ms) on a first_reached board (core.tiebreak), as
-    # the version's side sees them, with the name of the entry that holds each; on a
-    # region's board only the players whose region entry names it.
-    ties = manifest.ties
-    found: list[tuple[str, IndexValue, str]] = []
-    for (_, players), values, regions in zip(shards, replies[:len(shards)], homes, strict=True):
-        for player_id, value, region in zip(players, values, regions, strict=True):
-            _, on_board = board_entry(manifest, player_id, value, region)
-            if on_board is not None:
-                found.append((player_id, lookup_value(ties, on_board[0]), on_board[1]))
-
-    # 2. Players ranked ahead and the index of each found player in its bucket.
-    located: dict[str, Entry] = {}
-    value_of: dict[str, IndexValue] = {}
-    if found:
-        calls: list[Call] = []
-        buckets: list[int] = []
-        for _, value, name in found:
-            bucket, sort_key = index_key(layout, ties, value)
-            buckets.append(bucket)
-            calls.append(place_call(bucket=bucket_key(bucket), hidden=hidden_key(bucket), key=sort_key, name=name))
-        replies = yield calls
-        for i, (player_id, value, _) in enumerate(found):
-            higher, index = replies[i]
-            if index is None:
-                raise rankview.Torn()  # the lookup and the index disagree: mid-mutation
-            position, rank = bucket_place(manifest.higher, buckets[i], index=int(index), ahead=int(higher))
-            value_of[player_id] = value
-            located[player_id] = Entry(position=position, rank=rank, player_id=player_id, score=value_score(value))
-
-    # 3. Each player's window of positions, as ranges of buckets; identical ranges (players
-    #    near each other) are read once.
-    windows: dict[str, tuple[int, int, list[tuple[int, int, int]]]] = {}
-    ranges: dict[tuple[int, int, int], int] = {}
-    for player_id, me in located.items():
-        radius = wanted[player_id]
-        first = max(1, me.position - radius)
-        last = min(manifest.total, me.position + radius)
-        spans = bucket_ranges(manifest.counts, first, last - first + 1)
-        windows[player_id] = (first, last, spans)
-        for span in spans:
-            ranges.setdefault(span, len(ranges))
-    pairs_of: list[list[tuple[str, IndexValue]]] = []
-    if ranges:
-        # The entries the version's side sees (entry names back to players).
-        replies = yield [window_call(bucket=bucket_key(bucket), hidden=hidden_key(bucket), start=start,
-                                     count=stop - start + 1) for bucket, start, stop in ranges]
-        pairs_of = [[(entry_player(m.decode()), index_value(layout, ties, bucket, s))
-                     for m, s in zip(reply[::2], reply[1::2], strict=True)]
-                    for (bucket, _, _), reply in zip(ranges, replies, strict=True)]
-
-    # 4. The rank of each window's first entry when it is not known already (it is for
-    #    position 1 and when it shares the player's score), then the seqlock check.
-    pending: dict[str, tuple[int, list[tuple[str, IndexValue]]]] = {}
-    rank_queries: dict[IndexValue, int] = {}
-    for player_id, (first, last, spans) in windows.items():
-        pairs = [pair for span in spans for pair in pairs_of[ranges[span]]]
-        me = located[player_id]
-        if len(pairs) != last - first + 1 or pairs[me.position - first] != (player_id, value_of[player_id]):
-            raise rankview.Torn()  # a bucket holds other members than the manifest counted
-        pending[player_id] = (first, pairs)
-        first_score = pairs[0][1]
-        if first != 1 and first_score != value_of[player_id]:
-            rank_queries.setdefault(first_score, len(rank_queries))
-    keyed = {value: index_key(layout, ties, value) for value in rank_queries}
-    counts: list[Call] = [ahead_call(bucket=bucket_key(keyed[value][0]), hidden=hidden_key(keyed[value][0]),
-                                     key=keyed[value][1]) for value in rank_queries]
-    # The seqlock's reads after every data read (the earlier round trips answered before
-    # this one was sent).
-    replies = yield [*counts, *seqlock_commands(keys, manifest, sorted(touched))]
-    if not seqlock_holds(manifest, replies[len(counts):]):
-        raise rankview.Torn()
-    rank_of_score = {
-        value: bucket_rank(manifest.higher, keyed[value][0], int(replies[index][0]))
-        for value, index in rank_queries.items()
-    }
-
-    for player_id, (first, pairs) in pending.items():
-        me = located[player_id]
-        first_score = pairs[0][1]
-        if first == 1:
-            rank_first = 1
-        elif first_score == value_of[player_id]:
-            rank_first = me.rank
-        else:
-            rank_first = rank_of_score[first_score]
-        window = ranked_values(pairs, first_position=first, rank_of_first=rank_first)
-        out[player_id] = PlayerRead(entry=me, window=tuple(window), radius=wanted[player_id])
-    return out
 
 
 # ------------------------------------------------------------------------------ rounds
@@ -478,188 +146,6 @@ def round_build(season_slug: str, state: str | None, final_version: int | None, 
         change = top_diff(previous.top[:TOP_LIMIT], top)
         diff = orjson.dumps({**base, "top_diff": {"base_version": previous.version, **change}}).decode()
     return Round(version=manifest.version, manifest=manifest, full=full, diff=diff)
-
-
-# ---------------------------------------------------------------------------- sending
-
-
-class _Rest:
-    """The rest of a coroutine that `send_started` ran up to its first suspension.
-
-    Awaiting it goes on where the coroutine stopped, as the task that would have run it
-    from the start would have: every future it waits on is handed up to the awaiting task
-    unchanged, and a cancellation (a timeout) is thrown into it.
-    """
-
-    __slots__ = ("coro", "waiting")
-
-    def __init__(self, coro: Coroutine[Any, Any, None], waiting: Any):
-        self.coro = coro
-        self.waiting = waiting
-
-    def __await__(self) -> Generator[Any, None, None]:
-        waiting = self.waiting
-        while True:
-            try:
-                yield waiting
-            except BaseException as exc:  # noqa: BLE001 (a cancellation, passed on to the coroutine)
-                try:
-                    waiting = self.coro.throw(exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    waiting = self.coro.send(None)
-                except StopIteration:
-                    return
-
-
-def send_started(coro: Coroutine[Any, Any, None]) -> _Rest | None:
-    """Run a send in the caller's task until it completes or first has to wait.
-
-    None when it completed, the usual case: the server's send writes the frame to the
-    connection's buffer and returns without waiting unless the client stopped reading.
-    Then the caller awaits the returned rest in a task of its own, bounded by the send
-    timeout, so one stuck client holds up nothing else. The fan-out therefore costs no
-    task, future or timer per socket (3.12's eager tasks, in a few lines for 3.11). What
-    the send raises before it waits (the client is gone) is raised here.
-    """
-    try:
-        waiting = coro.send(None)
-    except StopIteration:
-        return None
-    return _Rest(coro, waiting)
-
-
-def text_frame(data: bytes) -> bytes:
-    """A whole server-to-client text frame (RFC 6455 5.2: FIN, opcode 1, unmasked, no
-    extension) carrying `data`, byte for byte what the server's own send writes for it
-    on a connection without extensions. Built once per distinct text of a round, the same
-    bytes then go to every socket that sends that text."""
-    return _frame(0x81, data)
-
-
-def _frame(head: int, payload: bytes) -> bytes:
-    """A frame's header (first byte `head`, unmasked, RFC 6455's three length forms) and payload."""
-    length = len(payload)
-    if length < 126:
-        return struct.pack("!BB", head, length) + payload
-    if length < 65536:
-        return struct.pack("!BBH", head, 126, length) + payload
-    return struct.pack("!BBQ", head, 127, length) + payload
-
-
-@dataclass(frozen=True, slots=True)
-class Deflate:
-    """permessage-deflate without server context takeover, with these zlib parameters."""
-
-    window_bits: int
-    settings: tuple[tuple[str, Any], ...] = ()
-
-
-# How a connection's frames are made (`frame_kind`): PLAIN, or Deflate.
-PLAIN = "plain"
-FrameKind = str | Deflate
-
-
-def frame_build(data: bytes, kind: FrameKind) -> bytes:
-    """The frame of a text message on a connection of `kind`: `text_frame`, or its
-    permessage-deflate frame (RFC 7692: RSV1 set, the message compressed from a fresh
-    context, the sync flush's trailing 00 00 ff ff removed), byte for byte what the
-    websockets library's extension writes on such a connection."""
-    if not isinstance(kind, Deflate):
-        return text_frame(data)
-    encoder = zlib.compressobj(wbits=-kind.window_bits, **dict(kind.settings))
-    return _frame(0xC1, (encoder.compress(data) + encoder.flush(zlib.Z_SYNC_FLUSH))[:-4])
-
-
-class SplicedDeflate:
-    """Deflated frames of the player sockets' texts, each a round's shared text with the
-    socket's own fields spliced on (core.live.splice: the shared text up to its closing
-    brace, a comma, then the socket's fields): the shared part is compressed once per
-    round, and each socket's frame from a copy of that compressor, which then compresses
-    only the socket's own fields. The stream differs from compressing the whole text in
-    one go only in where zlib's output is cut, and decompresses to the same text."""
-
-    def __init__(self, kind: Deflate, shared: tuple[str | None, ...]):
-        self.kind = kind
-        self.starts: list[tuple[str, bytes, Any]] = []
-        for common in shared:
-            if common and common.endswith("}"):
-                prefix = common[:-1] + ","
-                encoder = zlib.compressobj(wbits=-kind.window_bits, **dict(kind.settings))
-                self.starts.append((prefix, encoder.compress(prefix.encode()), encoder))
-
-    def frame(self, text: str) -> bytes:
-        for prefix, head, encoder in self.starts:
-            if text.startswith(prefix):
-                copy = encoder.copy()
-                body = head + copy.compress(text[len(prefix):].encode()) + copy.flush(zlib.Z_SYNC_FLUSH)
-                return _frame(0xC1, body[:-4])
-        return frame_build(text.encode(), self.kind)
-
-
-try:
-    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-    from websockets.extensions.permessage_deflate import PerMessageDeflate as _PerMessageDeflate
-    from websockets.protocol import State as _WsState
-
-    _SANSIO: type[Any] | None = WebSocketsSansIOProtocol
-except ImportError:  # another server, or uvicorn without the sans-I/O implementation
-    _SANSIO = None
-
-
-def wire_of(send: Callable[..., Any]) -> Any | None:
-    """The server connection behind an ASGI send when the fan-out may write frames to its
-    transport itself: uvicorn's sans-I/O websocket protocol (its default implementation),
-    whose send is a bound method of the connection. None for any other server or
-    implementation (and the test communicator): those sockets get the ASGI send."""
-    owner = getattr(send, "__self__", None)
-    if _SANSIO is None or not isinstance(owner, _SANSIO):
-        return None
-    # What `wire_write` reads, checked once: a uvicorn or websockets release that renamed
-    # any of it gets the ASGI send rather than a socket dropped by an AttributeError.
-    conn = getattr(owner, "conn", None)
-    if not (all(hasattr(owner, name) for name in _WIRE_FIELDS)
-            and all(hasattr(conn, name) for name in ("state", "extensions", "writes"))):
-        return None
-    return owner
-
-
-_WIRE_FIELDS = ("transport", "writable", "handshake_complete", "close_sent", "disconnected", "initial_response")
-
-
-def frame_kind(wire: Any) -> FrameKind | None:
-    """How frames for this connection are made, from the extensions its handshake
-    negotiated (fixed from then on): PLAIN without any; a deflate kind for
-    permessage-deflate without server context takeover (`live.protocol`), whose
-    messages compress alike on every connection; None (the server's send compresses
-    each socket's frames itself) for context takeover, uvicorn's default, or anything
-    else."""
-    extensions = wire.conn.extensions
-    if not extensions:
-        return PLAIN
-    if len(extensions) == 1 and isinstance(extensions[0], _PerMessageDeflate):
-        deflate = extensions[0]
-        if deflate.local_no_context_takeover:
-            return Deflate(deflate.local_max_window_bits, tuple(sorted(deflate.compress_settings.items())))
-    return None
-
-
-def wire_write(wire: Any, frame: bytes) -> bool:
-    """Write a whole frame to an open connection's transport, as the server's send would;
-    False (nothing written) whenever that send would do anything else: wait for the
-    client to drain its buffer, raise for a closed or closing connection, refuse a
-    message before the handshake. `frame` is of the connection's `frame_kind`. The
-    connection's own writes are always whole frames written at once (its protocol object
-    keeps none pending), so a frame written here never lands inside one of them."""
-    conn = wire.conn
-    if (not wire.handshake_complete or wire.close_sent or wire.disconnected or wire.initial_response is not None
-            or not wire.writable.is_set() or conn.state is not _WsState.OPEN or conn.writes
-            or wire.transport.is_closing()):
-        return False
-    wire.transport.write(frame)
-    return True
 
 
 # ------------------------------------------------------------------------------ sockets
@@ -1102,91 +588,6 @@ async def _watch(hub: SeasonHub) -> None:
             log.exception("live: check of %s failed", hub.slug)
 
 
-# ----------------------------------------------------------------------------- snapshots
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    manifest: Manifest
-    top: list[dict[str, Any]]
-    player: PlayerRead | None
-
-
-def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | None:
-    """The current version for one socket (on connect and on request); None: unavailable.
-
-    Top and player come from the one manifest the reader chose: the top 100 lives in it.
-    A regional subscription reads that region's board of the version; a version without
-    it (the consumer checked the season has the region) has nothing to show either.
-    """
-    reader = leaderboard_reader(season_slug=season_slug, region=subscription.region)
-    try:
-        if subscription.player_id is None:
-            manifest, top = reader.top(TOP_LIMIT)
-            return Snapshot(manifest=manifest, top=top, player=None)
-        manifest, me, window = reader.neighbors(subscription.player_id, subscription.radius)
-        return Snapshot(manifest=manifest, top=manifest.top[:TOP_LIMIT],
-                        player=PlayerRead(entry=me, window=tuple(window), radius=subscription.radius))
-    except (rankview.Unavailable, rankview.UnknownRegion):
-        return None
-
-
-def snapshot_message(season_slug: str, state: str | None, final_version: int | None, snapshot: Snapshot,
-                     subscription: Subscription) -> dict[str, Any]:
-    manifest = snapshot.manifest
-    message: dict[str, Any] = {
-        "type": "snapshot", "season_id": season_slug, **board_fields(manifest.board), "state": state,
-        "final_version": final_version,
-        "leaderboard_version": manifest.version, "as_of": manifest.as_of, "total_players": manifest.total,
-        "top": snapshot.top,
-    }
-    if subscription.player_id is not None and snapshot.player is not None:
-        message["player"] = player_payload(subscription.player_id, snapshot.player.entry,
-                                           snapshot.player.window, subscription.radius)
-    return message
-
-
-def unavailable_message(season_slug: str, state: str | None, final_version: int | None,
-                        recovery: dict[str, Any] | None = None, *, region: str | None = None) -> dict[str, Any]:
-    """The read API's 503 body as a socket message: the same reason and retry_after, and
-    the progress of the season's recovery while one runs (`recovery_payload`), else null."""
-    refusal = read_unavailable()
-    return {
-        "type": refusal.code, "season_id": season_slug, **board_fields(region or ""), "state": state,
-        "final_version": final_version,
-        "retry_after": refusal.retry_after,
-        "detail": f"{refusal.detail}; the next published version is pushed to this socket",
-        "recovery": recovery,
-    }
-
-
-def recovery_progress(season_slug: str) -> dict[str, Any] | None:
-    """The progress of the season's running recovery (a RebuildJob of kind recovery that
-    is queued, building or comparing), as the console shows it; None when none runs."""
-    row = (
-        RebuildJob.objects
-        .filter(season__slug=season_slug, kind=RebuildJob.Kind.RECOVERY, status__in=ACTIVE_REBUILD_STATUSES)
-        .values_list("status", "done", "total", "eta_seconds")
-        .first()
-    )
-    if row is None:
-        return None
-    status, done, total, eta_seconds = row
-    return recovery_payload(status=status, done=done, total=total, eta_seconds=eta_seconds)
-
-
-async def unavailable_text(season_slug: str, state: str | None, final_version: int | None, *,
-                           region: str | None = None) -> str:
-    """The unavailable message, serialized, with the running recovery's progress (null
-    when none runs, or when the database cannot say: the notice matters more)."""
-    try:
-        progress = await database_sync_to_async(recovery_progress)(season_slug)
-    except Exception:
-        log.warning("live: recovery progress of %s could not be read", season_slug, exc_info=True)
-        progress = None
-    return orjson.dumps(unavailable_message(season_slug, state, final_version, progress, region=region)).decode()
-
-
 # ------------------------------------------------------------------------------ listener
 
 
@@ -1333,7 +734,7 @@ class LiveRegistry:
         hub = self.hubs.get(hub_key(season_slug, region))
         if hub is None:
             hub = self.hubs[hub_key(season_slug, region)] = SeasonHub(
-                slug=season_slug, redis=self.redis(), keys=rankview.Keys(settings.REDIS_KEY_PREFIX, season_slug),
+                slug=season_slug, redis=self.redis(), keys=season_keys(season_slug),
                 region=region)
         hub.sockets[socket_id] = socket
         if hub.state is None:

@@ -14,7 +14,8 @@ from django.views.decorators.http import require_safe
 from leaderboard.api.errors import ApiError
 from leaderboard.api.params import region_param
 from leaderboard.core.lifecycle import SeasonState
-from leaderboard.core.live import RADIUS_DEFAULT, RADIUS_MAX
+from leaderboard.core.live import RADIUS_DEFAULT
+from leaderboard.core.ranking import RADIUS_MAX
 from seasons.selectors import season_get
 
 

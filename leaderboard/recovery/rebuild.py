@@ -43,7 +43,7 @@ from leaderboard.core.reconciliation import (
 )
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.splits import SplitProposal, split_points_valid, split_recommendations
-from leaderboard.core.tiebreak import first_reached_problem, index_value, value_score
+from leaderboard.core.tiebreak import first_reached_problem, value_score
 from leaderboard.ingest.selectors import score_change_heads_after, stream_changes_between, stream_committed_watermark
 from leaderboard.ledger_reads import ledger_querysets_each
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
@@ -62,7 +62,7 @@ from leaderboard.views.epoch import (
 )
 from leaderboard.views.invariants import IndexSizes, index_sizes, sampled_reads
 from leaderboard.views.rankview.reads import version_holds
-from leaderboard.views.rankview.shared import window_call
+from leaderboard.views.rankview.shared import window_call, window_values
 from leaderboard.views.season_index import EpochError, replicas_wait, season_keys
 from seasons.models import Season
 
@@ -591,7 +591,7 @@ def season_split_recommendations(*, season: Season, window_seconds: float = 600.
     for bucket, reply in zip(order, replies, strict=True):
         if reply:
             # Boundaries go just above a quantile score, so its ties stay on one side.
-            score = value_score(index_value(live.layout, live.ties, bucket, float(reply[1])))
+            score = value_score(window_values(reply, layout=live.layout, ties=live.ties, bucket=bucket)[0][1])
             quantiles.setdefault(bucket, []).append(score + 1)
     return split_recommendations(layout=live.layout, counts=live.counts, changes=changes,
                                  quantile_scores=quantiles, parts=parts)

@@ -539,7 +539,7 @@ def reconciliation_run(*, season: Season, full: bool | None = None, sample: int 
     The ledger moves on while the version stands still, so a sampled player is compared
     only when the change stream has nothing newer for them than the version's watermark.
     """
-    from leaderboard.metrics import metrics_failure_count
+    from leaderboard.metrics.counters import metrics_failure_count
     from leaderboard.views.season_index import season_keys
 
     full = settings.RECONCILE_FULL if full is None else full

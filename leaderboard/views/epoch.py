@@ -35,7 +35,7 @@ from leaderboard.ingest.selectors import (
     stream_committed_watermark,
 )
 from leaderboard.ledger_reads import ledger_rows_list
-from leaderboard.metrics import metrics_epoch_observe
+from leaderboard.metrics.counters import metrics_epoch_observe
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.models import Manifest as ManifestRow
 from leaderboard.redis_client import redis_get

@@ -27,8 +27,9 @@ def replicas_wait() -> ReplicasWait:
     return {"replicas": settings.VIEW_REPLICAS_WAIT, "replicas_ms": settings.VIEW_REPLICAS_WAIT_MS}
 
 
-def season_keys(season: Season) -> rankview.Keys:
-    return rankview.Keys(settings.REDIS_KEY_PREFIX, season.slug)
+def season_keys(season: Season | str) -> rankview.Keys:
+    """The season's rank-view keys (a Season or its slug): the one place the prefix is read."""
+    return rankview.Keys(settings.REDIS_KEY_PREFIX, season if isinstance(season, str) else season.slug)
 
 
 def season_ties(season: Season) -> FirstReached | None:

@@ -1,4 +1,4 @@
-"""Reads for the API: readers of the published rank views, pending scores, friends, API clients."""
+"""Reads for the API: readers of the published rank views, pending scores, friends."""
 
 from __future__ import annotations
 
@@ -8,24 +8,20 @@ from django.conf import settings
 
 from leaderboard.core.errors import ReadUnavailable, retry_after_seconds
 from leaderboard.core.ranking import Entry
-from leaderboard.ingest.services import api_token_hash
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias_of_player
-from leaderboard.models import ApiClient, FriendList, PlayerScore
+from leaderboard.models import FriendList, PlayerScore
 from leaderboard.redis_client import redis_get
-from leaderboard.views.rankview import Keys, RankReader
+from leaderboard.views.rankview import RankReader
+from leaderboard.views.season_index import season_keys
 from seasons.models import Season
 
 # reached_at is stored to the millisecond, so the product is a whole number.
 
 
-def api_client_by_token(*, token: str) -> ApiClient | None:
-    return ApiClient.objects.filter(token_hash=api_token_hash(token), active=True).first()
-
-
 def leaderboard_reader(*, season_slug: str, region: str | None = None) -> RankReader:
     """A reader of the season's global board, or with `region` of that region's board."""
     return RankReader(
-        redis_get(), Keys(settings.REDIS_KEY_PREFIX, season_slug), deadline=settings.READ_DEADLINE_SECONDS,
+        redis_get(), season_keys(season_slug), deadline=settings.READ_DEADLINE_SECONDS,
         region=region,
     )
 

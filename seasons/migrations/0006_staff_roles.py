@@ -2,7 +2,7 @@
 
 Permissions are normally created after migrations (post_migrate); the groups need them
 now, so they are created here (the post_migrate pass then finds them in place). The
-mapping is frozen here as of this migration; seasons.staff_services.staff_roles_ensure
+mapping is frozen here as of this migration; seasons.staff.accounts.services.staff_roles_ensure
 re-applies the current one (create_staff calls it, so a flushed test database heals).
 """
 

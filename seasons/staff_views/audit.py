@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from audit.services import audit_chain_verify
 from seasons import staff_forms as f
-from seasons import staff_selectors as sel
+from seasons.staff.audit import selectors as sel
 from seasons.staff_views.common import context, staff_required
 
 

@@ -26,7 +26,7 @@ from django.views.decorators.http import require_http_methods
 from leaderboard.core.errors import DomainError
 from leaderboard.ledger_databases import LedgerDatabaseMissing
 from seasons.models import StaffConsole
-from seasons.staff_services import ROLE_PERMISSIONS, staff_role_of
+from seasons.staff.accounts.services import ROLE_PERMISSIONS, staff_role_of
 
 View = Callable[..., HttpResponseBase]
 LOGIN_URL = reverse_lazy("staff:login")

@@ -15,10 +15,10 @@ from django.shortcuts import render
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET
 
-from leaderboard.metrics import SAMPLED_STATES
+from leaderboard.metrics.samples import SAMPLED_STATES
 from leaderboard.ratelimit import request_address
-from seasons import staff_selectors as sel
-from seasons.staff_services import staff_login_attempt_check
+from seasons.staff.accounts.services import staff_login_attempt_check
+from seasons.staff.console import selectors as sel
 from seasons.staff_views.common import context, staff_required
 
 

@@ -18,24 +18,26 @@ from django.views.decorators.http import require_GET, require_POST
 from leaderboard.ledger_databases import DEFAULT_ALIAS
 from leaderboard.models import LateResult
 from seasons import staff_forms as f
-from seasons import staff_selectors as sel
 from seasons.models import Dispute, ScoreRevocation, Season
 from seasons.selectors import season_get
-from seasons.staff_services import (
-    StaffError,
-    dispute_assign,
-    dispute_file,
-    dispute_note_add,
-    dispute_reject,
+from seasons.staff.accounts import selectors as accounts_sel
+from seasons.staff.common import StaffError, staff_actor
+from seasons.staff.disputes import selectors as disputes_sel
+from seasons.staff.disputes.services import dispute_assign, dispute_file, dispute_note_add, dispute_reject
+from seasons.staff.late_results import selectors as late_results_sel
+from seasons.staff.late_results.services import (
     late_result_dismiss,
     late_result_name,
     late_result_name_of,
     late_result_proposal_score,
+)
+from seasons.staff.players import selectors as players_sel
+from seasons.staff.revocations import selectors as revocations_sel
+from seasons.staff.revocations.services import (
     score_revocation_approve,
     score_revocation_propose,
     score_revocation_rebase,
     score_revocation_reject,
-    staff_actor,
 )
 from seasons.staff_views.common import GET_OR_POST, Done, act, context, staff_required
 
@@ -47,12 +49,12 @@ from seasons.staff_views.common import GET_OR_POST, Done, act, context, staff_re
 def disputes(request: HttpRequest) -> HttpResponse:
     form = f.DisputeFilterForm(request.GET or {"status": "active"})
     data = form.cleaned_data if form.is_valid() else {"status": "active"}
-    qs = sel.disputes_filtered(season=data.get("season", ""), status=data.get("status", ""),
+    qs = disputes_sel.disputes_filtered(season=data.get("season", ""), status=data.get("status", ""),
                                assignee=data.get("assignee", ""), player_id=data.get("player_id", ""),
                                user_id=request.user.pk)
     page = Paginator(qs, 50).get_page(request.GET.get("page"))
     ctx = context(request, form=form, page=page, seasons=Season.objects.order_by("-starts_at"),
-                  staff=sel.staff_users())
+                  staff=accounts_sel.staff_users())
     if request.htmx:  # type: ignore[attr-defined]
         # The filter form swaps only the table (and pushes the URL), so the filters stay as typed.
         return render(request, "staff/partials/dispute_table.html", ctx)
@@ -89,8 +91,8 @@ def _dispute(dispute_id: int) -> Dispute:
 def dispute_page(request: HttpRequest, dispute_id: int) -> HttpResponse:
     dispute = _dispute(dispute_id)
     return render(request, "staff/dispute.html", context(
-        request, dispute=dispute, notes=sel.dispute_notes(dispute=dispute),
-        revocations=sel.dispute_revocations(dispute=dispute),
+        request, dispute=dispute, notes=disputes_sel.dispute_notes(dispute=dispute),
+        revocations=disputes_sel.dispute_revocations(dispute=dispute),
         assign_form=f.DisputeAssignForm(initial={"assignee": dispute.assignee_id}), note_form=f.NoteForm(),
         reject_form=f.ReasonForm(),
     ))
@@ -160,7 +162,7 @@ def _revocation_form(request: HttpRequest, *, season: Season | None, initial: di
         current = None
         player_id = form["player_id"].value()
         if chosen is not None and player_id:
-            current = sel.player_score_get(season=chosen, player_id=player_id)
+            current = players_sel.player_score_get(season=chosen, player_id=player_id)
         return render(request, "staff/revocation_new.html", context(
             request, form=form, season=chosen, seasons=Season.objects.order_by("-starts_at"), dispute=dispute,
             late_result=late_result, late_name=late_result_name(late_result) if late_result else "", current=current,
@@ -196,13 +198,13 @@ def revocation_new(request: HttpRequest) -> HttpResponse:
 def revocations(request: HttpRequest) -> HttpResponse:
     form = f.RevocationFilterForm(request.GET or {"status": "proposed"})
     data = form.cleaned_data if form.is_valid() else {"status": "proposed"}
-    page = Paginator(sel.revocations_filtered(status=data.get("status", ""), season=data.get("season", "")),
+    page = Paginator(revocations_sel.revocations_filtered(status=data.get("status", ""), season=data.get("season", "")),
                      50).get_page(request.GET.get("page"))
     return render(request, "staff/revocations.html", context(request, form=form, page=page))
 
 
 def _revocation(revocation_id: int) -> ScoreRevocation:
-    # Not the late result: it lives in its own ledger database (sel.late_result_get).
+    # Not the late result: it lives in its own ledger database (late_results_sel.late_result_get).
     return get_object_or_404(ScoreRevocation.objects.select_related("season", "dispute"), pk=revocation_id)
 
 
@@ -210,10 +212,10 @@ def _revocation(revocation_id: int) -> ScoreRevocation:
 @staff_required("console_view")
 def revocation_page(request: HttpRequest, revocation_id: int) -> HttpResponse:
     revocation = _revocation(revocation_id)
-    current = sel.player_score_get(season=revocation.season, player_id=revocation.player_id)
+    current = players_sel.player_score_get(season=revocation.season, player_id=revocation.player_id)
     # The score moved since the proposal (a version that moved alone does not stop an approval).
     moved = current is not None and current.score != revocation.score_before
-    late_result = (sel.late_result_get(season=revocation.season, alias=revocation.late_result_alias,
+    late_result = (late_results_sel.late_result_get(season=revocation.season, alias=revocation.late_result_alias,
                                        late_id=revocation.late_result_id)
                    if revocation.late_result_id is not None else None)
     late_name = (late_result_name_of(alias=revocation.late_result_alias, late_result_id=revocation.late_result_id)
@@ -279,7 +281,7 @@ def late_results(request: HttpRequest, slug: str) -> HttpResponse:
     if status not in {"", *LateResult.Status.values}:
         status = LateResult.Status.PENDING
     return render(request, "staff/late_results.html", context(
-        request, season=season, rows=sel.late_results(season=season, status=status), status=status,
+        request, season=season, rows=late_results_sel.late_results(season=season, status=status), status=status,
         statuses=LateResult.Status.values, dismiss_form=f.ReasonForm(),
     ))
 
@@ -287,7 +289,7 @@ def late_results(request: HttpRequest, slug: str) -> HttpResponse:
 def _late(slug: str, late_id: int, alias: str) -> tuple[Season, LateResult]:
     """The season's late result (alias, id): a season's ledger databases each number their own."""
     season = get_object_or_404(Season, slug=slug)
-    late = sel.late_result_get(season=season, alias=alias, late_id=late_id)
+    late = late_results_sel.late_result_get(season=season, alias=alias, late_id=late_id)
     if late is None:
         raise Http404(f"season {slug} has no late result {late_id} in the database {alias}")
     return season, late

@@ -11,7 +11,6 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from seasons import staff_forms as f
-from seasons import staff_selectors as sel
 from seasons.models import FinalCandidate, Season
 from seasons.selectors import season_lifecycle_offer
 from seasons.services import (
@@ -20,7 +19,8 @@ from seasons.services import (
     season_final_propose,
     season_final_reject,
 )
-from seasons.staff_services import staff_actor
+from seasons.staff.common import staff_actor
+from seasons.staff.final import selectors as sel
 from seasons.staff_views.common import act, context, staff_required
 
 

@@ -23,11 +23,13 @@ from leaderboard.recovery.rebuild import (
     season_split_propose,
 )
 from seasons import staff_forms as f
-from seasons import staff_selectors as sel
 from seasons.models import Season
 from seasons.selectors import season_lifecycle_offer
 from seasons.services import season_regions_set, season_seal_ingest, season_transition
-from seasons.staff_services import reconciliation_trigger, staff_actor
+from seasons.staff.common import staff_actor
+from seasons.staff.players import selectors as players_sel
+from seasons.staff.season import selectors as sel
+from seasons.staff.season.services import reconciliation_trigger
 from seasons.staff_views.common import GET_OR_POST, Done, act, context, staff_required
 
 
@@ -226,6 +228,7 @@ def player_page(request: HttpRequest, slug: str, player_id: str) -> HttpResponse
         # No player has an id outside the id rule (PostgreSQL would refuse a NUL in it).
         raise Http404(f"no player id is like {player_id!r}: player ids are {ID_RULE}")
     return render(request, "staff/player.html", context(
-        request, season=season, player=sel.player_detail(season=season, player_id=player_id),
-        regions=sel.player_regions(player_id=player_id), friends=sel.player_friends(player_id=player_id),
+        request, season=season, player=players_sel.player_detail(season=season, player_id=player_id),
+        regions=players_sel.player_regions(player_id=player_id),
+        friends=players_sel.player_friends(player_id=player_id),
     ))

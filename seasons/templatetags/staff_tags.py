@@ -56,7 +56,7 @@ _UNITS = {"s": _seconds, "/s": _per_second, "ms": _milliseconds}
 
 @register.simple_tag
 def time_series(series: Any, unit: str, title: str, window: int, window_label: str, css_id: str = "") -> SafeString:
-    """A chart of one of the overview's sample series (seasons/staff_selectors.Series)."""
+    """A chart of one of the overview's sample series (seasons/staff/console/selectors.Series)."""
     return staff_charts.time_chart(series.points, span=float(window), fmt=_UNITS[unit], title=title,
                                    span_label=window_label, css_id=css_id)
 
@@ -171,7 +171,7 @@ def bucket_chart(detail: Any, width: int = 720, height: int = 120) -> SafeString
 
 @register.simple_tag
 def region_chart(sizes: Any, width: int = 480, height: int = 96) -> SafeString:
-    """Players per region of a season (seasons/staff_selectors.SeasonRegionSizes), "no region" last."""
+    """Players per region of a season (seasons/staff/season/selectors.SeasonRegionSizes), "no region" last."""
     rows = sizes.sizes
     return staff_charts.bar_chart(
         [r.players for r in rows], labels=[r.region or "no region" for r in rows],

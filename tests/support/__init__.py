@@ -1,7 +1,9 @@
 """Helpers shared by the tests, by topic: writing scores and reading the ledger (writes),
 publishing versions and checking them (publication), players' regions (profiles), seasons
-through their lifecycle to FINAL (lifecycle), and killable child processes (failure). Import them from here:
-`from tests.support import Events, post_ok, publish`."""
+through their lifecycle to FINAL (lifecycle), killable child processes (failure) and stopping
+one (processes). Import them from here: `from tests.support import Events, post_ok, publish`.
+The browser, the staff console's helpers and fixtures, the reference ledger model and the
+local Redis Cluster are modules of their own (`from tests.support import browser`)."""
 
 from tests.support.failure import (
     CHILD_SETUP,
@@ -27,6 +29,7 @@ from tests.support.lifecycle import (
     staff,
 )
 from tests.support.live import live_run
+from tests.support.processes import process_stop
 from tests.support.profiles import Profiles
 from tests.support.publication import (
     INVARIANT_CHECKS,
@@ -77,6 +80,6 @@ __all__ = [
     "child_database_url", "child_env", "closing_season", "copy_contents", "current_manifest", "db_scores",
     "db_standings", "epoch", "epoch_child", "epoch_child_killed_inside_apply", "fast_get", "final_rows", "finalize",
     "full_check", "in_season", "is_postgres", "iso", "ledger_rows", "keys_of", "live_run", "materialize", "part_worker",
-    "players", "post_ok", "publish", "reader_of", "recovery_jobs", "scores_at_watermark", "seal_and_build",
-    "season_in_parts", "staff", "statuses", "keyed_place", "model_apply", "plain_place",
+    "players", "post_ok", "process_stop", "publish", "reader_of", "recovery_jobs", "scores_at_watermark",
+    "seal_and_build", "season_in_parts", "staff", "statuses", "keyed_place", "model_apply", "plain_place",
 ]

@@ -24,7 +24,7 @@ def fresh_env(var_dir: Path, **extra: str) -> dict[str, str]:
     """This process's environment without the server variables and with its own VAR_DIR."""
     env = {k: v for k, v in os.environ.items()
            if k not in {"SECRET_KEY", "DEBUG", "DATABASE_URL", "REDIS_URL", "REDIS_CLUSTER", "CELERY_BROKER_URL",
-                        "CHANNEL_LAYER_URL", "DJANGO_SETTINGS_MODULE"}}
+                        "CHANNEL_LAYER_URL", "DJANGO_SETTINGS_MODULE", "REDIS_EMBEDDED"}}
     return {**env, "VAR_DIR": str(var_dir), **extra}
 
 

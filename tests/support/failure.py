@@ -4,7 +4,10 @@ such a child needs to share this test's database and Redis, and the recovery job
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import os
+import pkgutil
 import signal
 import subprocess
 import sys
@@ -12,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,20 +35,35 @@ ROOT = Path(__file__).resolve().parents[2]
 def audit_action_failing(action: str) -> Iterator[None]:
     """Inside: the staff services' audit writes of `action` raise, as when the audit chain's
     head cannot be locked; every other audit row is written."""
-    from seasons import staff_services
-
-    real = staff_services.audit_log
+    modules = staff_services_modules()
+    real = modules[0].audit_log
 
     def failing(**kwargs: Any) -> Any:
         if kwargs.get("action") == action:
             raise OperationalError("the audit chain's head could not be locked")
         return real(**kwargs)
 
-    staff_services.audit_log = failing
+    for module in modules:
+        module.audit_log = failing  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        staff_services.audit_log = real
+        for module in modules:
+            module.audit_log = real  # type: ignore[attr-defined]
+
+
+def staff_services_modules() -> list[ModuleType]:
+    """The staff services' modules (seasons/staff/<area>/services.py) that write audit rows:
+    each imports audit_log by name, so a replacement goes into each."""
+    import seasons.staff
+
+    modules = []
+    for area in pkgutil.iter_modules(seasons.staff.__path__):
+        if area.ispkg and importlib.util.find_spec(f"seasons.staff.{area.name}.services") is not None:
+            module = importlib.import_module(f"seasons.staff.{area.name}.services")
+            if hasattr(module, "audit_log"):
+                modules.append(module)
+    return modules
 
 
 def recovery_jobs(season: Season) -> list[RebuildJob]:

@@ -21,12 +21,8 @@ from seasons.services import (
     season_final_propose,
     season_seal_ingest,
 )
-from seasons.staff_services import (
-    ApprovalResult,
-    late_result_proposal_score,
-    score_revocation_approve,
-    score_revocation_propose,
-)
+from seasons.staff.late_results.services import late_result_proposal_score
+from seasons.staff.revocations.services import ApprovalResult, score_revocation_approve, score_revocation_propose
 from tests.support.publication import INVARIANT_CHECKS, materialize
 from tests.support.writes import TEST_ACTOR
 

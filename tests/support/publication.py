@@ -294,7 +294,7 @@ def assert_matches_ledger(season: Season, *, exhaustive: bool = True, **kwargs: 
 @contextlib.contextmanager
 def announcements_muted() -> Iterator[None]:
     """Versions published in the block reach no live socket, as if their announcement were lost."""
-    from leaderboard.live.hub import live_version_published
+    from leaderboard.live.announce import live_version_published
     from leaderboard.views.signals import version_published
 
     uid = "leaderboard.live.version_published"

@@ -5,8 +5,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import Actor
+from leaderboard.api_clients import api_client_create
 from leaderboard.core.errors import DomainError
-from leaderboard.ingest.services import api_client_create
 from leaderboard.models import ApiClient
 
 

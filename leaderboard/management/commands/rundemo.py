@@ -24,16 +24,16 @@ from django.utils import timezone
 
 from audit.services import Actor
 from config import embedded_redis
+from leaderboard.api_clients import api_client_create
 from leaderboard.core.humanize import instant_text
 from leaderboard.core.lifecycle import SeasonState
-from leaderboard.ingest.services import api_client_create
 from leaderboard.ledger_databases import ledger_aliases_configured
 from leaderboard.management.commands.simulate_matches import TOKEN_ENV
 from leaderboard.simulation import player_ids
 from seasons.models import Season
 from seasons.selectors import season_get
 from seasons.services import season_create
-from seasons.staff_services import staff_user_create
+from seasons.staff.accounts.services import staff_user_create
 
 DEMO_ACTOR = Actor(kind="system", id="", label="manage.py rundemo")
 # One account per role, and a second approver so the two-person flows (FINAL approval,

@@ -13,15 +13,11 @@ import redis
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.checksum import checksum_of
 from leaderboard.core.partitions import Watermark
-from leaderboard.core.ranking import ranked, ranked_values
-from leaderboard.core.shared_index import (
-    entry_player,
-)
+from leaderboard.core.ranking import ranked_values
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import (
     FirstReached,
     IndexValue,
-    index_value,
     value_token,
 )
 from leaderboard.views.rankview.fence import (
@@ -52,6 +48,7 @@ from leaderboard.views.rankview.shared import (
     lookup_seen,
     seen_card_call,
     window_call,
+    window_values,
 )
 from leaderboard.views.rankview.wire import _script_call, nodes_round_trip, round_trip
 
@@ -504,13 +501,8 @@ def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board
                                          hidden=keys.hidden(meta.index, meta.side, layout_id, bucket, board,
                                                             groups=meta.groups),
                                          start=0, count=take) for bucket, take in plan]) if plan else []
-    if meta.ties is None:
-        pairs = [(entry_player(m.decode()), -int(float(s)))
-                 for reply in replies for m, s in zip(reply[::2], reply[1::2], strict=True)]
-        return [entry.as_dict() for entry in ranked(pairs)]
-    values = [(entry_player(m.decode()), index_value(meta.layout, meta.ties, bucket, float(s)))
-              for (bucket, _), reply in zip(plan, replies, strict=True)
-              for m, s in zip(reply[::2], reply[1::2], strict=True)]
+    values = [value for (bucket, _), reply in zip(plan, replies, strict=True)
+              for value in window_values(reply, layout=meta.layout, ties=meta.ties, bucket=bucket)]
     return [entry.as_dict() for entry in ranked_values(values)]
 
 
@@ -524,8 +516,7 @@ def bucket_values_scan(r: redis.Redis, keys: Keys, index: str, layout: BucketLay
     start = 0
     while True:
         (reply,) = round_trip(r, [window_call(bucket=key, hidden=hidden, start=start, count=batch)])
-        for at in range(0, len(reply), 2):
-            yield entry_player(reply[at].decode()), index_value(layout, ties, bucket, float(reply[at + 1]))
+        yield from window_values(reply, layout=layout, ties=ties, bucket=bucket)
         if len(reply) < 2 * batch:
             return
         start += batch

@@ -13,12 +13,11 @@ from django.conf import settings
 from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
 from leaderboard.core.manifest import Manifest, lookup_shards_for
 from leaderboard.core.ranking import Entry, ranked, ranked_values
-from leaderboard.core.shared_index import entry_name, entry_player
+from leaderboard.core.shared_index import entry_name
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import (
     IndexValue,
     index_key,
-    index_value,
     lookup_value,
     value_score,
 )
@@ -41,7 +40,7 @@ from leaderboard.views.rankview.manifests import (
     manifest_get,
     pointer_get,
 )
-from leaderboard.views.rankview.shared import ahead_call, lookup_seen, place_call, window_call
+from leaderboard.views.rankview.shared import ahead_call, lookup_seen, place_call, window_call, window_values
 from leaderboard.views.rankview.wire import round_trip
 
 # ------------------------------------------------------------------------------ reads
@@ -99,14 +98,9 @@ def _window_values(manifest: Manifest, reads: list[tuple[int, int, int]], replie
                    ) -> list[tuple[str, IndexValue]]:
     """The (player_id, value) of window reads' replies (shared.window_call: entry names and
     sort keys, flat), one per read range."""
-    ties = manifest.ties
     out: list[tuple[str, IndexValue]] = []
     for (bucket, _, _), reply in zip(reads, replies, strict=True):
-        pairs = zip(reply[::2], reply[1::2], strict=True)
-        if ties is None:
-            out += [(entry_player(m.decode()), -int(float(s))) for m, s in pairs]
-        else:
-            out += [(entry_player(m.decode()), index_value(manifest.layout, ties, bucket, float(s))) for m, s in pairs]
+        out += window_values(reply, layout=manifest.layout, ties=manifest.ties, bucket=bucket)
     return out
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.shared_index import (
     ADD,
     HIDDEN_KEY_DIGITS,
@@ -32,6 +33,7 @@ from leaderboard.core.shared_index import (
     hidden_member,
     lookup_decode,
 )
+from leaderboard.core.tiebreak import FirstReached, IndexValue, index_value
 from leaderboard.views.rankview.fence import GroupOp
 from leaderboard.views.rankview.wire import _script_call
 
@@ -220,3 +222,10 @@ def window_entries(reply: list[Any]) -> list[tuple[str, float]]:
     """A window read's reply as (player_id, sorted-set key) in order: entry names back to
     their players."""
     return [(entry_player(reply[i].decode()), float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def window_values(reply: list[Any], *, layout: BucketLayout, ties: FirstReached | None,
+                  bucket: int) -> list[tuple[str, IndexValue]]:
+    """A window read's reply from `bucket` as (player_id, value) in display order: the one
+    decoder of the index's entries (scores, or first_reached (score, reached_ms))."""
+    return [(player, index_value(layout, ties, bucket, key)) for player, key in window_entries(reply)]

@@ -10,7 +10,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import Actor
-from seasons.staff_services import ROLES, StaffError, staff_user_create
+from seasons.staff.accounts.services import ROLES, staff_user_create
+from seasons.staff.common import StaffError
 
 PASSWORD_ENV = "STAFF_PASSWORD"
 

@@ -20,7 +20,7 @@ from seasons.services import (
     season_seal_ingest,
     season_transition,
 )
-from seasons.staff_services import ROLE_PERMISSIONS, staff_role_of
+from seasons.staff.accounts.services import ROLE_PERMISSIONS, staff_role_of
 
 ACTIONS = ("open", "close", "seal", "candidate", "propose", "approve", "reject")
 # The states in which an action's step is already taken.

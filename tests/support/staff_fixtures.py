@@ -1,4 +1,4 @@
-"""Fixtures of the staff console tests, loaded by `pytest_plugins = ["tests.staff_fixtures"]`
+"""Fixtures of the staff console tests, loaded by `pytest_plugins = ["tests.support.staff_fixtures"]`
 (a plugin module, so pytest rewrites its asserts; nothing imports it directly)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from seasons.staff_services import staff_user_create
-from tests.staff_support import PASSWORD
+from seasons.staff.accounts.services import staff_user_create
 from tests.support import TEST_ACTOR
+from tests.support.staff_console import PASSWORD
 
 _names = itertools.count(1)
 

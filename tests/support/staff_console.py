@@ -1,5 +1,5 @@
 """Helpers of the staff console tests: actors, reading the audit trail and flash messages,
-and the append-only trigger (fixtures are in tests/staff_fixtures.py)."""
+and the append-only trigger (fixtures are in tests/support/staff_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.test import Client
 from audit.models import AuditEntry
 from audit.services import Actor
 from seasons.models import Season
-from seasons.staff_services import staff_actor
+from seasons.staff.common import staff_actor
 
 PASSWORD = "staff-test-password-1"
 

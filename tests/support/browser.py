@@ -15,7 +15,9 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.failure import ROOT
+from tests.support.processes import process_stop
+
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags Chromium keeps dialling out, and this machine's
 # closed network refuses it.
@@ -73,12 +75,7 @@ def asgi_server(**extra_env: str) -> Iterator[str]:
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process_stop(process)
 
 
 async def shot(page: Any, name: str) -> None:

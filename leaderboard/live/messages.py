@@ -1,0 +1,108 @@
+"""What a socket is sent besides the rounds' versions: its snapshot, read for it alone on
+connect and on request (`snapshot_read`, `snapshot_message`), and "unavailable" with the
+running recovery's progress (`unavailable_message`, `unavailable_text`).
+
+Apart from the hub because these are one socket's reads, through the API's reader and
+the database, mostly sent by its consumer (live.consumers); the hub only sends the
+unavailable notice to all of a season's sockets when its views are lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from channels.db import database_sync_to_async
+
+from leaderboard.core.live import TOP_LIMIT, Subscription, board_fields, player_payload, recovery_payload
+from leaderboard.core.manifest import Manifest
+from leaderboard.live.players import PlayerRead
+from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
+from leaderboard.views import rankview
+from leaderboard.views.selectors import leaderboard_reader, read_unavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    manifest: Manifest
+    top: list[dict[str, Any]]
+    player: PlayerRead | None
+
+
+def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | None:
+    """The current version for one socket (on connect and on request); None: unavailable.
+
+    Top and player come from the one manifest the reader chose: the top 100 lives in it.
+    A regional subscription reads that region's board of the version; a version without
+    it (the consumer checked the season has the region) has nothing to show either.
+    """
+    reader = leaderboard_reader(season_slug=season_slug, region=subscription.region)
+    try:
+        if subscription.player_id is None:
+            manifest, top = reader.top(TOP_LIMIT)
+            return Snapshot(manifest=manifest, top=top, player=None)
+        manifest, me, window = reader.neighbors(subscription.player_id, subscription.radius)
+        return Snapshot(manifest=manifest, top=manifest.top[:TOP_LIMIT],
+                        player=PlayerRead(entry=me, window=tuple(window), radius=subscription.radius))
+    except (rankview.Unavailable, rankview.UnknownRegion):
+        return None
+
+
+def snapshot_message(season_slug: str, state: str | None, final_version: int | None, snapshot: Snapshot,
+                     subscription: Subscription) -> dict[str, Any]:
+    manifest = snapshot.manifest
+    message: dict[str, Any] = {
+        "type": "snapshot", "season_id": season_slug, **board_fields(manifest.board), "state": state,
+        "final_version": final_version,
+        "leaderboard_version": manifest.version, "as_of": manifest.as_of, "total_players": manifest.total,
+        "top": snapshot.top,
+    }
+    if subscription.player_id is not None and snapshot.player is not None:
+        message["player"] = player_payload(subscription.player_id, snapshot.player.entry,
+                                           snapshot.player.window, subscription.radius)
+    return message
+
+
+def unavailable_message(season_slug: str, state: str | None, final_version: int | None,
+                        recovery: dict[str, Any] | None = None, *, region: str | None = None) -> dict[str, Any]:
+    """The read API's 503 body as a socket message: the same reason and retry_after, and
+    the progress of the season's recovery while one runs (`recovery_payload`), else null."""
+    refusal = read_unavailable()
+    return {
+        "type": refusal.code, "season_id": season_slug, **board_fields(region or ""), "state": state,
+        "final_version": final_version,
+        "retry_after": refusal.retry_after,
+        "detail": f"{refusal.detail}; the next published version is pushed to this socket",
+        "recovery": recovery,
+    }
+
+
+def recovery_progress(season_slug: str) -> dict[str, Any] | None:
+    """The progress of the season's running recovery (a RebuildJob of kind recovery that
+    is queued, building or comparing), as the console shows it; None when none runs."""
+    row = (
+        RebuildJob.objects
+        .filter(season__slug=season_slug, kind=RebuildJob.Kind.RECOVERY, status__in=ACTIVE_REBUILD_STATUSES)
+        .values_list("status", "done", "total", "eta_seconds")
+        .first()
+    )
+    if row is None:
+        return None
+    status, done, total, eta_seconds = row
+    return recovery_payload(status=status, done=done, total=total, eta_seconds=eta_seconds)
+
+
+async def unavailable_text(season_slug: str, state: str | None, final_version: int | None, *,
+                           region: str | None = None) -> str:
+    """The unavailable message, serialized, with the running recovery's progress (null
+    when none runs, or when the database cannot say: the notice matters more)."""
+    try:
+        progress = await database_sync_to_async(recovery_progress)(season_slug)
+    except Exception:
+        log.warning("live: recovery progress of %s could not be read", season_slug, exc_info=True)
+        progress = None
+    return orjson.dumps(unavailable_message(season_slug, state, final_version, progress, region=region)).decode()
