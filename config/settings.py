@@ -217,6 +217,11 @@ EPOCH_PART_CLAIM_SECONDS = env_float("EPOCH_PART_CLAIM_SECONDS", 0.25, minimum=0
 # A part whose runner is alive but has not reported after this long stops its epoch: the
 # next lease holder resumes it (the stuck runner's writes are fenced out by its token).
 EPOCH_PART_TIMEOUT_SECONDS = env_float("EPOCH_PART_TIMEOUT_SECONDS", 10.0, minimum=0.5)
+# A coordinator whose epoch makes no progress for this long (a Redis or PostgreSQL call
+# that does not return) stops renewing its lease, so another worker takes the season one
+# lease (EPOCH_LEASE_SECONDS) later: at most 6 + 2 = 8 s by default. A copy's build renews
+# with each batch, under its own longer lease (30 s).
+EPOCH_STALL_SECONDS = env_float("EPOCH_STALL_SECONDS", 6.0, minimum=0.5)
 # The ASGI server answers the public read URLs before Django (leaderboard/api/fastpath.py)
 # with READ_THREADS threads per process; false sends them through Django's views.
 READ_FAST_PATH = env_bool("READ_FAST_PATH", True)

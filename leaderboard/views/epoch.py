@@ -161,7 +161,8 @@ def season_epoch_run(*, season: Season, r: redis.Redis | None = None, catch_up: 
     started = time.monotonic()
     results: list[EpochResult] = []
     for attempt in (1, 2):
-        keeper = rankview.LeaseKeeper(r, keys, token, ttl_ms=ttl_ms, max_seconds=LEASE_KEEP_MAX_SECONDS)
+        keeper = rankview.LeaseKeeper(r, keys, token, ttl_ms=ttl_ms, max_seconds=LEASE_KEEP_MAX_SECONDS,
+                                      stall_seconds=settings.EPOCH_STALL_SECONDS)
         try:
             keeper.start()
             return _epochs_held(season=season, r=r, keys=keys, token=token, keeper=keeper, catch_up=catch_up,
@@ -192,6 +193,7 @@ def _epochs_held(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: 
     an epoch's apply; one out of a catch-up ends the run (the next holder's newer token
     fences the lost runner out before the next apply)."""
     while True:
+        keeper.progress()
         run = _epoch(season=season, r=r, keys=keys, token=token, keeper=keeper)
         lost = False
         if catch_up and run.status == "published":

@@ -164,10 +164,13 @@ def _runner_id() -> str:
 # ------------------------------------------------------------------------- a part
 
 
-def part_run(spec: PartSpec, *, r: redis.Redis | None = None, runner: str | None = None) -> PartReport | None:
+def part_run(spec: PartSpec, *, r: redis.Redis | None = None, runner: str | None = None,
+             progress: Callable[[], None] | None = None) -> PartReport | None:
     """Run one part if nobody runs or ran it: claim it, read its rows, write them, report.
     Returns its report (the earlier one when it already ran), or None when another runner
-    holds it or its apply is gone (a newer generation of the copy, another lease holder)."""
+    holds it or its apply is gone (a newer generation of the copy, another lease holder).
+    `progress`: told as the apply gets on, besides the claim (the coordinator's lease
+    keeper, when it runs the part itself)."""
     r = r or rankview_redis()
     season = Season.objects.filter(pk=spec.season_id).first()
     if season is None:
@@ -190,10 +193,10 @@ def part_run(spec: PartSpec, *, r: redis.Redis | None = None, runner: str | None
         # landed, which a first application's reply checks would take for a broken index.
         spec = replace(spec, resume=True)
     try:
-        with _claim_kept(r, claim, runner, ttl_ms) as progress:
+        with _claim_kept(r, claim, runner, ttl_ms, also=progress) as kept:
             if not _apply_live(r, keys, spec):
                 return None
-            report = _part_apply(season, r, keys, spec, progress=progress.tick)
+            report = _part_apply(season, r, keys, spec, progress=kept.tick)
             report.runner = runner
             _report_store(r, keys, spec, report)
             return report
@@ -215,19 +218,23 @@ class _Progress:
     """How far a part got: ticked by its apply (rows read, planned, each round trip of
     writes landed), carried into its claim by the keeper."""
 
-    def __init__(self) -> None:
+    def __init__(self, also: Callable[[], None] | None = None) -> None:
         self.count = 0
+        self.also = also
 
     def tick(self) -> None:
         self.count += 1
+        if self.also is not None:
+            self.also()
 
 
 @contextlib.contextmanager
-def _claim_kept(r: redis.Redis, claim: str, runner: str, ttl_ms: int) -> Iterator[_Progress]:
+def _claim_kept(r: redis.Redis, claim: str, runner: str, ttl_ms: int, *,
+                also: Callable[[], None] | None = None) -> Iterator[_Progress]:
     """Renew the part's claim every third of its TTL while the part runs, with its progress:
     a dead runner's claim lapses within one TTL, a stuck one's stops moving."""
     stop = threading.Event()
-    progress = _Progress()
+    progress = _Progress(also)
 
     def keep() -> None:
         while not stop.wait(ttl_ms / 3000):
@@ -385,8 +392,10 @@ def _parts_wait(r: redis.Redis, keys: rankview.Keys, specs: list[PartSpec],
     me = _runner_id()
     pending = list(reversed(specs))  # the last sent is the last a worker takes: stolen first
     while len(reports) < len(specs):
-        if keeper is not None and keeper.lost:
-            raise rankview.FenceLost(f"season {keys.season}: the lease was lost while its parts ran")
+        if keeper is not None:
+            if keeper.lost:
+                raise rankview.FenceLost(f"season {keys.season}: the lease was lost while its parts ran")
+            keeper.progress()  # a stuck part is this loop's to find (EPOCH_PART_TIMEOUT_SECONDS)
         for spec in pending:
             if spec.part in reports:
                 continue
@@ -416,7 +425,7 @@ def _parts_wait(r: redis.Redis, keys: rankview.Keys, specs: list[PartSpec],
                 # One part (the coordinator applies the range itself), or unclaimed for too
                 # long (no free worker): run it here.
                 seen_claimed.pop(spec.part, None)
-                report = part_run(spec, r=r, runner=me)
+                report = part_run(spec, r=r, runner=me, progress=keeper.progress if keeper is not None else None)
                 if report is not None:
                     reports[spec.part] = report
                 elif not _apply_live(r, keys, spec):

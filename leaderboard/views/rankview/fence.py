@@ -121,19 +121,29 @@ class LeaseKeeper:
     lease that can outlast one TTL (an epoch, a rebuild's comparison, a recovery's
     reconciliation): the TTL can then be short, so a dead holder is replaced quickly.
 
-    A dead process stops renewing, so the lease still expires after one TTL; a live one
-    that hangs keeps it at most `max_seconds`. Fencing is unchanged: the renewal extends
-    the lease only while it still holds this token, a lost lease is never renewed again
-    (`lost`), and the holder's next fenced write raises FenceLost.
+    A dead process stops renewing, so the lease still expires after one TTL. A live one
+    whose work is stuck (a Redis or PostgreSQL call that does not return, a part that
+    hangs) would renew for ever from this thread: with `stall_seconds`, the work proves it
+    moves by calling `progress()` (each round trip landed, each wait of the parts, each
+    batch of a build), and the keeper stops renewing once it has not for that long, so the
+    season is free `stall_seconds` + one TTL after the work stopped. Without it, a live
+    holder keeps the lease at most `max_seconds`. Fencing is unchanged: the renewal
+    extends the lease only while it still holds this token, a lost lease is never renewed
+    again (`lost`), and the holder's next fenced write raises FenceLost, so the stuck
+    holder writes nothing once it wakes.
     """
 
-    def __init__(self, r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int, max_seconds: float):
+    def __init__(self, r: redis.Redis, keys: Keys, token: int, *, ttl_ms: int, max_seconds: float,
+                 stall_seconds: float | None = None):
         self.r, self.keys, self.token, self.ttl_ms = r, keys, token, ttl_ms
         self.base_ttl_ms = ttl_ms
         self.deadline = time.monotonic() + max_seconds
         self.lost = False
         # When the lease was last known held and for how long (it was acquired just before).
         self.renewed_at, self.renewed_ttl_ms = time.monotonic(), ttl_ms
+        self.stall_seconds = stall_seconds
+        self.progressed_at = time.monotonic()
+        self.stalled = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{keys.season}", daemon=True)
 
@@ -151,8 +161,12 @@ class LeaseKeeper:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def progress(self) -> None:
+        """The work under the lease got on (called from its thread; a float store, no I/O)."""
+        self.progressed_at = time.monotonic()
+
     def renew(self) -> None:
-        """Renew now, from the caller's thread: a long job's own loop proves it progresses
+        """Renew now, from the caller's thread (which is progress): a long job's own loop proves it progresses
         (the keeper's renewals only that its process lives). FenceLost once the lease is lost.
 
         A transient Redis error is tolerated as the keeper thread tolerates it, while the
@@ -160,7 +174,7 @@ class LeaseKeeper:
         it over): the next call tries again. Past that it raises: the lease may be lost."""
         if self.lost:
             raise FenceLost(f"season {self.keys.season}: lease {self.token} lost (expired or taken over)")
-        started = time.monotonic()
+        started = self.progressed_at = time.monotonic()
         try:
             held = lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms)
         except REDIS_ERRORS:
@@ -200,6 +214,16 @@ class LeaseKeeper:
     def _run(self) -> None:
         while not self._stop.wait(self.base_ttl_ms / 3000) and time.monotonic() < self.deadline:
             started = time.monotonic()
+            if self.stall_seconds is not None and started - self.progressed_at > self.stall_seconds:
+                # Renewing now would keep the season for work that does not move; left to
+                # expire, it goes to another worker within one TTL. Work that moves again
+                # before then (a long single call that returned) is renewed again.
+                if not self.stalled:
+                    log.warning("season %s: the work under lease %s made no progress for %.1f s; the lease is "
+                                "left to expire", self.keys.season, self.token, started - self.progressed_at)
+                self.stalled = True
+                continue
+            self.stalled = False
             try:
                 if not lease_renew(self.r, self.keys, self.token, ttl_ms=self.ttl_ms):
                     self.lost = True
