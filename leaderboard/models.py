@@ -176,6 +176,10 @@ class StreamHead(models.Model):
     season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+", db_constraint=False)
     partition = models.PositiveSmallIntegerField(default=0)
     head = models.BigIntegerField(default=0)
+    # The version an epoch fixed its range for, in the same statement that read `head` as
+    # the range's end: every number handed out after it is in a later version. A writer
+    # reads it with the row locked, so the `pending_version` it answers is exact.
+    planned_version = models.BigIntegerField(default=0, db_default=0)  # raw inserts leave it out
 
 
 class LedgerEventClaim(models.Model):

@@ -18,7 +18,15 @@ from django.db import DatabaseError, connection, connections, transaction
 from leaderboard.core.ledger import BatchPlan, LedgerRow, PlayerState, RecordedEvent
 from leaderboard.core.partitions import TXID_PARTITION_SHIFT, layout_partition
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias
-from leaderboard.models import LateResult, PlayerProfile, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
+from leaderboard.models import (
+    LateResult,
+    PlayerProfile,
+    PlayerScore,
+    ScoreChange,
+    ScoreEvent,
+    ScoreEventConflict,
+    StreamHead,
+)
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -353,6 +361,55 @@ def stream_numbers_take(*, season_id: int, partitions: Iterable[int], using: str
         cursor.execute(f"WITH {_HEADS_TAKE} SELECT partition, head FROM head",
                        {"season": season_id, "parts": _int_array(ids)})
         return dict(cursor.fetchall())
+
+
+def stream_planned_lock(*, season_id: int, partitions: Iterable[int], using: str) -> int:
+    """The newest version an epoch has fixed its range for in any of these partitions (0:
+    none), with their stream heads locked until the batch commits (created if missing,
+    with no number handed out). An epoch fixes its range on the same rows
+    (`stream_range_plan`), so it either waits for this batch, whose changes are then in
+    its version, or went first, and they are in the version after it: the batch's
+    `pending_version` is max(published, planned) + 1, exactly. On SQLite writers and the
+    epoch's plan are serialized by the database's write lock."""
+    ids = sorted(set(partitions))
+    if not ids:
+        return 0
+    if not is_postgres(using=using):
+        planned = StreamHead.objects.using(using).filter(season_id=season_id, partition__in=ids)
+        return max(planned.values_list("planned_version", flat=True), default=0)
+    with connections[using].cursor() as cursor:
+        cursor.execute(_PLANNED_LOCK, {"season": season_id, "parts": _int_array(ids)})
+        return max((row[0] for row in cursor.fetchall()), default=0)
+
+
+# The heads locked in ascending partition order, as the partitions' advisory locks are.
+_PLANNED_LOCK = """
+INSERT INTO leaderboard_streamhead (season_id, partition, head, planned_version)
+SELECT %(season)s, p, p::bigint << 48, 0 FROM unnest(%(parts)s::int[]) AS u(p)
+ON CONFLICT (season_id, partition) DO UPDATE SET head = leaderboard_streamhead.head
+RETURNING planned_version
+"""
+
+
+def stream_range_plan(*, season_id: int, partitions: Iterable[int], version: int, using: str) -> dict[int, int]:
+    """Mark `version` as planned on these partitions' stream heads and return each head in
+    the same statement: the end of the version's range. A writer holding a head's row
+    lock is waited for, and one after it reads the mark (`stream_planned_lock`)."""
+    ids = sorted(set(partitions))
+    if not ids:
+        return {}
+    with connections[using].cursor() as cursor:
+        cursor.execute(_RANGE_PLAN, {"season": season_id, "parts": _int_array(ids), "version": version})
+        return dict(cursor.fetchall())
+
+
+_RANGE_PLAN = """
+INSERT INTO leaderboard_streamhead (season_id, partition, head, planned_version)
+SELECT %(season)s, p, p::bigint << 48, %(version)s FROM unnest(%(parts)s::int[]) AS u(p)
+ON CONFLICT (season_id, partition) DO UPDATE
+    SET planned_version = GREATEST(leaderboard_streamhead.planned_version, EXCLUDED.planned_version)
+RETURNING partition, head
+"""
 
 
 # Partition p's first number is p << 48 | 1 (core.partitions): partition 0's are the plain

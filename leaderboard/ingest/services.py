@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError
+from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_log
@@ -25,21 +25,23 @@ from leaderboard.core.ledger import (
     batch_plan,
 )
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
-from leaderboard.core.partitions import layout_partition
+from leaderboard.core.partitions import Watermark, layout_partition, stream_heads_watermark
 from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import reached_rejection
 from leaderboard.ingest import ledger_store
+from leaderboard.ingest.selectors import MAX_CURSOR_ID, stream_committed_watermark
 from leaderboard.ingest.signals import batch_committed_on_commit
 from leaderboard.ledger_databases import (
     DEFAULT_ALIAS,
     ledger_alias,
+    ledger_alias_by_id,
     ledger_aliases,
     ledger_atomic,
     ledger_write_unnested_check,
     season_ledger_alias,
     season_ledger_is_split,
 )
-from leaderboard.models import ApiClient, ScoreChange
+from leaderboard.models import ApiClient, ScoreChange, StreamHead
 from seasons.models import FinalCorrection, Season
 
 log = logging.getLogger(__name__)
@@ -232,6 +234,7 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
         # so the state that admits these events is the one they commit against.
         row, partitions = _partitions_lock(season=season, events=events, using=using)
         state, starts_at, cutoff, published, tie_break, season_regions = row
+        planned = ledger_store.stream_planned_lock(season_id=season.pk, partitions=partitions.values(), using=using)
         first_reached = tie_break == TIE_BREAK_FIRST_REACHED
         recorded = ledger_store.recorded_events_fetch(
             season_id=season.pk, event_ids=(e.event_id for e in events), using=using,
@@ -255,7 +258,9 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
             recorded=recorded,
             current=current,
             rejection=rejection,
-            pending_version=published + 1,
+            # The first version whose range can hold these changes: an epoch that fixed
+            # its range before this batch (`planned`) leaves them to the version after.
+            pending_version=max(published, planned) + 1,
             digests=digests,
             reached_orders=first_reached,
             staff=actor is not None,
@@ -289,6 +294,33 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
         outcomes = [(o.status, o.reason) for o in [*plan.outcomes, *refused.outcomes]]
         batch_committed_on_commit(season_slug=season.slug, outcomes=outcomes, using=DEFAULT_ALIAS)
     return plan, published
+
+
+def season_version_range_plan(*, season: Season, version: int) -> Watermark:
+    """The end of `version`'s range in the season's change stream, fixed for the epoch that
+    publishes it: each partition's head read in the statement that marks `version` planned
+    on it (ledger_store.stream_range_plan), so a batch committing after it answers the
+    version after (`pending_version` exact). The current layout's partitions only: an
+    older layout's take no writes (stream_committed_watermark reads their heads)."""
+    partitions = range(season.partition_base, season.partition_base + season.partitions)
+    if not ledger_store.is_postgres(using=DEFAULT_ALIAS):
+        # SQLite: the database's write lock (BEGIN IMMEDIATE) orders the mark, the read
+        # of the last change and every writer.
+        with transaction.atomic():
+            for partition in partitions:
+                head, _ = StreamHead.objects.get_or_create(season_id=season.pk, partition=partition)
+                if head.planned_version < version:
+                    StreamHead.objects.filter(pk=head.pk).update(planned_version=version)
+            return stream_committed_watermark(season_id=season.pk)
+    by_alias: dict[str, list[int]] = {}
+    for partition in partitions:
+        by_alias.setdefault(ledger_alias_by_id(season_id=season.pk, partition=partition), []).append(partition)
+    heads: dict[int, int] = {}
+    for alias, ids in by_alias.items():
+        with transaction.atomic(using=alias):
+            heads.update(ledger_store.stream_range_plan(season_id=season.pk, partitions=ids, version=version,
+                                                        using=alias))
+    return stream_heads_watermark(heads, last_id=MAX_CURSOR_ID)
 
 
 def _client_actor(client: ApiClient | None) -> Actor:

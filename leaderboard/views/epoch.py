@@ -34,6 +34,7 @@ from leaderboard.ingest.selectors import (
     stream_changes_between,
     stream_committed_watermark,
 )
+from leaderboard.ingest.services import season_version_range_plan
 from leaderboard.ledger_reads import ledger_rows_list
 from leaderboard.metrics.counters import metrics_epoch_observe
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
@@ -389,6 +390,10 @@ def _epoch(*, season: Season, r: redis.Redis, keys: rankview.Keys, token: int,
             return EpochResult(status="idle", version=current.version)
         # Nothing new, but the pointer is older than a version the database recorded
         # (Redis restarted from an old snapshot): publish above it, never serve it for long.
+    # The range's end fixed for the version this epoch publishes: a batch committing from
+    # here on is told the version after, as its changes will be in it.
+    upto = upto.merge(season_version_range_plan(
+        season=season, version=max(current_version or 0, season.published_version) + 1))
 
     renamed: list[str] | None = None  # the copies of a new index, named when it is published
     fresh_before: int | None = None  # changed players the new index's build already holds
