@@ -226,6 +226,10 @@ EPOCH_STALL_SECONDS = env_float("EPOCH_STALL_SECONDS", 6.0, minimum=0.5)
 # with READ_THREADS threads per process; false sends them through Django's views.
 READ_FAST_PATH = env_bool("READ_FAST_PATH", True)
 READ_THREADS = env_int("READ_THREADS", 8, minimum=1)
+# A public read (and its rate limit) waits this long for each Redis reply: a Redis that
+# hangs instead of refusing costs a read at most about twice this, then it answers 503,
+# while the views' other clients keep the longer SOCKET_TIMEOUT (leaderboard/redis_client.py).
+READ_REDIS_TIMEOUT_SECONDS = env_float("READ_REDIS_TIMEOUT_SECONDS", 1.0, minimum=0.05)
 if COPY_GRACE_SECONDS <= READ_DEADLINE_SECONDS:
     raise ConfigError("COPY_GRACE_SECONDS must be longer than READ_DEADLINE_SECONDS")
 # Ingest is sealed automatically this long after the cutoff (staff can seal earlier);

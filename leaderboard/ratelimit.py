@@ -26,7 +26,7 @@ from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from leaderboard.api.errors import ApiError
-from leaderboard.redis_client import redis_cluster_of, redis_get
+from leaderboard.redis_client import redis_cluster_of, redis_get, redis_reads_get
 from leaderboard.redis_errors import REDIS_OUTAGES
 from leaderboard.views.rankview import round_trip
 
@@ -76,15 +76,15 @@ def _key(kind: str, name: str) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:rl:{kind}:{digest}"
 
 
-def rate_take(*, kind: str, name: str, rate: Rate | None) -> float:
+def rate_take(*, kind: str, name: str, rate: Rate | None, r: redis.Redis | None = None) -> float:
     """Take one token from the bucket `kind`/`name`: 0.0 when taken, else the seconds to
-    wait. No limit (rate None) or Redis unreachable: 0.0."""
+    wait. No limit (rate None) or Redis unreachable: 0.0. `r`: the client (redis_get())."""
     if rate is None:
         return 0.0
     per_second, size = rate
     key = _key(kind, name)
     try:
-        reply = _take(redis_get(), key, per_second, size)
+        reply = _take(r or redis_get(), key, per_second, size)
     except REDIS_OUTAGES:  # the read's own Redis call then answers the outage (503)
         log.warning("rate limit %s not checked: Redis unreachable", kind)
         return 0.0
@@ -101,7 +101,7 @@ def rate_limited(*, retry_after: float, detail: str) -> ApiError:
 
 def read_rate_check(*, address: str) -> None:
     """A public read from `address`: raises the 429 when its bucket is empty."""
-    wait = rate_take(kind="read", name=address, rate=settings.READ_RATE_LIMIT)
+    wait = rate_take(kind="read", name=address, rate=settings.READ_RATE_LIMIT, r=redis_reads_get())
     if wait:
         raise rate_limited(retry_after=wait, detail="too many reads from this address; retry after the given seconds")
 

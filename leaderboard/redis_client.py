@@ -31,7 +31,29 @@ def redis_get() -> redis.Redis:
     )
 
 
-def _cluster_connect(url: str) -> redis.RedisCluster:
+def redis_reads_get() -> redis.Redis:
+    """The client the public reads and their rate limit use: `redis_get()`'s, with replies
+    awaited READ_REDIS_TIMEOUT_SECONDS instead of SOCKET_TIMEOUT, so a Redis that stops
+    answering turns a read into a 503 in about a second instead of holding a read thread
+    (and every request queued behind it) for five. Each reading thread keeps one
+    connection of its own (rankview.wire), so a hang holds no more connections than
+    there are read threads. Made once per `redis_get()` client and kept on it, so that
+    whatever replaces that client (`redis_get.cache_clear()`) replaces this one too."""
+    base = redis_get()
+    reads: redis.Redis | None = getattr(base, "_lb_reads", None)
+    if reads is None:
+        timeout = settings.READ_REDIS_TIMEOUT_SECONDS
+        if settings.REDIS_CLUSTER:
+            reads = cast(redis.Redis, _cluster_connect(settings.REDIS_URL, socket_timeout=timeout))
+        else:
+            reads = redis.Redis.from_url(
+                settings.REDIS_URL, socket_timeout=timeout,
+                socket_connect_timeout=min(timeout, SOCKET_CONNECT_TIMEOUT), health_check_interval=30)
+        base._lb_reads = reads  # type: ignore[attr-defined]
+    return reads
+
+
+def _cluster_connect(url: str, *, socket_timeout: float = SOCKET_TIMEOUT) -> redis.RedisCluster:
     parts = urlsplit(url)
     if parts.scheme not in {"redis", "rediss"} or parts.path.strip("/") not in {"", "0"}:
         raise ImproperlyConfigured(
@@ -41,7 +63,7 @@ def _cluster_connect(url: str) -> redis.RedisCluster:
         # health_check_interval is not among the options a cluster client passes to its
         # node connections; a broken one is replaced when a command fails on it.
         return _OutageRaisingCluster.from_url(
-            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_CONNECT_TIMEOUT
+            url, socket_timeout=socket_timeout, socket_connect_timeout=min(socket_timeout, SOCKET_CONNECT_TIMEOUT)
         )
     except RedisClusterException as exc:
         if not cluster_unreachable(exc):

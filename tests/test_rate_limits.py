@@ -85,7 +85,7 @@ def test_the_forwarded_address_counts_only_behind_a_tls_proxy(settings: Any) -> 
 def test_the_limit_fails_open_when_redis_is_unreachable(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     settings.READ_RATE_LIMIT = (1.0, 1)
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
-    monkeypatch.setattr(ratelimit, "redis_get", lambda: dead)
+    monkeypatch.setattr(ratelimit, "redis_reads_get", lambda: dead)
     for _ in range(3):
         ratelimit.read_rate_check(address="10.0.0.1")
 

@@ -137,10 +137,21 @@ OUTAGES: tuple[type[Exception], ...] = (*REDIS_OUTAGES, db.OperationalError, db.
 OUTAGE_RETRY_AFTER_SECONDS = 5
 
 
-def outage_error(exc: Exception) -> ApiError:
-    """The 503 for a request that met an outage (one of OUTAGES): retry after a few seconds."""
-    which = "redis" if isinstance(exc, REDIS_OUTAGES) else "database"
-    log.warning("%s unreachable: %s: %s", which, exc.__class__.__name__, exc)
+def reads_saturated() -> ApiError:
+    """The 503 of a read the process does not take on: as many reads as it may hold are
+    running or queued (api.fastpath.QUEUED_PER_THREAD), most likely behind a dependency
+    that does not answer."""
+    return ApiError(status_code=status.HTTP_503_SERVICE_UNAVAILABLE, code="unavailable",
+                    detail="too many reads are waiting on this server; retry shortly",
+                    extra={"retry_after": 1}, headers={"Retry-After": "1"})
+
+
+def outage_error(exc: Exception | None) -> ApiError:
+    """The 503 for a request that met an outage (one of OUTAGES; None: one met just before,
+    not tried again): retry after a few seconds."""
+    if exc is not None:
+        which = "redis" if isinstance(exc, REDIS_OUTAGES) else "database"
+        log.warning("%s unreachable: %s: %s", which, exc.__class__.__name__, exc)
     retry = OUTAGE_RETRY_AFTER_SECONDS
     return ApiError(status_code=status.HTTP_503_SERVICE_UNAVAILABLE, code="unavailable",
                     detail="the leaderboard's storage does not answer right now; retry shortly",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -28,7 +29,7 @@ from django.db import close_old_connections
 from django.http.request import split_domain_port, validate_host
 
 from leaderboard.api import reads
-from leaderboard.api.errors import OUTAGES, ApiError, api_error_body, outage_error
+from leaderboard.api.errors import OUTAGES, ApiError, api_error_body, outage_error, reads_saturated
 from leaderboard.ratelimit import read_rate_check, scope_address
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,29 @@ def _security_headers() -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def _answer(handler: Handler, match: re.Match[str], query: reads.Query, address: str) -> reads.Answer:
+class _Outage:
+    """Whether the process met an outage in the last moment: then reads answer 503 at once
+    instead of each waiting out its own timeout on a dependency that does not answer (and
+    the requests queued behind them waiting for those). A read is let through every
+    PROBE_SECONDS to find out, so the process is back within about that once it answers."""
+
+    PROBE_SECONDS = 1.0
+
+    def __init__(self) -> None:
+        self.until = 0.0
+
+    def open(self) -> bool:
+        return time.monotonic() < self.until
+
+    def met(self) -> None:
+        self.until = time.monotonic() + self.PROBE_SECONDS
+
+
+def _answer(outage: _Outage, handler: Handler, match: re.Match[str], query: reads.Query,
+            address: str) -> reads.Answer:
+    if outage.open():
+        error = outage_error(None)
+        return reads.Answer(error.status_code, api_error_body(error), error.headers)
     close_old_connections()
     try:
         read_rate_check(address=address)
@@ -86,10 +109,19 @@ def _answer(handler: Handler, match: re.Match[str], query: reads.Query, address:
     except ApiError as exc:
         return reads.Answer(exc.status_code, api_error_body(exc), exc.headers)
     except OUTAGES as exc:  # as DRF's exception handler does for the views
+        outage.met()
         error = outage_error(exc)
         return reads.Answer(error.status_code, api_error_body(error), error.headers)
     finally:
         close_old_connections()
+
+
+# Reads a process holds at once, per read thread, running or queued for one: past it a
+# read answers 503 at once. Normally a handful wait (a read takes about a millisecond); a
+# Redis that stops answering holds each thread up to READ_REDIS_TIMEOUT_SECONDS, and
+# without a bound every request arriving meanwhile would queue behind them, answered late
+# or after its client gave up, with the process's memory growing.
+QUEUED_PER_THREAD = 16
 
 
 class ReadFastPath:
@@ -97,6 +129,9 @@ class ReadFastPath:
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, threads: int = 8):
         self.app = app
+        self.in_flight = 0
+        self.in_flight_max = threads * QUEUED_PER_THREAD
+        self.outage = _Outage()
         self.routes = ROUTES + (_baseline_routes() if settings.BENCH_BASELINE else [])
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reads")
         self.headers = _security_headers()
@@ -130,11 +165,19 @@ class ReadFastPath:
         handler, match = routed
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
         loop = asyncio.get_running_loop()
-        try:
-            answer = await loop.run_in_executor(self.pool, _answer, handler, match, query, scope_address(scope))
-        except Exception:
-            log.exception("read %s failed", scope["path"])
-            answer = reads.Answer(500, {"error": "internal_error", "detail": "the read failed; retry"})
+        if self.in_flight >= self.in_flight_max:
+            error = reads_saturated()
+            answer = reads.Answer(error.status_code, api_error_body(error), error.headers)
+        else:
+            self.in_flight += 1
+            try:
+                answer = await loop.run_in_executor(self.pool, _answer, self.outage, handler, match, query,
+                                                    scope_address(scope))
+            except Exception:
+                log.exception("read %s failed", scope["path"])
+                answer = reads.Answer(500, {"error": "internal_error", "detail": "the read failed; retry"})
+            finally:
+                self.in_flight -= 1
         body = orjson.dumps(answer.body)
         headers = [*self.headers, (b"content-length", str(len(body)).encode())]
         headers += [(name.lower().encode(), value.encode()) for name, value in answer.headers.items()]

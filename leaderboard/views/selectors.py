@@ -10,7 +10,7 @@ from leaderboard.core.errors import ReadUnavailable, retry_after_seconds
 from leaderboard.core.ranking import Entry
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias_of_player
 from leaderboard.models import FriendList, PlayerScore
-from leaderboard.redis_client import redis_get
+from leaderboard.redis_client import redis_reads_get
 from leaderboard.views.rankview import RankReader
 from leaderboard.views.season_index import season_keys
 from seasons.models import Season
@@ -21,7 +21,7 @@ from seasons.models import Season
 def leaderboard_reader(*, season_slug: str, region: str | None = None) -> RankReader:
     """A reader of the season's global board, or with `region` of that region's board."""
     return RankReader(
-        redis_get(), season_keys(season_slug), deadline=settings.READ_DEADLINE_SECONDS,
+        redis_reads_get(), season_keys(season_slug), deadline=settings.READ_DEADLINE_SECONDS,
         region=region,
     )
 

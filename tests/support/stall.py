@@ -13,17 +13,24 @@ from collections.abc import Iterator
 
 
 class StallProxy:
-    def __init__(self, *, target_port: int, pattern: bytes, target_host: str = "127.0.0.1") -> None:
+    def __init__(self, *, target_port: int, pattern: bytes = b"", target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
         self.pattern = pattern
         self.stalled = threading.Event()  # set once a connection sent the pattern
+        self._all = threading.Event()  # every connection stalled: a server that hangs
         self._thawed = threading.Event()
+        self.accepted = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, name="stall-proxy", daemon=True).start()
+
+    def stall_all(self) -> None:
+        """Every connection, open or opened from now on, forwards nothing until `thaw()`: a
+        server that accepts connections and answers nothing (hung, or its host unreachable)."""
+        self._all.set()
 
     def thaw(self) -> None:
         """The stalled connection forwards again what it held, and everything after."""
@@ -52,6 +59,7 @@ class StallProxy:
                 continue
             with self._lock:
                 self._sockets += [client, server]
+                self.accepted += 1
             frozen = threading.Event()
             threading.Thread(target=self._pump, args=(client, server, frozen, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, frozen, False), daemon=True).start()
@@ -64,13 +72,13 @@ class StallProxy:
                 data = src.recv(65536)
                 if not data:
                     break
-                if watch and not self.stalled.is_set() and self.pattern in tail + data:
+                if watch and self.pattern and not self.stalled.is_set() and self.pattern in tail + data:
                     with self._lock:
                         if not self.stalled.is_set():  # only the first connection to send it
                             self.stalled.set()
                             frozen.set()
                 tail = (tail + data)[-keep:] if keep else b""
-                if frozen.is_set():
+                if frozen.is_set() or self._all.is_set():
                     self._thawed.wait()
                 dst.sendall(data)
         except OSError:
@@ -81,7 +89,7 @@ class StallProxy:
 
 
 @contextlib.contextmanager
-def stall_proxy(*, target_port: int, pattern: bytes) -> Iterator[StallProxy]:
+def stall_proxy(*, target_port: int, pattern: bytes = b"") -> Iterator[StallProxy]:
     proxy = StallProxy(target_port=target_port, pattern=pattern)
     try:
         yield proxy
