@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -199,16 +200,20 @@ def test_a_cluster_with_every_node_stopped_answers_503_on_both_read_paths(
                 assert response.json()["error"] == "unavailable", (path, url)
                 assert response.headers["Retry-After"], (path, url)
 
-        async def live_round() -> None:
-            # A stopped node's URL: the live boards' own (asyncio) client finds no node either.
-            client = redis.asyncio.RedisCluster.from_url(f"redis://127.0.0.1:{cluster.ports[0]}")
+        async def live_round(port: int) -> None:
+            # A node's URL where nothing answers: the live boards' own (asyncio) client finds
+            # no node either.
+            client = redis.asyncio.RedisCluster.from_url(f"redis://127.0.0.1:{port}")
             try:
                 await pipeline_raw(cast(redis.asyncio.Redis, client), [("GET", "x")])
             finally:
                 await client.aclose()
 
-        with pytest.raises(redis.exceptions.ConnectionError):
-            asyncio.run(live_round())
+        # Not the stopped nodes' ports: a cluster another test session starts at once may
+        # take them. A port held bound and never listening refuses, and nobody can take it.
+        with socket.socket() as held, pytest.raises(redis.exceptions.ConnectionError):
+            held.bind(("127.0.0.1", 0))
+            asyncio.run(live_round(held.getsockname()[1]))
     finally:
         redis_get.cache_clear()
         rankview.manifest_cache_clear()
