@@ -95,7 +95,7 @@ def test_a_newcomer_revokes_a_score_that_lasts_and_takes_the_cup_to_final(demo: 
         await reviewer.wait_for_selector("#revocation-status")
         revocation_url = reviewer.url
         deciders = [approver, approver2]
-        for _ in range(4):
+        for _ in range(10):  # the simulator may beat each approver to it with a new best
             decider = deciders[0]
             await decider.goto(revocation_url)
             if await decider.locator("#approve-form").count():
