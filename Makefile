@@ -21,9 +21,9 @@ run: install
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py rundemo
 
 # The whole test suite; DATABASE_URL / REDIS_URL select real servers, else SQLite and
-# the embedded Redis.
+# the embedded Redis. It ends with the 15 slowest tests: where the minutes go.
 test: install
-	SECRET_KEY=$${SECRET_KEY:-test-only-not-secret} $(BIN)/python -m pytest $(PYTEST_ARGS)
+	SECRET_KEY=$${SECRET_KEY:-test-only-not-secret} $(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 # The tests that start no processes, browser or cluster and take no seconds each: the
 # quick run while working (`make test` runs them too, and the rest).
