@@ -31,6 +31,7 @@ from django.http.request import split_domain_port, validate_host
 from leaderboard.api import reads
 from leaderboard.api.errors import OUTAGES, ApiError, api_error_body, outage_error, reads_saturated
 from leaderboard.ratelimit import read_rate_check, scope_address
+from leaderboard.redis_errors import REDIS_OUTAGES
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,11 @@ def _security_headers() -> list[tuple[bytes, bytes]]:
 
 
 class _Outage:
-    """Whether the process met an outage in the last moment: then reads answer 503 at once
-    instead of each waiting out its own timeout on a dependency that does not answer (and
-    the requests queued behind them waiting for those). A read is let through every
-    PROBE_SECONDS to find out, so the process is back within about that once it answers."""
+    """Whether the process's reads met a Redis outage in the last moment: then reads answer
+    503 at once instead of each waiting out its own timeout on a Redis that does not answer
+    (and the requests queued behind them waiting for those). A read is let through every
+    PROBE_SECONDS to find out, so the process is back within about that once it answers.
+    A database outage is not remembered: the reads go on from Redis without it."""
 
     PROBE_SECONDS = 1.0
 
@@ -100,20 +102,23 @@ class _Outage:
 def _answer(outage: _Outage, handler: Handler, match: re.Match[str], query: reads.Query,
             address: str) -> reads.Answer:
     if outage.open():
-        error = outage_error(None)
-        return reads.Answer(error.status_code, api_error_body(error), error.headers)
+        return _error_answer(outage_error(None))
     close_old_connections()
     try:
         read_rate_check(address=address)
         return handler(match, query)
     except ApiError as exc:
-        return reads.Answer(exc.status_code, api_error_body(exc), exc.headers)
+        return _error_answer(exc)
     except OUTAGES as exc:  # as DRF's exception handler does for the views
-        outage.met()
-        error = outage_error(exc)
-        return reads.Answer(error.status_code, api_error_body(error), error.headers)
+        if isinstance(exc, REDIS_OUTAGES):
+            outage.met()
+        return _error_answer(outage_error(exc))
     finally:
         close_old_connections()
+
+
+def _error_answer(error: ApiError) -> reads.Answer:
+    return reads.Answer(error.status_code, api_error_body(error), error.headers)
 
 
 # Reads a process holds at once, per read thread, running or queued for one: past it a
@@ -166,8 +171,7 @@ class ReadFastPath:
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
         loop = asyncio.get_running_loop()
         if self.in_flight >= self.in_flight_max:
-            error = reads_saturated()
-            answer = reads.Answer(error.status_code, api_error_body(error), error.headers)
+            answer = _error_answer(reads_saturated())
         else:
             self.in_flight += 1
             try:
