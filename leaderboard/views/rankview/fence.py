@@ -166,8 +166,9 @@ class LeaseKeeper:
         self.progressed_at = time.monotonic()
 
     def renew(self) -> None:
-        """Renew now, from the caller's thread (which is progress): a long job's own loop proves it progresses
-        (the keeper's renewals only that its process lives). FenceLost once the lease is lost.
+        """Renew now, from the caller's thread, which is progress: a long job's own loop proves
+        it progresses (the keeper's renewals only that its process lives). FenceLost once the
+        lease is lost.
 
         A transient Redis error is tolerated as the keeper thread tolerates it, while the
         last renewal still covers the lease (less than one TTL ago, so nobody can have taken

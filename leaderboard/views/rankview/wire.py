@@ -159,8 +159,8 @@ def _cluster_reads(cluster: redis.RedisCluster, commands: list[tuple[Any, ...]])
     of the slowest node. A failed node: the slot map refreshed, the whole trip sent once
     more (reads change nothing). Commands a node refused unrun (a slot being migrated
     answers ASK for the keys it no longer has, TRYAGAIN for a script whose keys are split)
-    are sent once more as writes are (`_refused_resend`: behind ASKING to the node named);
-    refused again, an outage."""
+    are sent again as writes are (`_refused_resend`: behind ASKING to the node named), up
+    to _READ_RESENDS times; still refused, an outage."""
     nodes = cluster.nodes_manager
     for attempt in range(_MAP_ATTEMPTS):
         batches = slot_batches(nodes, commands)
@@ -193,8 +193,9 @@ def _reply_read(conn: Any) -> Any:
 
 def _cluster_replies_settled(cluster: redis.RedisCluster, commands: list[tuple[Any, ...]],
                              replies: list[Any]) -> list[Any]:
-    """The replies of a cluster trip with the refused commands answered by a second send;
-    the first error left is raised (a refusal twice is the outage every reader answers)."""
+    """The replies of a cluster trip with the refused commands sent again until answered (at
+    most _READ_RESENDS times); the first error left is raised (a command still refused is
+    the outage every reader answers)."""
     calls: list[tuple[str, tuple[Any, ...]]] | None = None
     for _ in range(_READ_RESENDS):
         if not any(isinstance(reply, CLUSTER_REFUSALS) for reply in replies):
@@ -372,12 +373,12 @@ def _refused_resend(cluster: redis.RedisCluster, calls: list[tuple[str, tuple[An
 def _asked_client(cluster: redis.RedisCluster, host: str, port: int) -> redis.Redis:
     """The client of the node an ASK names. A master just added to the cluster serves no
     slot until its first one is migrated, so the slot map does not list it: its client is
-    made from the cluster client's connection settings, once per cluster and node."""
+    made from the cluster client's connection settings and kept on the cluster client."""
     node = cluster.get_node(host=host, port=port)
     if node is not None:
         return cluster.get_redis_connection(node)  # type: ignore[no-any-return]
     with _asked_lock:
-        known = _asked_clients.setdefault(id(cluster), {})
+        known: dict[tuple[str, int], redis.Redis] = cluster.__dict__.setdefault("_lb_asked", {})
         client = known.get((host, port))
         if client is None:
             manager = cluster.nodes_manager
@@ -385,7 +386,6 @@ def _asked_client(cluster: redis.RedisCluster, host: str, port: int) -> redis.Re
         return client
 
 
-_asked_clients: dict[int, dict[tuple[str, int], redis.Redis]] = {}
 _asked_lock = threading.Lock()
 
 
