@@ -25,7 +25,10 @@ from tests.support import Events, apply_events, epoch, ledger_rows, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
-RUN_SECONDS = 6.0
+# The writers and epochs run until this many versions are published beside them (a slow
+# machine takes longer), for at most MAX_RUN_SECONDS.
+VERSIONS = 8
+MAX_RUN_SECONDS = 30.0
 WRITERS = 2
 
 
@@ -77,7 +80,10 @@ def test_each_write_is_told_the_first_version_that_holds_it_while_epochs_run(
     threads.append(threading.Thread(target=run_epochs))
     for thread in threads:
         thread.start()
-    time.sleep(RUN_SECONDS)
+    started, first = time.monotonic(), ManifestRow.objects.filter(season=season).count()
+    while (ManifestRow.objects.filter(season=season).count() < first + VERSIONS
+           and time.monotonic() - started < MAX_RUN_SECONDS):
+        time.sleep(0.2)
     stop.set()
     for thread in threads:
         thread.join(timeout=60)

@@ -307,10 +307,10 @@ def season_version_range_plan(*, season: Season, version: int) -> Watermark:
         # SQLite: the database's write lock (BEGIN IMMEDIATE) orders the mark, the read
         # of the last change and every writer.
         with transaction.atomic():
-            for partition in partitions:
-                head, _ = StreamHead.objects.get_or_create(season_id=season.pk, partition=partition)
-                if head.planned_version < version:
-                    StreamHead.objects.filter(pk=head.pk).update(planned_version=version)
+            StreamHead.objects.bulk_create([StreamHead(season_id=season.pk, partition=p) for p in partitions],
+                                           ignore_conflicts=True)
+            StreamHead.objects.filter(season_id=season.pk, partition__in=partitions,
+                                      planned_version__lt=version).update(planned_version=version)
             return stream_committed_watermark(season_id=season.pk)
     by_alias: dict[str, list[int]] = {}
     for partition in partitions:
