@@ -30,7 +30,6 @@ from leaderboard.recovery.rebuild import rebuild_run
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from seasons.models import Season
-from tests.conftest import redis_flush
 from tests.support import (
     Events,
     apply_events,
@@ -43,7 +42,7 @@ from tests.support import (
     publish,
     recovery_jobs,
 )
-from tests.support.cluster import FailoverCluster, cluster_start, cluster_stop
+from tests.support.cluster import FailoverCluster, cluster_start, cluster_stop, rank_views_on
 from tests.support.readload import LedgerWriter, VersionedReadLoad
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -89,16 +88,10 @@ def on_replicated(replicated: FailoverCluster, settings: Any,
     monkeypatch.setenv("REDIS_URL", replicated.url)
     monkeypatch.setenv("CELERY_BROKER_URL", settings.CELERY_BROKER_URL)
     monkeypatch.setenv("CHANNEL_LAYER_URL", ",".join(settings.CHANNEL_LAYER_URLS))
-    settings.REDIS_CLUSTER = True
-    settings.REDIS_URL = replicated.url
     settings.READ_DEADLINE_SECONDS = READ_DEADLINE_SECONDS
     settings.COPY_GRACE_SECONDS = COPY_GRACE_SECONDS
-    redis_get.cache_clear()
-    rankview.manifest_cache_clear()
-    redis_flush(redis_get())
-    yield replicated
-    redis_get.cache_clear()
-    rankview.manifest_cache_clear()
+    with rank_views_on(replicated, settings):
+        yield replicated
 
 
 def _victim(cluster: FailoverCluster, season: Season, target: str) -> int:

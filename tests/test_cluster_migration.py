@@ -22,7 +22,6 @@ from leaderboard.redis_client import redis_get
 from leaderboard.redis_errors import REDIS_OUTAGES
 from leaderboard.views import rankview
 from seasons.models import Season
-from tests.conftest import redis_flush
 from tests.support import (
     Events,
     apply_events,
@@ -33,7 +32,7 @@ from tests.support import (
     publish,
     reader_of,
 )
-from tests.support.cluster import LocalCluster, cluster_start, cluster_stop
+from tests.support.cluster import LocalCluster, cluster_start, cluster_stop, rank_views_on
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -52,13 +51,8 @@ def migrating() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def on_migrating(migrating: LocalCluster, settings: Any) -> Iterator[LocalCluster]:
-    settings.REDIS_CLUSTER, settings.REDIS_URL = True, migrating.url
-    rankview.manifest_cache_clear()
-    redis_get.cache_clear()
-    redis_flush(redis_get())
-    yield migrating
-    rankview.manifest_cache_clear()
-    redis_get.cache_clear()
+    with rank_views_on(migrating, settings):
+        yield migrating
 
 
 class Migration:

@@ -18,9 +18,8 @@ from leaderboard.redis_client import redis_cluster_of, redis_get
 from leaderboard.views import rankview
 from leaderboard.views.rankview import fence
 from seasons.models import Season
-from tests.conftest import redis_flush
 from tests.support import Events, apply_events, assert_matches_ledger, current_manifest, epoch, keys_of, publish
-from tests.support.cluster import FailoverCluster, cluster_start, cluster_stop
+from tests.support.cluster import FailoverCluster, cluster_start, cluster_stop, rank_views_on
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -37,17 +36,8 @@ def replicated() -> Iterator[FailoverCluster]:
 
 @pytest.fixture
 def on_replicated(replicated: FailoverCluster, settings: Any) -> Iterator[FailoverCluster]:
-    settings.REDIS_CLUSTER, settings.REDIS_URL = True, replicated.url
-    _process_state_forget()
-    redis_flush(redis_get())
-    yield replicated
-    _process_state_forget()
-
-
-def _process_state_forget() -> None:
-    """The process's client (and its slot map) and the manifests it cached, gone."""
-    rankview.manifest_cache_clear()
-    redis_get.cache_clear()
+    with rank_views_on(replicated, settings):
+        yield replicated
 
 
 def _manual_failover(cluster: FailoverCluster, master: int) -> int:

@@ -80,8 +80,8 @@ def test_each_write_is_told_the_first_version_that_holds_it_while_epochs_run(
     threads.append(threading.Thread(target=run_epochs))
     for thread in threads:
         thread.start()
-    started, first = time.monotonic(), ManifestRow.objects.filter(season=season).count()
-    while (ManifestRow.objects.filter(season=season).count() < first + VERSIONS
+    started, recorded = time.monotonic(), ManifestRow.objects.filter(season=season).count()
+    while (ManifestRow.objects.filter(season=season).count() < recorded + VERSIONS
            and time.monotonic() - started < MAX_RUN_SECONDS):
         time.sleep(0.2)
     stop.set()

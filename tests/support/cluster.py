@@ -5,7 +5,9 @@ every living node reports cluster_state:ok, `node_restart()` brings the killed n
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +16,7 @@ import redis
 from config.local_cluster import HOST, SLOTS, LocalCluster, cluster_stop, condition_wait
 
 __all__ = ["SLOTS", "FailoverCluster", "LocalCluster", "cluster_flush", "cluster_start", "cluster_stop",
-           "redis_cli_target"]
+           "rank_views_on", "redis_cli_target"]
 
 
 @dataclass
@@ -58,6 +60,27 @@ class FailoverCluster(LocalCluster):
 
 # A new FailoverCluster, ready to use (config.local_cluster.cluster_start's arguments).
 cluster_start = FailoverCluster.start
+
+
+@contextlib.contextmanager
+def rank_views_on(cluster: LocalCluster, settings: Any) -> Iterator[LocalCluster]:
+    """This process's rank views on `cluster` for the block (settings.REDIS_CLUSTER and
+    REDIS_URL, which pytest-django's `settings` puts back), the cluster flushed; the
+    process's client, with its slot map, and its cached manifests forgotten before and
+    after, so that neither outlives the cluster it was made for."""
+    from leaderboard.redis_client import redis_get
+    from leaderboard.views import rankview
+    from tests.conftest import redis_flush
+
+    settings.REDIS_CLUSTER, settings.REDIS_URL = True, cluster.url
+    rankview.manifest_cache_clear()
+    redis_get.cache_clear()
+    redis_flush(redis_get())
+    try:
+        yield cluster
+    finally:
+        rankview.manifest_cache_clear()
+        redis_get.cache_clear()
 
 
 def cluster_flush(url: str, **client_options: Any) -> None:
