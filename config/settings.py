@@ -190,6 +190,9 @@ CHANNEL_LAYERS = {
 }
 # A live socket whose client stops reading is closed (4408) after this long.
 LIVE_SEND_TIMEOUT_SECONDS = env_float("LIVE_SEND_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+# An epoch's announcement of a version gives up after this long (a hung layer would hold it
+# for the layer's socket timeout); the live boards find the version themselves meanwhile.
+LIVE_ANNOUNCE_TIMEOUT_SECONDS = env_float("LIVE_ANNOUNCE_TIMEOUT_SECONDS", 1.0, minimum=0.05)
 # Each server process re-joins its seasons' groups this often, so a group Redis lost comes back.
 LIVE_GROUP_REFRESH_SECONDS = env_float("LIVE_GROUP_REFRESH_SECONDS", 30.0, minimum=1.0)
 

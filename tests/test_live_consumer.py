@@ -370,15 +370,29 @@ def test_the_announcement_carries_the_state(season: Season, post_scores: Post) -
     run(body)
 
 
-def test_a_failing_channel_layer_never_fails_the_epoch(season: Season, post_scores: Post,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_channel_layer_never_fails_the_epoch_and_is_left_alone_for_a_while(
+        season: Season, post_scores: Post, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[int] = []
+
     class Broken:
         async def group_send(self, group: str, message: dict[str, Any]) -> None:
+            sent.append(message["version"])
             raise ConnectionError("redis down")
 
     monkeypatch.setattr(announce, "get_channel_layer", lambda: Broken())
-    board(season, post_scores, Events(), {"a": 3})
+    monkeypatch.setattr(announce, "_quiet_until", 0.0)  # and put back after the test
+    ev = Events()
+    board(season, post_scores, ev, {"a": 3})
     assert publish(season) == 1
+    # The next epochs do not try (each would wait out a hung layer's timeout) ...
+    board(season, post_scores, ev, {"a": 4})
+    assert publish(season) == 2
+    assert sent == [1]
+    # ... until the quiet period is over.
+    monkeypatch.setattr(announce, "_quiet_until", 0.0)
+    board(season, post_scores, ev, {"a": 5})
+    assert publish(season) == 3
+    assert sent == [1, 3]
 
 
 # --- batching --------------------------------------------------------------------------------

@@ -10,10 +10,14 @@ send to it; the hub's listener (live.hub) joins that group.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from seasons.models import Season
 
@@ -22,6 +26,12 @@ log = logging.getLogger(__name__)
 GROUP_PREFIX = "live"
 # The type of the group message.
 VERSION_EVENT = "live.version"
+# After an announcement failed (the layer's Redis down or hung), this process skips its
+# announcements for this long: each would otherwise cost an epoch its full timeout, and
+# the server processes find every version by themselves meanwhile (live.hub's watcher
+# reads the season's pointer when no announcement came for VIEWS_CHECK_SECONDS).
+ANNOUNCE_QUIET_SECONDS = 5.0
+_quiet_until = 0.0
 
 
 def season_group(season_slug: str) -> str:
@@ -44,13 +54,26 @@ def live_version_published(season_slug: str, version: int, state: str | None = N
     the epoch: the version is published whether or not anyone is told, and a socket that
     misses it catches up with the next one (full top, events since what it last sent).
     """
+    global _quiet_until
+    if time.monotonic() < _quiet_until:
+        return
     try:
         layer = get_channel_layer()
         if layer is None:
             return
-        async_to_sync(layer.group_send)(season_group(season_slug), {
+        async_to_sync(_group_send)(layer, season_group(season_slug), {
             "type": VERSION_EVENT, "season": season_slug, "version": version,
             "state": state, "final_version": final_version,
         })
     except Exception:
-        log.exception("live: could not announce version %s of season %s", version, season_slug)
+        _quiet_until = time.monotonic() + ANNOUNCE_QUIET_SECONDS
+        log.warning("live: could not announce version %s of season %s; announcements of this process "
+                    "skipped for %g s (the live boards check the season's pointer themselves)",
+                    version, season_slug, ANNOUNCE_QUIET_SECONDS, exc_info=True)
+
+
+async def _group_send(layer: Any, group: str, message: dict[str, Any]) -> None:
+    # The layer's own socket timeout is longer than its 5 s poll (settings): a Redis that
+    # hangs would hold the epoch that long.
+    async with asyncio.timeout(settings.LIVE_ANNOUNCE_TIMEOUT_SECONDS):
+        await layer.group_send(group, message)

@@ -90,6 +90,8 @@ JOIN_TIMEOUT_SECONDS = 10.0
 # Sockets sent to between two yields to the event loop: a fan-out to 10,000 sockets
 # must not hold the loop (handshakes, client messages, the listener) for its whole length.
 FAN_OUT_SLICE = 512
+# channels-redis's receive: one BZPOPMIN of this long.
+LAYER_POLL_SECONDS = 5.0
 # Without an announcement for this long the hub checks the season's pointer itself.
 VIEWS_CHECK_SECONDS = 2.0
 # The bound of the listener's group_discard when it stops (the group forgets the channel
@@ -278,14 +280,16 @@ class SeasonHub:
                 out[player_id] = max(out.get(player_id, 0), socket.subscription.radius)
         return out
 
-    def announce(self, event: Mapping[str, Any]) -> None:
+    def announce(self, event: Mapping[str, Any], *, heard: bool = True) -> None:
         """A version was published: publish it to this process's sockets. Never waits; an
         announcement that comes while an older round is being sent is coalesced with any
-        others into one round of the newest."""
+        others into one round of the newest. `heard`: it came through the channel layer
+        (not from the watcher's own check, which must go on checking while none come)."""
         if self.stopped:
             return
         self.stats.announcements += 1
-        self.heard_at = asyncio.get_running_loop().time()
+        if heard:
+            self.heard_at = asyncio.get_running_loop().time()
         if event.get("state") is not None:
             self.state, self.final_version = event["state"], event.get("final_version")
         version = int(event["version"])
@@ -551,7 +555,7 @@ class SeasonHub:
             manifest = None
         if manifest is not None:
             if manifest.version > self.latest:
-                self.announce({"version": manifest.version})
+                self.announce({"version": manifest.version}, heard=False)
             return
         if any(s.sent_version is not None or s.unavailable is not None for s in self.sockets.values()):
             await self.unavailable_publish()
@@ -579,7 +583,8 @@ async def _watch(hub: SeasonHub) -> None:
     """
     loop = asyncio.get_running_loop()
     while True:
-        await asyncio.sleep(VIEWS_CHECK_SECONDS)
+        # VIEWS_CHECK_SECONDS after the last announcement, not up to twice that.
+        await asyncio.sleep(max(hub.heard_at + VIEWS_CHECK_SECONDS - loop.time(), 0.0) or VIEWS_CHECK_SECONDS)
         if loop.time() - hub.heard_at < VIEWS_CHECK_SECONDS:
             continue
         try:
@@ -609,6 +614,8 @@ async def _listen(hub: SeasonHub) -> None:
     refresher: asyncio.Task[None] | None = None
     backoff = 0.1
     warned_timeout = False
+    loop = asyncio.get_running_loop()
+    polled = loop.time()
     try:
         while True:
             try:
@@ -617,15 +624,20 @@ async def _listen(hub: SeasonHub) -> None:
                 if refresher is None:
                     refresher = hub.refresher = asyncio.ensure_future(_rejoin_periodically(layer, group, channel))
                 while True:
+                    polled = loop.time()
                     hub.announce(await layer.receive(channel))
                     backoff = 0.1
             except asyncio.CancelledError:
                 raise
             except redis.exceptions.TimeoutError:
-                # channels-redis polls with BZPOPMIN for 5 s; a Redis client that times reads
-                # out after 5 s too (redis-py 8's default) fails every idle poll. Harmless
-                # here (the loop goes on), but it is a configuration error: say so once.
-                if not warned_timeout:
+                if loop.time() - polled > LAYER_POLL_SECONDS + 1:
+                    # A Redis that hangs: the watcher reads the pointer meanwhile.
+                    log.warning("live: the channel layer's Redis did not answer for %.0f s; the boards of %s "
+                                "follow the season's pointer until it does", loop.time() - polled, hub.slug)
+                elif not warned_timeout:
+                    # channels-redis polls with BZPOPMIN for 5 s; a Redis client that times
+                    # reads out after 5 s too (redis-py 8's default) fails every idle poll.
+                    # Harmless here (the loop goes on), but a configuration error: say so once.
                     warned_timeout = True
                     log.warning("live: the channel layer's Redis read timeout is not longer than its 5 s "
                                 "poll; set socket_timeout > 5 in CHANNEL_LAYERS hosts (README: Live boards)")
