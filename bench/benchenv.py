@@ -85,9 +85,10 @@ def environment_prepare(args: argparse.Namespace, *, quiet: bool = False) -> dic
         "DEBUG": "false",
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "LOG_LEVEL": os.environ.get("LOG_LEVEL") or "WARNING",
-        # Every load generator runs from one address: the per-address read limit would
-        # measure itself, not the service. Set READ_RATE_LIMIT to measure with it.
-        "READ_RATE_LIMIT": os.environ.get("READ_RATE_LIMIT") or "off",
+        # Every load generator runs from one address: a bucket no load empties, so each
+        # read pays the read limit's work as in production without being refused. Set
+        # READ_RATE_LIMIT=off to measure without it.
+        "READ_RATE_LIMIT": os.environ.get("READ_RATE_LIMIT") or "100000000/s",
     }
     os.environ.update(env)
     import django
@@ -139,31 +140,43 @@ def children_of(pid: int) -> list[int]:
         return []
 
 
-class UvicornServer:
-    """The real ASGI server (uvicorn, httptools, uvloop) as a child in its own process
-    group, started from `root` (another checkout to compare with); stop() cleans it up."""
+# The ASGI servers a benchmark can run the service under (docs/operations.md, Deploying).
+SERVERS = ("uvicorn", "granian")
 
-    def __init__(self, *, workers: int, port: int, env: dict[str, str], root: Path = ROOT):
+
+class AppServer:
+    """The real ASGI server as a child in its own process group, started from `root`
+    (another checkout to compare with); stop() cleans it up. `kind`: uvicorn (httptools,
+    uvloop) or granian (Rust HTTP, uvloop), both with `workers` worker processes."""
+
+    def __init__(self, *, workers: int, port: int, env: dict[str, str], root: Path = ROOT, kind: str = "uvicorn"):
+        if kind not in SERVERS:
+            raise SystemExit(f"unknown server {kind!r}: one of {', '.join(SERVERS)}")
         self.workers = workers
         self.port = port
         self.env = env
         self.root = root
+        self.kind = kind
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        if self.kind == "granian":
+            return [str(Path(sys.executable).with_name("granian")), "--interface", "asgi",
+                    "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port),
+                    "--loop", "uvloop", "--log-level", "warning", "--no-access-log", "config.asgi:application"]
+        return [sys.executable, "-m", "uvicorn", "config.asgi:application",
+                "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port),
+                "--no-access-log", "--log-level", "warning", "--http", "httptools", "--loop", "uvloop"]
+
     def start(self) -> None:
         if not port_free(self.port):
             raise SystemExit(f"port {self.port} is in use; pass --port")
-        cmd = [
-            sys.executable, "-m", "uvicorn", "config.asgi:application",
-            "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port),
-            "--no-access-log", "--log-level", "warning",
-            "--http", "httptools", "--loop", "uvloop",
-        ]
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env={**os.environ, **self.env}, start_new_session=True)
+        self.proc = subprocess.Popen(self.command(), cwd=self.root, env={**os.environ, **self.env},
+                                     start_new_session=True)
         self._wait_healthy()
 
     def _wait_healthy(self, timeout: float = 60.0) -> None:

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from leaderboard.simulation import MatchSimulator, SimConfig, player_ids  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchenv import UvicornServer, add_figures_arg, figures_record  # noqa: E402
+from benchenv import AppServer, add_figures_arg, figures_record  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -526,7 +526,7 @@ def asyncio_run(coro: Any) -> Any:
 @dataclass
 class Bench:
     args: argparse.Namespace
-    server: UvicornServer | None
+    server: AppServer | None
     token: str
     client_obj: Any
     shards: list[list[bytes]]
@@ -595,7 +595,7 @@ class Bench:
             print(f"  WARNING: {season.slug}: {recorded} ledger rows, expected {expected}", file=sys.stderr)
 
 
-def warm_up(server: UvicornServer, token: str, args: argparse.Namespace, tag: str) -> None:
+def warm_up(server: AppServer, token: str, args: argparse.Namespace, tag: str) -> None:
     """Import everything and open DB connections in every worker before measuring."""
     from audit.services import Actor
     from seasons.services import season_create
@@ -768,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU yardstick: {calibration[0]:.1f} ms to parse and plan one batch (~15 ms when idle)")
 
     server_env = dict(item.split("=", 1) for item in args.server_env)
-    server = UvicornServer(workers=args.workers, port=args.port, env=server_env) if "http" in args.phase_list else None
+    server = AppServer(workers=args.workers, port=args.port, env=server_env) if "http" in args.phase_list else None
     results: list[PhaseResult] = []
     backends = PostgresBackends(os.environ["DATABASE_URL"])
     try:

@@ -55,7 +55,16 @@ import loader  # noqa: E402
 
 ROOT = benchenv.ROOT
 TARGET_P99_MS = 50.0
-TARGET_RATIO = 0.8
+# Against the lean baseline under the same server (docs/benchmarks.md, Reads): throughput,
+# CPU per rank read, p99 at 80% of the baseline's peak (vs the baseline's own p99),
+# neighbours' CPU per read against a rank read's, and the top's throughput vs the baseline's.
+TARGET_RATIO = 0.9
+TARGET_CPU_RATIO = 1.2
+TARGET_P99_RATIO = 1.2
+TARGET_NEIGHBORS_CPU = 1.5
+TARGET_TOP_RATIO = 1.5
+# The endpoints measured again under each further --servers server, as name@server.
+SERVER_ENDPOINTS = ("rank", "neighbors", "top", "baseline", "baseline-lean")
 
 ENDPOINTS = {
     "rank": "/v1/seasons/{season}/players/p%08d/rank",
@@ -228,7 +237,7 @@ def wrk_run(*, url: str, path: str, players: int, connections: int, duration: fl
                   requests=data["requests"])
 
 
-def measured(server: benchenv.UvicornServer, *, cluster_url: str | None = None, **kwargs: Any) -> Sample | None:
+def measured(server: benchenv.AppServer, *, cluster_url: str | None = None, **kwargs: Any) -> Sample | None:
     """wrk_run, plus the server's and Redis's CPU time per request over it (`cluster_url`:
     the server reads a cluster, whose masters' CPU is summed)."""
     assert server.proc is not None
@@ -286,7 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="interleaved repetitions (median reported)")
     parser.add_argument("--paced-fraction", type=float, default=0.8,
                         help="paced phase at this fraction of the baseline's peak rate (0 to skip)")
-    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--workers", type=int, default=2, help="server worker processes")
+    parser.add_argument("--servers", default="uvicorn",
+                        help=f"ASGI servers, comma-separated, of {','.join(benchenv.SERVERS)}: the first serves the "
+                             "plain endpoint names, each further one (on --port + 3, + 4) the same endpoints as "
+                             "name@server, interleaved in the same runs")
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--compare-root", metavar="DIR", default=None,
@@ -305,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     if set(endpoints) - set(ENDPOINTS):
         parser.error(f"--endpoints takes {','.join(ENDPOINTS)}")
+    kinds = [k.strip() for k in args.servers.split(",") if k.strip()]
+    if not kinds or set(kinds) - set(benchenv.SERVERS) or len(set(kinds)) != len(kinds):
+        parser.error(f"--servers takes distinct names of {','.join(benchenv.SERVERS)}")
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install -y wrk")
     env = benchenv.environment_prepare(args)
@@ -314,20 +330,30 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     key = baseline_load(season, result.scores)
     print(f"# baseline sorted set {key}: {players:,} members in {time.perf_counter() - started:.1f}s")
-    server = benchenv.UvicornServer(workers=args.workers, port=args.port, env={**env, "BENCH_BASELINE": "true"})
-    other: benchenv.UvicornServer | None = None
+    server = benchenv.AppServer(workers=args.workers, port=args.port, env={**env, "BENCH_BASELINE": "true"},
+                                kind=kinds[0])
+    other: benchenv.AppServer | None = None
     urls = {name: f"http://127.0.0.1:{args.port}" for name in ENDPOINTS}
     servers = {name: server for name in ENDPOINTS}
     if args.compare_root:
-        other = benchenv.UvicornServer(workers=args.workers, port=args.port + 1, env={**env, "BENCH_BASELINE": "true"},
-                       root=Path(args.compare_root).resolve())
+        other = benchenv.AppServer(workers=args.workers, port=args.port + 1, env={**env, "BENCH_BASELINE": "true"},
+                                   root=Path(args.compare_root).resolve(), kind=kinds[0])
         for name in [n for n in ("rank", "neighbors") if n in endpoints]:
             ENDPOINTS[f"{name}@before"] = ENDPOINTS[name]
             urls[f"{name}@before"] = f"http://127.0.0.1:{args.port + 1}"
             servers[f"{name}@before"] = other
             endpoints.append(f"{name}@before")
+    further: list[benchenv.AppServer] = []
+    for i, kind in enumerate(kinds[1:]):
+        further.append(benchenv.AppServer(workers=args.workers, port=args.port + 3 + i,
+                                          env={**env, "BENCH_BASELINE": "true"}, kind=kind))
+        for name in [n for n in SERVER_ENDPOINTS if n in endpoints]:
+            ENDPOINTS[f"{name}@{kind}"] = ENDPOINTS[name]
+            urls[f"{name}@{kind}"] = further[-1].url
+            servers[f"{name}@{kind}"] = further[-1]
+            endpoints.append(f"{name}@{kind}")
     cluster: Any = None
-    clustered: benchenv.UvicornServer | None = None
+    clustered: benchenv.AppServer | None = None
     cluster_urls: dict[str, str] = {}
     samples: list[tuple[int, Sample]] = []
     paced: list[Sample] = []
@@ -342,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             copied = season_copy(season, cluster.url)
             print(f"# cluster {cluster.url} (3 masters): {copied:,} keys copied in "
                   f"{time.perf_counter() - started:.1f}s", flush=True)
-            clustered = benchenv.UvicornServer(workers=args.workers, port=args.port + 2,
+            clustered = benchenv.AppServer(workers=args.workers, port=args.port + 2,
                                                env={**env, "REDIS_CLUSTER": "true", "REDIS_URL": cluster.url,
                                                     # A cluster serves no broker and no channel layer.
                                                     "CELERY_BROKER_URL": env["REDIS_URL"],
@@ -361,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         if clustered is not None:
             clustered.start()
             cluster_check(url, clustered.url, season, players)
+        for extra in further:
+            extra.start()
+            cluster_check(url, extra.url, season, players)
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             seed = args.seed
@@ -386,16 +415,20 @@ def main(argv: list[str] | None = None) -> int:
                               f"CPU/request: server {sample.server_cpu_us:,.0f} us, "
                               f"redis {sample.redis_cpu_us:,.0f} us; load {os.getloadavg()[0]:.1f}", flush=True)
             if args.paced_fraction > 0 and "baseline" in endpoints:
-                peak = max(
-                    benchenv.median([s.rps for _, s in samples if s.endpoint == "baseline" and s.connections == c])
-                    for c in concurrency
-                )
-                rate = peak * args.paced_fraction
+                # Each server's rank and baseline at the same rate: 80% of its baseline's peak.
+                rates: dict[str, float] = {}
+                for sfx in ["", *(f"@{k}" for k in kinds[1:])]:
+                    peak = max(benchenv.median([s.rps for _, s in samples
+                                                if s.endpoint == f"baseline{sfx}" and s.connections == c])
+                               for c in concurrency)
+                    for name in (f"rank{sfx}", f"baseline{sfx}", *(("rank@before",) if not sfx else ())):
+                        rates[name] = peak * args.paced_fraction
                 connections = max(concurrency)
-                paced_names = [n for n in ("rank", "baseline", "rank@before") if n in endpoints]
+                paced_names = [n for n in rates if n in endpoints]
                 for run in range(args.runs):
                     shift = run % len(paced_names)
                     for name in paced_names[shift:] + paced_names[:shift]:
+                        rate = rates[name]
                         seed += 1
                         sample = wrk_run(url=urls[name], path=ENDPOINTS[name].format(season=season), players=players,
                                          connections=connections, duration=args.duration, rate=rate,
@@ -409,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                               flush=True)
     finally:
         server.stop()
+        for extra in further:
+            extra.stop()
         if other is not None:
             other.stop()
         if clustered is not None:
@@ -420,8 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         benchenv.season_cleanup(result.season, keep=args.keep, extra_keys=[key])
 
     print()
-    print(f"## reads: {players:,} players, uvicorn --workers {args.workers} (httptools, uvloop), wrk -t1, "
-          f"{args.runs} runs x {args.duration:.0f} s, medians")
+    print(f"## reads: {players:,} players, {' and '.join(kinds)} --workers {args.workers} (uvloop), wrk -t1, "
+          f"{args.runs} runs x {args.duration:.0f} s, medians; plain names on {kinds[0]}")
     print()
     rows = []
     for connections in concurrency:
@@ -444,10 +479,11 @@ def main(argv: list[str] | None = None) -> int:
     print("machine shared with other load it predicts capacity better than req/s: capacity ~ cores / CPU.")
     if paced:
         print()
-        print(f"paced at {args.paced_fraction:.0%} of the baseline's peak ({paced[0].connections} connections):")
+        print(f"paced at {args.paced_fraction:.0%} of each server's baseline peak "
+              f"({paced[0].connections} connections):")
         print()
         prow = []
-        for name in ("rank", "baseline", "rank@before"):
+        for name in dict.fromkeys(s.endpoint for s in paced):
             cell = [s for s in paced if s.endpoint == name]
             if cell:
                 prow.append((name, benchenv.median([s.rps for s in cell]), benchenv.median([s.p50 for s in cell]),
@@ -457,34 +493,21 @@ def main(argv: list[str] | None = None) -> int:
                              prow))
     print()
     for connections in concurrency:
+        for kind, sfx in zip(kinds, ["", *(f"@{k}" for k in kinds[1:])], strict=True):
+            for line in targets_report(samples, paced, sfx=sfx, connections=connections):
+                print(f"{kind} c={connections}: {line}")
         rank_rps = [s.rps for _, s in samples if s.endpoint == "rank" and s.connections == connections]
-        baseline_rps = [s.rps for _, s in samples if s.endpoint == "baseline" and s.connections == connections]
-        if rank_rps and baseline_rps:
-            ratio = benchenv.median(rank_rps) / benchenv.median(baseline_rps)
-            print(f"c={connections}: rank/baseline throughput {ratio:.2f}x "
-                  f"(target >= {TARGET_RATIO}x: {'met' if ratio >= TARGET_RATIO else 'MISSED'})")
-        lean_rps = [s.rps for _, s in samples if s.endpoint == "baseline-lean" and s.connections == connections]
-        if rank_rps and lean_rps:
-            ratio = benchenv.median(rank_rps) / benchenv.median(lean_rps)
-            print(f"c={connections}: rank/baseline-lean throughput {ratio:.2f}x "
-                  f"(target >= {TARGET_RATIO}x: {'met' if ratio >= TARGET_RATIO else 'MISSED'})")
         before = [s.rps for _, s in samples if s.endpoint == "rank@before" and s.connections == connections]
         if rank_rps and before:
             print(f"c={connections}: rank now / rank@before "
                   f"{benchenv.median(rank_rps) / benchenv.median(before):.2f}x")
         cpu = {name: benchenv.median([s.server_cpu_us + s.redis_cpu_us for _, s in samples
                                       if s.endpoint == name and s.connections == connections])
-               for name in ("rank", "baseline", "rank@before", "neighbors", "neighbors@before")}
-        for name in ("neighbors", "neighbors@before"):
-            rank_name = "rank@before" if name.endswith("@before") else "rank"
-            if cpu[name] == cpu[name] and cpu[rank_name] == cpu[rank_name]:
-                print(f"c={connections}: CPU per request (server + redis): {name} {cpu[name]:,.0f} us = "
-                      f"{cpu[name] / cpu[rank_name]:.2f}x {rank_name} (target <= 2x)")
-        if cpu["rank"] == cpu["rank"] and cpu["baseline"] == cpu["baseline"]:
-            print(f"c={connections}: CPU per request (server + redis): rank {cpu['rank']:,.0f} us, baseline "
-                  f"{cpu['baseline']:,.0f} us -> CPU-bound capacity ratio rank/baseline "
-                  f"{cpu['baseline'] / cpu['rank']:.2f}x"
-                  + (f", rank@before {cpu['rank@before']:,.0f} us" if cpu["rank@before"] == cpu["rank@before"] else ""))
+               for name in ("rank", "rank@before", "neighbors", "neighbors@before")}
+        for name in ("rank", "neighbors"):
+            if cpu[name] == cpu[name] and cpu[f"{name}@before"] == cpu[f"{name}@before"]:
+                print(f"c={connections}: CPU per request (server + redis): {name} {cpu[name]:,.0f} us, "
+                      f"{name}@before {cpu[f'{name}@before']:,.0f} us ({cpu[name] / cpu[f'{name}@before']:.2f}x)")
         for name in ("rank", "neighbors", "top"):
             single = [s for _, s in samples if s.endpoint == name and s.connections == connections]
             on_cluster = [s for _, s in samples if s.endpoint == f"{name}@cluster" and s.connections == connections]
@@ -503,6 +526,49 @@ def main(argv: list[str] | None = None) -> int:
               f"(target < {TARGET_P99_MS:.0f} ms: {'met' if p99 < TARGET_P99_MS else 'MISSED'})")
     figures_record(args, samples, players=players, connections=max(concurrency))
     return 0
+
+
+def targets_report(samples: list[tuple[int, Sample]], paced: list[Sample], *, sfx: str,
+                   connections: int) -> list[str]:
+    """The read path's targets under one server (endpoints named with `sfx`), each against
+    that server's baselines in the same runs."""
+    def cell(name: str) -> list[Sample]:
+        return [s for _, s in samples if s.endpoint == f"{name}{sfx}" and s.connections == connections]
+
+    def rps(name: str) -> float:
+        found = cell(name)
+        return benchenv.median([s.rps for s in found]) if found else float("nan")
+
+    def cpu(name: str) -> float:
+        found = cell(name)
+        return benchenv.median([s.server_cpu_us + s.redis_cpu_us for s in found]) if found else float("nan")
+
+    def verdict(value: float, target: float, *, at_most: bool) -> str:
+        if value != value:
+            return "not measured"
+        return "met" if (value <= target if at_most else value >= target) else "MISSED"
+
+    lines = []
+    ratio = rps("rank") / rps("baseline-lean")
+    lines.append(f"rank/baseline-lean throughput {ratio:.2f}x (target >= {TARGET_RATIO}x: "
+                 f"{verdict(ratio, TARGET_RATIO, at_most=False)}), rank/baseline {rps('rank') / rps('baseline'):.2f}x")
+    ratio = cpu("rank") / cpu("baseline-lean")
+    lines.append(f"CPU per request (server + redis): rank {cpu('rank'):,.0f} us, baseline-lean "
+                 f"{cpu('baseline-lean'):,.0f} us, baseline {cpu('baseline'):,.0f} us: rank/baseline-lean "
+                 f"{ratio:.2f}x (target <= {TARGET_CPU_RATIO}x: {verdict(ratio, TARGET_CPU_RATIO, at_most=True)})")
+    ratio = cpu("neighbors") / cpu("rank")
+    lines.append(f"neighbors CPU per request {cpu('neighbors'):,.0f} us = {ratio:.2f}x a rank read's "
+                 f"(target <= {TARGET_NEIGHBORS_CPU}x: {verdict(ratio, TARGET_NEIGHBORS_CPU, at_most=True)})")
+    ratio = rps("top") / rps("baseline")
+    lines.append(f"top/baseline throughput {ratio:.2f}x (target >= {TARGET_TOP_RATIO}x: "
+                 f"{verdict(ratio, TARGET_TOP_RATIO, at_most=False)})")
+    ours = [s.p99 for s in paced if s.endpoint == f"rank{sfx}"]
+    theirs = [s.p99 for s in paced if s.endpoint == f"baseline{sfx}"]
+    if ours and theirs:
+        ratio = benchenv.median(ours) / benchenv.median(theirs)
+        lines.append(f"paced p99: rank {benchenv.median(ours):.1f} ms, baseline {benchenv.median(theirs):.1f} ms: "
+                     f"{ratio:.2f}x (target <= {TARGET_P99_RATIO}x: {verdict(ratio, TARGET_P99_RATIO, at_most=True)})")
+    return lines
 
 
 def figures_record(args: argparse.Namespace, samples: list[tuple[int, Sample]], *, players: int,

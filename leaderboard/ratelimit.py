@@ -28,7 +28,7 @@ from rest_framework.views import APIView
 from leaderboard.api.errors import ApiError
 from leaderboard.redis_client import redis_cluster_of, redis_get, redis_reads_get
 from leaderboard.redis_errors import REDIS_OUTAGES
-from leaderboard.views.rankview import round_trip
+from leaderboard.views.rankview import Rider, round_trip
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +76,15 @@ def _key(kind: str, name: str) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:rl:{kind}:{digest}"
 
 
-def rate_take(*, kind: str, name: str, rate: Rate | None, r: redis.Redis | None = None) -> float:
-    """Take one token from the bucket `kind`/`name`: 0.0 when taken, else the seconds to
-    wait. No limit (rate None) or Redis unreachable: 0.0. `r`: the client (redis_get())."""
+def rate_take(*, kind: str, name: str, rate: Rate | None, r: redis.Redis | None = None,
+              key: str | None = None) -> float:
+    """Take one token from the bucket `kind`/`name` (or `key`): 0.0 when taken, else the
+    seconds to wait. No limit (rate None) or Redis unreachable: 0.0. `r`: the client
+    (redis_get())."""
     if rate is None:
         return 0.0
     per_second, size = rate
-    key = _key(kind, name)
+    key = key or _key(kind, name)
     try:
         reply = _take(r or redis_get(), key, per_second, size)
     except REDIS_OUTAGES:  # the read's own Redis call then answers the outage (503)
@@ -103,7 +105,42 @@ def read_rate_check(*, address: str) -> None:
     """A public read from `address`: raises the 429 when its bucket is empty."""
     wait = rate_take(kind="read", name=address, rate=settings.READ_RATE_LIMIT, r=redis_reads_get())
     if wait:
-        raise rate_limited(retry_after=wait, detail="too many reads from this address; retry after the given seconds")
+        raise _read_limited(wait)
+
+
+def _read_limited(wait: float) -> ApiError:
+    return rate_limited(retry_after=wait, detail="too many reads from this address; retry after the given seconds")
+
+
+class ReadLimit:
+    """The read limit of one fast-path read, taken in the read's own first round trip: its
+    take script rides along it (rankview.Rider) instead of a round trip of its own, about
+    a tenth of a rank read's time. The script runs before the read's commands and is
+    settled after them: a read over the limit is answered 429 all the same, and one that
+    made no round trip (a 400 before any) takes its token on its own (`settle`)."""
+
+    def __init__(self, address: str, rate: Rate):
+        per_second, size = rate
+        self.key = _key("read", address)
+        self.rate = rate
+        # EVAL, not EVALSHA: in a pipelined round trip a NOSCRIPT would fail the read;
+        # Redis caches the script by its body.
+        self.rider = Rider(("EVAL", _TAKE, 1, self.key, repr(per_second), size))
+
+    def settle(self) -> None:
+        """Raises the 429 when the bucket was empty."""
+        if self.rider.sent:
+            wait = int(self.rider.reply) / 1000.0
+        else:
+            wait = rate_take(kind="read", name="", rate=self.rate, r=redis_reads_get(), key=self.key)
+        if wait:
+            raise _read_limited(wait)
+
+
+def read_limit_for(*, address: str) -> ReadLimit | None:
+    """The read limit of a read from `address`, None when reads are not limited."""
+    rate = settings.READ_RATE_LIMIT
+    return None if rate is None else ReadLimit(address, rate)
 
 
 class ReadRateThrottle(BaseThrottle):

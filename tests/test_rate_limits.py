@@ -21,9 +21,11 @@ from audit.models import AuditEntry
 from config.asgi import application
 from leaderboard import ratelimit
 from leaderboard.api.fastpath import ReadFastPath
+from leaderboard.views.rankview import reads as rankview_reads
+from leaderboard.views.rankview import wire
 from seasons.models import Season
 from seasons.staff.accounts.services import login_failures_key
-from tests.support import live_run
+from tests.support import Events, apply_events, live_run, publish
 from tests.support.staff_console import PASSWORD
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_flushed")]
@@ -67,6 +69,37 @@ def test_the_fast_read_path_and_the_views_share_one_bucket(settings: Any) -> Non
     assert _fast_get(TOP).status_code == 404
     assert APIClient().get(TOP, REMOTE_ADDR="10.9.9.9").status_code == 404
     _assert_limited(_fast_get(TOP))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rank_views")
+def test_the_fast_paths_limit_rides_along_the_reads_first_round_trip(
+        season_factory: Any, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    season = season_factory(slug="ride")
+    ev = Events(tag="ride")
+    apply_events(season, [ev.result(f"p{i}", 100 + i) for i in range(5)])
+    publish(season)
+    trips: list[int] = []
+
+    def counted(r: Any, commands: list[Any]) -> list[Any]:
+        trips.append(len(commands))
+        return wire.round_trip(r, commands)
+
+    monkeypatch.setattr(rankview_reads, "round_trip", counted)
+    monkeypatch.setattr(ratelimit, "round_trip", counted)
+    settings.READ_RATE_LIMIT = (1.0, 3)
+    rank = "/v1/seasons/ride/players/p2/rank"
+    assert _fast_get(rank).json()["rank"] == 3
+    assert len(trips) == 2, trips  # the pointer and lookup with the limit's token, then the place
+    assert _fast_get("/v1/seasons/ride/leaderboard/top").status_code == 200
+    assert len(trips) == 3, trips  # the pointer with the token
+    # A read refused before any round trip takes its token in one of its own.
+    assert _fast_get("/v1/seasons/ride/players/p2/neighbors?radius=x").status_code == 400
+    assert trips[3:] == [1], trips
+    _assert_limited(_fast_get(rank))
+    _assert_limited(_fast_get("/v1/seasons/ride/players/nobody/rank"))  # over the limit: not the 404
+    settings.READ_RATE_LIMIT = None
+    assert _fast_get(rank).status_code == 200
 
 
 def test_the_forwarded_address_counts_only_behind_a_tls_proxy(settings: Any) -> None:

@@ -14,6 +14,8 @@ f"{REDIS_KEY_PREFIX}:baseline:{season_id}", loaded by bench/reads.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import AllowAny
@@ -24,21 +26,27 @@ from rest_framework.views import APIView
 from leaderboard.api.params import player_id_param
 from leaderboard.api.reads import Answer
 from leaderboard.redis_client import redis_get
-from leaderboard.views.rankview import round_trip
+from leaderboard.views.rankview import Rider, round_trip
 
 
 def baseline_key(season_id: str) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:baseline:{season_id}"
 
 
-def baseline_answer(*, season_id: str, player_id: str, lean: bool = False) -> Answer:
+def baseline_answer(*, season_id: str, player_id: str, lean: bool = False, rider: Rider | None = None) -> Answer:
     """`lean`: the same three commands through rankview.round_trip, the client path of our
-    own rank read, instead of a redis-py pipeline (bench/reads.py measures both)."""
+    own rank read, instead of a redis-py pipeline (bench/reads.py measures both), with the
+    read limit's `rider` in the same round trip as our reads carry it."""
     player_id_param(player_id)
     key = baseline_key(season_id)
     if lean:
-        score, index, total = round_trip(redis_get(), [("ZSCORE", key, player_id), ("ZREVRANK", key, player_id),
-                                                       ("ZCARD", key)])
+        commands: list[tuple[Any, ...]] = [("ZSCORE", key, player_id), ("ZREVRANK", key, player_id), ("ZCARD", key)]
+        if rider is not None:
+            rider.reply, *replies = round_trip(redis_get(), [rider.command, *commands])
+            rider.sent = True
+        else:
+            replies = round_trip(redis_get(), commands)
+        score, index, total = replies
     else:
         with redis_get().pipeline(transaction=False) as pipe:
             pipe.zscore(key, player_id)

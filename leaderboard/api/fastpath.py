@@ -30,15 +30,17 @@ from django.http.request import split_domain_port, validate_host
 
 from leaderboard.api import reads
 from leaderboard.api.errors import OUTAGES, ApiError, api_error_body, outage_error, reads_saturated
-from leaderboard.ratelimit import read_rate_check, scope_address
+from leaderboard.ratelimit import read_limit_for, scope_address
 from leaderboard.redis_errors import REDIS_OUTAGES
+from leaderboard.views.rankview import Rider
 
 log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-Handler = Callable[[re.Match[str], reads.Query], reads.Answer]
+# A route's read: the URL's match, the query, and the read limit's command to carry.
+Handler = Callable[[re.Match[str], reads.Query, Rider | None], reads.Answer]
 
 _SEASON = r"/v1/seasons/(?P<season>[^/]+)"
 # A board's reads: the global board's URLs, or with /regions/{region} a regional board's
@@ -47,16 +49,18 @@ _BOARD = rf"{_SEASON}(?:/regions/(?P<region>[^/]+))?"
 _PLAYER = r"/players/(?P<player>[^/]+)"
 ROUTES: list[tuple[re.Pattern[str], Handler]] = [
     (re.compile(rf"^{_BOARD}/leaderboard/top$"),
-     lambda m, q: reads.top_answer(season_id=m["season"], query=q, region=m["region"])),
+     lambda m, q, rider: reads.top_answer(season_id=m["season"], query=q, region=m["region"], rider=rider)),
     (re.compile(rf"^{_BOARD}/leaderboard$"),
-     lambda m, q: reads.window_answer(season_id=m["season"], query=q, region=m["region"])),
+     lambda m, q, rider: reads.window_answer(season_id=m["season"], query=q, region=m["region"], rider=rider)),
     (re.compile(rf"^{_BOARD}{_PLAYER}/rank$"),
-     lambda m, q: reads.rank_answer(season_id=m["season"], player_id=m["player"], query=q, region=m["region"])),
+     lambda m, q, rider: reads.rank_answer(season_id=m["season"], player_id=m["player"], query=q,
+                                           region=m["region"], rider=rider)),
     (re.compile(rf"^{_BOARD}{_PLAYER}/neighbors$"),
-     lambda m, q: reads.neighbors_answer(season_id=m["season"], player_id=m["player"], query=q,
-                                         region=m["region"])),
+     lambda m, q, rider: reads.neighbors_answer(season_id=m["season"], player_id=m["player"], query=q,
+                                                region=m["region"], rider=rider)),
     (re.compile(rf"^{_SEASON}{_PLAYER}/friends$"),
-     lambda m, q: reads.friends_answer(season_id=m["season"], player_id=m["player"], query=q)),
+     lambda m, q, rider: reads.friends_answer(season_id=m["season"], player_id=m["player"], query=q,
+                                              rider=rider)),
 ]
 
 
@@ -64,8 +68,8 @@ def _baseline_routes() -> list[tuple[re.Pattern[str], Handler]]:
     from leaderboard.api.baseline_views import baseline_answer
 
     return [(re.compile(rf"^/bench/baseline/seasons/(?P<season>[^/]+){_PLAYER}/rank$"),
-             lambda m, q: baseline_answer(season_id=m["season"], player_id=m["player"],
-                                          lean=q.get("client") == "lean"))]
+             lambda m, q, rider: baseline_answer(season_id=m["season"], player_id=m["player"],
+                                                 lean=q.get("client") == "lean", rider=rider))]
 
 
 def _security_headers() -> list[tuple[bytes, bytes]]:
@@ -104,9 +108,15 @@ def _answer(outage: _Outage, handler: Handler, match: re.Match[str], query: read
     if outage.open():
         return _error_answer(outage_error(None))
     close_old_connections()
+    limit = read_limit_for(address=address)
     try:
-        read_rate_check(address=address)
-        return handler(match, query)
+        try:
+            answer = handler(match, query, limit.rider if limit is not None else None)
+        except ApiError as exc:
+            answer = _error_answer(exc)
+        if limit is not None:
+            limit.settle()  # over the limit: the 429, whatever the read found
+        return answer
     except ApiError as exc:
         return _error_answer(exc)
     except OUTAGES as exc:  # as DRF's exception handler does for the views
@@ -182,7 +192,7 @@ class ReadFastPath:
                 answer = reads.Answer(500, {"error": "internal_error", "detail": "the read failed; retry"})
             finally:
                 self.in_flight -= 1
-        body = orjson.dumps(answer.body)
+        body = answer.raw if answer.raw is not None else orjson.dumps(answer.body)
         headers = [*self.headers, (b"content-length", str(len(body)).encode())]
         headers += [(name.lower().encode(), value.encode()) for name, value in answer.headers.items()]
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})

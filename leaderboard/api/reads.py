@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from leaderboard.api.errors import ApiError
 from leaderboard.api.params import (
     bool_param,
@@ -31,7 +33,7 @@ from leaderboard.api.params import (
 from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import RADIUS_MAX, Entry, ranked_among
-from leaderboard.views.rankview import RankReader, Unavailable, UnknownRegion, VersionExpired
+from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired
 from leaderboard.views.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
 
@@ -43,6 +45,8 @@ class Answer:
     status: int
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+    # The body already encoded (the top of a version: encoded once, served many times).
+    raw: bytes | None = None
 
 
 def _envelope(manifest: Manifest, body: dict[str, Any]) -> dict[str, Any]:
@@ -63,8 +67,9 @@ def _region(region: str | None) -> str | None:
     return None if region is None else region_name_param(region)
 
 
-def _read(season_id: str, call: Callable[[RankReader], Answer], *, region: str | None = None) -> Answer:
-    reader = leaderboard_reader(season_slug=season_id_param(season_id), region=region)
+def _read(season_id: str, call: Callable[[RankReader], Answer], *, region: str | None = None,
+          rider: Rider | None = None) -> Answer:
+    reader = leaderboard_reader(season_slug=season_id_param(season_id), region=region, rider=rider)
     try:
         return call(reader)
     except Unavailable:
@@ -86,19 +91,33 @@ def _not_ranked(manifest: Manifest, player_id: str, region: str | None) -> ApiEr
                     extra=_envelope(manifest, {**_board(region), "player_id": player_id}))
 
 
-def top_answer(*, season_id: str, query: Query, region: str | None = None) -> Answer:
+def top_answer(*, season_id: str, query: Query, region: str | None = None, rider: Rider | None = None) -> Answer:
     region = _region(region)
     limit = int_param(query, "limit", default=100, low=1, high=100)
     version = int_param(query, "version", default=None, low=1, high=None)
 
     def call(reader: RankReader) -> Answer:
         manifest, top = reader.top(limit or 100, version)
-        return Answer(200, _envelope(manifest, {**_board(region), "entries": top, "total_players": manifest.total}))
+        head, entries, tail = _top_encoded(manifest, region)
+        return Answer(200, _envelope(manifest, {**_board(region), "entries": top, "total_players": manifest.total}),
+                      raw=head + b",".join(entries[:limit]) + tail)
 
-    return _read(season_id, call, region=region)
+    return _read(season_id, call, region=region, rider=rider)
 
 
-def window_answer(*, season_id: str, query: Query, region: str | None = None) -> Answer:
+def _top_encoded(manifest: Manifest, region: str | None) -> tuple[bytes, list[bytes], bytes]:
+    """The version's top answer encoded once, in three parts: every `limit` is the head,
+    that many entries and the tail. The same bytes as the body encoded whole."""
+    parts: tuple[bytes, list[bytes], bytes] | None = manifest.memo.get("top_answer")
+    if parts is None:
+        head = orjson.dumps(_envelope(manifest, _board(region)))[:-1] + b',"entries":['
+        tail = b'],"total_players":' + orjson.dumps(manifest.total) + b"}"
+        parts = manifest.memo["top_answer"] = (head, [orjson.dumps(entry) for entry in manifest.top], tail)
+    return parts
+
+
+def window_answer(*, season_id: str, query: Query, region: str | None = None,
+                  rider: Rider | None = None) -> Answer:
     region = _region(region)
     first = int_param(query, "from_position", default=1, low=1, high=None)
     limit = int_param(query, "limit", default=100, low=1, high=100)
@@ -110,10 +129,11 @@ def window_answer(*, season_id: str, query: Query, region: str | None = None) ->
             **_board(region), "from_position": first, "entries": _entries(entries), "total_players": manifest.total,
         }))
 
-    return _read(season_id, call, region=region)
+    return _read(season_id, call, region=region, rider=rider)
 
 
-def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | None = None) -> Answer:
+def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | None = None,
+                rider: Rider | None = None) -> Answer:
     """The player's entry; the answer names the player's `region` in the version (null for
     none), which on a regional board is that board's."""
     region = _region(region)
@@ -144,10 +164,11 @@ def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | N
             }
         return Answer(200, _envelope(view.manifest, body))
 
-    return _read(season_id, call, region=region)
+    return _read(season_id, call, region=region, rider=rider)
 
 
-def neighbors_answer(*, season_id: str, player_id: str, query: Query, region: str | None = None) -> Answer:
+def neighbors_answer(*, season_id: str, player_id: str, query: Query, region: str | None = None,
+                     rider: Rider | None = None) -> Answer:
     region = _region(region)
     player_id_param(player_id)
     radius = int_param(query, "radius", default=RADIUS_MAX, low=0, high=RADIUS_MAX)
@@ -162,10 +183,10 @@ def neighbors_answer(*, season_id: str, player_id: str, query: Query, region: st
             "total_players": manifest.total,
         }))
 
-    return _read(season_id, call, region=region)
+    return _read(season_id, call, region=region, rider=rider)
 
 
-def friends_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
+def friends_answer(*, season_id: str, player_id: str, query: Query, rider: Rider | None = None) -> Answer:
     """The player and their friends ranked among themselves in one version (docs/api.md,
     Friends board). A player the version does not hold is simply not in `entries`; its
     friends without an entry are only counted."""
@@ -189,4 +210,4 @@ def friends_answer(*, season_id: str, player_id: str, query: Query) -> Answer:
             "unranked_friends": unranked,
         }))
 
-    return _read(season_id, call)
+    return _read(season_id, call, rider=rider)

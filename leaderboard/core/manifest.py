@@ -127,6 +127,13 @@ class Manifest:
         return sum(self.counts)
 
     @cached_property
+    def memo(self) -> dict[Any, Any]:
+        """What readers derive from this version once and serve many times (an encoded
+        answer of its top), cached with the manifest and gone with it: a version is
+        immutable, so nothing in here is ever stale."""
+        return {}
+
+    @cached_property
     def higher(self) -> list[int]:
         return higher_counts(self.counts)
 

@@ -43,7 +43,7 @@ from leaderboard.core.live import (
 )
 from leaderboard.live import hub as live
 from leaderboard.live.announce import season_live_state
-from leaderboard.live.messages import snapshot_message, snapshot_read, unavailable_message, unavailable_text
+from leaderboard.live.messages import snapshot_read, snapshot_text, unavailable_message, unavailable_text
 from leaderboard.ratelimit import live_sockets, scope_address
 from seasons.selectors import season_get
 
@@ -221,9 +221,8 @@ class LiveBoardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
                 if await self._send_text(text):
                     socket.sent_unavailable(text)
             else:
-                message = snapshot_message(self.slug, self.state, self.final_version, snap,
-                                           socket.subscription)
-                if await self._send_message(message):
+                text = snapshot_text(self.slug, self.state, self.final_version, snap, socket.subscription)
+                if await self._send_text(text):
                     socket.sent(snap.manifest.version,
                                 PlayerMark.of(snap.player.entry) if snap.player is not None else None)
         finally:

@@ -67,6 +67,20 @@ def snapshot_message(season_slug: str, state: str | None, final_version: int | N
     return message
 
 
+def snapshot_text(season_slug: str, state: str | None, final_version: int | None, snapshot: Snapshot,
+                  subscription: Subscription) -> str:
+    """`snapshot_message` encoded: once per version and season state for every socket
+    without a player (the top is all it shows), per socket with one."""
+    if subscription.player_id is not None:
+        return orjson.dumps(snapshot_message(season_slug, state, final_version, snapshot, subscription)).decode()
+    key = ("snapshot", season_slug, state, final_version, len(snapshot.top))
+    text: str | None = snapshot.manifest.memo.get(key)
+    if text is None:
+        text = snapshot.manifest.memo[key] = orjson.dumps(
+            snapshot_message(season_slug, state, final_version, snapshot, subscription)).decode()
+    return text
+
+
 def unavailable_message(season_slug: str, state: str | None, final_version: int | None,
                         recovery: dict[str, Any] | None = None, *, region: str | None = None) -> dict[str, Any]:
     """The read API's 503 body as a socket message: the same reason and retry_after, and

@@ -11,18 +11,19 @@ from leaderboard.core.ranking import Entry
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias_of_player
 from leaderboard.models import FriendList, PlayerScore
 from leaderboard.redis_client import redis_reads_get
-from leaderboard.views.rankview import RankReader
+from leaderboard.views.rankview import RankReader, Rider
 from leaderboard.views.season_index import season_keys
 from seasons.models import Season
 
 # reached_at is stored to the millisecond, so the product is a whole number.
 
 
-def leaderboard_reader(*, season_slug: str, region: str | None = None) -> RankReader:
-    """A reader of the season's global board, or with `region` of that region's board."""
+def leaderboard_reader(*, season_slug: str, region: str | None = None, rider: Rider | None = None) -> RankReader:
+    """A reader of the season's global board, or with `region` of that region's board;
+    `rider` goes with its first round trip."""
     return RankReader(
         redis_reads_get(), season_keys(season_slug), deadline=settings.READ_DEADLINE_SECONDS,
-        region=region,
+        region=region, rider=rider,
     )
 
 

@@ -72,6 +72,17 @@ class _Torn(Exception):
 Torn = _Torn  # for the invariant checker, which reports it instead of retrying
 
 
+@dataclass(slots=True)
+class Rider:
+    """A command that rides along a read's first round trip (the read limit's token,
+    leaderboard.ratelimit): sent before the read's own commands, so it costs no round trip
+    of its own. `sent` once it went, with its raw `reply`."""
+
+    command: tuple[Any, ...]
+    sent: bool = False
+    reply: Any = None
+
+
 @dataclass(frozen=True, slots=True)
 class PlayerView:
     manifest: Manifest
@@ -132,8 +143,9 @@ class RankReader:
     """
 
     def __init__(self, r: redis.Redis, keys: Keys, *, deadline: float, attempts: int = 3,
-                 copies: tuple[str, ...] | None = None, region: str | None = None):
+                 copies: tuple[str, ...] | None = None, region: str | None = None, rider: Rider | None = None):
         self.r = r
+        self.rider = rider
         self.keys = keys
         self.deadline = deadline
         self.attempts = attempts
@@ -142,9 +154,19 @@ class RankReader:
         # (Manifest.board_of), and a player of another region is not ranked on it.
         self.region = region
 
+    def _trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """round_trip of `commands`; the first one of the reader also carries its rider."""
+        rider = self.rider
+        if rider is None or rider.sent:
+            return round_trip(self.r, commands)
+        rider.reply, *replies = round_trip(self.r, [rider.command, *commands])
+        rider.sent = True
+        return replies
+
     # -- manifest selection
     def _manifest(self, version: int | None) -> Manifest:
-        return self._select(pointer_get(self.r, self.keys), version)
+        (raw,) = self._trip([("GET", self.keys.ptr)])
+        return self._select(int(raw) if raw is not None else None, version)
 
     def _select(self, current: int | None, version: int | None) -> Manifest:
         """The manifest a read uses, given the current pointer and the version asked for:
@@ -217,7 +239,7 @@ class RankReader:
         """The replies of `commands`, sent in one round trip with the seqlock's reads after
         them: the `gen` of each slot group in `groups` and the copy's (generation, version).
         Raises _Torn when the copy moved, or with `started` when the read is past its deadline."""
-        replies = round_trip(self.r, [*commands, *seqlock_commands(self.keys, manifest, groups)])
+        replies = self._trip([*commands, *seqlock_commands(self.keys, manifest, groups)])
         if not seqlock_holds(manifest, replies[len(commands):]):
             raise _Torn()
         if started is not None and time.monotonic() - started > self.deadline:
@@ -300,7 +322,7 @@ class RankReader:
                 commands.append(("HGET", self.keys.region(index, shard, groups=groups), player_id))
             commands.append(("HMGET", self.keys.fence(index, shard_group(shard=shard, groups=groups)),
                              *(gen_field(side) for side in sides)))
-        raw_ptr, *replies = round_trip(self.r, commands)
+        raw_ptr, *replies = self._trip(commands)
         manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
         shard = lookup_shard(player_id, manifest.lookup_shards)
         at = copies.index(manifest.copy) if manifest.copy in copies else None
