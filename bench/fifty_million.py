@@ -255,7 +255,7 @@ def step_reads(args: argparse.Namespace, players: int, season: Any, out: dict[st
 
     import reads
 
-    server = benchenv.UvicornServer(workers=args.workers, port=args.port, env=env)
+    server = benchenv.AppServer(workers=args.workers, port=args.port, env=env)
     endpoints = ("rank", "neighbors", "top")
     samples: dict[str, list[Any]] = {name: [] for name in endpoints}
     paced: list[Any] = []

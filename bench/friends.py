@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     lists = friend_lists_write(boards=args.boards, friends=args.friends, players=players, seed=args.seed)
     print(f"# {len(lists)} friend lists of {args.friends:,} written in {time.perf_counter() - started:.1f}s")
-    server = benchenv.UvicornServer(workers=args.workers, port=args.port, env=env)
+    server = benchenv.AppServer(workers=args.workers, port=args.port, env=env)
     # name -> how many players the Lua script picks from (p00000000..).
     population = {"friends": len(lists), "rank": players}
     samples: list[reads.Sample] = []

@@ -19,9 +19,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-import websockets
 from asgiref.sync import async_to_sync, sync_to_async
 from channels_redis.core import RedisChannelLayer
+from websockets.asyncio.client import connect
+from websockets.typing import Origin
 
 from leaderboard.core.live import top_apply
 from leaderboard.live import announce
@@ -60,7 +61,7 @@ class Clients:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        sockets = [await websockets.connect(self.url, origin=self.origin) for _ in range(CLIENTS)]  # type: ignore[arg-type]
+        sockets = [await connect(self.url, origin=Origin(self.origin)) for _ in range(CLIENTS)]
         self.ready.set()
         readers = [asyncio.ensure_future(self._read(i, ws)) for i, ws in enumerate(sockets)]
         await self._stop.wait()

@@ -126,3 +126,31 @@ def test_the_benchmark_baseline_answers_the_same_through_both_redis_client_paths
     assert pipelined.json() == lean.json() == {"player_id": "c", "total_players": 3, "score": 20, "rank": 2,
                                                "position": 2}
     assert fetch(app, "GET", "/bench/baseline/seasons/b/players/zz/rank?client=lean").status_code == 404
+
+
+def test_the_current_top_is_served_on_the_event_loop_without_a_read_thread(
+        published: Season, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    from leaderboard.api import fastpath
+
+    settings.READ_RATE_LIMIT = (1000.0, 1000)
+    threads: list[str] = []
+    answer = fastpath._answer
+
+    def counted(*args: Any) -> Any:
+        threads.append(args[2].string)
+        return answer(*args)
+
+    monkeypatch.setattr(fastpath, "_answer", counted)
+    app = ReadFastPath(Behind(), threads=1)
+    fetch(app, "GET", "/v1/seasons/fast/leaderboard/top?version=2")  # reads the manifest into this process
+    threads.clear()
+    for url in ("/v1/seasons/fast/leaderboard/top", "/v1/seasons/fast/leaderboard/top?limit=3"):
+        response = fetch(app, "GET", url)
+        assert response.status_code == 200
+        assert response.json() == APIClient().get(url).json()
+    assert threads == []
+    # What needs more than the pointer goes to a read thread, answered as before.
+    for url in ("/v1/seasons/fast/leaderboard/top?version=1", "/v1/seasons/fast/leaderboard/top?limit=0",
+                "/v1/seasons/nowhere/leaderboard/top"):
+        assert fetch(app, "GET", url).json() == APIClient().get(url).json()
+    assert len(threads) == 3, threads

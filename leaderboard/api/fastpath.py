@@ -30,9 +30,12 @@ from django.http.request import split_domain_port, validate_host
 
 from leaderboard.api import reads
 from leaderboard.api.errors import OUTAGES, ApiError, api_error_body, outage_error, reads_saturated
-from leaderboard.ratelimit import read_limit_for, scope_address
+from leaderboard.api.params import season_id_param
+from leaderboard.live.redis_async import loop_redis, pipeline_raw
+from leaderboard.ratelimit import ReadLimit, read_limit_for, scope_address
 from leaderboard.redis_errors import REDIS_OUTAGES
-from leaderboard.views.rankview import Rider
+from leaderboard.views.rankview import Rider, manifest_cached
+from leaderboard.views.season_index import season_keys
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +50,9 @@ _SEASON = r"/v1/seasons/(?P<season>[^/]+)"
 # (the group is then None for the global ones).
 _BOARD = rf"{_SEASON}(?:/regions/(?P<region>[^/]+))?"
 _PLAYER = r"/players/(?P<player>[^/]+)"
+_TOP = re.compile(rf"^{_BOARD}/leaderboard/top$")
 ROUTES: list[tuple[re.Pattern[str], Handler]] = [
-    (re.compile(rf"^{_BOARD}/leaderboard/top$"),
+    (_TOP,
      lambda m, q, rider: reads.top_answer(season_id=m["season"], query=q, region=m["region"], rider=rider)),
     (re.compile(rf"^{_BOARD}/leaderboard$"),
      lambda m, q, rider: reads.window_answer(season_id=m["season"], query=q, region=m["region"], rider=rider)),
@@ -104,11 +108,12 @@ class _Outage:
 
 
 def _answer(outage: _Outage, handler: Handler, match: re.Match[str], query: reads.Query,
-            address: str) -> reads.Answer:
-    if outage.open():
+            address: str, limit: ReadLimit | None) -> reads.Answer:
+    """A read in a read thread. `limit`: the read limit, sent already by the event loop's
+    attempt at the read (`_top_on_loop`) or still to send with the read's first round trip."""
+    if outage.open():  # met while this read waited for a thread
         return _error_answer(outage_error(None))
     close_old_connections()
-    limit = read_limit_for(address=address)
     try:
         try:
             answer = handler(match, query, limit.rider if limit is not None else None)
@@ -167,6 +172,48 @@ class ReadFastPath:
                 return handler, match
         return None
 
+    async def _top_on_loop(self, match: re.Match[str], query: reads.Query,
+                           limit: ReadLimit | None) -> reads.Answer | None:
+        """The current version's top, served on the event loop: the pointer (with the read
+        limit's token) in one round trip on the loop's own Redis client, then the answer
+        this process encoded once for the version. No read thread, no hop to one and back:
+        the top is the one read whose answer needs nothing but the pointer. None when the
+        read needs more (a pinned version, a manifest this process has not read yet, an
+        unknown season or region, a parameter to refuse, a Redis reply to make sense of):
+        the read thread then reads it whole, with `limit` as sent here."""
+        if "version" in query:
+            return None
+        try:
+            region, size, _ = reads.top_params(query=query, region=match["region"])
+            keys = season_keys(season_id_param(match["season"]))
+        except ApiError:
+            return None
+        commands: list[tuple[Any, ...]] = [("GET", keys.ptr)]
+        if limit is not None:
+            commands.append(limit.rider.command)
+        try:
+            async with asyncio.timeout(settings.READ_REDIS_TIMEOUT_SECONDS):
+                replies = await pipeline_raw(loop_redis(), commands)
+        except TimeoutError:  # a Redis that does not answer: as a read thread's timeout
+            self.outage.met()
+            return _error_answer(outage_error(None))
+        except Exception:
+            # Refused, redirected, a node gone: the read thread's round trip knows what
+            # to send again and when it is an outage.
+            return None
+        if limit is not None:
+            limit.rider.reply, limit.rider.sent = replies[1], True
+            try:
+                limit.settle()
+            except ApiError as exc:
+                return _error_answer(exc)
+        manifest = manifest_cached(keys, int(replies[0])) if replies[0] is not None else None
+        if manifest is not None and region is not None:
+            manifest = manifest.board_of(region)
+        if manifest is None:
+            return None
+        return reads.top_of(manifest, region=region, limit=size)
+
     def _host_ok(self, scope: Scope) -> bool:
         host = next((value for name, value in scope["headers"] if name == b"host"), b"").decode("latin-1")
         domain, _port = split_domain_port(host)
@@ -180,13 +227,20 @@ class ReadFastPath:
         handler, match = routed
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
         loop = asyncio.get_running_loop()
+        address = scope_address(scope)
+        limit = read_limit_for(address=address)
+        answer: reads.Answer | None = None
         if self.in_flight >= self.in_flight_max:
             answer = _error_answer(reads_saturated())
-        else:
+        elif self.outage.open():
+            answer = _error_answer(outage_error(None))
+        elif match.re is _TOP:
+            answer = await self._top_on_loop(match, query, limit)
+        if answer is None:
             self.in_flight += 1
             try:
                 answer = await loop.run_in_executor(self.pool, _answer, self.outage, handler, match, query,
-                                                    scope_address(scope))
+                                                    address, limit)
             except Exception:
                 log.exception("read %s failed", scope["path"])
                 answer = reads.Answer(500, {"error": "internal_error", "detail": "the read failed; retry"})

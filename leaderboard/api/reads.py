@@ -92,17 +92,29 @@ def _not_ranked(manifest: Manifest, player_id: str, region: str | None) -> ApiEr
 
 
 def top_answer(*, season_id: str, query: Query, region: str | None = None, rider: Rider | None = None) -> Answer:
+    region, limit, version = top_params(query=query, region=region)
+
+    def call(reader: RankReader) -> Answer:
+        manifest, _ = reader.top(limit, version)
+        return top_of(manifest, region=region, limit=limit)
+
+    return _read(season_id, call, region=region, rider=rider)
+
+
+def top_params(*, query: Query, region: str | None) -> tuple[str | None, int, int | None]:
+    """(region, limit, version) of a top read, each checked (a 400 naming it)."""
     region = _region(region)
     limit = int_param(query, "limit", default=100, low=1, high=100)
     version = int_param(query, "version", default=None, low=1, high=None)
+    return region, limit or 100, version
 
-    def call(reader: RankReader) -> Answer:
-        manifest, top = reader.top(limit or 100, version)
-        head, entries, tail = _top_encoded(manifest, region)
-        return Answer(200, _envelope(manifest, {**_board(region), "entries": top, "total_players": manifest.total}),
-                      raw=head + b",".join(entries[:limit]) + tail)
 
-    return _read(season_id, call, region=region, rider=rider)
+def top_of(manifest: Manifest, *, region: str | None, limit: int) -> Answer:
+    """The top answer of a version's board (the manifest holds its top 100)."""
+    head, entries, tail = _top_encoded(manifest, region)
+    return Answer(200, _envelope(manifest, {**_board(region), "entries": manifest.top[:limit],
+                                            "total_players": manifest.total}),
+                  raw=head + b",".join(entries[:limit]) + tail)
 
 
 def _top_encoded(manifest: Manifest, region: str | None) -> tuple[bytes, list[bytes], bytes]:

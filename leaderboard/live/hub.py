@@ -50,7 +50,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import redis
@@ -75,7 +75,7 @@ from leaderboard.live.frames import (
 )
 from leaderboard.live.messages import unavailable_text
 from leaderboard.live.players import PlayerRead, players_read_async
-from leaderboard.live.redis_async import ASYNC_REDIS_CONNECTIONS, REDIS_READ_TIMEOUT_SECONDS
+from leaderboard.live.redis_async import REDIS_READ_TIMEOUT_SECONDS, loop_redis
 from leaderboard.views import rankview
 from leaderboard.views.season_index import season_keys
 
@@ -718,20 +718,9 @@ class LiveRegistry:
         self._stopping: set[asyncio.Task[None]] = set()
 
     def redis(self) -> redis.asyncio.Redis:
-        """The process's asyncio Redis client for rounds. A blocking pool: a burst of reads
-        waits for a connection instead of failing (redis-py's default pool raises). No
-        socket_timeout: redis-py would wrap every reply of a pipeline in a timer of its
-        own; its callers bound each read as a whole (REDIS_READ_TIMEOUT_SECONDS)."""
-        if self._redis is None and settings.REDIS_CLUSTER:
-            # Per node: a pool of up to ASYNC_REDIS_CONNECTIONS each (pipeline_raw).
-            self._redis = cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(
-                settings.REDIS_URL, max_connections=ASYNC_REDIS_CONNECTIONS, socket_timeout=None,
-                socket_connect_timeout=2.0))
+        """The loop's asyncio Redis client for rounds (live.redis_async.loop_redis)."""
         if self._redis is None:
-            pool = redis.asyncio.BlockingConnectionPool.from_url(
-                settings.REDIS_URL, max_connections=ASYNC_REDIS_CONNECTIONS, timeout=10,
-                socket_timeout=None, socket_connect_timeout=2.0)
-            self._redis = redis.asyncio.Redis(connection_pool=pool)
+            self._redis = loop_redis()
         return self._redis
 
     async def join(self, season_slug: str, socket_id: str, socket: Socket,

@@ -11,11 +11,13 @@ cluster's slot map and its outages, and nothing of what is read.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio
+from django.conf import settings
 
 from leaderboard.redis_client import cluster_outage, cluster_unreachable
 from leaderboard.views.rankview.wire import slot_batches
@@ -28,6 +30,32 @@ REDIS_READ_TIMEOUT_SECONDS = 5.0
 # redis-py callback applies to these commands' replies but ZRANGE's, which is why the plan
 # sends it without the withscores option it would need).
 Call = tuple[Any, ...]
+
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.asyncio.Redis] = weakref.WeakKeyDictionary()
+
+
+def loop_redis() -> redis.asyncio.Redis:
+    """The running event loop's asyncio Redis client for the rank views (live rounds, the
+    fast path's top reads). A blocking pool: a burst of reads waits for a connection
+    instead of failing (redis-py's default pool raises). No socket_timeout: redis-py would
+    wrap every reply of a pipeline in a timer of its own; its callers bound each read as a
+    whole (REDIS_READ_TIMEOUT_SECONDS, or the reads' own)."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        if settings.REDIS_CLUSTER:
+            # Per node: a pool of up to ASYNC_REDIS_CONNECTIONS each (pipeline_raw).
+            client = cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(
+                settings.REDIS_URL, max_connections=ASYNC_REDIS_CONNECTIONS, socket_timeout=None,
+                socket_connect_timeout=2.0))
+        else:
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                settings.REDIS_URL, max_connections=ASYNC_REDIS_CONNECTIONS, timeout=10,
+                socket_timeout=None, socket_connect_timeout=2.0)
+            client = redis.asyncio.Redis(connection_pool=pool)
+        _clients[loop] = client
+    return client
 
 
 async def pipeline_raw(r: redis.asyncio.Redis, commands: list[Call]) -> list[Any]:
@@ -81,7 +109,7 @@ async def _nodes_pipeline_raw(r: redis.asyncio.RedisCluster, commands: list[Call
         return replies
     except BaseException as exc:
         for _, connection, _ in taken:
-            await connection.disconnect()
+            await connection.disconnect(nowait=True)
         if isinstance(exc, redis.exceptions.RedisError):
             await _cluster_call(nodes.initialize())
         raise

@@ -63,8 +63,8 @@ _manifest_cache_lock = threading.Lock()
 _MANIFEST_CACHE_MAX = 256
 
 
-def manifest_get(r: redis.Redis, keys: Keys, version: int) -> Manifest | None:
-    """A manifest is immutable once published, so each process caches it by version."""
+def manifest_cached(keys: Keys, version: int) -> Manifest | None:
+    """The manifest of `version` if this process has it cached, without any Redis call."""
     cache_key = (keys.prefix, keys.season, version)
     cached = _manifest_cache.get(cache_key)
     if cached is not None:
@@ -72,7 +72,15 @@ def manifest_get(r: redis.Redis, keys: Keys, version: int) -> Manifest | None:
             _manifest_cache.move_to_end(cache_key)
         except KeyError:
             pass
+    return cached
+
+
+def manifest_get(r: redis.Redis, keys: Keys, version: int) -> Manifest | None:
+    """A manifest is immutable once published, so each process caches it by version."""
+    cached = manifest_cached(keys, version)
+    if cached is not None:
         return cached
+    cache_key = (keys.prefix, keys.season, version)
     raw = r.get(keys.manifest(version))
     if raw is None:
         return None
