@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from config.broker import broker_timeouts
 from config.env import (
     ConfigError,
     dev_secret_key,
@@ -111,6 +112,10 @@ elif _db["ENGINE"] == "django.db.backends.postgresql" and (DB_POOL_SIZE := env_i
             "min_size": 1,
             "max_size": DB_POOL_SIZE,
             "timeout": env_float("DB_POOL_TIMEOUT", 10.0, minimum=0.1),
+            # A connection attempt the server refuses is retried for this long (after 1 s),
+            # then given up; the next request that needs a connection starts a new one at
+            # once: a pool finds the server back within a second or two of an outage's end.
+            "reconnect_timeout": 1.0,
         },
     }
 # Ledger partitions of new seasons in PostgreSQL databases of their own (docs/operations.md,
@@ -121,6 +126,12 @@ LEDGER_PARTITION_URLS = env_str("LEDGER_PARTITION_URLS", "") or ""
 _ledger_databases, LEDGER_PARTITION_ALIASES = ledger_databases_parse(
     LEDGER_PARTITION_URLS, default=_db, max_partitions=MAX_PARTITIONS)
 DATABASES = {"default": _db, **_ledger_databases}
+# A pooled PostgreSQL database goes through config/postgresql: while the server refuses
+# connections and the pool holds none, a request fails at once (a 503) instead of waiting
+# DB_POOL_TIMEOUT for a connection it cannot have.
+for _alias, _database in DATABASES.items():
+    if _database["ENGINE"] == "django.db.backends.postgresql" and _database.get("OPTIONS", {}).get("pool"):
+        DATABASES[_alias] = {**_database, "ENGINE": "config.postgresql"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: the materialized views; the Celery broker and the channel layer, by default
@@ -173,6 +184,17 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
+# How long the broker may leave a connect, a reply or a write unanswered: a broker that
+# hangs instead of refusing makes an enqueue give up (BROKER_ENQUEUE_BOUND_SECONDS, twice
+# this) instead of holding a request or an epoch for ever. Per transport, with the
+# publish retry policy that keeps that bound (config/broker.py says what each option does).
+BROKER_TIMEOUT_SECONDS = env_float("BROKER_TIMEOUT_SECONDS", 2.0, minimum=0.1)
+_broker = broker_timeouts(CELERY_BROKER_URL, timeout=BROKER_TIMEOUT_SECONDS)
+BROKER_ENQUEUE_BOUND_SECONDS = _broker.enqueue_bound_seconds
+CELERY_BROKER_TRANSPORT_OPTIONS = _broker.transport_options
+CELERY_BROKER_CONNECTION_TIMEOUT = _broker.timeout
+CELERY_BROKER_POOL_ACQUIRE_TIMEOUT = _broker.timeout
+CELERY_TASK_PUBLISH_RETRY_POLICY = _broker.publish_retry_policy
 
 # One plain Redis, or several comma-separated: channels-redis then shards channels and
 # groups over them by a hash of the name (every web process must list them in the same order).
@@ -249,6 +271,11 @@ REBUILD_SAMPLE_SIZE = env_int("REBUILD_SAMPLE_SIZE", 1000, minimum=1)
 # 10 s) for this long is failed by the season's next rebuild or recovery, or by
 # `manage.py rebuild_views SEASON --fail-stale`: a killed builder never blocks recovery.
 REBUILD_STALE_SECONDS = env_float("REBUILD_STALE_SECONDS", 60.0, minimum=1.0)
+# A queued rebuild job no worker has taken this long after it was queued (its message never
+# reached a broker that did not answer, or waits behind busy workers) is sent again by
+# beat's rebuild_jobs_resend, as often: the heartbeat's period, so a job whose sends land
+# never looks stale (leaderboard/recovery/rebuild.py rebuild_jobs_resend_due).
+REBUILD_RESEND_SECONDS = min(max(REBUILD_STALE_SECONDS / 4, 1.0), 10.0)
 # Continuous reconciliation of each season's current version (Celery beat).
 RECONCILE_SECONDS = env_float("RECONCILE_SECONDS", 60.0, minimum=1.0)
 RECONCILE_SAMPLE_SIZE = env_int("RECONCILE_SAMPLE_SIZE", 200, minimum=1)
@@ -279,6 +306,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "leaderboard.tasks.metrics_sample",
         "schedule": METRICS_SAMPLE_SECONDS,
         "options": {"expires": METRICS_SAMPLE_SECONDS},
+    },
+    "leaderboard-rebuild-resend": {
+        "task": "leaderboard.tasks.rebuild_jobs_resend",
+        "schedule": REBUILD_RESEND_SECONDS,
+        "options": {"expires": REBUILD_RESEND_SECONDS},
     },
 }
 # bench/reads.py only: routes /bench/baseline/... (rank from one plain sorted set) so the

@@ -4,18 +4,16 @@ written, and the reads go on from Redis; the next batch after the lock is gone c
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg
 import pytest
-from django.db import connection
 
-from leaderboard.models import PlayerScore, ScoreEvent
+from leaderboard.models import ScoreEvent
 from seasons.models import Season
 from tests.support import Events, fast_get, post_ok, publish
+from tests.support.pg_sessions import current_scores_locked
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -23,40 +21,16 @@ Post = Callable[..., Any]
 TIMEOUT = 0.5
 
 
-def _other_session() -> psycopg.Connection[Any]:
-    params = connection.get_connection_params()
-    return psycopg.connect(**{k: v for k, v in params.items() if k in {"dbname", "user", "host", "port", "password"}})
-
-
 @pytest.fixture
-def current_scores_locked() -> Iterator[Callable[[], None]]:
-    """Another session holding ACCESS EXCLUSIVE on the current scores (as a migration or a
-    stray maintenance statement would) until the test releases it."""
-    other = _other_session()
-    release = threading.Event()
-    other.execute(f"LOCK TABLE {PlayerScore._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+def scores_locked() -> Iterator[Callable[[], None]]:
     # Let go by itself later: a write path without a timeout then waits this long and the
     # test fails on the time taken, instead of hanging.
-    lock = threading.Lock()
-
-    def unlock() -> None:
-        with lock:
-            if not release.is_set():
-                release.set()
-                other.rollback()
-
-    timer = threading.Timer(TIMEOUT + 4.0, unlock)
-    timer.start()
-    try:
+    with current_scores_locked(release_after=TIMEOUT + 4.0) as unlock:
         yield unlock
-    finally:
-        timer.cancel()
-        unlock()
-        other.close()
 
 
 def test_a_batch_behind_a_locked_table_answers_503_in_time_and_writes_nothing(
-        season: Season, post_scores: Post, settings: Any, current_scores_locked: Callable[[], None]) -> None:
+        season: Season, post_scores: Post, settings: Any, scores_locked: Callable[[], None]) -> None:
     settings.WRITE_STATEMENT_TIMEOUT_SECONDS = TIMEOUT
     events = Events(season.slug)
     started = time.monotonic()
@@ -65,7 +39,7 @@ def test_a_batch_behind_a_locked_table_answers_503_in_time_and_writes_nothing(
     assert response.status_code == 503, response.content
     assert response.json()["error"] == "unavailable" and response["Retry-After"]
     assert took < TIMEOUT + 2.0, took
-    current_scores_locked()
+    scores_locked()
     assert not ScoreEvent.objects.filter(season_id=season.pk).exists()  # nothing half-written
     # Sent again once the lock is gone: applied, as if the first had never been sent.
     outcomes = post_ok(post_scores, season, [events.result("p1", 10), events.result("p2", 20)])
@@ -78,12 +52,7 @@ def test_reads_go_on_from_redis_while_a_write_waits_on_a_locked_table(
     post_ok(post_scores, season, [events.result("p1", 10)])
     publish(season)
     settings.WRITE_STATEMENT_TIMEOUT_SECONDS = TIMEOUT
-    other = _other_session()
-    try:
-        other.execute(f"LOCK TABLE {PlayerScore._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+    with current_scores_locked(release_after=TIMEOUT + 4.0):
         assert post_scores(season.slug, {"events": [events.result("p2", 20)]}).status_code == 503
         read = fast_get(f"/v1/seasons/{season.slug}/players/p1/rank")
         assert read.status_code == 200 and read.json()["rank"] == 1
-    finally:
-        other.rollback()
-        other.close()

@@ -49,6 +49,7 @@ from leaderboard.ledger_reads import ledger_querysets_each
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob, ScoreChange
 from leaderboard.recovery.reconcile import recovery_reconcile, version_reconcile
 from leaderboard.redis_client import redis_get
+from leaderboard.redis_errors import REDIS_OUTAGES
 from leaderboard.views import build, rankview
 from leaderboard.views.epoch import (
     EpochResult,
@@ -75,6 +76,9 @@ rebuild_job_queued = Signal()
 
 LEASE_WAIT_SECONDS = 30.0
 LEASE_KEEP_MAX_SECONDS = 3600.0  # a hung comparison gives the season back after this long
+# How long a failed job tries to drop its shadow copies while Redis does not answer: a
+# Redis Cluster failover (cluster-node-timeout, 15 s by default, and an election) and more.
+SHADOW_DROP_RETRY_SECONDS = 60.0
 # The statuses in which a process works on the job and keeps its heartbeat moving.
 WORKED_STATUSES = (*ACTIVE_REBUILD_STATUSES, RebuildJob.Status.PUBLISHING)
 
@@ -174,7 +178,7 @@ def rebuild_run(*, job_id: int, on_progress: Callable[[RebuildJob], None] | None
     except Exception as exc:
         log.exception("shadow build %s failed", job.pk)
         _finish(job, RebuildJob.Status.FAILED, error=f"{exc.__class__.__name__}: {exc}")
-        _drop_shadow(job)
+        _drop_shadow_retried(job)
         raise
 
 
@@ -325,6 +329,33 @@ def rebuild_jobs_fail_stale(*, season: Season | None, actor: Actor, stale_second
         job.status, job.error = status, error
         failed.append(job)
     return failed
+
+
+def rebuild_jobs_resend_due(*, idle_seconds: float) -> list[int]:
+    """The queued jobs no worker has taken `idle_seconds` after they were queued or last
+    sent, to be sent to the workers again: their message never reached the broker (one
+    that did not answer: tasks.broker_send gave up and the job stayed queued), or it waits
+    behind busy workers, where a second one is harmless (rebuild_run claims a job with a
+    compare-and-swap on QUEUED: a second delivery returns at once).
+
+    Each one's heartbeat moves to now, conditionally on the heartbeat it was found with,
+    as rebuild_jobs_fail_stale's update is: two dispatchers send a job once, and a job is
+    either sent again or failed as stale, never both. A job whose sends keep landing is
+    never stale; one queued while the broker hung is sent once the broker answers (the
+    dispatcher runs on a worker, so only then), unless something failed it first: after
+    REBUILD_STALE_SECONDS, the season's next rebuild or recovery, or `rebuild_views
+    --fail-stale`.
+    """
+    cutoff = timezone.now() - timedelta(seconds=idle_seconds)
+    found = RebuildJob.objects.filter(status=RebuildJob.Status.QUEUED).filter(
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, created_at__lt=cutoff)
+    ).values_list("pk", "heartbeat_at")
+    due = []
+    for job_id, beat in found:
+        if RebuildJob.objects.filter(pk=job_id, status=RebuildJob.Status.QUEUED, heartbeat_at=beat).update(
+                heartbeat_at=timezone.now()):
+            due.append(job_id)
+    return due
 
 
 def _compare_and_maybe_publish(*, job: RebuildJob, r: redis.Redis, keys: rankview.Keys, publish: bool,
@@ -540,6 +571,24 @@ def _finish(job: RebuildJob, status: str, error: str = "") -> None:
     job.finished_at = timezone.now()
     job.error = error
     RebuildJob.objects.filter(pk=job.pk).update(status=status, finished_at=job.finished_at, error=error)
+
+
+def _drop_shadow_retried(job: RebuildJob) -> None:
+    """A failed job's `_drop_shadow`, tried again while Redis does not answer: what failed
+    the build is often what fails the drop (a Redis Cluster master's failover leaves its
+    slots unserved for about cluster-node-timeout and an election), and copies left behind
+    would stay in Redis for ever. Given up after SHADOW_DROP_RETRY_SECONDS (logged)."""
+    deadline = time.monotonic() + SHADOW_DROP_RETRY_SECONDS
+    while True:
+        try:
+            _drop_shadow(job)
+            return
+        except REDIS_OUTAGES:
+            if time.monotonic() > deadline:
+                log.warning("shadow build %s: its shadow copies %s and %s could not be dropped", job.pk, job.copy,
+                            _second(job), exc_info=True)
+                return
+            time.sleep(0.5)
 
 
 def _drop_shadow(job: RebuildJob) -> None:
