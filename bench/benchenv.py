@@ -149,9 +149,13 @@ class AppServer:
     (another checkout to compare with); stop() cleans it up. `kind`: uvicorn (httptools,
     uvloop) or granian (Rust HTTP, uvloop), both with `workers` worker processes."""
 
-    def __init__(self, *, workers: int, port: int, env: dict[str, str], root: Path = ROOT, kind: str = "uvicorn"):
+    def __init__(self, *, workers: int, port: int, env: dict[str, str], root: Path = ROOT, kind: str = "uvicorn",
+                 options: Sequence[str] = ()):
         if kind not in SERVERS:
             raise SystemExit(f"unknown server {kind!r}: one of {', '.join(SERVERS)}")
+        if kind == "granian" and not Path(sys.executable).with_name("granian").exists():
+            raise SystemExit("granian is not installed in this environment: .venv/bin/pip install granian")
+        self.options = list(options)  # the server's own, after the common ones
         self.workers = workers
         self.port = port
         self.env = env
@@ -167,10 +171,11 @@ class AppServer:
         if self.kind == "granian":
             return [str(Path(sys.executable).with_name("granian")), "--interface", "asgi",
                     "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port),
-                    "--loop", "uvloop", "--log-level", "warning", "--no-access-log", "config.asgi:application"]
+                    "--loop", "uvloop", "--log-level", "warning", "--no-access-log", *self.options,
+                    "config.asgi:application"]
         return [sys.executable, "-m", "uvicorn", "config.asgi:application",
                 "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port),
-                "--no-access-log", "--log-level", "warning", "--http", "httptools", "--loop", "uvloop"]
+                "--no-access-log", "--log-level", "warning", "--http", "httptools", "--loop", "uvloop", *self.options]
 
     def start(self) -> None:
         if not port_free(self.port):

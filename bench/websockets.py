@@ -262,23 +262,22 @@ def websocket_protocol(root: Path) -> str:
     return "websockets-sansio"
 
 
-def server_start(env: dict[str, str], port: int, workers: int, root: Path = ROOT) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", str(workers), "--log-level", "warning", "--lifespan", "off", "--backlog", "4096",
-         "--ws", websocket_protocol(root)],
-        cwd=root, env={**os.environ, **env}, start_new_session=True,
-    )
+def server_start(env: dict[str, str], port: int, workers: int, root: Path = ROOT,
+                 kind: str = "uvicorn") -> subprocess.Popen[bytes]:
+    options = (["--lifespan", "off", "--backlog", "4096", "--ws", websocket_protocol(root)] if kind == "uvicorn"
+               else ["--backlog", "4096"])
+    server = benchenv.AppServer(workers=workers, port=port, env=env, root=root, kind=kind, options=options)
+    process = subprocess.Popen(server.command(), cwd=root, env={**os.environ, **env}, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit("uvicorn exited during start-up")
+            raise SystemExit(f"{kind} exited during start-up")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return process
         except OSError:
             time.sleep(0.2)
-    raise SystemExit("uvicorn did not start listening in 60 s")
+    raise SystemExit(f"{kind} did not start listening in 60 s")
 
 
 def stop(process: subprocess.Popen[Any] | None) -> None:
@@ -340,8 +339,9 @@ class Measured:
 
 
 def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, str], season: Any,
-            maker: epoch_bench.ChangeMaker, player_ids: list[str], deadline: float) -> Measured:
-    """Start uvicorn from `root`, open the clients, publish --versions versions, stop everything."""
+            maker: epoch_bench.ChangeMaker, player_ids: list[str], deadline: float, kind: str = "uvicorn") -> Measured:
+    """Start the server (`kind`) from `root`, open the clients, publish --versions versions,
+    stop everything."""
     from django.conf import settings
 
     from leaderboard.recovery.rebuild import season_epoch_advance
@@ -363,9 +363,9 @@ def measure(args: argparse.Namespace, *, label: str, root: Path, env: dict[str, 
     connect_seconds = float("nan")
     try:
         port = free_port()
-        server = server_start(env, port, args.workers, root)
+        server = server_start(env, port, args.workers, root, kind)
         url = f"ws://127.0.0.1:{port}/ws/v1/seasons/{season.slug}/live"
-        print(f"# [{label}] uvicorn --workers {args.workers} from {root} on port {port}; opening "
+        print(f"# [{label}] {kind} --workers {args.workers} from {root} on port {port}; opening "
               f"{args.clients:,} sockets ({len(player_ids):,} with player_id) from {args.client_procs} client "
               f"processes ({args.client_loop}{', permessage-deflate' if args.deflate else ''})", flush=True)
         share = [args.clients // args.client_procs + (1 if i < args.clients % args.client_procs else 0)
@@ -505,12 +505,17 @@ def run(args: argparse.Namespace) -> int:
     print(benchenv.machine_line())
     print(f"# open-file limit {limit:,}")
 
-    variants = [("current", ROOT)]
+    kinds = [k.strip() for k in args.servers.split(",") if k.strip()]
+    if not kinds or set(kinds) - set(benchenv.SERVERS):
+        raise SystemExit(f"--servers takes names of {','.join(benchenv.SERVERS)}")
+    # (label, checkout, server): the first server's runs are "current" (and "baseline"),
+    # each further server's "current@server".
+    variants = [("current", ROOT, kinds[0]), *((f"current@{k}", ROOT, k) for k in kinds[1:])]
     if args.baseline_root:
         baseline = Path(args.baseline_root).resolve()
         if not (baseline / "config" / "asgi.py").is_file():
             raise SystemExit(f"--baseline-root {baseline} is not a checkout of this project")
-        variants.insert(0, ("baseline", baseline))
+        variants.insert(0, ("baseline", baseline, kinds[0]))
 
     result = loader.load_season(players=args.players, seed=args.seed, kind="ws", verbose=False)
     season = result.season
@@ -520,16 +525,16 @@ def run(args: argparse.Namespace) -> int:
     subscribed = int(args.clients * args.subscribed)
     player_ids = [loader.player_id(rng.randrange(args.players)) for _ in range(subscribed)]
 
-    measured: dict[str, list[Measured]] = {label: [] for label, _ in variants}
+    measured: dict[str, list[Measured]] = {label: [] for label, _, _ in variants}
     try:
         for run_index in range(1, args.runs + 1):
             # Interleaved (baseline, current, baseline, ...): a change in the machine's load
             # falls on both alike.
-            for label, root in variants:
+            for label, root, kind in variants:
                 if time.monotonic() > deadline - args.round_timeout:
                     break
                 got = measure(args, label=label, root=root, env=env, season=season, maker=maker,
-                              player_ids=player_ids, deadline=deadline)
+                              player_ids=player_ids, deadline=deadline, kind=kind)
                 measured[label].append(got)
                 run_print(got, run_index)
     finally:
@@ -538,7 +543,7 @@ def run(args: argparse.Namespace) -> int:
 
     print()
     print(f"{args.clients:,} clients ({subscribed:,} with player_id), {args.players:,} players, "
-          f"{args.changes:,} changes per version, {args.versions} versions per run, uvicorn --workers "
+          f"{args.changes:,} changes per version, {args.versions} versions per run, {args.servers} --workers "
           f"{args.workers}, {args.client_procs} client processes ({args.client_loop} loop"
           f"{', permessage-deflate' if args.deflate else ''}); medians over {args.runs} run(s)")
     print()
@@ -581,7 +586,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--players", type=int, default=100_000, help="players in the season")
     parser.add_argument("--versions", type=int, default=10)
     parser.add_argument("--changes", type=int, default=1000, help="players changed per version")
-    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--workers", type=int, default=2, help="server worker processes")
+    parser.add_argument("--servers", default="uvicorn",
+                        help=f"ASGI servers, comma-separated, of {','.join(benchenv.SERVERS)}: each further one's "
+                             "runs are labelled current@server, interleaved with the first's")
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--connect-concurrency", type=int, default=100, help="handshakes in flight per client process")
     parser.add_argument("--client-loop", choices=["uvloop", "asyncio"], default="uvloop",
