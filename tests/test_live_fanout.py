@@ -37,6 +37,26 @@ def test_a_send_that_does_not_wait_completes_in_the_callers_task() -> None:
     run(body)
 
 
+def test_a_server_whose_send_returns_a_future_is_awaited_only_while_it_is_pending() -> None:
+    """granian's send hands back a future (the frame already on its way), not a coroutine."""
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        done.set_result(None)
+        assert send_started(done) is None
+        pending: asyncio.Future[None] = loop.create_future()
+        rest = send_started(pending)
+        assert rest is pending
+        loop.call_soon(pending.set_result, None)
+        await rest
+        failed: asyncio.Future[None] = loop.create_future()
+        failed.set_exception(ConnectionResetError("the client went away"))
+        with pytest.raises(ConnectionResetError):
+            send_started(failed)
+
+    run(body)
+
+
 def test_a_send_that_waits_goes_on_where_it_stopped_when_its_rest_is_awaited() -> None:
     async def body() -> None:
         gate = asyncio.Event()

@@ -13,9 +13,10 @@ this module only.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import zlib
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,7 @@ class _Rest:
                     return
 
 
-def send_started(coro: Coroutine[Any, Any, None]) -> _Rest | None:
+def send_started(coro: Coroutine[Any, Any, None] | asyncio.Future[None]) -> Awaitable[None] | None:
     """Run a send in the caller's task until it completes or first has to wait.
 
     None when it completed, the usual case: the server's send writes the frame to the
@@ -61,6 +62,13 @@ def send_started(coro: Coroutine[Any, Any, None]) -> _Rest | None:
     task, future or timer per socket (3.12's eager tasks, in a few lines for 3.11). What
     the send raises before it waits (the client is gone) is raised here.
     """
+    if not isinstance(coro, Coroutine):
+        # A server whose send hands back a future (granian's): the frame is on its way
+        # already; done at once, or awaited as the rest.
+        if coro.done():
+            coro.result()  # what the send raised
+            return None
+        return coro
     try:
         waiting = coro.send(None)
     except StopIteration:

@@ -66,7 +66,6 @@ from leaderboard.live.frames import (
     Deflate,
     FrameKind,
     SplicedDeflate,
-    _Rest,
     frame_build,
     frame_kind,
     send_started,
@@ -454,7 +453,7 @@ class SeasonHub:
         socket.hold()
         asyncio.ensure_future(self._send_rest(socket, rest, text, version, mark))
 
-    async def _send_rest(self, socket: Socket, rest: _Rest, text: str, version: int | None,
+    async def _send_rest(self, socket: Socket, rest: Awaitable[None], text: str, version: int | None,
                          mark: PlayerMark | None) -> None:
         if not await self._bounded(socket, rest):
             return
