@@ -154,7 +154,7 @@ class AppServer:
         if kind not in SERVERS:
             raise SystemExit(f"unknown server {kind!r}: one of {', '.join(SERVERS)}")
         if kind == "granian" and not Path(sys.executable).with_name("granian").exists():
-            raise SystemExit("granian is not installed in this environment: .venv/bin/pip install granian")
+            raise SystemExit("granian is not installed in this environment: make install (the dev extra has it)")
         self.options = list(options)  # the server's own, after the common ones
         self.workers = workers
         self.port = port
