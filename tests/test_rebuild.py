@@ -48,6 +48,7 @@ from tests.support import (
     publish,
     reader_of,
     scores_at_watermark,
+    season_data_keys,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -65,13 +66,6 @@ def seeded(season_factory: Callable[..., Season], post_scores: Post, slug: str, 
     post_ok(post_scores, season, [ev.result("p001", 999)])
     publish(season)
     return season, ev
-
-
-def season_data_keys(season: Season, copy: str) -> list[bytes]:
-    keys = keys_of(season)
-    r = redis_get()
-    return sorted(set(r.scan_iter(match=f"{keys.prefix}:{{{keys.season}:{copy}:*", count=1000))
-                  | set(r.scan_iter(match=keys.copy_meta(copy), count=1000)))
 
 
 # --- progress, one job per season, the task ------------------------------------------------------

@@ -50,6 +50,7 @@ from tests.support.publication import (
     materialize,
     publish,
     reader_of,
+    season_data_keys,
     season_in_parts,
 )
 from tests.support.shared_index import keyed_place, model_apply, plain_place
@@ -81,5 +82,6 @@ __all__ = [
     "db_standings", "epoch", "epoch_child", "epoch_child_killed_inside_apply", "fast_get", "final_rows", "finalize",
     "full_check", "in_season", "is_postgres", "iso", "ledger_rows", "keys_of", "live_run", "materialize", "part_worker",
     "players", "post_ok", "process_stop", "publish", "reader_of", "recovery_jobs", "scores_at_watermark",
-    "seal_and_build", "season_in_parts", "staff", "statuses", "keyed_place", "model_apply", "plain_place",
+    "seal_and_build", "season_data_keys", "season_in_parts", "staff", "statuses", "keyed_place", "model_apply",
+    "plain_place",
 ]

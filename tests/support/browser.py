@@ -19,6 +19,8 @@ from tests.support.failure import ROOT
 from tests.support.processes import process_stop
 
 CHROMIUM = "/usr/bin/chromium"
+# The websocket protocol production's servers run (docs/operations.md, Deploying).
+LIVE_WS_PROTOCOL = "leaderboard.live.protocol:LiveWebSocketProtocol"
 # Without the background-networking flags Chromium keeps dialling out, and this machine's
 # closed network refuses it.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -36,11 +38,12 @@ def database_url() -> str:
 
 
 @contextmanager
-def asgi_server(**extra_env: str) -> Iterator[str]:
+def asgi_server(*, ws: str | None = None, **extra_env: str) -> Iterator[str]:
     """uvicorn serving config.asgi:application on the test database and Redis; yields its base URL.
 
     A subprocess, as in production: pages need websockets, and the server's database
     connections end with it (PostgreSQL refuses to drop a test database still in use).
+    `ws`: uvicorn's --ws (production's is LIVE_WS_PROTOCOL); its default otherwise.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -59,7 +62,7 @@ def asgi_server(**extra_env: str) -> Iterator[str]:
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "config.asgi:application", "--fd", str(sock.fileno()),
-         "--log-level", "warning", "--lifespan", "off"],
+         "--log-level", "warning", "--lifespan", "off", *(["--ws", ws] if ws else [])],
         cwd=ROOT, env=env, pass_fds=[sock.fileno()],
     )
     sock.close()

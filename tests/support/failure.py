@@ -283,6 +283,55 @@ def part_worker(*, env: dict[str, str], chunk_players: int = 2, pause: float = 0
         proc.wait(timeout=30)
 
 
+# A shadow build (rebuild_run of a queued job) in a child process, as a Celery worker runs
+# it, once a line arrives on its stdin. Only its build is slowed: `batch` players a round
+# trip and a pause after each, said on stdout ("sent <batches>"), so it takes seconds,
+# long enough to kill a Redis node under it. It ends saying the job's status ("job ...").
+REBUILD_CHILD = CHILD_SETUP + """
+import os
+import sys
+import time
+from leaderboard.recovery.rebuild import rebuild_run
+from leaderboard.views import build
+
+build.BUILD_BATCH = int(sys.argv[2])
+build.BUILD_SHARD_FILL = 0
+pause = float(sys.argv[3])
+real_send = build._send_build_batch
+sent = [0]
+
+def slow_send(*args, **kwargs):
+    real_send(*args, **kwargs)
+    sent[0] += 1
+    os.write(1, f"sent {sent[0]}\\n".encode())
+    time.sleep(pause)
+
+build._send_build_batch = slow_send
+print("ready", flush=True)
+sys.stdin.readline()
+job = rebuild_run(job_id=int(sys.argv[1]))
+print("job", job.status, job.error, flush=True)
+"""
+
+
+@contextlib.contextmanager
+def rebuild_child(job_id: int, *, env: dict[str, str], batch: int = 10, pause: float = 0.01
+                  ) -> Iterator[PartWorker]:
+    """A REBUILD_CHILD of the job, ready (its stdout and stderr collected as a part worker's
+    are); write a line to its stdin to start it. Killed at the end if still running."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REBUILD_CHILD, str(job_id), str(batch), str(pause)], cwd=ROOT, env=child_env(**env),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = PartWorker(proc)
+    try:
+        child.wait_for(lambda line: line == "ready")
+        yield child
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+
 @contextlib.contextmanager
 def redis_answering_errors(error: str) -> Iterator[str]:
     """A server on a free local port that speaks RESP and answers every command with the

@@ -134,6 +134,15 @@ def board_snapshot(season: Season) -> tuple[int, list[Entry], dict[str, Any]]:
     return version, board, ranks
 
 
+def season_data_keys(season: Season, copy: str) -> list[bytes]:
+    """Every key of a copy in Redis (on a cluster, on every master): its meta, and its
+    index's data and fences when the index is named after it (a build's first copy)."""
+    keys = keys_of(season)
+    r = redis_get()
+    return sorted(set(r.scan_iter(match=f"{keys.prefix}:{{{keys.season}:{copy}:*", count=1000))
+                  | set(r.scan_iter(match=keys.copy_meta(copy), count=1000)))
+
+
 def copy_contents(season: Season, copy: str) -> tuple[rankview.CopyMeta, dict[str, int], list[list[tuple[str, int]]]]:
     """A copy's metadata, its whole lookup and every bucket in index order, as its side sees them."""
     r = redis_get()
