@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import ctypes.util
+import os
 import shutil
 import signal
 import socket
@@ -107,8 +108,13 @@ class LocalCluster:
 
     @classmethod
     def start(cls, *, masters: int = 3, replicas: int = 0, node_timeout_ms: int = NODE_TIMEOUT_MS,
-              start_port: int = PORT_RANGE[0]) -> Self:
-        """A new cluster of `masters` masters with `replicas` replicas each, ready to use."""
+              start_port: int | None = None) -> Self:
+        """A new cluster of `masters` masters with `replicas` replicas each, ready to use.
+        `start_port`: where to look for free ports (default: a place in the range of this
+        process's own, so that sessions starting clusters at the same moment seldom reach
+        for the same ports)."""
+        if start_port is None:
+            start_port = PORT_RANGE[0] + (os.getpid() % 100) * 8
         if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
             raise RuntimeError(
                 "starting a Redis Cluster needs redis-server and redis-cli (apt-get install redis-server)")
@@ -121,7 +127,7 @@ class LocalCluster:
                     cluster._node_start(port)
                 cluster._create()
                 return cluster
-            except (RuntimeError, subprocess.CalledProcessError):
+            except (RuntimeError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
                 # Another process took a port between the check and the bind: other ports.
                 cluster_stop(cluster)
                 if attempt == 2:
@@ -172,7 +178,11 @@ class LocalCluster:
             log = self.directory / str(port) / "redis.log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise RuntimeError(f"redis-server on port {port} exited ({process.returncode}):\n{tail}")
-        return bool(self.node(port).ping())
+        # Another session may have bound the port between our check and our server's bind:
+        # its node answers then, and ours is about to exit. Only our own node will do.
+        if int(self.node(port).info("server")["process_id"]) != process.pid:
+            raise RuntimeError(f"port {port} is another process's redis-server")
+        return True
 
     def _ping_wait(self, port: int) -> None:
         condition_wait(lambda: self._node_ping(port), timeout=15, what=f"node {port} answering PING")
