@@ -14,8 +14,6 @@ f"{REDIS_KEY_PREFIX}:baseline:{season_id}", loaded by bench/reads.py.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import AllowAny
@@ -26,7 +24,7 @@ from rest_framework.views import APIView
 from leaderboard.api.params import player_id_param
 from leaderboard.api.reads import Answer
 from leaderboard.redis_client import redis_get
-from leaderboard.views.rankview import Rider, round_trip
+from leaderboard.views.rankview import Rider, round_trip_with
 
 
 def baseline_key(season_id: str) -> str:
@@ -40,13 +38,8 @@ def baseline_answer(*, season_id: str, player_id: str, lean: bool = False, rider
     player_id_param(player_id)
     key = baseline_key(season_id)
     if lean:
-        commands: list[tuple[Any, ...]] = [("ZSCORE", key, player_id), ("ZREVRANK", key, player_id), ("ZCARD", key)]
-        if rider is not None:
-            rider.reply, *replies = round_trip(redis_get(), [rider.command, *commands])
-            rider.sent = True
-        else:
-            replies = round_trip(redis_get(), commands)
-        score, index, total = replies
+        score, index, total = round_trip_with(
+            redis_get(), [("ZSCORE", key, player_id), ("ZREVRANK", key, player_id), ("ZCARD", key)], rider)
     else:
         with redis_get().pipeline(transaction=False) as pipe:
             pipe.zscore(key, player_id)

@@ -92,6 +92,7 @@ from leaderboard.views.rankview.reads import (
     Unavailable,
     UnknownRegion,
     VersionExpired,
+    round_trip_with,
 )
 from leaderboard.views.rankview.shared import SIDES
 from leaderboard.views.rankview.wire import (
@@ -177,5 +178,6 @@ __all__ = [
     "pointer_get",
     "pointer_publish",
     "round_trip",
+    "round_trip_with",
     "shards_of",
 ]

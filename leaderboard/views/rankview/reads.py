@@ -83,6 +83,16 @@ class Rider:
     reply: Any = None
 
 
+def round_trip_with(r: redis.Redis, commands: list[tuple[Any, ...]], rider: Rider | None) -> list[Any]:
+    """round_trip of `commands`, with `rider` sent before them unless it went already; the
+    replies of `commands` (the rider's is kept on it)."""
+    if rider is None or rider.sent:
+        return round_trip(r, commands)
+    rider.reply, *replies = round_trip(r, [rider.command, *commands])
+    rider.sent = True
+    return replies
+
+
 @dataclass(frozen=True, slots=True)
 class PlayerView:
     manifest: Manifest
@@ -156,12 +166,7 @@ class RankReader:
 
     def _trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """round_trip of `commands`; the first one of the reader also carries its rider."""
-        rider = self.rider
-        if rider is None or rider.sent:
-            return round_trip(self.r, commands)
-        rider.reply, *replies = round_trip(self.r, [rider.command, *commands])
-        rider.sent = True
-        return replies
+        return round_trip_with(self.r, commands, self.rider)
 
     # -- manifest selection
     def _manifest(self, version: int | None) -> Manifest:
