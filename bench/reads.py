@@ -87,6 +87,7 @@ end
 
 local fmt = "__PATH__"
 local players = __PLAYERS__
+local stride = __STRIDE__       -- players read are every stride-th of the season's
 local interval = __INTERVAL__   -- ms between requests of this thread; 0 = closed loop
 local next_slot = nil
 
@@ -98,7 +99,7 @@ end
 
 request = function()
   if string.find(fmt, "%%") then
-    return wrk.format("GET", string.format(fmt, math.random(0, players - 1)))
+    return wrk.format("GET", string.format(fmt, math.random(0, players - 1) * stride))
   end
   return wrk.format("GET", fmt)
 end
@@ -218,9 +219,10 @@ def baseline_load(season_slug: str, scores: Any) -> str:
 
 
 def wrk_run(*, url: str, path: str, players: int, connections: int, duration: float, rate: float | None,
-            workdir: Path, seed: int) -> Sample | None:
+            workdir: Path, seed: int, stride: int = 1) -> Sample | None:
+    """`players` ids picked at random per request: 0, stride, 2 x stride, ..."""
     interval = 0.0 if not rate else 1000.0 / rate
-    script = (LUA.replace("__PATH__", path).replace("__PLAYERS__", str(players))
+    script = (LUA.replace("__PATH__", path).replace("__PLAYERS__", str(players)).replace("__STRIDE__", str(stride))
               .replace("__INTERVAL__", f"{interval:.6f}").replace("__SEED__", str(seed)))
     lua = workdir / f"bench-{seed}.lua"
     lua.write_text(script)
@@ -287,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--players", default="1M", help="players in the season (e.g. 100k, 1M, 10M)")
+    parser.add_argument("--readers", default=None,
+                        help="players who read (e.g. 100k): spread evenly over the board, each reading again "
+                             "every readers/rate seconds, as players watching their own rank do; default all")
     parser.add_argument("--concurrency", default="8,32", help="keep-alive connections, comma-separated")
     parser.add_argument("--endpoints", default="rank,neighbors,top,baseline,baseline-lean",
                         help=f"subset of {','.join(ENDPOINTS)}")
@@ -314,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     if not set(modes) <= {"single", "cluster"} or "single" not in modes:
         parser.error("--redis takes single or single,cluster")
     (players,) = benchenv.parse_counts(args.players)
+    (readers,) = benchenv.parse_counts(args.readers) if args.readers else (players,)
+    if not 1 <= readers <= players:
+        parser.error("--readers takes from 1 to --players")
+    stride = players // readers
     concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     if set(endpoints) - set(ENDPOINTS):
@@ -400,10 +409,10 @@ def main(argv: list[str] | None = None) -> int:
                         path = ENDPOINTS[name].format(season=season)
                         seed += 1
                         if args.warmup > 0:
-                            wrk_run(url=urls[name], path=path, players=players, connections=connections,
+                            wrk_run(url=urls[name], path=path, players=readers, stride=stride, connections=connections,
                                     duration=args.warmup, rate=None, workdir=workdir, seed=seed)
                         sample = measured(servers[name], cluster_url=cluster_urls.get(name), url=urls[name],
-                                          path=path, players=players,
+                                          path=path, players=readers, stride=stride,
                                           connections=connections, duration=args.duration, rate=None,
                                           workdir=workdir, seed=seed)
                         if sample is None:
@@ -430,8 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                     for name in paced_names[shift:] + paced_names[:shift]:
                         rate = rates[name]
                         seed += 1
-                        sample = wrk_run(url=urls[name], path=ENDPOINTS[name].format(season=season), players=players,
-                                         connections=connections, duration=args.duration, rate=rate,
+                        sample = wrk_run(url=urls[name], path=ENDPOINTS[name].format(season=season), players=readers,
+                                         stride=stride, connections=connections, duration=args.duration, rate=rate,
                                          workdir=workdir, seed=seed)
                         if sample is None:
                             continue
@@ -455,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         benchenv.season_cleanup(result.season, keep=args.keep, extra_keys=[key])
 
     print()
-    print(f"## reads: {players:,} players, {' and '.join(kinds)} --workers {args.workers} (uvloop), wrk -t1, "
+    who = "each request a random one" if readers == players else f"{readers:,} of them reading, at random"
+    print(f"## reads: {players:,} players ({who}), {' and '.join(kinds)} --workers {args.workers} (uvloop), wrk -t1, "
           f"{args.runs} runs x {args.duration:.0f} s, medians; plain names on {kinds[0]}")
     print()
     rows = []
@@ -496,18 +506,16 @@ def main(argv: list[str] | None = None) -> int:
         for kind, sfx in zip(kinds, ["", *(f"@{k}" for k in kinds[1:])], strict=True):
             for line in targets_report(samples, paced, sfx=sfx, connections=connections):
                 print(f"{kind} c={connections}: {line}")
-        rank_rps = [s.rps for _, s in samples if s.endpoint == "rank" and s.connections == connections]
-        before = [s.rps for _, s in samples if s.endpoint == "rank@before" and s.connections == connections]
-        if rank_rps and before:
-            print(f"c={connections}: rank now / rank@before "
-                  f"{benchenv.median(rank_rps) / benchenv.median(before):.2f}x")
-        cpu = {name: benchenv.median([s.server_cpu_us + s.redis_cpu_us for _, s in samples
+        cpu = {name: benchenv.median([cpu_of(s) for _, s in samples
                                       if s.endpoint == name and s.connections == connections])
                for name in ("rank", "rank@before", "neighbors", "neighbors@before")}
         for name in ("rank", "neighbors"):
             if cpu[name] == cpu[name] and cpu[f"{name}@before"] == cpu[f"{name}@before"]:
-                print(f"c={connections}: CPU per request (server + redis): {name} {cpu[name]:,.0f} us, "
-                      f"{name}@before {cpu[f'{name}@before']:,.0f} us ({cpu[name] / cpu[f'{name}@before']:.2f}x)")
+                faster = paired(samples, name, f"{name}@before", connections=connections)
+                cheaper = paired(samples, name, f"{name}@before", connections=connections, metric=cpu_of)
+                print(f"c={connections}: {name} now / {name}@before (medians of the ratios within each run): "
+                      f"throughput {faster:.2f}x, CPU per request {cheaper:.2f}x "
+                      f"({cpu[name]:,.0f} us against {cpu[f'{name}@before']:,.0f} us)")
         for name in ("rank", "neighbors", "top"):
             single = [s for _, s in samples if s.endpoint == name and s.connections == connections]
             on_cluster = [s for _, s in samples if s.endpoint == f"{name}@cluster" and s.connections == connections]
@@ -526,6 +534,24 @@ def main(argv: list[str] | None = None) -> int:
               f"(target < {TARGET_P99_MS:.0f} ms: {'met' if p99 < TARGET_P99_MS else 'MISSED'})")
     figures_record(args, samples, players=players, connections=max(concurrency))
     return 0
+
+
+def cpu_of(sample: Sample) -> float:
+    """CPU per request: the server's and Redis's."""
+    return sample.server_cpu_us + sample.redis_cpu_us
+
+
+def paired(samples: list[tuple[int, Sample]], a: str, b: str, *, connections: int,
+           metric: Any = lambda s: s.rps) -> float:
+    """The median over runs of a/b in the same run: endpoints measured within seconds of each
+    other share the machine's speed of the moment, which drifts by tens of percent over a
+    benchmark on a shared machine; a ratio of separate medians would carry that drift."""
+    by_run: dict[int, dict[str, Sample]] = {}
+    for run, s in samples:
+        if s.connections == connections and s.endpoint in (a, b):
+            by_run.setdefault(run, {})[s.endpoint] = s
+    ratios = [metric(pair[a]) / metric(pair[b]) for pair in by_run.values() if a in pair and b in pair]
+    return benchenv.median(ratios) if ratios else float("nan")
 
 
 def targets_report(samples: list[tuple[int, Sample]], paced: list[Sample], *, sfx: str,
@@ -548,18 +574,21 @@ def targets_report(samples: list[tuple[int, Sample]], paced: list[Sample], *, sf
             return "not measured"
         return "met" if (value <= target if at_most else value >= target) else "MISSED"
 
-    lines = []
-    ratio = rps("rank") / rps("baseline-lean")
+    def ratio_of(a: str, b: str, metric: Any = lambda s: s.rps) -> float:
+        return paired(samples, f"{a}{sfx}", f"{b}{sfx}", connections=connections, metric=metric)
+
+    lines = ["ratios: medians over runs of the ratio within each run"]
+    ratio = ratio_of("rank", "baseline-lean")
     lines.append(f"rank/baseline-lean throughput {ratio:.2f}x (target >= {TARGET_RATIO}x: "
-                 f"{verdict(ratio, TARGET_RATIO, at_most=False)}), rank/baseline {rps('rank') / rps('baseline'):.2f}x")
-    ratio = cpu("rank") / cpu("baseline-lean")
+                 f"{verdict(ratio, TARGET_RATIO, at_most=False)}), rank/baseline {ratio_of('rank', 'baseline'):.2f}x")
+    ratio = ratio_of("rank", "baseline-lean", cpu_of)
     lines.append(f"CPU per request (server + redis): rank {cpu('rank'):,.0f} us, baseline-lean "
                  f"{cpu('baseline-lean'):,.0f} us, baseline {cpu('baseline'):,.0f} us: rank/baseline-lean "
                  f"{ratio:.2f}x (target <= {TARGET_CPU_RATIO}x: {verdict(ratio, TARGET_CPU_RATIO, at_most=True)})")
-    ratio = cpu("neighbors") / cpu("rank")
+    ratio = ratio_of("neighbors", "rank", cpu_of)
     lines.append(f"neighbors CPU per request {cpu('neighbors'):,.0f} us = {ratio:.2f}x a rank read's "
                  f"(target <= {TARGET_NEIGHBORS_CPU}x: {verdict(ratio, TARGET_NEIGHBORS_CPU, at_most=True)})")
-    ratio = rps("top") / rps("baseline")
+    ratio = ratio_of("top", "baseline")
     lines.append(f"top/baseline throughput {ratio:.2f}x (target >= {TARGET_TOP_RATIO}x: "
                  f"{verdict(ratio, TARGET_TOP_RATIO, at_most=False)})")
     ours = [s.p99 for s in paced if s.endpoint == f"rank{sfx}"]

@@ -229,6 +229,12 @@ EPOCH_LEASE_SECONDS = env_float("EPOCH_LEASE_SECONDS", 2.0, minimum=0.5)
 # second guard).
 READ_DEADLINE_SECONDS = env_float("READ_DEADLINE_SECONDS", 0.2, minimum=0.01)
 COPY_GRACE_SECONDS = env_float("COPY_GRACE_SECONDS", 0.5, minimum=0.02)
+# Players a read process remembers the last lookup value of, so that a player reading
+# again with the same score on the same version is answered in one round trip instead of
+# two (leaderboard/views/rankview/reads.py). About 200 bytes each (40 MB at the default,
+# the players a process serves when a load balancer routes each player to one of ~250);
+# 0 turns it off.
+READ_PLACE_HINTS = env_int("READ_PLACE_HINTS", 200_000, minimum=0)
 # After publishing, the coordinator brings the other copy up to date once its grace
 # period is over, so the next epoch applies each change once before its pointer swap
 # instead of twice (R = 2). False leaves that work to the next epoch.

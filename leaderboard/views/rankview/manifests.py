@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 
 import redis
+from django.conf import settings
 
 from leaderboard.core.manifest import Manifest
 from leaderboard.views.rankview.fence import _fenced
@@ -100,6 +102,8 @@ def manifest_cache_clear() -> None:
         _learned_shards.clear()
         _learned_groups.clear()
         _learned_data.clear()
+        _place_hints.clear()
+        _latest_boards.clear()
 
 
 def manifest_cache_forget(keys: Keys, version: int) -> None:
@@ -128,3 +132,23 @@ _learned_shards: dict[tuple[str, str, str], int] = {}
 _learned_groups: dict[tuple[str, str, str], int] = {}
 # Each copy's (index, side): where its data is, learned like its lookup shards.
 _learned_data: dict[tuple[str, str, str], tuple[str, int]] = {}
+
+
+# A player's last lookup reply (value, region) by (prefix, season, board's region, player),
+# and the last manifest a read of each board took. A player who reads again while their
+# value and the current version are the same has their place read in the first round
+# trip, beside the lookup that confirms it: one round trip instead of two. A hint that no
+# longer holds costs the place script sent for nothing, and the second round trip as
+# before. Bounded by READ_PLACE_HINTS (oldest forgotten first).
+_place_hints: dict[tuple[str, str, str | None, str], tuple[bytes | None, bytes | None]] = {}
+_latest_boards: dict[tuple[str, str, str | None], Manifest] = {}
+
+
+def _place_hint_keep(key: tuple[str, str, str | None, str], value: tuple[bytes | None, bytes | None]) -> None:
+    hints, most = _place_hints, settings.READ_PLACE_HINTS
+    if key not in hints and len(hints) >= most:
+        # Another read thread may change the dict between iter() and next().
+        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+            del hints[next(iter(hints))]
+    if most > 0:
+        hints[key] = value

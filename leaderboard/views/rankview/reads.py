@@ -31,11 +31,14 @@ from leaderboard.views.rankview.keys import (
 )
 from leaderboard.views.rankview.manifests import (
     _holds,
+    _latest_boards,
     _learned_copies,
     _learned_data,
     _learned_groups,
     _learned_regional,
     _learned_shards,
+    _place_hint_keep,
+    _place_hints,
     copy_holds,
     manifest_get,
     pointer_get,
@@ -163,6 +166,10 @@ class RankReader:
         # A regional reader: every read is on that region's board of the version
         # (Manifest.board_of), and a player of another region is not ranked on it.
         self.region = region
+        # The place read sent early with the first round trip (`_place_guess`): the
+        # manifest and entry it was made for and its replies, for `_player_place` to use
+        # when they are its own.
+        self._early: tuple[Manifest, tuple[str, str], list[Any]] | None = None
 
     def _trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """round_trip of `commands`; the first one of the reader also carries its rider."""
@@ -327,8 +334,17 @@ class RankReader:
                 commands.append(("HGET", self.keys.region(index, shard, groups=groups), player_id))
             commands.append(("HMGET", self.keys.fence(index, shard_group(shard=shard, groups=groups)),
                              *(gen_field(side) for side in sides)))
-        raw_ptr, *replies = self._trip(commands)
+        hint_key = (prefix, slug, self.region, player_id)
+        early = self._place_guess(hint_key) if version is None else None
+        if early is None:
+            raw_ptr, *replies = self._trip(commands)
+        else:
+            hinted, hinted_entry, early_commands = early
+            raw_ptr, *replies = self._trip(commands + early_commands)
+            self._early = (hinted, hinted_entry, replies[len(replies) - len(early_commands):])
         manifest = self._select(int(raw_ptr) if raw_ptr is not None else None, version)
+        if version is None:
+            _latest_boards[hint_key[:3]] = manifest
         shard = lookup_shard(player_id, manifest.lookup_shards)
         at = copies.index(manifest.copy) if manifest.copy in copies else None
         if at is not None and learned[at] == (manifest.lookup_shards, manifest.groups, manifest.index, manifest.side):
@@ -370,7 +386,24 @@ class RankReader:
             region_raw = round_trip(self.r, [
                 ("HGET", self.keys.region(manifest.index, shard, groups=manifest.groups), player_id)])[0]
             _learned_regional.add(season)
+        _place_hint_keep(hint_key, (score_raw, region_raw))
         return manifest, score_raw, region_raw, started
+
+    def _place_guess(self, hint_key: tuple[str, str, str | None, str]
+                     ) -> tuple[Manifest, tuple[str, str], list[tuple[Any, ...]]] | None:
+        """The place read `_player_place` would send for the player if their lookup and the
+        version are what the last read of them found, to send in the first round trip:
+        (manifest, entry, the place read with its seqlock's reads)."""
+        hint = _place_hints.get(hint_key)
+        manifest = _latest_boards.get(hint_key[:3])
+        if hint is None or manifest is None:
+            return None
+        _, on_board = board_entry(manifest, hint_key[3], *hint)
+        if on_board is None:
+            return None
+        bucket, sort_key = index_key(manifest.layout, manifest.ties, lookup_value(manifest.ties, on_board[0]))
+        return manifest, on_board, [self._place_call(manifest, bucket, sort_key, on_board[1]),
+                                    *seqlock_commands(self.keys, manifest, [self._bucket_group(manifest, bucket)])]
 
     def _player_place(self, manifest: Manifest, entry: tuple[str, str], started: float
                       ) -> tuple[IndexValue, int, int, int]:
@@ -379,8 +412,15 @@ class RankReader:
         ahead and position), checked. (value, bucket, position, rank)."""
         value = lookup_value(manifest.ties, entry[0])
         bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
-        ((higher_in_bucket, index),) = self._checked(manifest, [self._place_call(manifest, bucket, sort_key, entry[1])],
-                                                     [self._bucket_group(manifest, bucket)], started)
+        early, self._early = self._early, None
+        if early is not None and early[0] is manifest and early[1] == entry \
+                and seqlock_holds(manifest, early[2][1:]) and time.monotonic() - started <= self.deadline:
+            # Sent with the lookup, after the pointer, for this very entry and version.
+            higher_in_bucket, index = early[2][0]
+        else:
+            ((higher_in_bucket, index),) = self._checked(
+                manifest, [self._place_call(manifest, bucket, sort_key, entry[1])],
+                [self._bucket_group(manifest, bucket)], started)
         if index is None:
             # The lookup and the index disagree: only possible mid-mutation.
             raise _Torn()
