@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import OrderedDict
 
@@ -139,16 +138,37 @@ _learned_data: dict[tuple[str, str, str], tuple[str, int]] = {}
 # value and the current version are the same has their place read in the first round
 # trip, beside the lookup that confirms it: one round trip instead of two. A hint that no
 # longer holds costs the place script sent for nothing, and the second round trip as
-# before. Bounded by READ_PLACE_HINTS (oldest forgotten first).
-_place_hints: dict[tuple[str, str, str | None, str], tuple[bytes | None, bytes | None]] = {}
+# before.
+class PlaceHints:
+    """The last READ_PLACE_HINTS / 2 to READ_PLACE_HINTS players read, in two generations of
+    plain dicts: when the young one is full it becomes the old one and the oldest are
+    forgotten at once. Evicting one entry at a time from the front of a dict would make
+    each eviction scan the slots freed before it (CPython keeps them until a resize), and
+    an OrderedDict costs more per read; a read races only to lose a hint."""
+
+    def __init__(self) -> None:
+        self.young: dict[tuple[str, str, str | None, str], tuple[bytes | None, bytes | None]] = {}
+        self.old: dict[tuple[str, str, str | None, str], tuple[bytes | None, bytes | None]] = {}
+
+    def get(self, key: tuple[str, str, str | None, str]) -> tuple[bytes | None, bytes | None] | None:
+        hint = self.young.get(key)
+        return hint if hint is not None else self.old.get(key)
+
+    def keep(self, key: tuple[str, str, str | None, str], value: tuple[bytes | None, bytes | None]) -> None:
+        most = settings.READ_PLACE_HINTS
+        if most <= 0:
+            return
+        young = self.young
+        young[key] = value
+        if len(young) >= max(1, most // 2):
+            self.old, self.young = young, {}
+
+    def clear(self) -> None:
+        self.young, self.old = {}, {}
+
+    def __len__(self) -> int:
+        return len(self.young.keys() | self.old.keys())
+
+
+_place_hints = PlaceHints()
 _latest_boards: dict[tuple[str, str, str | None], Manifest] = {}
-
-
-def _place_hint_keep(key: tuple[str, str, str | None, str], value: tuple[bytes | None, bytes | None]) -> None:
-    hints, most = _place_hints, settings.READ_PLACE_HINTS
-    if key not in hints and len(hints) >= most:
-        # Another read thread may change the dict between iter() and next().
-        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
-            del hints[next(iter(hints))]
-    if most > 0:
-        hints[key] = value

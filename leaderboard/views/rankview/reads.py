@@ -37,7 +37,6 @@ from leaderboard.views.rankview.manifests import (
     _learned_groups,
     _learned_regional,
     _learned_shards,
-    _place_hint_keep,
     _place_hints,
     copy_holds,
     manifest_get,
@@ -386,7 +385,7 @@ class RankReader:
             region_raw = round_trip(self.r, [
                 ("HGET", self.keys.region(manifest.index, shard, groups=manifest.groups), player_id)])[0]
             _learned_regional.add(season)
-        _place_hint_keep(hint_key, (score_raw, region_raw))
+        _place_hints.keep(hint_key, (score_raw, region_raw))
         return manifest, score_raw, region_raw, started
 
     def _place_guess(self, hint_key: tuple[str, str, str | None, str]
