@@ -55,6 +55,9 @@ class Season(models.Model):
     # The season's fixed set of regions (docs/rules.md, Regional and friends boards): each
     # has its own board; set at creation, changeable only while the season is SCHEDULED.
     regions = models.JSONField(default=list, blank=True)
+    # How a result sets a player's score: "best" (the highest settled best) or "latest"
+    # (the newest settled value, even when lower); fixed at creation.
+    mode = models.CharField(max_length=8, choices=[("best", "best"), ("latest", "latest")], default="best")
     # How equal scores are ordered: "shared" (ties share a rank, display by player id) or
     # "first_reached" (who reached the score first ranks ahead; fixed at creation).
     tie_break = models.CharField(max_length=16, choices=[("shared", "shared"), ("first_reached", "first_reached")],

@@ -26,8 +26,10 @@ from leaderboard.core.lifecycle import (
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.partitions import Watermark, layout_check
 from leaderboard.core.season_options import (
+    MODE_BEST,
     TIE_BREAK_FIRST_REACHED,
     TIE_BREAK_SHARED,
+    mode_problem,
     regions_problem,
     tie_break_problem,
 )
@@ -62,11 +64,13 @@ def season_create(
     layout: BucketLayout | None = None,
     regions: Sequence[str] = (),
     tie_break: str = TIE_BREAK_SHARED,
+    mode: str = MODE_BEST,
     partitions: int | None = None,
 ) -> Season:
     """A new season in the state its dates call for. `regions`: its fixed set of regions
     (0..16 distinct names by the region rule; each gets its own board), changeable only
     while it is SCHEDULED; `tie_break`: how equal scores are ordered, fixed for good;
+    `mode`: how a result sets a score (best or latest), fixed for good;
     `partitions`: its ledger partitions (default SEASON_PARTITIONS), changed only by
     season_repartition."""
     if cutoff <= starts_at:
@@ -76,7 +80,7 @@ def season_create(
         layout_check(base=0, partitions=partitions)
     except ValueError as exc:
         raise SeasonError(str(exc)) from exc
-    if problem := regions_problem(regions) or tie_break_problem(tie_break):
+    if problem := regions_problem(regions) or tie_break_problem(tie_break) or mode_problem(mode):
         raise SeasonError(problem)
     if tie_break == TIE_BREAK_FIRST_REACHED and (problem := first_reached_problem(
             layout=layout or BucketLayout.uniform(), starts_at=starts_at, cutoff=cutoff)):
@@ -88,7 +92,7 @@ def season_create(
         season = Season.objects.create(
             slug=slug, name=name, starts_at=starts_at, cutoff=cutoff, state=state.value,
             layout=(layout or BucketLayout.uniform()).as_dict(), regions=list(regions), tie_break=tie_break,
-            partitions=partitions, ledger_databases=ledger_placement_for(partitions=partitions),
+            mode=mode, partitions=partitions, ledger_databases=ledger_placement_for(partitions=partitions),
         )
         audit_log(
             actor=actor,
@@ -100,7 +104,8 @@ def season_create(
                 "name": name, "state": season.state,
                 "starts_at": starts_at.isoformat(), "cutoff": cutoff.isoformat(),
                 "buckets": len(season.layout["lower_bounds"]),
-                "regions": season.regions, "tie_break": season.tie_break, "partitions": partitions,
+                "regions": season.regions, "tie_break": season.tie_break, "mode": season.mode,
+                "partitions": partitions,
                 **({"ledger_databases": season.ledger_databases} if season.ledger_databases else {}),
             },
         )

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from leaderboard.core.events import ScoreEvent
 from leaderboard.core.ledger import (
@@ -118,6 +119,23 @@ def test_result_with_lower_best_keeps_the_max_and_is_unchanged_but_advances_vers
     assert plan.player_states == {"alice": PlayerState(200, 5)}
     assert plan.changes == []
     assert [r.status for r in plan.ledger_rows] == [UNCHANGED]
+
+
+def test_a_latest_season_takes_a_newer_lower_result_and_keeps_when_an_equal_one_was_reached() -> None:
+    before = PlayerState(200, 1, reached_at=datetime(2026, 1, 1, tzinfo=UTC))
+    lower = batch_plan(events=[ev("e2", best_score=150, score_version=2)], recorded={},
+                       current={"alice": before}, rejection=never, pending_version=4, latest=True)
+    (outcome,) = lower.outcomes
+    assert (outcome.status, outcome.score, outcome.score_version, outcome.pending_version) == (APPLIED, 150, 2, 4)
+    assert lower.changes == [Change("alice", 200, 150, 2, "e2")]
+    assert lower.player_states["alice"].reached_at != before.reached_at
+    equal = batch_plan(events=[ev("e3", best_score=200, score_version=2)], recorded={},
+                       current={"alice": before}, rejection=never, pending_version=4, latest=True)
+    assert statuses(equal) == [UNCHANGED] and equal.changes == []
+    assert equal.player_states["alice"].reached_at == before.reached_at
+    stale = batch_plan(events=[ev("e4", best_score=10, score_version=1)], recorded={},
+                       current={"alice": before}, rejection=never, pending_version=4, latest=True)
+    assert statuses(stale) == [STALE] and stale.changes == []
 
 
 def test_result_with_equal_score_is_unchanged() -> None:
@@ -348,7 +366,7 @@ def test_a_staff_correction_that_raises_a_score_holds_nothing_unless_a_revocatio
 PlanRun = tuple[list[dict[str, Any]], dict[str, tuple[int, int]], list[tuple[Any, ...]], list[str], dict[str, int]]
 
 
-def plan_run(script: Script, rejection: Any) -> PlanRun:
+def plan_run(script: Script, rejection: Any, *, latest: bool = False) -> PlanRun:
     """Drive batch_plan the way ledger_store does: per batch, hand it only the recorded
     events and player states the batch refers to, then persist what the plan decided."""
     recorded: dict[str, RecordedEvent] = {}
@@ -367,6 +385,7 @@ def plan_run(script: Script, rejection: Any) -> PlanRun:
             rejection=lambda e: rejection(asdict(e)),
             pending_version=published + 1,
             staff=script.staff_of(i),
+            latest=latest,
         )
         outcomes.extend(o.as_dict() for o in plan.outcomes)
         row_ids = [r.event.event_id for r in plan.ledger_rows]
@@ -389,11 +408,13 @@ def plan_run(script: Script, rejection: Any) -> PlanRun:
 
 
 @settings(max_examples=200, deadline=None)
-@given(script=event_scripts(starts_at=START, cutoff=CUTOFF, max_events=40, with_staff=True))
-def test_batch_plan_matches_sequential_reference_model(script: Script) -> None:
+@given(script=event_scripts(starts_at=START, cutoff=CUTOFF, max_events=40, with_staff=True),
+       latest=st.booleans())
+def test_batch_plan_matches_sequential_reference_model(script: Script, latest: bool) -> None:
+    """In a `best` season and in a `latest` one."""
     rejection = season_rejection(starts_at=START, cutoff=CUTOFF)
-    model, expected_outcomes = reference_run(script, rejection)
-    outcomes, final, changes, conflicts, revoked = plan_run(script, rejection)
+    model, expected_outcomes = reference_run(script, rejection, latest=latest)
+    outcomes, final, changes, conflicts, revoked = plan_run(script, rejection, latest=latest)
     assert outcomes == expected_outcomes
     assert final == model.players
     assert changes == model.changes

@@ -15,6 +15,7 @@ import pytest
 from django.db import DatabaseError, transaction
 from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from leaderboard.api_clients import api_token_hash
@@ -781,14 +782,15 @@ _slugs = itertools.count(1)
     max_examples=40, deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(script=event_scripts(starts_at=SEASON_START, cutoff=SEASON_CUTOFF, max_events=30))
+@given(script=event_scripts(starts_at=SEASON_START, cutoff=SEASON_CUTOFF, max_events=30), latest=st.booleans())
 def test_score_events_apply_matches_reference_model(
-    season_factory: Callable[..., Season], writer: tuple[ApiClient, str], script: Script
+    season_factory: Callable[..., Season], writer: tuple[ApiClient, str], script: Script, latest: bool
 ) -> None:
-    season = season_factory(slug=f"prop-{next(_slugs)}")
+    """In a `best` season and in a `latest` one (`create_season --mode`)."""
+    season = season_factory(slug=f"prop-{next(_slugs)}", mode="latest" if latest else "best")
     assert (season.state, season.starts_at, season.cutoff) == ("OPEN", SEASON_START, SEASON_CUTOFF)
     model, expected = reference_run(
-        script, season_rejection(starts_at=season.starts_at, cutoff=season.cutoff)
+        script, season_rejection(starts_at=season.starts_at, cutoff=season.cutoff), latest=latest
     )
 
     outcomes: list[dict[str, Any]] = []

@@ -278,7 +278,9 @@ SCORE_EVENT: dict[str, Any] = {
         "match_id": {**_ID_TEXT, "description": "the settled match"},
         "player_id": _PLAYER_ID,
         "best_score": {"type": "integer", "minimum": MIN_SCORE, "maximum": MAX_SCORE,
-                       "description": "the player's absolute season best as settled upstream"},
+                       "description": "the player's absolute season best as settled upstream; in a season "
+                                      "created with --mode latest, the player's newest settled score, taken "
+                                      "even when lower"},
         "score_version": {"type": "integer", "minimum": 1, "maximum": MAX_SCORE_VERSION,
                           "description": "per-player version from the trusted service"},
         "completed_at": _COMPLETED_AT,

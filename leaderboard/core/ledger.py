@@ -132,8 +132,14 @@ def batch_plan(
     digests: Sequence[str] | None = None,
     reached_orders: bool = False,
     staff: bool = False,
+    latest: bool = False,
 ) -> BatchPlan:
     """Decide every event of a batch in order.
+
+    `latest`: the season's mode is `latest` (core.season_options): a result with a newer
+    score_version sets the score to its best_score even when lower, as a correction does
+    (without a correction's revocation bookkeeping); an equal one keeps when the score
+    was reached.
 
     `reached_orders`: the season orders ties by reached_at (first_reached), so a
     correction that moves only reached_at changes the board too.
@@ -198,8 +204,10 @@ def batch_plan(
             new_reached: datetime | None = event.reached
             new_score = event.best_score
             revoked_to = before.revoked_to if before is not None else None
-            if event.kind != KIND_CORRECTION and before is not None and before.score >= event.best_score:
-                # An equal or lower result keeps the score and when it was reached.
+            if event.kind != KIND_CORRECTION and before is not None and (
+                    before.score == event.best_score or (before.score > event.best_score and not latest)):
+                # An equal result keeps the score and when it was reached; so does a
+                # lower one but in a `latest` season.
                 new_score, new_reached = before.score, before.reached_at
             elif event.kind == KIND_CORRECTION and not staff:
                 revoked_to = None

@@ -19,6 +19,13 @@ REGION_RULE = f"1..{MAX_REGION_LENGTH} characters from [a-z0-9-]"
 # cost and manifest size bounded.
 MAX_REGIONS = 16
 
+# How a result sets a player's score (docs/rules.md, Board kinds): "best" keeps the
+# highest settled best score, "latest" takes the newest (a higher score_version) even
+# when lower. Fixed at creation: the ledger's scores would mean something else after.
+MODE_BEST = "best"
+MODE_LATEST = "latest"
+MODES = (MODE_BEST, MODE_LATEST)
+
 TIE_BREAK_SHARED = "shared"
 TIE_BREAK_FIRST_REACHED = "first_reached"
 TIE_BREAKS = (TIE_BREAK_SHARED, TIE_BREAK_FIRST_REACHED)
@@ -51,6 +58,12 @@ def regions_problem(regions: Sequence[object]) -> str | None:
         if region in seen:
             return f"region {region!r} is listed twice: regions must be distinct"
         seen.add(region)
+    return None
+
+
+def mode_problem(mode: object) -> str | None:
+    if mode not in MODES:
+        return f"mode must be one of {', '.join(MODES)}, got {mode!r}"
     return None
 
 

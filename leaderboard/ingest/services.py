@@ -26,7 +26,7 @@ from leaderboard.core.ledger import (
 )
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
 from leaderboard.core.partitions import Watermark, layout_partition, stream_heads_watermark
-from leaderboard.core.season_options import TIE_BREAK_FIRST_REACHED
+from leaderboard.core.season_options import MODE_LATEST, TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import reached_rejection
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import MAX_CURSOR_ID, stream_committed_watermark
@@ -199,7 +199,7 @@ def _part_apply_retrying(*, season: Season, events: list[ScoreEvent], client: Ap
 def _partitions_lock(*, season: Season, events: list[ScoreEvent], using: str,
                      ) -> tuple[tuple[Any, ...], dict[str, int]]:
     """Take the locks of the batch's partitions and read the season under them: its row
-    (state, starts_at, cutoff, published_version, tie_break, regions) and each player's
+    (state, starts_at, cutoff, published_version, tie_break, regions, mode) and each player's
     partition. A repartition changes the layout under the season's lock, which the batch
     holds shared from its first lock on, so the layout read once the locks are held is
     the one the batch commits against; when it moved since the caller read the season,
@@ -214,7 +214,7 @@ def _partitions_lock(*, season: Season, events: list[ScoreEvent], using: str,
             ledger_store.partition_write_locks(season_id=season.pk, partitions=wanted, using=using)
             held |= wanted
         *row, base_now, count_now = Season.objects.filter(pk=season.pk).values_list(
-            "state", "starts_at", "cutoff", "published_version", "tie_break", "regions", "partition_base",
+            "state", "starts_at", "cutoff", "published_version", "tie_break", "regions", "mode", "partition_base",
             "partitions").get()
         if (base_now, count_now) == (base, count):
             return tuple(row), parts
@@ -233,7 +233,7 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
         # Read under the locks: a lifecycle transition takes the season's lock exclusively,
         # so the state that admits these events is the one they commit against.
         row, partitions = _partitions_lock(season=season, events=events, using=using)
-        state, starts_at, cutoff, published, tie_break, season_regions = row
+        state, starts_at, cutoff, published, tie_break, season_regions, mode = row
         planned = ledger_store.stream_planned_lock(season_id=season.pk, partitions=partitions.values(), using=using)
         first_reached = tie_break == TIE_BREAK_FIRST_REACHED
         recorded = ledger_store.recorded_events_fetch(
@@ -264,6 +264,7 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
             digests=digests,
             reached_orders=first_reached,
             staff=actor is not None,
+            latest=mode == MODE_LATEST,
         )
         plan.conflicts.extend(refused.conflicts)
         regions = ledger_store.player_regions_fetch(

@@ -96,6 +96,8 @@ class ReferenceLedger:
     conflicts: list[str] = field(default_factory=list)
     # player -> the score a standing staff revocation set
     revoked: dict[str, int] = field(default_factory=dict)
+    # A `latest` season: a newer result sets the score even when lower.
+    latest: bool = False
 
     def apply(self, event: Event, *, published_version: int, staff: bool = False) -> dict[str, Any]:
         event_id = event["event_id"]
@@ -150,10 +152,12 @@ class ReferenceLedger:
                 elif player_id in self.revoked or (current is not None and new_score < current[0]):
                     self.revoked[player_id] = new_score
             else:
-                new_score = event["best_score"] if current is None else max(current[0], event["best_score"])
+                new_score = (event["best_score"] if current is None or self.latest
+                             else max(current[0], event["best_score"]))
                 status = "applied" if current is None or new_score != current[0] else "unchanged"
             reached = self.reached.get(player_id)
-            if event.get("kind", "result") == "correction" or current is None or new_score > current[0]:
+            if (event.get("kind", "result") == "correction" or current is None or new_score > current[0]
+                    or (self.latest and new_score != current[0])):
                 reached = effective_reached(event)
             changed = (current is None or new_score != current[0]
                        or (self.reached_orders and reached != self.reached.get(player_id)))
@@ -309,10 +313,11 @@ def event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_event
 
 
 def reference_run(
-    script: Script, rejection: Callable[[Event], str | None]
+    script: Script, rejection: Callable[[Event], str | None], *, latest: bool = False
 ) -> tuple[ReferenceLedger, list[dict[str, Any]]]:
-    """Apply a script to the reference model strictly one event at a time."""
-    model = ReferenceLedger(rejection=rejection)
+    """Apply a script to the reference model strictly one event at a time; `latest`: in a
+    season of that mode."""
+    model = ReferenceLedger(rejection=rejection, latest=latest)
     outcomes = [
         model.apply(event, published_version=published, staff=script.staff_of(i))
         for i, (batch, published) in enumerate(zip(script.batches, script.published, strict=True))

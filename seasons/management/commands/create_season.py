@@ -8,7 +8,7 @@ from django.utils.text import slugify
 from audit.services import Actor
 from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, BucketLayout, LayoutError
 from leaderboard.core.events import parse_rfc3339
-from leaderboard.core.season_options import MAX_REGIONS, REGION_RULE, TIE_BREAK_SHARED, TIE_BREAKS
+from leaderboard.core.season_options import MAX_REGIONS, MODE_BEST, MODES, REGION_RULE, TIE_BREAK_SHARED, TIE_BREAKS
 from leaderboard.ledger_databases import ledger_aliases
 from seasons.services import SeasonError, season_create
 
@@ -30,6 +30,9 @@ class Command(BaseCommand):
         parser.add_argument("--tie-break", choices=TIE_BREAKS, default=TIE_BREAK_SHARED,
                             help="equal scores: shared (share a rank; default) or first_reached (who reached the "
                                  "score first ranks ahead)")
+        parser.add_argument("--mode", choices=MODES, default=MODE_BEST,
+                            help="how a result sets a score: best (the highest settled best score; default) or "
+                                 "latest (the newest settled value, even when lower)")
         parser.add_argument("--partitions", type=int, default=None,
                             help="ledger partitions (default SEASON_PARTITIONS); see manage.py season_repartition")
 
@@ -49,7 +52,7 @@ class Command(BaseCommand):
         try:
             season = season_create(
                 layout=layout, regions=[r.strip() for r in options["regions"].split(",") if r.strip()],
-                tie_break=options["tie_break"], partitions=options["partitions"],
+                tie_break=options["tie_break"], mode=options["mode"], partitions=options["partitions"],
                 slug=slug, name=options["name"], starts_at=starts_at, cutoff=cutoff,
                 actor=Actor(kind="system", id="", label="manage.py create_season"),
             )
@@ -60,5 +63,6 @@ class Command(BaseCommand):
             where = ledger_aliases(season=season)
             self.stdout.write("ledger databases: " + "; ".join(
                 f"{alias} partitions {', '.join(map(str, parts))}" for alias, parts in where.items()))
-        if season.regions or season.tie_break != TIE_BREAK_SHARED:
-            self.stdout.write(f"regions: {', '.join(season.regions) or 'none'}; tie-break: {season.tie_break}")
+        if season.regions or season.tie_break != TIE_BREAK_SHARED or season.mode != MODE_BEST:
+            self.stdout.write(f"regions: {', '.join(season.regions) or 'none'}; tie-break: {season.tie_break}; "
+                              f"mode: {season.mode}")
