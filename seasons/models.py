@@ -56,7 +56,7 @@ class Season(models.Model):
     # has its own board; set at creation, changeable only while the season is SCHEDULED.
     regions = models.JSONField(default=list, blank=True)
     # How a result sets a player's score: "best" (the highest settled best) or "latest"
-    # (the newest settled value, even when lower); fixed at creation.
+    # (the newest settled value, even when lower); fixed once the season opens.
     mode = models.CharField(max_length=8, choices=[("best", "best"), ("latest", "latest")], default="best")
     # How equal scores are ordered: "shared" (ties share a rank, display by player id) or
     # "first_reached" (who reached the score first ranks ahead; fixed at creation).

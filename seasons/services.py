@@ -70,7 +70,7 @@ def season_create(
     """A new season in the state its dates call for. `regions`: its fixed set of regions
     (0..16 distinct names by the region rule; each gets its own board), changeable only
     while it is SCHEDULED; `tie_break`: how equal scores are ordered, fixed for good;
-    `mode`: how a result sets a score (best or latest), fixed for good;
+    `mode`: how a result sets a score (best or latest), changeable only while SCHEDULED;
     `partitions`: its ledger partitions (default SEASON_PARTITIONS), changed only by
     season_repartition."""
     if cutoff <= starts_at:
@@ -168,6 +168,25 @@ def season_regions_set(*, season: Season, regions: Sequence[str], actor: Actor, 
     return locked
 
 
+def season_mode_set(*, season: Season, mode: str, actor: Actor, reason: str = "") -> Season:
+    """Change a SCHEDULED season's mode (audited `season.mode.changed`). Once the season
+    opens its mode is fixed: the ledger's scores are computed under it."""
+    if problem := mode_problem(mode):
+        raise SeasonError(problem)
+    with transaction.atomic():
+        locked = _locked_season(season)
+        if locked.state != SeasonState.SCHEDULED:
+            raise SeasonError(f"the mode is fixed once the season opens; it is {locked.state}")
+        if locked.mode == mode:
+            return locked
+        before = {"mode": locked.mode}
+        locked.mode = mode
+        locked.save(update_fields=["mode"])
+        audit_log(actor=actor, action="season.mode.changed", target_type="season", target_id=locked.slug,
+                  season_slug=locked.slug, before=before, after={"mode": locked.mode}, reason=reason)
+    return locked
+
+
 # ------------------------------------------------------------------------ lifecycle
 
 
@@ -183,6 +202,7 @@ def _season_snapshot(season: Season) -> dict[str, object]:
         "state": season.state,
         "regions": season.regions,
         "tie_break": season.tie_break,
+        "mode": season.mode,
         "published_version": season.published_version,
         "final_version": season.final_version,
         "ingest_watermark": None if season.ingest_watermark is None else season.ingest_watermark.dump(),

@@ -7,6 +7,7 @@ from typing import Any
 from django import forms
 
 from leaderboard.core.events import MAX_REASON_LENGTH, MAX_SCORE, MIN_SCORE, check_player_id
+from leaderboard.core.season_options import MODES
 from seasons.models import Dispute, ScoreRevocation, Season
 from seasons.staff.accounts.selectors import staff_users
 
@@ -47,6 +48,11 @@ class RegionsForm(forms.Form):
     def clean_regions(self) -> list[str]:
         # The names themselves are the service's rule (season_regions_set): its refusal is shown.
         return [r.strip() for r in self.cleaned_data["regions"].split(",") if r.strip()]
+
+
+class ModeForm(forms.Form):
+    mode = forms.ChoiceField(choices=[(mode, mode) for mode in MODES])
+    reason = forms.CharField(max_length=10_000, required=False)
 
 
 class SplitProposeForm(forms.Form):

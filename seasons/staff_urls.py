@@ -15,6 +15,7 @@ urlpatterns = [
     path("seasons/<slug:slug>/stats", season.season_stats, name="season-stats"),
     path("seasons/<slug:slug>/lifecycle", season.season_lifecycle, name="season-lifecycle"),
     path("seasons/<slug:slug>/regions", season.season_regions, name="season-regions"),
+    path("seasons/<slug:slug>/mode", season.season_mode, name="season-mode"),
     path("seasons/<slug:slug>/regions/sizes", season.season_region_sizes, name="season-region-sizes"),
     path("seasons/<slug:slug>/splits", season.split_propose, name="split-propose"),
     path("seasons/<slug:slug>/rebuilds/", season.rebuilds, name="rebuilds"),

@@ -13,9 +13,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from audit.models import AuditEntry
+from leaderboard.core.lifecycle import SeasonState
 from leaderboard.models import PlayerScore
 from seasons.models import Season
-from seasons.services import SeasonError, season_create
+from seasons.services import SeasonError, season_create, season_transition
 from tests.support import TEST_ACTOR, Events, assert_board_equals, db_standings, post_ok, publish
 from tests.support.publication import fast_get, reader_of
 
@@ -98,3 +99,27 @@ def test_the_staff_season_page_says_how_scores_are_set(season_factory: Callable[
     latest = viewer.get("/staff/seasons/page-latest/").content.decode()
     assert 'id="season-mode">the newest settled value (latest)<' in latest
     assert 'id="season-mode">the best settled score (best)<' in viewer.get("/staff/seasons/page-best/").content.decode()
+
+
+@pytest.mark.django_db
+def test_an_approver_changes_the_mode_while_scheduled_and_it_is_fixed_once_open(
+        season_factory: Callable[..., Season], client_as: Callable[..., Any]) -> None:
+    scheduled = season_factory(slug="soon", starts_at=NOW + timedelta(days=1), cutoff=NOW + timedelta(days=30))
+    assert 'id="mode-form"' not in client_as("reviewer").get("/staff/seasons/soon/").content.decode()
+    approver = client_as("approver")
+    assert 'id="mode-form"' in approver.get("/staff/seasons/soon/").content.decode()
+    response = approver.post("/staff/seasons/soon/mode", {"mode": "latest", "reason": "a ladder"})
+    assert response.status_code == 302 and response["Location"] == "/staff/seasons/soon/"
+    assert Season.objects.get(pk=scheduled.pk).mode == "latest"
+    entry = AuditEntry.objects.get(action="season.mode.changed", season_slug="soon")
+    assert (entry.before, entry.after, entry.reason) == ({"mode": "best"}, {"mode": "latest"}, "a ladder")
+    assert (entry.actor_type, entry.actor_label) == ("user", approver.user.username)
+    # A mode the form does not offer changes nothing.
+    approver.post("/staff/seasons/soon/mode", {"mode": "sum"})
+    assert Season.objects.get(pk=scheduled.pk).mode == "latest"
+    season_transition(season=scheduled, target=SeasonState.OPEN, actor=TEST_ACTOR)
+    refused = approver.post("/staff/seasons/soon/mode", {"mode": "best"}, follow=True).content.decode()
+    assert "the mode is fixed once the season opens; it is OPEN" in refused
+    assert Season.objects.get(pk=scheduled.pk).mode == "latest"
+    assert AuditEntry.objects.filter(action="season.mode.changed").count() == 1
+    assert 'id="mode-form"' not in refused

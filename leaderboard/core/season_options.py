@@ -21,7 +21,7 @@ MAX_REGIONS = 16
 
 # How a result sets a player's score (docs/rules.md, Board kinds): "best" keeps the
 # highest settled best score, "latest" takes the newest (a higher score_version) even
-# when lower. Fixed at creation: the ledger's scores would mean something else after.
+# when lower. Fixed once the season opens: the ledger's scores are computed under it.
 MODE_BEST = "best"
 MODE_LATEST = "latest"
 MODES = (MODE_BEST, MODE_LATEST)

@@ -25,7 +25,7 @@ from leaderboard.recovery.rebuild import (
 from seasons import staff_forms as f
 from seasons.models import Season
 from seasons.selectors import season_lifecycle_offer
-from seasons.services import season_regions_set, season_seal_ingest, season_transition
+from seasons.services import season_mode_set, season_regions_set, season_seal_ingest, season_transition
 from seasons.staff.common import staff_actor
 from seasons.staff.players import selectors as players_sel
 from seasons.staff.season import selectors as sel
@@ -43,6 +43,7 @@ def season_page(request: HttpRequest, slug: str) -> HttpResponse:
         conflicts=sel.season_conflicts(season=season), regions=sel.season_region_sizes(season=season),
         lifecycle=season_lifecycle_offer(season=season),
         regions_form=f.RegionsForm(initial={"regions": ", ".join(season.regions)}),
+        mode_form=f.ModeForm(initial={"mode": season.mode}),
         split_form=f.SplitProposeForm(), lookup_form=f.PlayerLookupForm(),
     ))
 
@@ -97,6 +98,20 @@ def season_regions(request: HttpRequest, slug: str) -> HttpResponse:
         return f"Regions: {', '.join(changed.regions) or 'none'}"
 
     return act(request, f.RegionsForm(request.POST), set_regions, back=reverse("staff:season", args=[slug]))
+
+
+@require_POST
+@staff_required("season_transition")
+def season_mode(request: HttpRequest, slug: str) -> HttpResponse:
+    """Set a SCHEDULED season's mode (fixed once it opens)."""
+    season = get_object_or_404(Season, slug=slug)
+
+    def set_mode(data: dict[str, Any]) -> str:
+        changed = season_mode_set(season=season, mode=data["mode"], actor=staff_actor(request.user),
+                                  reason=data["reason"])
+        return f"Mode: {changed.mode}"
+
+    return act(request, f.ModeForm(request.POST), set_mode, back=reverse("staff:season", args=[slug]))
 
 
 @require_POST
