@@ -154,18 +154,8 @@ def season_regions_set(*, season: Season, regions: Sequence[str], actor: Actor, 
     opens its regions are fixed: players' regional positions depend on them."""
     if problem := regions_problem(regions):
         raise SeasonError(problem)
-    with transaction.atomic():
-        locked = _locked_season(season)
-        if locked.state != SeasonState.SCHEDULED:
-            raise SeasonError(f"regions are fixed once the season opens; it is {locked.state}")
-        if locked.regions == list(regions):
-            return locked
-        before = {"regions": locked.regions}
-        locked.regions = list(regions)
-        locked.save(update_fields=["regions"])
-        audit_log(actor=actor, action="season.regions.changed", target_type="season", target_id=locked.slug,
-                  season_slug=locked.slug, before=before, after={"regions": locked.regions}, reason=reason)
-    return locked
+    return _scheduled_option_set(season=season, field="regions", value=list(regions), fixed="regions are fixed",
+                                 action="season.regions.changed", actor=actor, reason=reason)
 
 
 def season_mode_set(*, season: Season, mode: str, actor: Actor, reason: str = "") -> Season:
@@ -173,17 +163,26 @@ def season_mode_set(*, season: Season, mode: str, actor: Actor, reason: str = ""
     opens its mode is fixed: the ledger's scores are computed under it."""
     if problem := mode_problem(mode):
         raise SeasonError(problem)
+    return _scheduled_option_set(season=season, field="mode", value=mode, fixed="the mode is fixed",
+                                 action="season.mode.changed", actor=actor, reason=reason)
+
+
+def _scheduled_option_set(*, season: Season, field: str, value: object, fixed: str, action: str, actor: Actor,
+                          reason: str) -> Season:
+    """Set one of a season's options that are open to change only while it is SCHEDULED,
+    under the season's lock, audited with the value before and after (nothing when it is
+    the same). `fixed`: how the refusal names the option once the season opened."""
     with transaction.atomic():
         locked = _locked_season(season)
         if locked.state != SeasonState.SCHEDULED:
-            raise SeasonError(f"the mode is fixed once the season opens; it is {locked.state}")
-        if locked.mode == mode:
+            raise SeasonError(f"{fixed} once the season opens; it is {locked.state}")
+        if getattr(locked, field) == value:
             return locked
-        before = {"mode": locked.mode}
-        locked.mode = mode
-        locked.save(update_fields=["mode"])
-        audit_log(actor=actor, action="season.mode.changed", target_type="season", target_id=locked.slug,
-                  season_slug=locked.slug, before=before, after={"mode": locked.mode}, reason=reason)
+        before = {field: getattr(locked, field)}
+        setattr(locked, field, value)
+        locked.save(update_fields=[field])
+        audit_log(actor=actor, action=action, target_type="season", target_id=locked.slug,
+                  season_slug=locked.slug, before=before, after={field: value}, reason=reason)
     return locked
 
 

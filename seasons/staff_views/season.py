@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -90,28 +91,31 @@ def season_lifecycle(request: HttpRequest, slug: str) -> HttpResponse:
 @staff_required("season_transition")
 def season_regions(request: HttpRequest, slug: str) -> HttpResponse:
     """Set a SCHEDULED season's regions (fixed once it opens)."""
-    season = get_object_or_404(Season, slug=slug)
-
-    def set_regions(data: dict[str, Any]) -> str:
+    def set_regions(season: Season, data: dict[str, Any]) -> str:
         changed = season_regions_set(season=season, regions=data["regions"], actor=staff_actor(request.user),
                                      reason=data["reason"])
         return f"Regions: {', '.join(changed.regions) or 'none'}"
 
-    return act(request, f.RegionsForm(request.POST), set_regions, back=reverse("staff:season", args=[slug]))
+    return _season_option_post(request, slug, f.RegionsForm(request.POST), set_regions)
 
 
 @require_POST
 @staff_required("season_transition")
 def season_mode(request: HttpRequest, slug: str) -> HttpResponse:
     """Set a SCHEDULED season's mode (fixed once it opens)."""
-    season = get_object_or_404(Season, slug=slug)
-
-    def set_mode(data: dict[str, Any]) -> str:
+    def set_mode(season: Season, data: dict[str, Any]) -> str:
         changed = season_mode_set(season=season, mode=data["mode"], actor=staff_actor(request.user),
                                   reason=data["reason"])
         return f"Mode: {changed.mode}"
 
-    return act(request, f.ModeForm(request.POST), set_mode, back=reverse("staff:season", args=[slug]))
+    return _season_option_post(request, slug, f.ModeForm(request.POST), set_mode)
+
+
+def _season_option_post(request: HttpRequest, slug: str, form: Any,
+                        apply: Callable[[Season, dict[str, Any]], str]) -> HttpResponse:
+    """A SCHEDULED season's option set from its page's form, back to the page with the outcome."""
+    season = get_object_or_404(Season, slug=slug)
+    return act(request, form, lambda data: apply(season, data), back=reverse("staff:season", args=[slug]))
 
 
 @require_POST
