@@ -12,6 +12,32 @@ def default_layout() -> dict[str, object]:
     return BucketLayout.uniform().as_dict()
 
 
+class Series(models.Model):
+    """Recurring seasons (docs/rules.md, Recurring seasons): one season per window of the
+    schedule, `{slug}-{n}`, opened, sealed and proposed by the clock (seasons_lifecycle_tick)."""
+
+    slug = models.SlugField(max_length=48, unique=True)
+    name = models.CharField(max_length=200)
+    every = models.CharField(max_length=4, choices=[("1d", "1d"), ("7d", "7d"), ("1mo", "1mo")])
+    anchor = models.DateTimeField()
+    # After a window's cutoff its ingest is sealed this long later (late results meanwhile).
+    grace_seconds = models.PositiveIntegerField(default=600)
+    approval = models.CharField(max_length=12, choices=[("two-person", "two-person"), ("auto", "auto")],
+                                default="two-person")
+    # The options every window season is created with.
+    mode = models.CharField(max_length=8, default="best")
+    tie_break = models.CharField(max_length=16, default="shared")
+    regions = models.JSONField(default=list, blank=True)
+    bucket_width = models.PositiveIntegerField(default=10_000)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
 class Season(models.Model):
     """A season: its public id is the slug (the {season_id} of every URL)."""
 
@@ -62,6 +88,11 @@ class Season(models.Model):
     # "first_reached" (who reached the score first ranks ahead; fixed at creation).
     tie_break = models.CharField(max_length=16, choices=[("shared", "shared"), ("first_reached", "first_reached")],
                                  default="shared")
+    # A series' window (its n-th season), or None for a season created on its own.
+    series = models.ForeignKey(Series, null=True, blank=True, on_delete=models.PROTECT, related_name="seasons")
+    series_window = models.PositiveIntegerField(null=True, blank=True)
+    # Seconds after the cutoff the clock seals ingest; None: SEAL_AFTER_CUTOFF_SECONDS.
+    seal_after_seconds = models.PositiveIntegerField(null=True, blank=True)
     # The FINAL standings hold regional places (written so in a season with regions). False
     # for a FINAL approved before they existed: its rows and hash lines have none.
     final_regional = models.BooleanField(default=False)
@@ -69,6 +100,8 @@ class Season(models.Model):
     class Meta:
         ordering = ["-starts_at", "slug"]
         constraints = [
+            # One season per window: two clocks opening the same window race on this.
+            models.UniqueConstraint(fields=["series", "series_window"], name="season_one_per_series_window"),
             models.CheckConstraint(
                 condition=models.Q(cutoff__gt=models.F("starts_at")), name="season_cutoff_after_start"
             ),

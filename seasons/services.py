@@ -33,6 +33,7 @@ from leaderboard.core.season_options import (
     regions_problem,
     tie_break_problem,
 )
+from leaderboard.core.series import APPROVAL_AUTO
 from leaderboard.core.tiebreak import first_reached_problem, reached_text
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import changes_after_q, stream_last_watermark
@@ -44,7 +45,7 @@ from leaderboard.recovery.reconcile import display_order_sql, version_reconcile
 from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from leaderboard.views.season_index import season_keys
-from seasons.models import FinalCandidate, FinalStanding, Season
+from seasons.models import FinalCandidate, FinalStanding, Season, Series
 from seasons.selectors import final_candidate_current, final_line_format
 
 log = logging.getLogger(__name__)
@@ -66,13 +67,18 @@ def season_create(
     tie_break: str = TIE_BREAK_SHARED,
     mode: str = MODE_BEST,
     partitions: int | None = None,
+    series: Series | None = None,
+    series_window: int | None = None,
+    seal_after_seconds: int | None = None,
 ) -> Season:
     """A new season in the state its dates call for. `regions`: its fixed set of regions
     (0..16 distinct names by the region rule; each gets its own board), changeable only
     while it is SCHEDULED; `tie_break`: how equal scores are ordered, fixed for good;
     `mode`: how a result sets a score (best or latest), changeable only while SCHEDULED;
     `partitions`: its ledger partitions (default SEASON_PARTITIONS), changed only by
-    season_repartition."""
+    season_repartition; `series`, `series_window`: the series window it is (one season a
+    window: a second one raises IntegrityError); `seal_after_seconds`: how long after the
+    cutoff the clock seals it (default SEAL_AFTER_CUTOFF_SECONDS)."""
     if cutoff <= starts_at:
         raise SeasonError("the cutoff must be after the start")
     partitions = settings.SEASON_PARTITIONS if partitions is None else partitions
@@ -92,7 +98,8 @@ def season_create(
         season = Season.objects.create(
             slug=slug, name=name, starts_at=starts_at, cutoff=cutoff, state=state.value,
             layout=(layout or BucketLayout.uniform()).as_dict(), regions=list(regions), tie_break=tie_break,
-            mode=mode, partitions=partitions, ledger_databases=ledger_placement_for(partitions=partitions),
+            mode=mode, partitions=partitions, series=series, series_window=series_window,
+            seal_after_seconds=seal_after_seconds, ledger_databases=ledger_placement_for(partitions=partitions),
         )
         audit_log(
             actor=actor,
@@ -107,6 +114,7 @@ def season_create(
                 "regions": season.regions, "tie_break": season.tie_break, "mode": season.mode,
                 "partitions": partitions,
                 **({"ledger_databases": season.ledger_databases} if season.ledger_databases else {}),
+                **({"series": series.slug, "series_window": series_window} if series is not None else {}),
             },
         )
     return season
@@ -208,15 +216,17 @@ def _season_snapshot(season: Season) -> dict[str, object]:
     }
 
 
-def season_transition(*, season: Season, target: SeasonState, actor: Actor, reason: str = "") -> Season:
-    """SCHEDULED -> OPEN and OPEN -> CLOSING, by the clock (beat) or by staff."""
+def season_transition(*, season: Season, target: SeasonState, actor: Actor, reason: str = "",
+                      now: datetime | None = None) -> Season:
+    """SCHEDULED -> OPEN and OPEN -> CLOSING, by the clock (beat, with its `now`) or by staff."""
     if target not in (SeasonState.OPEN, SeasonState.CLOSING):
         raise SeasonError(f"use the dedicated service to make a season {target}")
     with transaction.atomic():
         locked = _locked_season(season)
         before = _season_snapshot(locked)
         try:
-            action = transition_check(current=locked.state, target=target, now=timezone.now(), cutoff=locked.cutoff)
+            action = transition_check(current=locked.state, target=target, now=now or timezone.now(),
+                                      cutoff=locked.cutoff)
         except TransitionError as exc:
             raise SeasonError(str(exc)) from exc
         locked.state = target.value
@@ -226,7 +236,7 @@ def season_transition(*, season: Season, target: SeasonState, actor: Actor, reas
     return locked
 
 
-def season_seal_ingest(*, season: Season, actor: Actor, reason: str = "") -> Season:
+def season_seal_ingest(*, season: Season, actor: Actor, reason: str = "", now: datetime | None = None) -> Season:
     """CLOSING -> FINALIZING: record the ingest high watermark of the change stream.
 
     Under the season's write lock no ingest transaction is in flight, so every change at
@@ -237,7 +247,7 @@ def season_seal_ingest(*, season: Season, actor: Actor, reason: str = "") -> Sea
         locked = _locked_season(season)
         before = _season_snapshot(locked)
         try:
-            action = transition_check(current=locked.state, target=SeasonState.FINALIZING, now=timezone.now(),
+            action = transition_check(current=locked.state, target=SeasonState.FINALIZING, now=now or timezone.now(),
                                       cutoff=locked.cutoff)
         except TransitionError as exc:
             raise SeasonError(str(exc)) from exc
@@ -258,20 +268,28 @@ def seasons_lifecycle_tick(*, now: datetime | None = None) -> list[str]:
     now = now or timezone.now()
     done: list[str] = []
     seal_after = settings.SEAL_AFTER_CUTOFF_SECONDS
-    for season in Season.objects.exclude(state=SeasonState.FINAL):
+    for season in Season.objects.exclude(state=SeasonState.FINAL).select_related("series"):
+        seal = seal_after if season.seal_after_seconds is None else season.seal_after_seconds
         due = due_transition(state=season.state, now=now, starts_at=season.starts_at, cutoff=season.cutoff,
-                             cutoff_seal_seconds=seal_after)
+                             cutoff_seal_seconds=seal)
         try:
             if due in (SeasonState.OPEN, SeasonState.CLOSING):
-                season_transition(season=season, target=due, actor=SYSTEM)
+                season_transition(season=season, target=due, actor=SYSTEM, now=now)
                 done.append(f"{season.slug}: {due}")
             elif due == SeasonState.FINALIZING:
-                season_seal_ingest(season=season, actor=SYSTEM, reason="automatic seal after the cutoff")
+                season_seal_ingest(season=season, actor=SYSTEM, reason="automatic seal after the cutoff", now=now)
                 done.append(f"{season.slug}: sealed")
             elif season.state == SeasonState.FINALIZING and final_candidate_current(season=season) is None:
                 # None yet, or the board moved on (a correction) since the last one.
                 candidate = season_final_candidate_build(season=season, actor=SYSTEM)
                 done.append(f"{season.slug}: candidate v{candidate.version}")
+                if season.series is not None and season.series.approval == APPROVAL_AUTO:
+                    if candidate.reconciliation_ok:
+                        season_final_auto_approve(candidate=candidate)
+                        done.append(f"{season.slug}: FINAL v{candidate.version} (auto)")
+                    else:
+                        done.append(f"{season.slug}: candidate v{candidate.version} failed its reconciliation; "
+                                    "waiting for staff")
         except (SeasonError, FinalNotReady) as exc:
             done.append(f"{season.slug}: {exc}")
         except Exception as exc:  # noqa: BLE001 - one broken season must not stop the others' clock
@@ -401,31 +419,60 @@ def season_final_approve(*, candidate: FinalCandidate, actor: Actor, reason: str
         )
         if not check.ok:
             raise SeasonError(check.reason)
-        manifest_row = ManifestRow.objects.get(season=season, version=locked.version)
-        newer = ScoreChange.objects.filter(season_id=season.pk).filter(changes_after_q(Watermark.from_columns(
-            manifest_row.watermark_txid, manifest_row.watermark_id, manifest_row.watermark_vector)))
-        if ledger_rows_exist(season=season, queryset=newer):
-            raise SeasonError("the ledger changed after the candidate version: build a new candidate")
-        digest, total = final_standings_write(season=season)
-        if total != manifest_row.total_players:
-            raise SeasonError(f"the standings hold {total} players, the candidate version {manifest_row.total_players}")
-        manifest_row.is_final = True
-        manifest_row.content_hash = digest
-        manifest_row.save(update_fields=["is_final", "content_hash"])
-        before = _season_snapshot(season)
-        season.state = SeasonState.FINAL.value
-        season.final_version = locked.version
-        season.finalized_at = timezone.now()
-        season.save(update_fields=["state", "final_version", "finalized_at"])
-        locked.status = FinalCandidate.Status.APPROVED
-        locked.decided_by, locked.decided_by_label, locked.decided_at = staff_id, actor.label, timezone.now()
-        locked.decision_reason = reason
-        locked.save(update_fields=["status", "decided_by", "decided_by_label", "decided_at", "decision_reason"])
-        audit_log(actor=actor, action="season.final.approved", target_type="season", target_id=season.slug,
-                  season_slug=season.slug, before=before,
-                  after={**_season_snapshot(season), "content_hash": digest, "total_players": total,
-                         "proposed_by": locked.proposed_by_label},
-                  reason=reason)
+        return _final_commit(season=season, candidate=locked, actor=actor, decided_by=staff_id, reason=reason)
+
+
+def season_final_auto_approve(*, candidate: FinalCandidate) -> Season:
+    """A window of a series with `--approval auto`: the system approves a built candidate
+    whose reconciliation passed and whose version is still the published one, audited
+    `season.final.approved` by the system. Anything else stays for staff."""
+    with transaction.atomic():
+        season = _locked_season(candidate.season)
+        locked = FinalCandidate.objects.select_for_update().get(pk=candidate.pk)
+        if season.series_id is None or Series.objects.get(pk=season.series_id).approval != APPROVAL_AUTO:
+            raise SeasonError("only a window of a series with automatic approval is approved by the system")
+        if season.state != SeasonState.FINALIZING:
+            raise SeasonError(f"a {season.state} season cannot be approved")
+        if locked.status != FinalCandidate.Status.BUILT:
+            raise SeasonError(f"candidate is {locked.status}, only a built candidate is approved automatically")
+        if not locked.reconciliation_ok:
+            raise SeasonError("the reconciliation failed: this candidate is left for staff")
+        if locked.version != season.published_version:
+            raise SeasonError(f"the board moved on (v{season.published_version}) since candidate v{locked.version}")
+        return _final_commit(season=season, candidate=locked, actor=SYSTEM, decided_by="",
+                             reason="automatic approval: the series approves a reconciled candidate")
+
+
+def _final_commit(*, season: Season, candidate: FinalCandidate, actor: Actor, decided_by: str,
+                  reason: str) -> Season:
+    """Write, hash and record the FINAL standings of an approved candidate (both locked
+    by the caller's transaction), and make the season FINAL, audited."""
+    locked = candidate
+    manifest_row = ManifestRow.objects.get(season=season, version=locked.version)
+    newer = ScoreChange.objects.filter(season_id=season.pk).filter(changes_after_q(Watermark.from_columns(
+        manifest_row.watermark_txid, manifest_row.watermark_id, manifest_row.watermark_vector)))
+    if ledger_rows_exist(season=season, queryset=newer):
+        raise SeasonError("the ledger changed after the candidate version: build a new candidate")
+    digest, total = final_standings_write(season=season)
+    if total != manifest_row.total_players:
+        raise SeasonError(f"the standings hold {total} players, the candidate version {manifest_row.total_players}")
+    manifest_row.is_final = True
+    manifest_row.content_hash = digest
+    manifest_row.save(update_fields=["is_final", "content_hash"])
+    before = _season_snapshot(season)
+    season.state = SeasonState.FINAL.value
+    season.final_version = locked.version
+    season.finalized_at = timezone.now()
+    season.save(update_fields=["state", "final_version", "finalized_at"])
+    locked.status = FinalCandidate.Status.APPROVED
+    locked.decided_by, locked.decided_by_label, locked.decided_at = decided_by, actor.label, timezone.now()
+    locked.decision_reason = reason
+    locked.save(update_fields=["status", "decided_by", "decided_by_label", "decided_at", "decision_reason"])
+    audit_log(actor=actor, action="season.final.approved", target_type="season", target_id=season.slug,
+              season_slug=season.slug, before=before,
+              after={**_season_snapshot(season), "content_hash": digest, "total_players": total,
+                     "proposed_by": locked.proposed_by_label},
+              reason=reason)
     return season
 
 

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from seasons.staff_views import audit, console, disputes, final, season
+from seasons.staff_views import audit, console, disputes, final, season, series
 
 app_name = "staff"
 
@@ -12,6 +12,8 @@ urlpatterns = [
     path("", console.overview, name="overview"),
     path("overview/stats", console.overview_stats, name="overview-stats"),
     path("seasons/<slug:slug>/", season.season_page, name="season"),
+    path("series/", series.series_list, name="series-list"),
+    path("series/<slug:slug>/", series.series_page, name="series"),
     path("seasons/<slug:slug>/stats", season.season_stats, name="season-stats"),
     path("seasons/<slug:slug>/lifecycle", season.season_lifecycle, name="season-lifecycle"),
     path("seasons/<slug:slug>/regions", season.season_regions, name="season-regions"),

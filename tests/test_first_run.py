@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import http.cookiejar
+import json
 import os
 import re
 import select
@@ -114,8 +115,13 @@ def test_make_run_prints_every_url_and_demo_logins_then_stops_in_order(tmp_path:
     with demo_running(tmp_path / "var", "--players", "200", "--rate", "100", DEBUG="true") as demo:
         base, banner, log, port = demo.base, demo.banner, demo.log, demo.port
         for url in ("/seasons/demo/live", "/staff/", "/v1/seasons/demo/leaderboard/top", "/api/docs/",
-                    "/internal/v1/seasons/demo/scores:apply", "/healthz", "/readyz", "/staff/seasons/demo-cup/"):
+                    "/internal/v1/seasons/demo/scores:apply", "/healthz", "/readyz", "/staff/seasons/demo-cup/",
+                    "/staff/series/demo-daily/", "/v1/series/demo-daily"):
             assert f"{base}{url}" in banner, url
+        # The daily series: today's window is open, and its read names it.
+        with urllib.request.urlopen(f"{base}/v1/series/demo-daily", timeout=10) as answer:
+            series = json.load(answer)
+        assert series["current"]["season_id"] in banner and series["approval"] == "auto"
         assert "/admin/" not in banner, "the banner advertises a page no demo user can sign in to"
         users = demo.passwords
         assert set(users) == {"viewer", "reviewer", "approver", "approver2"}

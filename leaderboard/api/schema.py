@@ -82,6 +82,7 @@ BAD_REQUEST = _error("`validation_error` (with `fields`) or `malformed_json`; no
 UNAUTHENTICATED = _error("`unauthenticated`: no bearer token, or an unknown or revoked one")
 FORBIDDEN = _error("`forbidden`: the token lacks this URL's scope")
 SEASON_NOT_FOUND = _error("`season_not_found`")
+SERIES_NOT_FOUND = _error("`series_not_found`: no series has this id")
 TOO_LARGE = _error("`payload_too_large`: the body is over the size limit, or a batch over 1,000 events")
 UNSUPPORTED_MEDIA = _error("`unsupported_media_type`: the body must be application/json")
 RATE_LIMITED = _error("`rate_limited`: retry after the Retry-After header's seconds")

@@ -5,12 +5,16 @@ from leaderboard.api import read_views
 from leaderboard.api.views import FriendsPutView, ProfilesApplyView, ScoresApplyView
 from seasons import api as final_api
 from seasons.disputes_api import DisputesView
+from seasons.series_api import SeriesScoresApplyView, SeriesView
 
 urlpatterns = [
     # The writes take their ids with <path:>: an id with an encoded '/' reaches the view,
     # which refuses it naming the field (a 400), as any id outside the id rule.
     path("internal/v1/seasons/<path:season_id>/scores:apply", ScoresApplyView.as_view(), name="scores-apply"),
     path("internal/v1/seasons/<path:season_id>/disputes", DisputesView.as_view(), name="disputes-file"),
+    path("internal/v1/series/<path:series_id>/scores:apply", SeriesScoresApplyView.as_view(),
+         name="series-scores-apply"),
+    path("v1/series/<str:series_id>", SeriesView.as_view(), name="series"),
     path("internal/v1/players/profiles:apply", ProfilesApplyView.as_view(), name="profiles-apply"),
     path("internal/v1/players/<path:player_id>/friends", FriendsPutView.as_view(), name="player-friends-put"),
     path("v1/seasons/<str:season_id>/leaderboard/top", read_views.TopView.as_view(), name="leaderboard-top"),

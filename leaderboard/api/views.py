@@ -21,7 +21,7 @@ from leaderboard.profiles import player_friends_put, player_profiles_apply
 from seasons.selectors import season_get
 
 
-def _too_large(detail: str) -> ApiError:
+def payload_too_large(detail: str) -> ApiError:
     return ApiError(status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, code="payload_too_large", detail=detail)
 
 
@@ -35,11 +35,11 @@ def request_body(request: Request) -> Any:
     except ValueError:
         declared = 0
     if declared > limit:
-        raise _too_large(f"the body is {declared} bytes; the limit is {limit}")
+        raise payload_too_large(f"the body is {declared} bytes; the limit is {limit}")
     try:
         return request.data
     except RequestDataTooBig as exc:
-        raise _too_large(f"the body exceeds {limit} bytes") from exc
+        raise payload_too_large(f"the body exceeds {limit} bytes") from exc
 
 
 class ScoresApplyView(APIView):
@@ -62,7 +62,7 @@ class ScoresApplyView(APIView):
         try:
             events = events_parse(body)
         except BatchTooLarge as exc:
-            raise _too_large(f"a batch holds at most {MAX_BATCH} events, got {exc.size}") from exc
+            raise payload_too_large(f"a batch holds at most {MAX_BATCH} events, got {exc.size}") from exc
         except EventValidationError as exc:
             raise validation_error(exc.errors, write=True) from exc
         result = score_events_apply(season=season, events=events, client=request.auth)

@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -27,11 +27,14 @@ from config import embedded_redis
 from leaderboard.api_clients import api_client_create
 from leaderboard.core.humanize import instant_text
 from leaderboard.core.lifecycle import SeasonState
+from leaderboard.core.series import APPROVAL_AUTO, EVERY_DAY
 from leaderboard.ledger_databases import ledger_aliases_configured
 from leaderboard.management.commands.simulate_matches import TOKEN_ENV
 from leaderboard.simulation import player_ids
-from seasons.models import Season
+from seasons.models import Season, Series
 from seasons.selectors import season_get
+from seasons.series.selectors import series_current
+from seasons.series.services import series_create, series_windows_open
 from seasons.services import season_create
 from seasons.staff.accounts.services import staff_user_create
 
@@ -46,8 +49,9 @@ DEMO_STAFF = (("viewer", "viewer"), ("reviewer", "reviewer"), ("approver", "appr
 # (live.routing.lifespan, up to ~6 s).
 STOP_ORDER = (("simulator", 3.0), ("cup simulator", 3.0), ("web", 9.0), ("beat", 3.0), ("worker", 8.0))
 # Children whose clean exit is expected: the cup's players stop at its cutoff.
-ENDS_BY_ITSELF = frozenset({"cup simulator"})
+ENDS_BY_ITSELF = frozenset({"cup simulator", "series simulator"})
 CUP_SLUG = "demo-cup"
+SERIES_SLUG = "demo-daily"
 # The start of the warning Celery prints when it runs as root (celery.platforms).
 CELERY_ROOT_WARNING = "You're running the worker with superuser privileges"
 
@@ -77,6 +81,7 @@ class Command(BaseCommand):
                 cutoff=now + timedelta(days=30), actor=DEMO_ACTOR,
             )
         cup = _demo_cup(minutes=options["cup_minutes"])
+        today = _demo_series()
         client, token = api_client_create(
             name=f"demo-match-service-{timezone.now():%Y%m%d%H%M%S}", scopes=["scores:write"],
             actor=DEMO_ACTOR,
@@ -116,6 +121,11 @@ class Command(BaseCommand):
         cup_simulator = [python, "manage.py", "simulate_matches", cup.slug, "--url", base, "--players",
                          str(max(1, options["players"] // 10)), "--rate", str(max(1, options["rate"] // 10)),
                          "--report-every", "0", "--duration", f"{max(0.0, cup_seconds):.0f}"]
+        # Today's window of the daily series gets a few players until its cutoff (midnight UTC).
+        today_seconds = (today.cutoff - timezone.now()).total_seconds()
+        today_simulator = [python, "manage.py", "simulate_matches", today.slug, "--url", base, "--players",
+                           str(max(1, options["players"] // 10)), "--rate", str(max(1, options["rate"] // 10)),
+                           "--report-every", "0", "--duration", f"{max(0.0, today_seconds):.0f}"]
         children: dict[str, subprocess.Popen[bytes]] = {}
         # A shell's background job starts with SIGINT ignored; Ctrl-C (and a SIGTERM from
         # a supervisor) must still stop everything this command started.
@@ -136,6 +146,10 @@ class Command(BaseCommand):
                     children["cup simulator"] = subprocess.Popen(
                         cup_simulator, env={**env, TOKEN_ENV: token}, start_new_session=True
                     )
+                if today_seconds > 1:
+                    children["series simulator"] = subprocess.Popen(
+                        today_simulator, env={**env, TOKEN_ENV: token}, start_new_session=True
+                    )
             sample = player_ids(1)[0]
             lines = [
                 "",
@@ -148,6 +162,9 @@ class Command(BaseCommand):
                 f"                  its cutoff is {instant_text(cup.cutoff)}; then approver seals it,",
                 "                  reviewer proposes the FINAL candidate, approver2 approves it",
                 f"                  (live board {base}/seasons/{cup.slug}/live)",
+                f"  daily series    {base}/staff/series/{SERIES_SLUG}/   a season a day, opened, sealed and",
+                f"                  approved by the clock; today's is {today.slug}",
+                f"                  curl '{base}/v1/series/{SERIES_SLUG}'",
                 f"  read API        curl '{base}/v1/seasons/{slug}/leaderboard/top?limit=10'",
                 f"                  curl '{base}/v1/seasons/{slug}/players/{sample}/rank'",
                 f"  API docs        {base}/api/docs/",
@@ -193,6 +210,21 @@ class Command(BaseCommand):
                 pass
             time.sleep(0.2)
         raise CommandError(f"the web server did not answer {url} within 60 s")
+
+
+def _demo_series() -> Season:
+    """The demo's daily series (automatic FINAL approval), its windows starting at midnight
+    UTC, created once; today's window season. A series made by an earlier run has opened
+    the windows it missed meanwhile."""
+    series = Series.objects.filter(slug=SERIES_SLUG).first()
+    if series is None:
+        midnight = timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        series = series_create(slug=SERIES_SLUG, name="Daily challenge", every=EVERY_DAY, anchor=midnight,
+                               approval=APPROVAL_AUTO, grace_seconds=60, actor=DEMO_ACTOR)
+    series_windows_open(series=series)
+    today = series_current(series=series)
+    assert today is not None
+    return today
 
 
 def _demo_cup(*, minutes: float) -> Season:
