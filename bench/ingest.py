@@ -99,6 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="partition counts the in-process service phase runs at (default: those of --partitions)",
     )
     parser.add_argument(
+        "--season-modes", default="best",
+        help="comma-separated season modes (best, latest): each phase runs once per mode in every run, each on a "
+             "season of its own, so the modes' costs compare within a run",
+    )
+    parser.add_argument(
         "--server-env", action="append", default=[], metavar="KEY=VALUE",
         help="extra environment for the server only (e.g. DB_CONN_MAX_AGE=0); repeatable",
     )
@@ -112,6 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--players must be >= --clients")
     args.phase_list = [p.strip() for p in args.phases.split(",") if p.strip()]
     args.partition_list = [int(p) for p in args.partitions.split(",") if p.strip()]
+    args.mode_list = [m.strip() for m in args.season_modes.split(",") if m.strip()]
+    if not args.mode_list or set(args.mode_list) - {"best", "latest"}:
+        parser.error("--season-modes takes best and/or latest")
     args.service_partition_list = ([int(p) for p in args.service_partitions.split(",") if p.strip()]
                                    if args.service_partitions else args.partition_list)
     if not args.phase_list or set(args.phase_list) - {"http", "service"}:
@@ -426,6 +434,7 @@ class PhaseResult:
     errors: Counter[str]
     cpu: dict[str, Any]
     partitions: int = 1
+    mode: str = "best"
     # Seconds batches spent waiting for the season's partition locks, summed over batches
     # (LockWaits: sampled from pg_stat_activity).
     lock_wait: float = 0.0
@@ -533,38 +542,39 @@ class Bench:
     tag: str
     backends: PostgresBackends
 
-    def season_new(self, run: int, phase: str, partitions: int) -> Any:
+    def season_new(self, run: int, phase: str, partitions: int, mode: str) -> Any:
         from audit.services import Actor
         from seasons.services import season_create
 
         now = datetime.now(UTC)
         return season_create(
-            slug=f"bench-{self.tag}-r{run}-{phase}-p{partitions}",
-            name=f"bench {self.tag} run {run} {phase} {partitions} partitions",
+            slug=f"bench-{self.tag}-r{run}-{phase}-p{partitions}-{mode}",
+            name=f"bench {self.tag} run {run} {phase} {partitions} partitions, mode {mode}",
             starts_at=now - timedelta(days=1),
             cutoff=now + timedelta(days=30),
             actor=Actor(kind="system", id="", label="bench/ingest.py"),
             partitions=partitions,
+            mode=mode,
         )
 
-    def phase_http(self, run: int, partitions: int = 1) -> PhaseResult:
+    def phase_http(self, run: int, partitions: int = 1, mode: str = "best") -> PhaseResult:
         assert self.server is not None
-        season = self.season_new(run, "http", partitions)
+        season = self.season_new(run, "http", partitions, mode)
         with CpuMeter(self.server.pids(), self.backends) as meter, LockWaits(os.environ["DATABASE_URL"]) as waits:
             wall, latencies, outcomes, errors, events = asyncio_run(
                 http_post_all(url=self.server.url, token=self.token, slug=season.slug, shards=self.shards)
             )
             cpu = meter.stop(wall)
         result = PhaseResult(run, "http", events, wall, latencies, outcomes, errors, cpu, partitions=partitions,
-                             lock_wait=waits.waited, batches=len(latencies))
+                             mode=mode, lock_wait=waits.waited, batches=len(latencies))
         self.ledger_check(season, result)
         return result
 
-    def phase_service(self, run: int, partitions: int = 1) -> PhaseResult:
+    def phase_service(self, run: int, partitions: int = 1, mode: str = "best") -> PhaseResult:
         from leaderboard.core.events import events_parse
         from leaderboard.ingest.services import score_events_apply
 
-        season = self.season_new(run, "service", partitions)
+        season = self.season_new(run, "service", partitions, mode)
         bodies = interleaved(self.shards)
         latencies: list[float] = []
         outcomes: Counter[str] = Counter()
@@ -582,6 +592,7 @@ class Bench:
             wall = time.perf_counter() - started
             cpu = meter.stop(wall)
         phase = PhaseResult(run, "service", events, wall, latencies, outcomes, Counter(), cpu, partitions=partitions,
+                            mode=mode,
                             batches=len(latencies))
         self.ledger_check(season, phase)
         return phase
@@ -705,6 +716,32 @@ def report(args: argparse.Namespace, results: list[PhaseResult], calibration: li
         ok = ratio >= TARGET_RATIO
         print(f"  ratio http/service = {ratio:.2f} (target >= {TARGET_RATIO}): {'PASS' if ok else 'FAIL'}")
     partitions_report(results)
+    modes_report(results)
+
+
+def modes_report(results: list[PhaseResult]) -> None:
+    """Per phase, each season mode against `best` in the same run and partition count:
+    events/s, the CPU per 1,000 events on each side, and the share of events that changed
+    a score (a `latest` season takes a lower newer result, so more of them do)."""
+    modes = sorted({r.mode for r in results})
+    if len(modes) < 2:
+        return
+    print("\nby season mode (medians over runs; x best: events/s over the same run's best season, same phase and "
+          "partitions)")
+    print(f"  {'phase':<7} {'mode':<6} {'events/s':>9} {'x best':>7} {'applied':>8} {'py ms/1k':>8} {'pg ms/1k':>8}")
+    best = {(r.run, r.phase, r.partitions): r.rate for r in results if r.mode == "best"}
+    for phase in ("http", "service"):
+        for mode in modes:
+            rs = [r for r in results if r.phase == phase and r.mode == mode]
+            if not rs:
+                continue
+            ratios = [r.rate / best[(r.run, r.phase, r.partitions)] for r in rs
+                      if (r.run, r.phase, r.partitions) in best]
+            applied = statistics.median(r.outcomes["applied"] / max(1, r.events) for r in rs)
+            print(f"  {phase:<7} {mode:<6} {statistics.median(r.rate for r in rs):>9,.0f} "
+                  f"{statistics.median(ratios) if ratios else float('nan'):>7.2f} {applied:>8.0%} "
+                  f"{statistics.median(r.python_ms_per_k for r in rs):>8.1f} "
+                  f"{statistics.median(r.pg_ms_per_k for r in rs):>8.1f}")
 
 
 def partitions_report(results: list[PhaseResult]) -> None:
@@ -787,11 +824,13 @@ def main(argv: list[str] | None = None) -> int:
                 order.reverse()  # ABBA: drift (table growth, caches) hits both phases alike
             for phase in order:
                 counts = args.partition_list if phase == "http" else args.service_partition_list
-                for partitions in counts if run % 2 else list(reversed(counts)):
-                    result = (bench.phase_http(run, partitions) if phase == "http"
-                              else bench.phase_service(run, partitions))
+                modes = args.mode_list if run % 2 else list(reversed(args.mode_list))
+                for partitions, mode in [(p, m) for p in (counts if run % 2 else list(reversed(counts)))
+                                         for m in modes]:
+                    result = (bench.phase_http(run, partitions, mode) if phase == "http"
+                              else bench.phase_service(run, partitions, mode))
                     results.append(result)
-                    print(f"run {run} {phase:<7} P={partitions:<2} {result.rate:>9,.0f} events/s "
+                    print(f"run {run} {phase:<7} P={partitions:<2} {mode:<6} {result.rate:>9,.0f} events/s "
                           f"({result.events} events in {result.seconds:.2f}s, lock wait "
                           f"{result.lock_wait_ms_per_batch:.1f} ms/batch, load {os.getloadavg()[0]:.1f})", flush=True)
     except KeyboardInterrupt:
