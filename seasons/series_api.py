@@ -17,7 +17,7 @@ from leaderboard.api.auth import ApiClientTokenAuthentication, scope_required
 from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.api.params import int_param
 from leaderboard.api.views import payload_too_large, request_body
-from leaderboard.core.events import MAX_BATCH, BatchTooLarge, EventValidationError, events_parse
+from leaderboard.core.events import MAX_BATCH, BatchTooLarge, EventValidationError, events_parse, id_is_valid
 from leaderboard.ratelimit import ReadRateThrottle
 from seasons.models import Season, Series
 from seasons.series.selectors import series_current, series_get, series_windows
@@ -96,7 +96,10 @@ class SeriesView(APIView):
         limit = int_param(request.query_params, "limit", default=20, low=1, high=SERIES_PAGE_MAX) or 20
         before: int | None = None
         if "before" in request.query_params:
-            mark = Season.objects.filter(series=series, slug=request.query_params["before"]).first()
+            before_id = request.query_params["before"]
+            # An id outside the id rule names no window (PostgreSQL would refuse a NUL).
+            mark = (Season.objects.filter(series=series, slug=before_id).first() if id_is_valid(before_id)
+                    else None)
             if mark is None:
                 raise validation_error({"before": [f"must be the season_id of a window of series {series.slug!r}"]})
             before = mark.series_window

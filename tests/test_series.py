@@ -246,8 +246,9 @@ def test_the_series_read_lists_windows_newest_first_in_pages() -> None:
     last = client.get(f"/v1/series/pages?limit=5&before={second['next_before']}").json()
     assert [w["season_id"] for w in last["seasons"]] == ["pages-2", "pages-1"] and last["next_before"] is None
     assert client.get("/v1/series/nope").status_code == 404
-    bad = client.get("/v1/series/pages?before=elsewhere-1")
-    assert bad.status_code == 400 and "before" in bad.json()["fields"]
+    for before in ("elsewhere-1", "pages-1\x00"):
+        bad = client.get("/v1/series/pages", {"before": before})
+        assert bad.status_code == 400 and "before" in bad.json()["fields"], before
     assert client.get("/v1/series/pages?limit=0").status_code == 400
 
 
