@@ -32,7 +32,12 @@ from tests.support.publication import current_manifest
 
 pytest_plugins = ["tests.support.staff_fixtures"]
 
-REAL_NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+def _now() -> datetime:
+    """The real time now: windows are created in the state their dates call for by it (the
+    clock a test moves only drives the ticks), so each test takes it when it starts."""
+    return datetime.now(UTC).replace(microsecond=0)
 
 
 # --- the schedule (pure) ----------------------------------------------------------------------
@@ -73,7 +78,7 @@ def _create(series_id: str, *extra: str) -> str:
 
 @pytest.mark.django_db
 def test_create_series_opens_every_window_since_its_anchor_late_and_the_next_ahead() -> None:
-    anchor = REAL_NOW - timedelta(days=2, hours=12)
+    anchor = _now() - timedelta(days=2, hours=12)
     out = _create("daily", "--every", "1d", "--anchor", anchor.isoformat(), "--approval", "auto", "--grace", "5m",
                   "--mode", "latest")
     assert out.splitlines() == [
@@ -96,7 +101,7 @@ def test_create_series_opens_every_window_since_its_anchor_late_and_the_next_ahe
     (("--every", "1d", "--anchor", "tomorrow"), "--anchor must be an RFC 3339 date-time with an offset"),
 ])
 def test_create_series_refuses_bad_options_with_the_reason(args: tuple[str, ...], message: str) -> None:
-    anchor = ("--anchor", REAL_NOW.isoformat()) if "--anchor" not in args else ()
+    anchor = ("--anchor", _now().isoformat()) if "--anchor" not in args else ()
     with pytest.raises(CommandError, match=message):
         _create("bad", *args, *anchor)
     assert not Series.objects.exists() and not Season.objects.exists()
@@ -105,7 +110,7 @@ def test_create_series_refuses_bad_options_with_the_reason(args: tuple[str, ...]
 @pytest.mark.django_db
 def test_a_series_id_too_long_for_its_windows_ids_is_refused() -> None:
     with pytest.raises(CommandError, match="a series id is lowercase letters, digits and single dashes"):
-        _create("x" * 49, "--every", "1d", "--anchor", REAL_NOW.isoformat())
+        _create("x" * 49, "--every", "1d", "--anchor", _now().isoformat())
 
 
 # --- the clock ----------------------------------------------------------------------------------
@@ -125,7 +130,7 @@ def _states(series: Series) -> dict[str, str]:
 @pytest.fixture
 def daily(db: Any) -> Series:
     """A daily series with automatic approval whose first window starts a minute from now."""
-    return series_create(slug="day", name="Daily", every="1d", anchor=REAL_NOW + timedelta(minutes=1),
+    return series_create(slug="day", name="Daily", every="1d", anchor=_now() + timedelta(minutes=1),
                          grace_seconds=60, approval="auto", actor=TEST_ACTOR)
 
 
@@ -232,7 +237,7 @@ def test_two_clocks_at_once_open_each_window_once(daily: Series) -> None:
 
 @pytest.mark.django_db
 def test_the_series_read_lists_windows_newest_first_in_pages() -> None:
-    anchor = REAL_NOW - timedelta(days=4, hours=1)
+    anchor = _now() - timedelta(days=4, hours=1)
     series_create(slug="pages", name="Pages", every="1d", anchor=anchor, actor=TEST_ACTOR)
     client = APIClient()
     first = client.get("/v1/series/pages?limit=2").json()
@@ -254,7 +259,7 @@ def test_the_series_read_lists_windows_newest_first_in_pages() -> None:
 
 @pytest.mark.django_db
 def test_an_event_no_window_holds_refuses_the_batch_and_writes_nothing(api: Any) -> None:
-    anchor = REAL_NOW + timedelta(hours=1)
+    anchor = _now() + timedelta(hours=1)
     series_create(slug="soon", name="Soon", every="1d", anchor=anchor, actor=TEST_ACTOR)
     ev = Events(tag="early", completed_at=(anchor + timedelta(minutes=1)).isoformat())
     early = {**ev.result("ann", 5), "completed_at": (anchor - timedelta(minutes=1)).isoformat()}
@@ -272,7 +277,7 @@ def test_an_event_no_window_holds_refuses_the_batch_and_writes_nothing(api: Any)
 
 @pytest.mark.django_db
 def test_the_series_pages_show_the_windows_their_states_and_the_next_opening(client_as: Callable[..., Any]) -> None:
-    anchor = REAL_NOW - timedelta(days=1, hours=1)
+    anchor = _now() - timedelta(days=1, hours=1)
     series_create(slug="console", name="Console daily", every="1d", anchor=anchor, approval="auto", actor=TEST_ACTOR)
     viewer = client_as("viewer")
     listing = viewer.get("/staff/series/").content.decode()
