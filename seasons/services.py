@@ -447,8 +447,7 @@ def _final_commit(*, season: Season, candidate: FinalCandidate, actor: Actor, de
                   reason: str) -> Season:
     """Write, hash and record the FINAL standings of an approved candidate (both locked
     by the caller's transaction), and make the season FINAL, audited."""
-    locked = candidate
-    manifest_row = ManifestRow.objects.get(season=season, version=locked.version)
+    manifest_row = ManifestRow.objects.get(season=season, version=candidate.version)
     newer = ScoreChange.objects.filter(season_id=season.pk).filter(changes_after_q(Watermark.from_columns(
         manifest_row.watermark_txid, manifest_row.watermark_id, manifest_row.watermark_vector)))
     if ledger_rows_exist(season=season, queryset=newer):
@@ -461,17 +460,17 @@ def _final_commit(*, season: Season, candidate: FinalCandidate, actor: Actor, de
     manifest_row.save(update_fields=["is_final", "content_hash"])
     before = _season_snapshot(season)
     season.state = SeasonState.FINAL.value
-    season.final_version = locked.version
+    season.final_version = candidate.version
     season.finalized_at = timezone.now()
     season.save(update_fields=["state", "final_version", "finalized_at"])
-    locked.status = FinalCandidate.Status.APPROVED
-    locked.decided_by, locked.decided_by_label, locked.decided_at = decided_by, actor.label, timezone.now()
-    locked.decision_reason = reason
-    locked.save(update_fields=["status", "decided_by", "decided_by_label", "decided_at", "decision_reason"])
+    candidate.status = FinalCandidate.Status.APPROVED
+    candidate.decided_by, candidate.decided_by_label, candidate.decided_at = decided_by, actor.label, timezone.now()
+    candidate.decision_reason = reason
+    candidate.save(update_fields=["status", "decided_by", "decided_by_label", "decided_at", "decision_reason"])
     audit_log(actor=actor, action="season.final.approved", target_type="season", target_id=season.slug,
               season_slug=season.slug, before=before,
               after={**_season_snapshot(season), "content_hash": digest, "total_players": total,
-                     "proposed_by": locked.proposed_by_label},
+                     "proposed_by": candidate.proposed_by_label},
               reason=reason)
     return season
 

@@ -251,11 +251,14 @@ class RankReader:
         them: the `gen` of each slot group in `groups` and the copy's (generation, version).
         Raises _Torn when the copy moved, or with `started` when the read is past its deadline."""
         replies = self._trip([*commands, *seqlock_commands(self.keys, manifest, groups)])
-        if not seqlock_holds(manifest, replies[len(commands):]):
-            raise _Torn()
-        if started is not None and time.monotonic() - started > self.deadline:
+        if not self._seqlock_passed(manifest, replies[len(commands):], started):
             raise _Torn()
         return replies[:len(commands)]
+
+    def _seqlock_passed(self, manifest: Manifest, replies: list[Any], started: float | None) -> bool:
+        """Whether the replies of `seqlock_commands` say the copy still holds the version,
+        and (with `started`) the read is within its deadline."""
+        return seqlock_holds(manifest, replies) and (started is None or time.monotonic() - started <= self.deadline)
 
     # -- the reads
     def top(self, limit: int, version: int | None = None) -> tuple[Manifest, list[dict[str, Any]]]:
@@ -412,8 +415,8 @@ class RankReader:
         value = lookup_value(manifest.ties, entry[0])
         bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
         early, self._early = self._early, None
-        if early is not None and early[0] is manifest and early[1] == entry \
-                and seqlock_holds(manifest, early[2][1:]) and time.monotonic() - started <= self.deadline:
+        if (early is not None and early[0] is manifest and early[1] == entry
+                and self._seqlock_passed(manifest, early[2][1:], started)):
             # Sent with the lookup, after the pointer, for this very entry and version.
             higher_in_bucket, index = early[2][0]
         else:
