@@ -20,12 +20,13 @@ from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
+from leaderboard.core.events import events_parse
 from leaderboard.core.series import EVERIES, window_bounds, window_of, windows_due
 from leaderboard.models import ScoreEvent
 from leaderboard.redis_client import redis_get
 from leaderboard.views.season_index import season_keys
 from seasons.models import FinalCandidate, Season, Series
-from seasons.series.services import series_create, series_tick
+from seasons.series.services import series_create, series_events_apply, series_tick
 from seasons.services import seasons_lifecycle_tick
 from tests.support import TEST_ACTOR, Events, publish
 from tests.support.publication import current_manifest
@@ -291,3 +292,17 @@ def test_the_series_pages_show_the_windows_their_states_and_the_next_opening(cli
     season_page = viewer.get("/staff/seasons/console-1/").content.decode()
     assert '<a href="/staff/series/console/" id="season-series">console</a>' in season_page
     assert viewer.get("/staff/series/nothing/").status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_write_for_a_window_the_clock_has_not_opened_yet_opens_it(writer: Any) -> None:
+    anchor = _now() - timedelta(hours=1)
+    series = series_create(slug="behind", name="Behind", every="1d", anchor=anchor, actor=TEST_ACTOR)
+    assert _states(series) == {"behind-1": "OPEN", "behind-2": "SCHEDULED"}
+    # Beat has not ticked for two days; a result of the third window arrives.
+    later = anchor + timedelta(days=2, minutes=1)
+    event = events_parse({"events": [Events(tag="behind", completed_at=(later - timedelta(seconds=30)).isoformat())
+                                     .result("ann", 10)]})
+    result = series_events_apply(series=series, events=event, client=writer[0], now=later)
+    assert [slug for slug, _ in result.outcomes] == ["behind-3"]
+    assert list(_states(series)) == ["behind-1", "behind-2", "behind-3", "behind-4"]

@@ -125,17 +125,15 @@ def series_events_apply(*, series: Series, events: list[ScoreEvent], client: Api
     included), in window order; the outcomes in the events' order. An event no window can
     hold (before the anchor, or past the next window) refuses the whole request with
     EventValidationError, nothing written."""
-    series_windows_open(series=series, now=now)
-    windows = {s.series_window: s for s in Season.objects.filter(series=series)}
-    placed: list[int] = []
-    errors: dict[str, list[str]] = {}
-    for i, event in enumerate(events):
-        n = window_of(every=series.every, anchor=series.anchor, instant=event.completed_at)
-        if n is None or n not in windows:
-            errors[f"events[{i}].completed_at"] = [
-                f"no window of series {series.slug!r} holds it: the first starts {series.anchor.isoformat()}, "
-                f"and windows open on schedule up to the next one"]
-        placed.append(n or 0)
+    placed = [window_of(every=series.every, anchor=series.anchor, instant=e.completed_at) or 0 for e in events]
+    windows = {s.series_window: s for s in Season.objects.filter(series=series, series_window__in=set(placed))}
+    if set(placed) - {0} - windows.keys():
+        # A window the clock has not opened yet (beat behind or down): open what is due.
+        series_windows_open(series=series, now=now)
+        windows = {s.series_window: s for s in Season.objects.filter(series=series)}
+    errors = {f"events[{i}].completed_at": [
+        f"no window of series {series.slug!r} holds it: the first starts {series.anchor.isoformat()}, "
+        "and windows open on schedule up to the next one"] for i, n in enumerate(placed) if n not in windows}
     if errors:
         raise EventValidationError(errors)
     outcomes: list[tuple[str, Outcome] | None] = [None] * len(events)
