@@ -35,8 +35,11 @@ Regional boards (--scenarios): `plain` is a season without regions (the baseline
 `regional` a season with three regions (each player in one), the same K score changes
 per round; `moves` that season with K changes per round of which half are region moves
 (profile writes through leaderboard.profiles.player_profiles_apply, moving the player's
-season score between regional boards) and half score changes. Each scenario loads its
-own season; the ratios against `plain` are printed.
+season score between regional boards) and half score changes. Board kinds: `sum` is a
+season of mode sum, each change a result of signed points (the same moves; the change
+stream carries absolute scores, so the epoch is the same work); `wide` a season over
+0..1,048,576,000,000 (`--max-score`), every score and move 2^20 times the plain one's.
+Each scenario loads its own season; the ratios against `plain` are printed.
 
 Parts (--parts 1,2,4, docs/architecture.md, Parts): each cell again with EPOCH_PARTS at
 each value, on seasons of --partitions ledger partitions (default 8). --workers W starts W
@@ -58,6 +61,8 @@ and the time follows K, not the number of players.
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M --changes 10k --modes catch-up \
         --scenarios plain,regional,moves                                # regional boards' cost (~6 min)
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M --changes 10k --modes catch-up \
+        --scenarios plain,sum,wide                                      # board kinds against best
+    SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M --changes 10k --modes catch-up \
         --redis single,cluster                                          # one Redis vs a 3-master cluster
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M,10M --changes 1k,10k,100k --modes catch-up \
         --parts 1,2,4 --workers 2 --repeats 3                           # parts on 2 workers (~1 h)
@@ -78,7 +83,7 @@ import random
 import sys
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -96,8 +101,14 @@ TARGET_MS = 500.0
 MODES = {"catch-up": True, "no-catch-up": False}
 TARGETS = ("single", "cluster")
 CLUSTER_MASTERS = 3
-SCENARIOS = ("plain", "regional", "moves")
+SCENARIOS = ("plain", "regional", "moves", "sum", "wide")
 REGIONS = ("na", "eu", "apac")
+# The season each scenario runs on (`moves` on the one `regional` loads): its regions,
+# mode and score scale. `sum`: a sum season whose changes are results of signed points;
+# `wide`: scores 2^20 times the default's over 0..1,048,576,000,000 (--max-score).
+LOADS: dict[str, dict[str, Any]] = {
+    "plain": {}, "regional": {"regions": REGIONS}, "sum": {"mode": "sum"}, "wide": {"scale": 2**20},
+}
 
 
 @dataclass
@@ -134,8 +145,11 @@ class Cell:
 class ChangeMaker:
     """Distinct random players per round, each moved to another bucket with a newer score_version."""
 
-    def __init__(self, scores: array, *, seed: int):
-        self.scores = array("i", scores)
+    def __init__(self, scores: array, *, seed: int, scale: int = 1, summed: bool = False):
+        # `scale`: the season's scores are the default range's times it; `summed`: a sum
+        # season, where each change is a result of the signed difference in points.
+        self.scale, self.summed = scale, summed
+        self.scores = array("q", scores)
         self.versions = array("q", [1]) * len(scores)
         self.rng = random.Random(seed)
         self.round = 0
@@ -167,21 +181,26 @@ class ChangeMaker:
         rng = self.rng
         now = datetime.now(UTC)
         out = []
+        width, top = BUCKET_WIDTH * self.scale, MAX_SCORE * self.scale
         for j, i in enumerate(rng.sample(range(len(self.scores)), k)):
             cur = self.scores[i]
             version = self.versions[i] + 1
-            if cur < BUCKET_WIDTH or (cur <= MAX_SCORE - BUCKET_WIDTH and rng.random() < 0.7):
-                new = min(MAX_SCORE, cur + rng.randint(BUCKET_WIDTH, 10 * BUCKET_WIDTH))
+            if cur < width or (cur <= top - width and rng.random() < 0.7):
+                new = min(top, cur + rng.randint(BUCKET_WIDTH, 10 * BUCKET_WIDTH) * self.scale)
                 kind, reason = KIND_RESULT, ""
             else:
-                new = rng.randint(0, cur - BUCKET_WIDTH)
+                new = rng.randint(0, cur - width)
                 kind, reason = KIND_CORRECTION, "bench: score revoked"
             self.scores[i] = new
             self.versions[i] = version
-            out.append(ScoreEvent(
-                event_id=f"r{self.round}-{j}", match_id=f"m{self.round}-{j}", player_id=loader.player_id(i),
-                best_score=new, score_version=version, completed_at=now, kind=kind, reason=reason,
-            ))
+            event = ScoreEvent(event_id=f"r{self.round}-{j}", match_id=f"m{self.round}-{j}",
+                               player_id=loader.player_id(i), best_score=new, score_version=version,
+                               completed_at=now, kind=kind, reason=reason)
+            if self.summed:
+                # The same move as a result of signed points (a sum season's corrections
+                # amend one result; a move down is a negative result here).
+                event = replace(event, best_score=0, score_version=0, kind=KIND_RESULT, reason="", points=new - cur)
+            out.append(event)
         return out
 
 
@@ -267,17 +286,18 @@ def run_size(players: int, changes: list[int], args: argparse.Namespace, profile
     r = redis_get()
     cells: list[Cell] = []
     # `moves` runs on the season `regional` loaded (or loads one itself).
-    for loaded in dict.fromkeys("plain" if s == "plain" else "regional" for s in args.scenarios):
-        regions = REGIONS if loaded == "regional" else ()
+    for loaded in dict.fromkeys("regional" if s == "moves" else s for s in args.scenarios):
+        load = LOADS[loaded]
         result = loader.load_season(players=players, seed=args.seed, kind="epoch", layout=args.layout,
-                                    verbose=True, regions=regions)
+                                    verbose=True, **load)
         season = result.season
         print(f"# loaded {players:,} players ({loaded}): COPY {result.copy_seconds:.1f}s, builds "
               f"{' + '.join(f'{s:.1f}s' for s in result.build_seconds)}", flush=True)
-        maker = ChangeMaker(result.scores, seed=args.seed + players)
+        maker = ChangeMaker(result.scores, seed=args.seed + players, scale=load.get("scale", 1),
+                            summed=load.get("mode") == "sum")
         del result
         try:
-            for scenario in [s for s in args.scenarios if (s == "plain") == (loaded == "plain")]:
+            for scenario in [s for s in args.scenarios if ("regional" if s == "moves" else s) == loaded]:
                 for k in changes:
                     if k > players:
                         print(f"# skip {k:,} changes at {players:,} players")
@@ -405,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="bucket layout of the season (bench/loader.py --help)")
     parser.add_argument("--scenarios", default="plain",
                         help="plain (no regions), regional (3 regions), moves (3 regions, half the changes are "
-                             "region moves), comma-separated")
+                             "region moves), sum (a sum season), wide (scores over 0..2^40), comma-separated")
     parser.add_argument("--redis", default="single",
                         help="single (the --redis-url server) and/or cluster (a local 3-master Redis Cluster "
                              "started for the run), comma-separated")

@@ -100,8 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--season-modes", default="best",
-        help="comma-separated season modes (best, latest): each phase runs once per mode in every run, each on a "
-             "season of its own, so the modes' costs compare within a run",
+        help="comma-separated season modes (best, latest, sum): each phase runs once per mode in every run, each on "
+             "a season of its own, so the modes' costs compare within a run (a sum season gets the same events "
+             "as points: sum_bodies)",
     )
     parser.add_argument(
         "--server-env", action="append", default=[], metavar="KEY=VALUE",
@@ -118,8 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.phase_list = [p.strip() for p in args.phases.split(",") if p.strip()]
     args.partition_list = [int(p) for p in args.partitions.split(",") if p.strip()]
     args.mode_list = [m.strip() for m in args.season_modes.split(",") if m.strip()]
-    if not args.mode_list or set(args.mode_list) - {"best", "latest"}:
-        parser.error("--season-modes takes best and/or latest")
+    if not args.mode_list or set(args.mode_list) - {"best", "latest", "sum"}:
+        parser.error("--season-modes takes best, latest and/or sum")
     args.service_partition_list = ([int(p) for p in args.service_partitions.split(",") if p.strip()]
                                    if args.service_partitions else args.partition_list)
     if not args.phase_list or set(args.phase_list) - {"http", "service"}:
@@ -389,6 +390,33 @@ def workload_generate(args: argparse.Namespace) -> list[list[bytes]]:
     return shards
 
 
+def sum_bodies(shards: list[list[bytes]]) -> list[list[bytes]]:
+    """The same workload for a sum season: each result's points are its best_score's last two
+    digits, each correction amends the player's previous result (its points again, a
+    version per amendment), so batches, players, duplicates and corrections keep their
+    counts and order."""
+    out: list[list[bytes]] = []
+    for bodies in shards:
+        last: dict[str, str] = {}
+        amended: dict[str, int] = {}
+        converted: list[bytes] = []
+        for body in bodies:
+            events = []
+            for event in orjson.loads(body)["events"]:
+                summed = {k: v for k, v in event.items() if k not in ("best_score", "score_version")}
+                summed["points"] = event["best_score"] % 100
+                if event.get("kind") == "correction":
+                    target = last.get(event["player_id"], "none")
+                    amended[target] = amended.get(target, 0) + 1
+                    summed.update(corrects=target, score_version=amended[target])
+                else:
+                    last[event["player_id"]] = event["event_id"]
+                events.append(summed)
+            converted.append(orjson.dumps({"events": events}))
+        out.append(converted)
+    return out
+
+
 def interleaved(shards: list[list[bytes]]) -> list[bytes]:
     out: list[bytes] = []
     for index in range(max(len(s) for s in shards)):
@@ -541,6 +569,8 @@ class Bench:
     shards: list[list[bytes]]
     tag: str
     backends: PostgresBackends
+    # The shards as a sum season's events, made on first use (shards_of).
+    summed: list[list[bytes]] | None = None
 
     def season_new(self, run: int, phase: str, partitions: int, mode: str) -> Any:
         from audit.services import Actor
@@ -562,7 +592,7 @@ class Bench:
         season = self.season_new(run, "http", partitions, mode)
         with CpuMeter(self.server.pids(), self.backends) as meter, LockWaits(os.environ["DATABASE_URL"]) as waits:
             wall, latencies, outcomes, errors, events = asyncio_run(
-                http_post_all(url=self.server.url, token=self.token, slug=season.slug, shards=self.shards)
+                http_post_all(url=self.server.url, token=self.token, slug=season.slug, shards=self.shards_of(mode))
             )
             cpu = meter.stop(wall)
         result = PhaseResult(run, "http", events, wall, latencies, outcomes, errors, cpu, partitions=partitions,
@@ -575,7 +605,7 @@ class Bench:
         from leaderboard.ingest.services import score_events_apply
 
         season = self.season_new(run, "service", partitions, mode)
-        bodies = interleaved(self.shards)
+        bodies = interleaved(self.shards_of(mode))
         latencies: list[float] = []
         outcomes: Counter[str] = Counter()
         events = 0
@@ -583,7 +613,7 @@ class Bench:
             started = time.perf_counter()
             for body in bodies:
                 t0 = time.perf_counter()
-                parsed = events_parse(orjson.loads(body))
+                parsed = events_parse(orjson.loads(body), mode=mode)
                 result = score_events_apply(season=season, events=parsed, client=self.client_obj)
                 orjson.dumps(result.as_dict())
                 latencies.append(time.perf_counter() - t0)
@@ -596,6 +626,14 @@ class Bench:
                             batches=len(latencies))
         self.ledger_check(season, phase)
         return phase
+
+    def shards_of(self, mode: str) -> list[list[bytes]]:
+        """The workload's bodies in the shape of a season of `mode` (converted once)."""
+        if mode != "sum":
+            return self.shards
+        if self.summed is None:
+            self.summed = sum_bodies(self.shards)
+        return self.summed
 
     def ledger_check(self, season: Any, result: PhaseResult) -> None:
         from leaderboard.models import ScoreEvent

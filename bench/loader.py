@@ -86,8 +86,9 @@ def distribution_summary(scores: array, bucket_width: int = 10_000) -> str:
             f"~{len(set(sample)):,} distinct scores in a {len(sample):,} sample")
 
 
-def layout_for(scores: array, kind: str, *, max_share: float = 1 / 64) -> Any:
-    """The season's bucket layout: `uniform` (the default 101 x 10,000 points) or `split`.
+def layout_for(scores: array, kind: str, *, max_share: float = 1 / 64, max_score: int = MAX_SCORE) -> Any:
+    """The season's bucket layout over 0..max_score: `uniform` (the default 101 x 10,000
+    points; over a wider range, about 100 buckets) or `split`.
 
     `split` adds boundaries at score quantiles to the uniform ones, so that no bucket
     holds more than ~max_share of the players unless a single score value does (a
@@ -96,7 +97,7 @@ def layout_for(scores: array, kind: str, *, max_share: float = 1 / 64) -> Any:
     """
     from leaderboard.core.buckets import BucketLayout
 
-    uniform = BucketLayout.uniform()
+    uniform = BucketLayout.uniform(max_score=max_score)
     if kind == "uniform":
         return uniform
     if kind != "split":
@@ -290,16 +291,20 @@ class _Progress:
 
 def load_season(*, players: int, seed: int = 1, distribution: str = "pareto", with_events: bool = False,
                 kind: str = "load", layout: str = "uniform", verbose: bool = True,
-                regions: Sequence[str] = ()) -> LoadResult:
+                regions: Sequence[str] = (), mode: str = "best", scale: int = 1) -> LoadResult:
     """A fresh season with `players` players in the ledger and both copies built; version 1
-    published. `regions`: the season's regions, each player in one (region_of)."""
+    published. `regions`: the season's regions, each player in one (region_of); `mode`:
+    the season's; `scale`: every score times it, over a range of 0..MAX_SCORE * scale
+    (the same distribution on a wider range: `--max-score`)."""
     from seasons.models import Season
 
     started = time.perf_counter()
     scores = scores_generate(players, seed=seed, distribution=distribution)
+    if scale != 1:
+        scores = array("q", (s * scale for s in scores))
     gen_seconds = time.perf_counter() - started
-    bucket_layout = layout_for(scores, layout)
-    season = benchenv.season_new(kind, layout=bucket_layout, regions=regions)
+    bucket_layout = layout_for(scores, layout, max_score=MAX_SCORE * scale)
+    season = benchenv.season_new(kind, layout=bucket_layout, regions=regions, mode=mode)
     season = Season.objects.get(pk=season.pk)
     if verbose:
         print(f"# season {season.slug}: {players:,} players generated in {gen_seconds:.1f}s "

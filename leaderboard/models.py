@@ -42,7 +42,7 @@ class ScoreEvent(models.Model):
     event_id = models.CharField(max_length=64)
     match_id = models.CharField(max_length=64)
     player_id = models.CharField(max_length=64)
-    best_score = models.IntegerField()
+    best_score = models.BigIntegerField()
     score_version = models.BigIntegerField()
     completed_at = models.DateTimeField()
     # When the player reached best_score, to the millisecond: as sent, else completed_at.
@@ -53,8 +53,13 @@ class ScoreEvent(models.Model):
     payload_hash = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=[(s, s) for s in RECORDED_STATUSES])
     status_reason = models.CharField(max_length=64, blank=True)
+    # A sum season's event (best_score 0): the points it adds, or for a correction the
+    # amended points of the result it names in `corrects`. Null in other seasons.
+    points = models.BigIntegerField(null=True)
+    # Null, not "": the partial index below holds only the rows that name a result.
+    corrects = models.CharField(max_length=64, null=True)  # noqa: DJ001
     # The player's score and version once this event was decided.
-    score_after = models.IntegerField(null=True)
+    score_after = models.BigIntegerField(null=True)
     version_after = models.BigIntegerField(null=True)
     pending_version = models.BigIntegerField(null=True)
     client = models.ForeignKey(
@@ -66,7 +71,13 @@ class ScoreEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["season", "event_id"], name="score_event_unique_event_id"),
         ]
-        indexes = [models.Index(fields=["season", "player_id", "id"], name="score_event_player")]
+        indexes = [
+            models.Index(fields=["season", "player_id", "id"], name="score_event_player"),
+            # A sum season's corrections by the result they amend; partial, so no other
+            # row pays for it inside the partitions' locks.
+            models.Index(fields=["season", "corrects"], name="score_event_corrects",
+                         condition=models.Q(corrects__isnull=False)),
+        ]
 
 
 class ScoreEventConflict(models.Model):
@@ -95,7 +106,7 @@ class PlayerScore(models.Model):
         "seasons.Season", on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False
     )
     player_id = models.CharField(max_length=64)
-    score = models.IntegerField()
+    score = models.BigIntegerField()
     score_version = models.BigIntegerField()
     # When the player reached `score` (docs/rules.md, Ties decided by who got there first);
     # kept in every season, orders ties only in a first_reached one.
@@ -107,7 +118,7 @@ class PlayerScore(models.Model):
     region = models.CharField(max_length=16, blank=True, default="", db_default="")
     # A staff revocation the match service has not acknowledged yet: results that would
     # raise the score above it are held for staff (docs/rules.md, Revocations that stick).
-    revoked_to = models.IntegerField(null=True, blank=True)
+    revoked_to = models.BigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField()
 
     class Meta:
@@ -133,8 +144,8 @@ class ScoreChange(models.Model):
         "seasons.Season", on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False
     )
     player_id = models.CharField(max_length=64)
-    old_score = models.IntegerField(null=True)
-    new_score = models.IntegerField()
+    old_score = models.BigIntegerField(null=True)
+    new_score = models.BigIntegerField()
     score_version = models.BigIntegerField()
     # reached_at after and before the change, like the scores: a first_reached copy moves
     # the player by both, and the ledger as of any watermark is rebuilt from them.
@@ -269,7 +280,7 @@ class LateResult(models.Model):
     season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+", db_constraint=False)
     ledger_event = models.OneToOneField(ScoreEvent, on_delete=models.PROTECT, related_name="late_result")
     player_id = models.CharField(max_length=64)
-    best_score = models.IntegerField()
+    best_score = models.BigIntegerField()
     completed_at = models.DateTimeField()
     received_at = models.DateTimeField()
     reason = models.CharField(max_length=64)

@@ -75,6 +75,7 @@ class FinalView(APIView):
             "season_id": season.slug,
             "state": season.state,
             "final_version": season.final_version,
+            "kind": season.board_kind.as_dict(),
             "finalized_at": season.finalized_at,
             "content_hash": manifest.content_hash,
             "hash_algorithm": final_line_format(season=season).describe(),
@@ -113,7 +114,8 @@ class FinalStandingsView(APIView):
         limit = int_param(request.query_params, "limit", default=100, low=1, high=FINAL_PAGE_MAX) or 100
         # A FINAL approved before regional places existed has no region to page.
         region = region_param(request.query_params, regions=season.regions if season.final_regional else ())
-        head: dict[str, Any] = {"season_id": season.slug, "final_version": season.final_version}
+        head: dict[str, Any] = {"season_id": season.slug, "final_version": season.final_version,
+                                "kind": season.board_kind.as_dict()}
         if region is None:
             rows = final_standings_window(season=season, from_position=first, limit=limit)
         else:
@@ -141,7 +143,7 @@ class FinalPlayerView(APIView):
             raise ApiError(status_code=404, code="not_in_final",
                            detail=f"player {player_id!r} has no entry in the FINAL standings")
         return Response({"season_id": season.slug, "final_version": season.final_version,
-                         **_standing(row, regional=season.final_regional)})
+                         "kind": season.board_kind.as_dict(), **_standing(row, regional=season.final_regional)})
 
 
 class FinalCorrectionsView(APIView):

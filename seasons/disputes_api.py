@@ -19,7 +19,7 @@ from leaderboard.api import schema as api_schema
 from leaderboard.api.auth import ApiClientTokenAuthentication, scope_required
 from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.api.params import season_id_param, season_not_found
-from leaderboard.core.events import MAX_SCORE, MIN_SCORE, check_int, check_player_id
+from leaderboard.core.events import MIN_SCORE, check_int, check_player_id
 from seasons.models import Dispute
 from seasons.selectors import season_get
 from seasons.staff.common import StaffError
@@ -30,7 +30,7 @@ _TEXT_LIMITS = {"summary": 200, "details": 10_000, "match_id": 64, "external_ref
 _FIELDS = frozenset({"player_id", "claimed_score", *_TEXT_LIMITS})
 
 
-def _parse(body: Any) -> dict[str, Any]:
+def _parse(body: Any, *, max_score: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise validation_error({"body": ["must be a JSON object"]}, write=True)
     errors: dict[str, list[str]] = {}
@@ -54,7 +54,7 @@ def _parse(body: Any) -> dict[str, Any]:
             errors[name] = ["must not contain NUL characters"]
         out[name] = value
     score = body.get("claimed_score")
-    if score is not None and (problem := check_int(score, low=MIN_SCORE, high=MAX_SCORE)):
+    if score is not None and (problem := check_int(score, low=MIN_SCORE, high=max_score)):
         errors["claimed_score"] = [problem]
     out["claimed_score"] = score
     if errors:
@@ -89,7 +89,7 @@ class DisputesView(APIView):
         season = season_get(slug=season_id_param(season_id, write=True))
         if season is None:
             raise season_not_found(season_id)
-        data = _parse(request.data)
+        data = _parse(request.data, max_score=season.max_score)
         client = request.auth
         actor = Actor(kind="api_client", id=str(client.pk), label=client.name)
         try:

@@ -3,9 +3,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.buckets import MAX_SCORE, BucketLayout
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.core.partitions import Watermark
+from leaderboard.core.season_options import BoardKind
 
 
 def default_layout() -> dict[str, object]:
@@ -28,11 +29,18 @@ class Series(models.Model):
     mode = models.CharField(max_length=8, default="best")
     tie_break = models.CharField(max_length=16, default="shared")
     regions = models.JSONField(default=list, blank=True)
-    bucket_width = models.PositiveIntegerField(default=10_000)
+    bucket_width = models.BigIntegerField(default=10_000)
+    # Every window's score range: 0..max_score (create_series --max-score).
+    max_score = models.BigIntegerField(default=MAX_SCORE)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["slug"]
+
+    @property
+    def board_kind(self) -> BoardKind:
+        """Every window's kind."""
+        return BoardKind(mode=self.mode, max_score=self.max_score, tie_break=self.tie_break)
 
     def __str__(self) -> str:
         return self.slug
@@ -81,9 +89,11 @@ class Season(models.Model):
     # The season's fixed set of regions (docs/rules.md, Regional and friends boards): each
     # has its own board; set at creation, changeable only while the season is SCHEDULED.
     regions = models.JSONField(default=list, blank=True)
-    # How a result sets a player's score: "best" (the highest settled best) or "latest"
-    # (the newest settled value, even when lower); fixed once the season opens.
-    mode = models.CharField(max_length=8, choices=[("best", "best"), ("latest", "latest")], default="best")
+    # How a result sets a player's score: "best" (the highest settled best), "latest"
+    # (the newest settled value, even when lower) or "sum" (the sum of its results'
+    # points); fixed once the season opens.
+    mode = models.CharField(max_length=8, choices=[("best", "best"), ("latest", "latest"), ("sum", "sum")],
+                            default="best")
     # How equal scores are ordered: "shared" (ties share a rank, display by player id) or
     # "first_reached" (who reached the score first ranks ahead; fixed at creation).
     tie_break = models.CharField(max_length=16, choices=[("shared", "shared"), ("first_reached", "first_reached")],
@@ -113,6 +123,15 @@ class Season(models.Model):
     @property
     def bucket_layout(self) -> BucketLayout:
         return BucketLayout.from_dict(self.layout)
+
+    @property
+    def board_kind(self) -> BoardKind:
+        return BoardKind(mode=self.mode, max_score=self.max_score, tie_break=self.tie_break)
+
+    @property
+    def max_score(self) -> int:
+        """The highest score of the season's range (create_season --max-score): its layout's top."""
+        return int(self.layout.get("max_score", MAX_SCORE))
 
     @property
     def ingest_watermark(self) -> Watermark | None:
@@ -161,7 +180,7 @@ class FinalStanding(models.Model):
     position = models.BigIntegerField()
     rank = models.BigIntegerField()
     player_id = models.CharField(max_length=64)
-    score = models.IntegerField()
+    score = models.BigIntegerField()
     # A first_reached season's order among equal scores (docs/rules.md, Ties decided by
     # who got there first), covered by the content hash there; null in a shared season.
     reached_at = models.DateTimeField(null=True)
@@ -193,8 +212,8 @@ class FinalCorrection(models.Model):
 
     season = models.ForeignKey(Season, on_delete=models.PROTECT, related_name="+")
     player_id = models.CharField(max_length=64)
-    score_before = models.IntegerField(null=True)
-    score_after = models.IntegerField()
+    score_before = models.BigIntegerField(null=True)
+    score_after = models.BigIntegerField()
     event_id = models.CharField(max_length=64)
     pending_version = models.BigIntegerField(null=True)
     actor_label = models.CharField(max_length=200)
@@ -253,9 +272,9 @@ class ScoreRevocation(models.Model):
 
     season = models.ForeignKey(Season, on_delete=models.PROTECT, related_name="revocations")
     player_id = models.CharField(max_length=64)
-    score_before = models.IntegerField(null=True, blank=True)
+    score_before = models.BigIntegerField(null=True, blank=True)
     base_version = models.BigIntegerField(default=0)
-    new_score = models.IntegerField()
+    new_score = models.BigIntegerField()
     reason = models.CharField(max_length=500)
     evidence = models.TextField(blank=True)
     # What the public FINAL corrections list says about it; reason and evidence stay in the console.
@@ -316,7 +335,7 @@ class Dispute(models.Model):
     season = models.ForeignKey(Season, on_delete=models.PROTECT, related_name="disputes")
     player_id = models.CharField(max_length=64)
     match_id = models.CharField(max_length=64, blank=True)
-    claimed_score = models.IntegerField(null=True, blank=True)
+    claimed_score = models.BigIntegerField(null=True, blank=True)
     summary = models.CharField(max_length=200)
     details = models.TextField(blank=True)
     source = models.CharField(max_length=16, choices=Source.choices)

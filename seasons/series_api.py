@@ -18,6 +18,7 @@ from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.api.params import int_param
 from leaderboard.api.views import payload_too_large, request_body
 from leaderboard.core.events import MAX_BATCH, BatchTooLarge, EventValidationError, events_parse, id_is_valid
+from leaderboard.core.season_options import MODES
 from leaderboard.ratelimit import ReadRateThrottle
 from seasons.models import Season, Series
 from seasons.series.selectors import series_current, series_get, series_windows
@@ -48,7 +49,8 @@ class SeriesSerializer(serializers.Serializer[Any]):
     every = serializers.ChoiceField(choices=["1d", "7d", "1mo"])
     anchor = serializers.DateTimeField(help_text="when window 1 starts")
     approval = serializers.ChoiceField(choices=["two-person", "auto"])
-    mode = serializers.ChoiceField(choices=["best", "latest"])
+    mode = serializers.ChoiceField(choices=MODES)
+    kind = api_schema.KindSerializer(help_text="every window's kind")
     current = SeriesCurrentSerializer(allow_null=True, help_text="the window the clock is in, null before the anchor")
     seasons = SeriesWindowSerializer(many=True, help_text="newest window first")
     next_before = serializers.CharField(allow_null=True, help_text="`before` for the next page, null on the last")
@@ -110,6 +112,7 @@ class SeriesView(APIView):
         return Response({
             "series_id": series.slug, "name": series.name, "every": series.every, "anchor": series.anchor.isoformat(),
             "approval": series.approval, "mode": series.mode,
+            "kind": series.board_kind.as_dict(),
             "current": None if current is None else {k: v for k, v in _window(current).items() if k != "state"},
             "seasons": [_window(s) for s in page],
             "next_before": page[-1].slug if more else None,
@@ -132,7 +135,7 @@ class SeriesScoresApplyView(APIView):
     def post(self, request: Request, series_id: str) -> Response:
         series = _series(series_id)
         try:
-            events = events_parse(request_body(request))
+            events = events_parse(request_body(request), mode=series.mode, max_score=series.max_score)
         except BatchTooLarge as exc:
             raise payload_too_large(f"a batch holds at most {MAX_BATCH} events, got {exc.size}") from exc
         except EventValidationError as exc:

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from audit.selectors import staff_role_granters
 from audit.services import SYSTEM, Actor, audit_log
-from leaderboard.core.buckets import BucketLayout
+from leaderboard.core.buckets import BucketLayout, LayoutError
 from leaderboard.core.errors import DomainError
 from leaderboard.core.lifecycle import (
     SeasonState,
@@ -175,22 +175,51 @@ def season_mode_set(*, season: Season, mode: str, actor: Actor, reason: str = ""
                                  action="season.mode.changed", actor=actor, reason=reason)
 
 
+def season_max_score_set(*, season: Season, max_score: int, actor: Actor, reason: str = "") -> Season:
+    """Change a SCHEDULED season's score range to 0..max_score (audited
+    `season.max_score.changed`): its layout follows the range, about 100 buckets over it
+    (101 x 10,000 points over the default one). Fixed once the season opens."""
+    if max_score == season.max_score:
+        return season
+    try:
+        layout = BucketLayout.uniform(max_score=max_score, layout_id=season.bucket_layout.layout_id)
+    except LayoutError as exc:
+        raise SeasonError(str(exc)) from exc
+    if season.tie_break == TIE_BREAK_FIRST_REACHED and (problem := first_reached_problem(
+            layout=layout, starts_at=season.starts_at, cutoff=season.cutoff)):
+        raise SeasonError(problem)
+    return _scheduled_option_set(season=season, field="layout", value=layout.as_dict(),
+                                 fixed="the score range is fixed", action="season.max_score.changed", actor=actor,
+                                 reason=reason, shown="max_score")
+
+
+def season_kind_set(*, season: Season, mode: str, max_score: int, actor: Actor, reason: str = "") -> Season:
+    """A SCHEDULED season's mode and score range at once, from the console's form: both or
+    neither (each audited when it changed)."""
+    with transaction.atomic():
+        if mode != season.mode:
+            season = season_mode_set(season=season, mode=mode, actor=actor, reason=reason)
+        return season_max_score_set(season=season, max_score=max_score, actor=actor, reason=reason)
+
+
 def _scheduled_option_set(*, season: Season, field: str, value: object, fixed: str, action: str, actor: Actor,
-                          reason: str) -> Season:
+                          reason: str, shown: str | None = None) -> Season:
     """Set one of a season's options that are open to change only while it is SCHEDULED,
     under the season's lock, audited with the value before and after (nothing when it is
-    the same). `fixed`: how the refusal names the option once the season opened."""
+    the same). `fixed`: how the refusal names the option once the season opened; `shown`:
+    the attribute the audit row records instead of the field (one derived from it)."""
     with transaction.atomic():
         locked = _locked_season(season)
         if locked.state != SeasonState.SCHEDULED:
             raise SeasonError(f"{fixed} once the season opens; it is {locked.state}")
         if getattr(locked, field) == value:
             return locked
-        before = {field: getattr(locked, field)}
+        name = shown or field
+        before = {name: getattr(locked, name)}
         setattr(locked, field, value)
         locked.save(update_fields=[field])
         audit_log(actor=actor, action=action, target_type="season", target_id=locked.slug,
-                  season_slug=locked.slug, before=before, after={field: value}, reason=reason)
+                  season_slug=locked.slug, before=before, after={name: getattr(locked, name)}, reason=reason)
     return locked
 
 

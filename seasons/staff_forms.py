@@ -6,7 +6,8 @@ from typing import Any
 
 from django import forms
 
-from leaderboard.core.events import MAX_REASON_LENGTH, MAX_SCORE, MIN_SCORE, check_player_id
+from leaderboard.core.buckets import MAX_SCORE_LIMIT
+from leaderboard.core.events import MAX_REASON_LENGTH, MIN_SCORE, check_player_id
 from leaderboard.core.season_options import MODES
 from seasons.models import Dispute, ScoreRevocation, Season
 from seasons.staff.accounts.selectors import staff_users
@@ -51,7 +52,11 @@ class RegionsForm(forms.Form):
 
 
 class ModeForm(forms.Form):
+    """A SCHEDULED season's kind: its mode and score range."""
+
     mode = forms.ChoiceField(choices=[(mode, mode) for mode in MODES])
+    max_score = forms.IntegerField(min_value=1, max_value=MAX_SCORE_LIMIT, label="Highest score",
+                                   help_text="scores are in 0..this; the buckets follow the range")
     reason = forms.CharField(max_length=10_000, required=False)
 
 
@@ -71,7 +76,7 @@ class DisputeFileForm(forms.Form):
     player_id = forms.CharField(max_length=64)
     summary = forms.CharField(max_length=200)
     details = forms.CharField(widget=forms.Textarea(attrs={"rows": 4}), required=False, max_length=10_000)
-    claimed_score = forms.IntegerField(min_value=MIN_SCORE, max_value=MAX_SCORE, required=False)
+    claimed_score = forms.IntegerField(min_value=MIN_SCORE, max_value=MAX_SCORE_LIMIT, required=False)
     match_id = forms.CharField(max_length=64, required=False)
 
     def clean_player_id(self) -> str:
@@ -101,7 +106,7 @@ class NoteForm(forms.Form):
 
 class RevocationProposeForm(forms.Form):
     player_id = forms.CharField(max_length=64)
-    new_score = forms.IntegerField(min_value=MIN_SCORE, max_value=MAX_SCORE, label="Corrected score")
+    new_score = forms.IntegerField(min_value=MIN_SCORE, max_value=MAX_SCORE_LIMIT, label="Corrected score")
     # The reason is written into the ledger's correction event (at most 500 characters).
     reason = forms.CharField(max_length=MAX_REASON_LENGTH, widget=forms.Textarea(attrs={"rows": 2}))
     evidence = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False, max_length=10_000,

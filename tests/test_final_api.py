@@ -16,6 +16,7 @@ from leaderboard.models import Manifest as ManifestRow
 from seasons.models import FinalCandidate, Season
 from seasons.services import season_final_propose, season_seal_ingest
 from tests.support import (
+    DEFAULT_KIND,
     Events,
     closing_season,
     db_scores,
@@ -68,8 +69,9 @@ def test_final_describes_the_approved_version_and_its_hash(final_season: Season)
     body = response.json()
     assert final_season.final_version is not None
     row = ManifestRow.objects.get(season=final_season, version=final_season.final_version)
-    assert set(body) == {"season_id", "state", "final_version", "finalized_at", "content_hash", "hash_algorithm",
-                         "total_players", "proposed_by", "approved_by", "manifest"}
+    assert set(body) == {"season_id", "state", "final_version", "kind", "finalized_at", "content_hash",
+                         "hash_algorithm", "total_players", "proposed_by", "approved_by", "manifest"}
+    assert body["kind"] == DEFAULT_KIND
     assert (body["season_id"], body["state"], body["final_version"], body["total_players"]) == (
         "fin", "FINAL", final_season.final_version, PLAYERS)
     # Opaque staff ids, never the staff members' user names.
@@ -164,7 +166,7 @@ def test_standings_windows_start_anywhere_and_bad_paging_is_a_400_naming_the_par
 
 def test_a_player_in_the_final(final_season: Season) -> None:
     body = get("/v1/seasons/fin/final/players/p145").json()
-    assert body == {"season_id": "fin", "final_version": final_season.final_version,
+    assert body == {"season_id": "fin", "final_version": final_season.final_version, "kind": DEFAULT_KIND,
                     "position": 5, "rank": 4, "player_id": "p145", "score": 48000}
     for entry in expected_entries()[::17]:
         got = get(f"/v1/seasons/fin/final/players/{entry['player_id']}").json()

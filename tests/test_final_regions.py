@@ -24,7 +24,18 @@ from leaderboard.models import Manifest as ManifestRow
 from leaderboard.profiles import player_profiles_apply
 from seasons.models import FinalStanding, Season
 from seasons.services import final_standings_hash, season_seal_ingest
-from tests.support import TEST_ACTOR, Events, Post, canonical_sha256, final_rows, finalize, in_season, iso, post_ok
+from tests.support import (
+    DEFAULT_KIND,
+    TEST_ACTOR,
+    Events,
+    Post,
+    canonical_sha256,
+    final_rows,
+    finalize,
+    in_season,
+    iso,
+    post_ok,
+)
 
 # The staff fixtures (client_as), for the console's player page.
 pytest_plugins = ["tests.support.staff_fixtures"]
@@ -242,7 +253,7 @@ def test_a_season_without_regions_hashes_and_answers_exactly_as_before(
     assert set(get("/v1/seasons/fin-plain/final/standings").json()["entries"][0]) == {
         "position", "rank", "player_id", "score"}
     assert get("/v1/seasons/fin-plain/final/players/a1").json() == {
-        "season_id": "fin-plain", "final_version": season.final_version, "position": 2, "rank": 1,
+        "season_id": "fin-plain", "final_version": season.final_version, "kind": DEFAULT_KIND, "position": 2, "rank": 1,
         "player_id": "a1", "score": 500}
     # No region is known to a season without regions.
     response = get("/v1/seasons/fin-plain/final/standings?region=na")
@@ -268,7 +279,7 @@ def test_a_final_approved_before_regional_places_keeps_its_rows_hash_and_answers
     assert set(get("/v1/seasons/fin-old-final/final/standings").json()["entries"][0]) == {
         "position", "rank", "player_id", "score"}
     assert set(get("/v1/seasons/fin-old-final/final/players/d4").json()) == {
-        "season_id", "final_version", "position", "rank", "player_id", "score"}
+        "season_id", "final_version", "kind", "position", "rank", "player_id", "score"}
     response = get("/v1/seasons/fin-old-final/final/standings?region=na")
     assert (response.status_code, response.json()["error"]) == (404, "unknown_region")
 
@@ -326,7 +337,8 @@ def test_an_unknown_region_is_404_unknown_region_and_a_malformed_one_400(regiona
 
 
 def test_a_player_in_the_final_names_their_region_and_regional_place(regional_final: Season) -> None:
-    head = {"season_id": "fin-reg", "final_version": regional_final.final_version}
+    head = {"season_id": "fin-reg", "final_version": regional_final.final_version,
+            "kind": {**DEFAULT_KIND, "tie_break": regional_final.tie_break}}
     assert get("/v1/seasons/fin-reg/final/players/d4").json() == {**head, **entry_of(EXPECTED[6])}
     assert get("/v1/seasons/fin-reg/final/players/d4").json()["regional_rank"] == 3
     assert get("/v1/seasons/fin-reg/final/players/i9").json() == {

@@ -23,6 +23,8 @@ from leaderboard.core.ledger import (
     UNCHANGED,
     BatchPlan,
     Change,
+    Counted,
+    LedgerRow,
     PlayerState,
     RecordedEvent,
     batch_plan,
@@ -33,6 +35,7 @@ from tests.support.reference import (
     event_scripts,
     reference_run,
     season_rejection,
+    sum_event_scripts,
 )
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
@@ -366,9 +369,11 @@ def test_a_staff_correction_that_raises_a_score_holds_nothing_unless_a_revocatio
 PlanRun = tuple[list[dict[str, Any]], dict[str, tuple[int, int]], list[tuple[Any, ...]], list[str], dict[str, int]]
 
 
-def plan_run(script: Script, rejection: Any, *, latest: bool = False) -> PlanRun:
+def plan_run(script: Script, rejection: Any, *, latest: bool = False, summed: bool = False) -> PlanRun:
     """Drive batch_plan the way ledger_store does: per batch, hand it only the recorded
-    events and player states the batch refers to, then persist what the plan decided."""
+    events, player states and (a sum season) corrected results the batch refers to, then
+    persist what the plan decided."""
+    rows: list[LedgerRow] = []
     recorded: dict[str, RecordedEvent] = {}
     states: dict[str, PlayerState] = {}
     outcomes: list[dict[str, Any]] = []
@@ -386,7 +391,10 @@ def plan_run(script: Script, rejection: Any, *, latest: bool = False) -> PlanRun
             pending_version=published + 1,
             staff=script.staff_of(i),
             latest=latest,
+            summed=summed,
+            counted=counted_of(rows, {e.corrects for e in events if e.corrects is not None}),
         )
+        rows.extend(plan.ledger_rows)
         outcomes.extend(o.as_dict() for o in plan.outcomes)
         row_ids = [r.event.event_id for r in plan.ledger_rows]
         assert len(row_ids) == len(set(row_ids)), "an event id recorded twice in one batch"
@@ -405,6 +413,41 @@ def plan_run(script: Script, rejection: Any, *, latest: bool = False) -> PlanRun
     final = {player: (s.score, s.score_version) for player, s in states.items()}
     revoked = {player: s.revoked_to for player, s in states.items() if s.revoked_to is not None}
     return outcomes, final, changes, conflicts, revoked
+
+
+def counted_of(rows: list[LedgerRow], targets: set[str]) -> dict[str, Counted]:
+    """What ledger_store.counted_points_fetch reads from the ledger rows written so far."""
+    counted = {r.event.event_id: Counted(r.event.player_id, r.event.points or 0, 0) for r in rows
+               if r.event.event_id in targets and r.event.kind == "result" and r.status in (APPLIED, UNCHANGED)}
+    for r in rows:
+        if r.event.kind == "correction" and r.status == APPLIED and r.event.corrects in counted:
+            mine = counted[r.event.corrects]
+            if r.event.score_version > mine.version:
+                counted[r.event.corrects] = Counted(mine.player_id, r.event.points or 0, r.event.score_version)
+    return counted
+
+
+@settings(max_examples=300, deadline=None)
+@given(script=sum_event_scripts(starts_at=START, cutoff=CUTOFF, max_events=40))
+def test_sum_batch_plan_matches_the_sequential_reference_model(script: Script) -> None:
+    """A sum season: points added, corrections amending one result in any order and
+    version, unknown targets, ranges left, exact and conflicting resends."""
+    rejection = season_rejection(starts_at=START, cutoff=CUTOFF)
+    model, expected_outcomes = reference_run(script, rejection, summed=True)
+    outcomes, final, changes, conflicts, _ = plan_run(script, rejection, summed=True)
+    assert outcomes == expected_outcomes
+    assert final == model.players
+    assert changes == model.changes
+    assert conflicts == model.conflicts
+    # A sum is the sum of the points its player's accepted results count now (unless
+    # staff set it).
+    sums: dict[str, int] = {}
+    for player, points, _ in model.counted.values():
+        sums[player] = sums.get(player, 0) + points
+    set_players = {e["player_id"] for e in script.events if e.get("kind") == "correction" and "corrects" not in e}
+    for player, (score, _) in final.items():
+        if player not in set_players:
+            assert score == sums.get(player, 0)
 
 
 @settings(max_examples=200, deadline=None)

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Standings
 from seasons.models import Season
-from tests.support import Events, db_standings, epoch, post_ok, publish
+from tests.support import DEFAULT_KIND, Events, db_standings, epoch, post_ok, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -143,7 +143,7 @@ def test_rank_of_every_player(client: APIClient, season: Season, board: Standing
         with django_assert_num_queries(0):
             body = ok(client, rank_url(season.slug, entry.player_id))
         assert body == {
-            "leaderboard_version": 1, "as_of": body["as_of"], "player_id": entry.player_id,
+            "leaderboard_version": 1, "as_of": body["as_of"], "kind": DEFAULT_KIND, "player_id": entry.player_id,
             "score": entry.score, "rank": entry.rank, "position": entry.position, "region": None,
             "total_players": 130,
         }

@@ -22,6 +22,7 @@ from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support import (
+    DEFAULT_KIND,
     NARROW,
     Events,
     Profiles,
@@ -109,7 +110,8 @@ def assert_regional_reads_match_ledger(season: Season, region: str, version: int
     expected = regional_standings(season, region)
     everything = expected.window(from_position=1, limit=len(expected) + 1)
     slug = season.slug
-    envelope = {"leaderboard_version": version, "region": region, "total_players": len(expected)}
+    envelope = {"leaderboard_version": version, "region": region, "total_players": len(expected),
+                "kind": {**DEFAULT_KIND, "tie_break": season.tie_break}}
 
     top = ok(url(slug, "top", region=region))
     assert top == {**envelope, "as_of": top["as_of"], "entries": dicts(expected.top(100))}
@@ -216,7 +218,7 @@ def test_not_ranked_on_a_board_is_404_with_the_version(regional: Season) -> None
             body = error(url(regional.slug, read, region=region, player=player_id), 404, "not_ranked")
             assert body | {"as_of": None, "detail": None} == {
                 "error": "not_ranked", "detail": None, "leaderboard_version": 1, "as_of": None,
-                "region": region, "player_id": player_id}
+                "kind": {**DEFAULT_KIND, "tie_break": regional.tie_break}, "region": region, "player_id": player_id}
     error(url(regional.slug, "rank", region="na", player="bad!id"), 404, "player_not_found")
     error(url("nope", "rank", region="na", player=eu_player), 404, "season_not_found")
 

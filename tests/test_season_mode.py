@@ -35,7 +35,7 @@ def _create(slug: str, *extra: str) -> str:
 @pytest.mark.django_db
 def test_create_season_takes_a_mode_prints_and_audits_it() -> None:
     out = _create("newest", "--mode", "latest")
-    assert out.splitlines()[-1] == "regions: none; tie-break: shared; mode: latest"
+    assert out.splitlines()[-1] == "regions: none; tie-break: shared; mode: latest; scores: 0..1000000"
     assert Season.objects.get(slug="newest").mode == "latest"
     entry = AuditEntry.objects.get(action="season.created", season_slug="newest")
     assert entry.after is not None and entry.after["mode"] == "latest"
@@ -45,9 +45,9 @@ def test_create_season_takes_a_mode_prints_and_audits_it() -> None:
 
 @pytest.mark.django_db
 def test_an_unknown_mode_is_refused_with_the_modes_there_are() -> None:
-    with pytest.raises(CommandError, match="invalid choice: 'sum'"):
-        _create("summed", "--mode", "sum")
-    with pytest.raises(SeasonError, match="mode must be one of best, latest, got 'median'"):
+    with pytest.raises(CommandError, match="invalid choice: 'max'"):
+        _create("summed", "--mode", "max")
+    with pytest.raises(SeasonError, match="mode must be one of best, latest, sum, got 'median'"):
         season_create(slug="median", name="x", starts_at=NOW, cutoff=NOW + timedelta(days=1), actor=TEST_ACTOR,
                       mode="median")
     assert not Season.objects.filter(slug__in=["summed", "median"]).exists()
@@ -108,18 +108,33 @@ def test_an_approver_changes_the_mode_while_scheduled_and_it_is_fixed_once_open(
     assert 'id="mode-form"' not in client_as("reviewer").get("/staff/seasons/soon/").content.decode()
     approver = client_as("approver")
     assert 'id="mode-form"' in approver.get("/staff/seasons/soon/").content.decode()
-    response = approver.post("/staff/seasons/soon/mode", {"mode": "latest", "reason": "a ladder"})
+    response = approver.post("/staff/seasons/soon/mode", {"mode": "latest", "max_score": 1_000_000,
+                                                          "reason": "a ladder"})
     assert response.status_code == 302 and response["Location"] == "/staff/seasons/soon/"
     assert Season.objects.get(pk=scheduled.pk).mode == "latest"
     entry = AuditEntry.objects.get(action="season.mode.changed", season_slug="soon")
     assert (entry.before, entry.after, entry.reason) == ({"mode": "best"}, {"mode": "latest"}, "a ladder")
     assert (entry.actor_type, entry.actor_label) == ("user", approver.user.username)
-    # A mode the form does not offer changes nothing.
-    approver.post("/staff/seasons/soon/mode", {"mode": "sum"})
-    assert Season.objects.get(pk=scheduled.pk).mode == "latest"
+    assert not AuditEntry.objects.filter(action="season.max_score.changed").exists()
+    # The range: the layout follows it, audited by the range alone.
+    approver.post("/staff/seasons/soon/mode", {"mode": "latest", "max_score": 5_000, "reason": "levels"})
+    changed = Season.objects.get(pk=scheduled.pk)
+    assert (changed.max_score, changed.bucket_layout.size, changed.bucket_layout.range_of(0)) == (5_000, 101, (0, 49))
+    entry = AuditEntry.objects.get(action="season.max_score.changed", season_slug="soon")
+    assert (entry.before, entry.after) == ({"max_score": 1_000_000}, {"max_score": 5_000})
+    assert 'id="season-range">0..5000<' in approver.get("/staff/seasons/soon/").content.decode()
+    # A mode the form does not offer, or a range above 2^40, changes nothing.
+    approver.post("/staff/seasons/soon/mode", {"mode": "median", "max_score": 10})
+    approver.post("/staff/seasons/soon/mode", {"mode": "best", "max_score": 2**40 + 1})
+    assert (Season.objects.get(pk=scheduled.pk).mode, Season.objects.get(pk=scheduled.pk).max_score) == (
+        "latest", 5_000)
     season_transition(season=scheduled, target=SeasonState.OPEN, actor=TEST_ACTOR)
-    refused = approver.post("/staff/seasons/soon/mode", {"mode": "best"}, follow=True).content.decode()
+    refused = approver.post("/staff/seasons/soon/mode", {"mode": "best", "max_score": 5_000},
+                            follow=True).content.decode()
     assert "the mode is fixed once the season opens; it is OPEN" in refused
+    refused = approver.post("/staff/seasons/soon/mode", {"mode": "latest", "max_score": 9},
+                            follow=True).content.decode()
+    assert "the score range is fixed once the season opens; it is OPEN" in refused
     assert Season.objects.get(pk=scheduled.pk).mode == "latest"
     assert AuditEntry.objects.filter(action="season.mode.changed").count() == 1
     assert 'id="mode-form"' not in refused

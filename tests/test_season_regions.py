@@ -60,7 +60,8 @@ def test_create_season_takes_regions_and_a_tie_break_and_audits_them() -> None:
     out = create_season("reg", "--regions", "na, eu,apac", "--tie-break", "first_reached")
     season = Season.objects.get(slug="reg")
     assert out.splitlines() == [f"season reg created, state SCHEDULED, {settings.SEASON_PARTITIONS} ledger partitions",
-                                *placement_lines(season), "regions: na, eu, apac; tie-break: first_reached; mode: best"]
+                                *placement_lines(season),
+                                "regions: na, eu, apac; tie-break: first_reached; mode: best; scores: 0..1000000"]
     assert (season.regions, season.tie_break) == (["na", "eu", "apac"], "first_reached")
     entry = AuditEntry.objects.get(action="season.created", season_slug="reg")
     assert entry.after is not None

@@ -228,7 +228,7 @@ def test_the_lookup_text_reads_back_as_both_copies_views(views: Views) -> None:
         assert raw is not None and lookup_decode(raw.encode()) == views
 
 
-@pytest.mark.parametrize("key", [-1_000_001, 2**53])
+@pytest.mark.parametrize("key", [-(2**40) - 1, 2**53])
 def test_a_sort_key_outside_the_hidden_sets_encoding_is_refused(key: int) -> None:
     with pytest.raises(SharedIndexError):
         hidden_member(key, "a")

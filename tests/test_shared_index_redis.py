@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from leaderboard.core.buckets import MAX_SCORE
+from leaderboard.core.buckets import MAX_SCORE, MAX_SCORE_LIMIT
 from leaderboard.core.shared_index import Seen, SharedIndexError, change_plan, entry_name, lookup_decode, lookup_encode
 from leaderboard.core.tiebreak import KEY_LIMIT
 from leaderboard.views.rankview.fence import group_write_call, groups_send
@@ -39,7 +39,7 @@ def keyed_value(rng: random.Random) -> str:
 
 # Sort keys at both ends of the hidden sets' encoding (-MAX_SCORE, 2**53 - 1) and between,
 # in three buckets, so the scripts' hex encoding is compared with Python's at its widest.
-EDGE_KEYS = [-MAX_SCORE, -MAX_SCORE + 1, -1, 0, 1, 2**44, KEY_LIMIT - 2, KEY_LIMIT - 1]
+EDGE_KEYS = [-MAX_SCORE_LIMIT, -MAX_SCORE_LIMIT + 1, -MAX_SCORE, -1, 0, 1, 2**44, KEY_LIMIT - 2, KEY_LIMIT - 1]
 
 
 def edge_place(value: str) -> tuple[int, int]:

@@ -50,7 +50,7 @@ class Answer:
 
 
 def _envelope(manifest: Manifest, body: dict[str, Any]) -> dict[str, Any]:
-    return {"leaderboard_version": manifest.version, "as_of": manifest.as_of, **body}
+    return {"leaderboard_version": manifest.version, "as_of": manifest.as_of, "kind": manifest.kind_dict, **body}
 
 
 def _entries(entries: list[Entry]) -> list[dict[str, object]]:

@@ -21,10 +21,18 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
-from leaderboard.core.events import MAX_BATCH, MAX_ID_LENGTH, MAX_REASON_LENGTH, MAX_SCORE, MAX_SCORE_VERSION, MIN_SCORE
+from leaderboard.core.buckets import MAX_SCORE_LIMIT
+from leaderboard.core.events import (
+    MAX_BATCH,
+    MAX_ID_LENGTH,
+    MAX_POINTS,
+    MAX_REASON_LENGTH,
+    MAX_SCORE_VERSION,
+    MIN_SCORE,
+)
 from leaderboard.core.profiles import MAX_FRIENDS, MAX_GRAPH_VERSION, MAX_PROFILE_BATCH, MAX_PROFILE_VERSION
 from leaderboard.core.ranking import RADIUS_MAX
-from leaderboard.core.season_options import MAX_REGION_LENGTH
+from leaderboard.core.season_options import MAX_REGION_LENGTH, MODES, ORDER_DESC, TIE_BREAKS
 
 BEARER = "bearerToken"
 ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,64}$"
@@ -176,12 +184,25 @@ class EntrySerializer(serializers.Serializer[Any]):
                                                                "descending, then player_id ascending)")
     rank = serializers.IntegerField(min_value=1, help_text="1 + players with a strictly higher score")
     player_id = serializers.CharField()
-    score = serializers.IntegerField(min_value=MIN_SCORE, max_value=MAX_SCORE)
+    score = serializers.IntegerField(min_value=MIN_SCORE, max_value=MAX_SCORE_LIMIT,
+                                     help_text="in 0..the season's max_score (see kind)")
+
+
+class KindSerializer(serializers.Serializer[Any]):
+    """What the board is (docs/rules.md, Board kinds), fixed once the season opens."""
+
+    mode = serializers.ChoiceField(choices=MODES, help_text="how a result sets a score: best (the highest), latest "
+                                                            "(the newest) or sum (the sum of the results' points)")
+    order = serializers.ChoiceField(choices=[ORDER_DESC], help_text="desc: a higher score ranks first")
+    max_score = serializers.IntegerField(min_value=1, max_value=MAX_SCORE_LIMIT, help_text="scores are in 0..max_score")
+    tie_break = serializers.ChoiceField(choices=TIE_BREAKS, help_text="shared (ties share a rank) or first_reached "
+                                                                      "(who reached the score first ranks ahead)")
 
 
 class VersionedSerializer(serializers.Serializer[Any]):
     leaderboard_version = serializers.IntegerField(help_text="the one published version every datum comes from")
     as_of = serializers.DateTimeField()
+    kind = KindSerializer()
 
 
 class TopSerializer(VersionedSerializer):
@@ -238,7 +259,8 @@ class FriendEntrySerializer(serializers.Serializer[Any]):
                                                                "friends, in display order")
     rank = serializers.IntegerField(min_value=1, help_text="among them: 1 + those with a strictly higher score")
     player_id = serializers.CharField()
-    score = serializers.IntegerField(min_value=MIN_SCORE, max_value=MAX_SCORE)
+    score = serializers.IntegerField(min_value=MIN_SCORE, max_value=MAX_SCORE_LIMIT,
+                                     help_text="in 0..the season's max_score (see kind)")
     global_rank = serializers.IntegerField(min_value=1, help_text="the season rank in the same version")
 
 
@@ -270,42 +292,73 @@ _PLAYER_ID = {"type": "string", "pattern": ID_PATTERN, "description": "1..64 cha
 _COMPLETED_AT = {"type": "string", "format": "date-time", "pattern": "^(19[7-9][0-9]|[2-9][0-9]{3})-",
                  "description": "trusted server time the match ended: RFC 3339 with an offset, year 1970..9999"}
 
+_SCORE_EVENT_COMMON: dict[str, Any] = {
+    "event_id": {**_ID_TEXT, "description": "idempotency key, unique within the season"},
+    "match_id": {**_ID_TEXT, "description": "the settled match"},
+    "player_id": _PLAYER_ID,
+    "completed_at": _COMPLETED_AT,
+    "reached_at": {**_COMPLETED_AT, "nullable": True,
+                   "description": "when the player reached the score (default completed_at), RFC 3339, year "
+                                  "1970..9999, kept to the millisecond; orders equal scores in a first_reached "
+                                  "season, where it must lie between the season's start and cutoff"},
+    "kind": {"type": "string", "enum": ["result", "correction"], "default": "result"},
+    "reason": {**_text(MAX_REASON_LENGTH), "nullable": True,
+               "description": "required (not blank) for a correction"},
+}
+# A correction needs a reason that is not blank.
+_CORRECTION_REASON = {"required": ["kind", "reason"],
+                      "properties": {"kind": {"enum": ["correction"]}, "reason": {"type": "string", "pattern": "\\S"}}}
+
 SCORE_EVENT: dict[str, Any] = {
     "type": "object",
+    "title": "best or latest season",
     "additionalProperties": False,
     "required": ["event_id", "match_id", "player_id", "best_score", "score_version", "completed_at"],
     "properties": {
-        "event_id": {**_ID_TEXT, "description": "idempotency key, unique within the season"},
-        "match_id": {**_ID_TEXT, "description": "the settled match"},
-        "player_id": _PLAYER_ID,
-        "best_score": {"type": "integer", "minimum": MIN_SCORE, "maximum": MAX_SCORE,
+        **_SCORE_EVENT_COMMON,
+        "best_score": {"type": "integer", "minimum": MIN_SCORE, "maximum": MAX_SCORE_LIMIT,
                        "description": "the player's absolute season best as settled upstream; in a season "
                                       "created with --mode latest, the player's newest settled score, taken "
-                                      "even when lower"},
+                                      "even when lower. In 0..the season's max_score (1,000,000 unless created "
+                                      "with --max-score)"},
         "score_version": {"type": "integer", "minimum": 1, "maximum": MAX_SCORE_VERSION,
                           "description": "per-player version from the trusted service"},
-        "completed_at": _COMPLETED_AT,
-        "reached_at": {**_COMPLETED_AT, "nullable": True,
-                       "description": "when the player reached best_score (default completed_at), RFC 3339, year "
-                                      "1970..9999, kept to the millisecond; orders equal scores in a first_reached "
-                                      "season, where it must lie between the season's start and cutoff"},
-        "kind": {"type": "string", "enum": ["result", "correction"], "default": "result"},
-        "reason": {**_text(MAX_REASON_LENGTH), "nullable": True,
-                   "description": "required (not blank) for a correction"},
     },
-    # A correction needs a reason that is not blank.
-    "anyOf": [
-        {"properties": {"kind": {"enum": ["result"]}}},
-        {"required": ["kind", "reason"],
-         "properties": {"kind": {"enum": ["correction"]}, "reason": {"type": "string", "pattern": "\\S"}}},
-    ],
+    "anyOf": [{"properties": {"kind": {"enum": ["result"]}}}, _CORRECTION_REASON],
+}
+
+SUM_SCORE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "title": "sum season",
+    "additionalProperties": False,
+    "required": ["event_id", "match_id", "player_id", "points", "completed_at"],
+    "properties": {
+        **_SCORE_EVENT_COMMON,
+        "points": {"type": "integer", "minimum": -MAX_POINTS, "maximum": MAX_POINTS,
+                   "description": "a result: the points it adds to the player's score (may be negative); a "
+                                  "correction: the amended points of the result it corrects. A sum outside "
+                                  "0..max_score is rejected (out_of_range)"},
+        "corrects": {**_ID_TEXT, "description": "a correction only: the event_id of the player's earlier result it "
+                                                "amends (unknown: rejected, unknown_event)"},
+        "score_version": {"type": "integer", "minimum": 1, "maximum": MAX_SCORE_VERSION,
+                          "description": "a correction only (results: not used): a higher one amends the result "
+                                         "again, a lower or equal one is stale"},
+    },
+    "anyOf": [{"properties": {"kind": {"enum": ["result"]}}, "not": {"required": ["corrects"]}},
+              {**_CORRECTION_REASON, "required": ["kind", "reason", "corrects", "score_version"]}],
+}
+
+_ANY_SCORE_EVENT: dict[str, Any] = {
+    "oneOf": [SCORE_EVENT, SUM_SCORE_EVENT],
+    "description": "the shape of the season's mode: best_score in a best or latest season, points in a sum one",
 }
 
 SCORES_APPLY_BODY: dict[str, Any] = {
     "oneOf": [
         SCORE_EVENT,
+        SUM_SCORE_EVENT,
         {"type": "object", "additionalProperties": False, "required": ["events"],
-         "properties": {"events": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": SCORE_EVENT,
+         "properties": {"events": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": _ANY_SCORE_EVENT,
                                    "description": f"1..{MAX_BATCH} events, applied in order"}}},
     ],
     "description": "one event, or a batch; all or nothing: an invalid event makes the whole request a 400",
@@ -338,7 +391,7 @@ DISPUTE_BODY: dict[str, Any] = {
         # Not blank: the service strips it first.
         "summary": {**_text(200, min_length=1), "pattern": "^[^\\u0000]*\\S[^\\u0000]*$"},
         "details": _text(10_000),
-        "claimed_score": {"type": "integer", "minimum": MIN_SCORE, "maximum": MAX_SCORE, "nullable": True},
+        "claimed_score": {"type": "integer", "minimum": MIN_SCORE, "maximum": MAX_SCORE_LIMIT, "nullable": True},
         "match_id": _text(64),
         "external_ref": _text(100, description="the support tool's ticket id: filing it again answers the "
                                                "first dispute (200) instead of a new one"),
@@ -452,6 +505,7 @@ class FinalSerializer(serializers.Serializer[Any]):
     season_id = serializers.CharField()
     state = serializers.CharField()
     final_version = serializers.IntegerField()
+    kind = KindSerializer()
     finalized_at = serializers.DateTimeField(allow_null=True)
     content_hash = serializers.CharField()
     hash_algorithm = serializers.CharField()
@@ -481,6 +535,7 @@ class FinalEntrySerializer(EntrySerializer):
 class FinalStandingsSerializer(serializers.Serializer[Any]):
     season_id = serializers.CharField()
     final_version = serializers.IntegerField()
+    kind = KindSerializer()
     region = serializers.CharField(required=False, help_text="with ?region= only: the region the page is of")
     from_position = serializers.IntegerField(help_text="the first position of the page; with ?region=, the first "
                                                        "regional position")
@@ -490,6 +545,7 @@ class FinalStandingsSerializer(serializers.Serializer[Any]):
 class FinalPlayerSerializer(FinalEntrySerializer):
     season_id = serializers.CharField()
     final_version = serializers.IntegerField()
+    kind = KindSerializer()
 
 
 class FinalCorrectionSerializer(serializers.Serializer[Any]):

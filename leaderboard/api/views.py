@@ -60,7 +60,7 @@ class ScoresApplyView(APIView):
             raise season_not_found(season_id)
         body = request_body(request)
         try:
-            events = events_parse(body)
+            events = events_parse(body, mode=season.mode, max_score=season.max_score)
         except BatchTooLarge as exc:
             raise payload_too_large(f"a batch holds at most {MAX_BATCH} events, got {exc.size}") from exc
         except EventValidationError as exc:

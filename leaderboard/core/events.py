@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
-from leaderboard.core.buckets import MAX_SCORE, MIN_SCORE
+from leaderboard.core.buckets import MAX_SCORE, MAX_SCORE_LIMIT, MIN_SCORE
 from leaderboard.core.errors import DomainError
+from leaderboard.core.season_options import MODE_BEST, MODE_SUM
 from leaderboard.core.tiebreak import truncate_ms
 
 MAX_BATCH = 1000
@@ -46,9 +47,16 @@ _RFC3339_RE = re.compile(
 EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 
+# The bound of a sum event's points either way: no sum can move by more and stay in range.
+MAX_POINTS = MAX_SCORE_LIMIT
+
 REQUIRED_FIELDS = ("event_id", "match_id", "player_id", "best_score", "score_version", "completed_at")
 OPTIONAL_FIELDS = ("kind", "reason", "reached_at")
 ALLOWED_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
+# A sum season's events (docs/rules.md, Board kinds): points instead of best_score; a
+# correction names the result it amends (corrects) and versions its amendments.
+SUM_REQUIRED_FIELDS = ("event_id", "match_id", "player_id", "points", "completed_at")
+SUM_ALLOWED_FIELDS = frozenset(SUM_REQUIRED_FIELDS + OPTIONAL_FIELDS + ("score_version", "corrects"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,11 @@ class ScoreEvent:
     # When the player reached best_score, to the millisecond (truncated); None: not sent,
     # which means completed_at (docs/rules.md, Ties decided by who got there first).
     reached_at: datetime | None = None
+    # A sum season's event: the points it adds (a result) or the amended points of the
+    # result named by `corrects` (a correction); best_score is then 0 and unused. A staff
+    # correction in a sum season names no result: it sets the score to best_score.
+    points: int | None = None
+    corrects: str | None = None
 
     @property
     def reached(self) -> datetime:
@@ -90,6 +103,11 @@ class ScoreEvent:
         ]
         if self.reached_at is not None and self.reached_at != truncate_ms(self.completed_at):
             fields.append(self.reached_at.astimezone(UTC).isoformat(timespec="milliseconds"))
+        # Named, so no sum event hashes like a best one, and a best event keeps its hash.
+        if self.points is not None:
+            fields.append(f"points={self.points}")
+        if self.corrects is not None:
+            fields.append(f"corrects={self.corrects}")
         return hashlib.sha256("\x1f".join(fields).encode()).hexdigest()
 
 
@@ -177,19 +195,26 @@ _INSTANT_RULE = ("must be an RFC 3339 date-time with an offset between 1970-01-0
                  "9999-12-31T23:59:59Z, e.g. 2026-01-31T18:00:00Z")
 
 
-def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent | None:
+def _parse_one(raw: Any, path: str, errors: dict[str, list[str]], *, mode: str, max_score: int,
+               ) -> ScoreEvent | None:
     if not isinstance(raw, dict):
         errors[path or "body"] = ["must be a JSON object"]
         return None
     prefix = f"{path}." if path else ""
     start = len(errors)
+    summed = mode == MODE_SUM
 
     def fail(field: str, message: str) -> None:
         errors.setdefault(prefix + field, []).append(message)
 
-    for field in raw.keys() - ALLOWED_FIELDS:
-        fail(str(field), "unknown field")
-    for field in REQUIRED_FIELDS:
+    for field in raw.keys() - (SUM_ALLOWED_FIELDS if summed else ALLOWED_FIELDS):
+        if field == "best_score":
+            fail(field, "unknown field: a sum season's events carry points, not best_score")
+        elif field in ("points", "corrects"):
+            fail(str(field), f"unknown field: only a sum season's events carry it (this season's mode is {mode})")
+        else:
+            fail(str(field), "unknown field")
+    for field in SUM_REQUIRED_FIELDS if summed else REQUIRED_FIELDS:
         if field not in raw:
             fail(field, "this field is required")
 
@@ -199,12 +224,19 @@ def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent 
     if "player_id" in raw and (problem := check_player_id(raw["player_id"])):
         fail("player_id", problem)
 
-    score = raw.get("best_score")
-    if "best_score" in raw and (problem := check_int(score, low=MIN_SCORE, high=MAX_SCORE)):
+    score = raw.get("best_score", 0)
+    if "best_score" in raw and not summed and (problem := check_int(score, low=MIN_SCORE, high=max_score)):
         fail("best_score", problem)
-    version = raw.get("score_version")
+    points = raw.get("points")
+    if "points" in raw and summed and (problem := check_int(points, low=-MAX_POINTS, high=MAX_POINTS)):
+        fail("points", problem)
+    # A sum result carries no version (its points add up whatever the order): 0 when not sent.
+    version = raw.get("score_version", 0)
     if "score_version" in raw and (problem := check_int(version, low=1, high=MAX_SCORE_VERSION)):
         fail("score_version", problem)
+    corrects = raw.get("corrects")
+    if "corrects" in raw and summed and (problem := _check_text_id(corrects)):
+        fail("corrects", problem)
 
     completed_at = None
     if "completed_at" in raw:
@@ -234,6 +266,12 @@ def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent 
         fail("reason", "must not contain NUL characters")
     elif kind == KIND_CORRECTION and not reason.strip():
         fail("reason", "is required for a correction")
+    if summed and kind == KIND_CORRECTION:
+        for field in ("corrects", "score_version"):
+            if field not in raw:
+                fail(field, "is required for a correction in a sum season")
+    elif summed and "corrects" in raw:
+        fail("corrects", "only a correction names the result it corrects")
 
     if len(errors) != start or completed_at is None:
         return None
@@ -247,11 +285,14 @@ def _parse_one(raw: Any, path: str, errors: dict[str, list[str]]) -> ScoreEvent 
         kind=kind,
         reason=reason,
         reached_at=reached_at,
+        points=points if summed else None,
+        corrects=corrects if summed else None,
     )
 
 
-def events_parse(body: Any) -> list[ScoreEvent]:
-    """Validate a request body: one event object, or {"events": [...]} with 1..1,000 events.
+def events_parse(body: Any, *, mode: str = MODE_BEST, max_score: int = MAX_SCORE) -> list[ScoreEvent]:
+    """Validate a request body: one event object, or {"events": [...]} with 1..1,000 events,
+    for a season of this mode and score range (a sum season's events carry points).
 
     All or nothing: any invalid event makes the whole batch invalid, so nothing is written.
     """
@@ -270,9 +311,10 @@ def events_parse(body: Any) -> list[ScoreEvent]:
             raise EventValidationError(errors)
         if len(raw_events) > MAX_BATCH:
             raise BatchTooLarge(len(raw_events))
-        events = [_parse_one(raw, f"events[{i}]", errors) for i, raw in enumerate(raw_events)]
+        events = [_parse_one(raw, f"events[{i}]", errors, mode=mode, max_score=max_score)
+                  for i, raw in enumerate(raw_events)]
     else:
-        events = [_parse_one(body, "", errors)]
+        events = [_parse_one(body, "", errors, mode=mode, max_score=max_score)]
     if errors:
         raise EventValidationError(errors)
     return [event for event in events if event is not None]

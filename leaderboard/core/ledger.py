@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from leaderboard.core.events import KIND_CORRECTION, ScoreEvent
+from leaderboard.core.events import KIND_CORRECTION, MAX_SCORE, ScoreEvent
 
 APPLIED = "applied"
 UNCHANGED = "unchanged"
@@ -32,6 +32,10 @@ HELD_AFTER_SEAL = "correction_after_seal"
 # the revoked match. The match service acknowledges with a correction (any newer version).
 HELD_REVOKED = "score_revoked"
 ALL_STATUSES = RECORDED_STATUSES + (DUPLICATE, CONFLICT)
+# A sum season's refusals (docs/rules.md, Board kinds): a correction naming no earlier
+# result of its player, and an event whose sum would leave 0..max-score.
+UNKNOWN_EVENT = "unknown_event"
+OUT_OF_RANGE = "out_of_range"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,17 @@ class Change:
     old_reached_at: datetime | None = field(default=None, compare=False)
 
 
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """A sum season's result as its player's score counts it now: its player, its points
+    (as sent, or as its newest applied correction amended them) and that correction's
+    score_version (0: never corrected)."""
+
+    player_id: str
+    points: int
+    version: int
+
+
 @dataclass(slots=True)
 class BatchPlan:
     outcomes: list[Outcome] = field(default_factory=list)
@@ -133,8 +148,20 @@ def batch_plan(
     reached_orders: bool = False,
     staff: bool = False,
     latest: bool = False,
+    summed: bool = False,
+    counted: Mapping[str, Counted] | None = None,
+    max_score: int | None = None,
 ) -> BatchPlan:
     """Decide every event of a batch in order.
+
+    `summed`: the season's mode is `sum`. A result adds its points to the player's score;
+    a correction replaces the points of the result it `corrects` (found in `counted`, or
+    earlier in the batch; else rejected `unknown_event`) when its score_version is newer
+    than that result's last amendment (else `stale`); a staff correction names no result
+    and sets the score. A score outside 0..`max_score` is rejected `out_of_range` and
+    changes nothing. The player's score_version counts the events that were applied to
+    them, so the change stream's versions still grow. No revocation hold: a sum's results
+    are increments, which never carry a revoked match.
 
     `latest`: the season's mode is `latest` (core.season_options): a result with a newer
     score_version sets the score to its best_score even when lower, as a correction does
@@ -162,6 +189,7 @@ def batch_plan(
     plan = BatchPlan()
     seen: dict[str, RecordedEvent] = dict(recorded)
     state: dict[str, PlayerState] = dict(current)
+    sums: dict[str, Counted] = dict(counted or {})
 
     for event, digest in zip(events, digests, strict=True):
         prior = seen.get(event.event_id)
@@ -195,6 +223,10 @@ def batch_plan(
             continue
 
         before = state.get(event.player_id)
+        if summed:
+            _sum_decide(plan, event, digest, before, sums, seen, state, rejection=rejection,
+                        pending_version=pending_version, max_score=max_score)
+            continue
         status, reason, pending = _decide(event, before, rejection, pending_version)
         if (status == APPLIED and event.kind != KIND_CORRECTION and before is not None
                 and before.revoked_to is not None and event.best_score > before.revoked_to):
@@ -236,18 +268,36 @@ def batch_plan(
                 if status == APPLIED and event.kind != KIND_CORRECTION:
                     status = UNCHANGED
 
-        row = LedgerRow(
-            event=event,
-            payload_hash=digest,
-            status=status,
-            reason=reason,
-            score=after.score if after is not None else None,
-            score_version=after.score_version if after is not None else None,
-            pending_version=pending,
-        )
-        plan.ledger_rows.append(row)
-        seen[event.event_id] = RecordedEvent(
-            payload_hash=digest,
+        _record(plan, seen, event, digest, status, reason, after, pending)
+    return plan
+
+
+def _record(plan: BatchPlan, seen: dict[str, RecordedEvent], event: ScoreEvent, digest: str, status: str,
+            reason: str, after: PlayerState | None, pending: int | None) -> None:
+    """The event's ledger row, its outcome, and what a later event of the batch with the
+    same id sees of it."""
+    row = LedgerRow(
+        event=event,
+        payload_hash=digest,
+        status=status,
+        reason=reason,
+        score=after.score if after is not None else None,
+        score_version=after.score_version if after is not None else None,
+        pending_version=pending,
+    )
+    plan.ledger_rows.append(row)
+    seen[event.event_id] = RecordedEvent(
+        payload_hash=digest,
+        status=status,
+        reason=reason,
+        player_id=event.player_id,
+        score=row.score,
+        score_version=row.score_version,
+        pending_version=pending,
+    )
+    plan.outcomes.append(
+        Outcome(
+            event_id=event.event_id,
             status=status,
             reason=reason,
             player_id=event.player_id,
@@ -255,18 +305,66 @@ def batch_plan(
             score_version=row.score_version,
             pending_version=pending,
         )
-        plan.outcomes.append(
-            Outcome(
-                event_id=event.event_id,
-                status=status,
-                reason=reason,
-                player_id=event.player_id,
-                score=row.score,
-                score_version=row.score_version,
-                pending_version=pending,
-            )
-        )
-    return plan
+    )
+
+
+def _sum_decide(plan: BatchPlan, event: ScoreEvent, digest: str, before: PlayerState | None,
+                sums: dict[str, Counted], seen: dict[str, RecordedEvent], state: dict[str, PlayerState], *,
+                rejection: Callable[[ScoreEvent], str | None], pending_version: int, max_score: int | None,
+                ) -> None:
+    """One event of a sum season (batch_plan's `summed`), recorded into the plan."""
+    score = before.score if before is not None else 0
+    version = before.score_version if before is not None else 0
+    why = rejection(event)
+    status, reason = APPLIED, ""
+    target: Counted | None = None
+    if why == HELD_AFTER_SEAL:
+        status, reason = HELD, why
+    elif why is not None:
+        status, reason = REJECTED, why
+    elif event.kind != KIND_CORRECTION:
+        new_score = score + (event.points or 0)
+    elif event.corrects is None:
+        # A staff correction (the revocation flow): the score staff set, like any mode's.
+        new_score = event.best_score
+        if event.score_version <= version:
+            status, reason = STALE, "score_version_not_newer"
+    else:
+        target = sums.get(event.corrects)
+        if target is None or target.player_id != event.player_id:
+            status, reason = REJECTED, UNKNOWN_EVENT
+        elif event.score_version <= target.version:
+            status, reason = STALE, "score_version_not_newer"
+        else:
+            new_score = score - target.points + (event.points or 0)
+    if status == APPLIED and not 0 <= new_score <= (max_score if max_score is not None else MAX_SCORE):
+        status, reason = REJECTED, OUT_OF_RANGE
+    if status != APPLIED:
+        _record(plan, seen, event, digest, status, reason, before, None)
+        return
+    if event.kind != KIND_CORRECTION:
+        sums[event.event_id] = Counted(player_id=event.player_id, points=event.points or 0, version=0)
+    elif target is not None:
+        sums[event.corrects or ""] = Counted(player_id=event.player_id, points=event.points or 0,
+                                             version=event.score_version)
+    # A sum is reached when it last moved: an amendment that leaves it as it was keeps
+    # the player's place among equal sums.
+    moved = before is None or new_score != before.score
+    reached = event.reached if moved or before is None else before.reached_at
+    after = PlayerState(score=new_score, score_version=version + 1, reached_at=reached)
+    state[event.player_id] = after
+    plan.player_states[event.player_id] = after
+    pending: int | None = pending_version
+    if moved:
+        plan.changes.append(Change(
+            player_id=event.player_id, old_score=before.score if before is not None else None,
+            new_score=new_score, score_version=after.score_version, event_id=event.event_id,
+            reached_at=reached, old_reached_at=before.reached_at if before is not None else None))
+    else:
+        pending = None
+        if event.kind != KIND_CORRECTION:
+            status = UNCHANGED
+    _record(plan, seen, event, digest, status, reason, after, pending)
 
 
 def _decide(

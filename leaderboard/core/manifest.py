@@ -11,6 +11,7 @@ import orjson
 from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.epoch import higher_counts
 from leaderboard.core.partitions import Watermark
+from leaderboard.core.season_options import BOARD_KIND_DEFAULT, TIE_BREAK_FIRST_REACHED, BoardKind
 from leaderboard.core.slots import SLOT_GROUPS_DEFAULT
 from leaderboard.core.tiebreak import FirstReached
 
@@ -57,6 +58,11 @@ class RegionBoard:
         return cls(counts=counts, checksums=checksums, top=list(data.get("top", [])))
 
 
+def _kind_of_ties(data: dict[str, Any]) -> BoardKind:
+    """A manifest without a kind: a best season over the default range, with its tie rule."""
+    return BOARD_KIND_DEFAULT if "tie_break" not in data else BoardKind(tie_break=TIE_BREAK_FIRST_REACHED)
+
+
 def _buckets(layout: BucketLayout, counts: list[int], checksums: list[int]) -> list[dict[str, Any]]:
     return [
         {"bucket": b, "low": layout.range_of(b)[0], "high": layout.range_of(b)[1], "count": c, "checksum": f"{s:016x}"}
@@ -97,6 +103,8 @@ class Manifest:
     # How many slot groups the copy's data keys are spread over (core.slots): a bucket's or
     # shard's key, and the fence whose `gen` a reader checks, are named from it.
     groups: int = SLOT_GROUPS_DEFAULT
+    # What the board is (mode, order, range, tie rule), stated by every read answer.
+    kind: BoardKind = BOARD_KIND_DEFAULT
     # Which side of the copy's buckets the version reads (0 or 1): a bucket can hold
     # entries one side does not see, recorded in that side's hidden sets (docs/architecture.md,
     # The shared index), and the lookup holds each side's value.
@@ -127,6 +135,11 @@ class Manifest:
         return sum(self.counts)
 
     @cached_property
+    def kind_dict(self) -> dict[str, Any]:
+        """The kind as read answers carry it, built once per version."""
+        return self.kind.as_dict()
+
+    @cached_property
     def memo(self) -> dict[Any, Any]:
         """What readers derive from this version once and serve many times (an encoded
         answer of its top), cached with the manifest and gone with it: a version is
@@ -155,6 +168,8 @@ class Manifest:
             **({"index": self.index} if self.index != self.copy else {}),
             # Only on first_reached boards: a shared season's manifest is as it always was.
             **({} if self.ties is None else {"tie_break": self.ties.as_dict()}),
+            # Only when not the default: a manifest written before kinds existed reads the same.
+            **({} if self.kind == BOARD_KIND_DEFAULT else {"kind": self.kind.as_dict()}),
             **({} if not self.regions else
                {"regions": {name: b.to_dict(self.layout) for name, b in self.regions.items()}}),
         }
@@ -177,6 +192,7 @@ class Manifest:
             checksums=checksums,
             top=list(data.get("top", [])),
             ties=FirstReached.from_dict(data["tie_break"]) if "tie_break" in data else None,
+            kind=BoardKind.from_dict(data["kind"]) if "kind" in data else _kind_of_ties(data),
             regions={name: RegionBoard.from_dict(b) for name, b in data.get("regions", {}).items()},
             lookup_shards=int(data.get("lookup_shards", LOOKUP_SHARDS_DEFAULT)),
             groups=int(data.get("groups", SLOT_GROUPS_DEFAULT)),

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from leaderboard.core.buckets import MAX_SCORE
 
 # Region names go into Redis keys and URLs: a short, closed alphabet keeps both safe and
 # readable (na, eu-west, apac).
@@ -21,14 +25,43 @@ MAX_REGIONS = 16
 
 # How a result sets a player's score (docs/rules.md, Board kinds): "best" keeps the
 # highest settled best score, "latest" takes the newest (a higher score_version) even
-# when lower. Fixed once the season opens: the ledger's scores are computed under it.
+# when lower, "sum" adds each result's points. Fixed once the season opens: the ledger's
+# scores are computed under it.
 MODE_BEST = "best"
 MODE_LATEST = "latest"
-MODES = (MODE_BEST, MODE_LATEST)
+MODE_SUM = "sum"
+MODES = (MODE_BEST, MODE_LATEST, MODE_SUM)
 
 TIE_BREAK_SHARED = "shared"
 TIE_BREAK_FIRST_REACHED = "first_reached"
 TIE_BREAKS = (TIE_BREAK_SHARED, TIE_BREAK_FIRST_REACHED)
+
+# Which end of the range is better (docs/rules.md, Board kinds): desc, a higher score.
+ORDER_DESC = "desc"
+
+
+@dataclass(frozen=True, slots=True)
+class BoardKind:
+    """What a board is (docs/rules.md, Board kinds): how a score is set, which end of the
+    range ranks first, the range, and how equal scores are ordered. Fixed once the season
+    opens; published in every version's manifest so each read answer states it."""
+
+    mode: str = MODE_BEST
+    order: str = ORDER_DESC
+    max_score: int = MAX_SCORE
+    tie_break: str = TIE_BREAK_SHARED
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "order": self.order, "max_score": self.max_score, "tie_break": self.tie_break}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BoardKind:
+        return cls(mode=str(data["mode"]), order=str(data["order"]), max_score=int(data["max_score"]),
+                   tie_break=str(data["tie_break"]))
+
+
+# The kind of every season created before kinds existed.
+BOARD_KIND_DEFAULT = BoardKind()
 
 
 def check_region(value: object) -> str | None:

@@ -37,18 +37,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from leaderboard.core.buckets import MAX_SCORE
+from leaderboard.core.buckets import MAX_SCORE_LIMIT
 from leaderboard.core.tiebreak import KEY_LIMIT
 
 # A player's second entry's name is their id followed by this byte. Player ids are
 # [A-Za-z0-9_.:-], so no other id starts with an id followed by it.
 SECOND = "\x00"
-# Sorted-set keys run from -MAX_SCORE (-score on a shared board) to below 2**53 (a
+# Sorted-set keys run from -MAX_SCORE_LIMIT (-score on a shared board) to below 2**53 (a
 # first_reached key). A hidden member spells a negative key as "0" and the key plus
-# MAX_SCORE, a nonnegative one as "1" and the key, each in 14 fixed-width lowercase hex
+# MAX_SCORE_LIMIT, a nonnegative one as "1" and the key, each in 14 fixed-width lowercase hex
 # digits, which order as the numbers do. Not one offset for all: the scripts compute the
 # same text with doubles, and a key near 2**53 plus any offset is no longer exact.
-HIDDEN_KEY_OFFSET = MAX_SCORE
+HIDDEN_KEY_OFFSET = MAX_SCORE_LIMIT
 HIDDEN_KEY_DIGITS = 14
 # The lookup's separator of the two copies' parts, and the mark of a part whose entry is
 # the player's second one. Lookup values are "score" or "score:reached_ms".

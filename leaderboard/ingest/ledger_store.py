@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError, connection, connections, transaction
 
-from leaderboard.core.ledger import BatchPlan, LedgerRow, PlayerState, RecordedEvent
+from leaderboard.core.events import KIND_CORRECTION, KIND_RESULT
+from leaderboard.core.ledger import APPLIED, UNCHANGED, BatchPlan, Counted, LedgerRow, PlayerState, RecordedEvent
 from leaderboard.core.partitions import TXID_PARTITION_SHIFT, layout_partition
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias
 from leaderboard.models import (
@@ -249,6 +250,29 @@ def recorded_events_fetch(*, season_id: int, event_ids: Iterable[str], using: st
     }
 
 
+def counted_points_fetch(*, season_id: int, event_ids: Iterable[str], using: str) -> dict[str, Counted]:
+    """A sum season's results with these ids as their players' scores count them now: the
+    points each was accepted with, or those of its newest applied correction. Results the
+    ledger refused (rejected, stale, held) count for nothing and are left out: a
+    correction naming one is `unknown_event`."""
+    ids = list(set(event_ids))
+    if not ids:
+        return {}
+    results = ScoreEvent.objects.using(using).filter(
+        season_id=season_id, event_id__in=ids, kind=KIND_RESULT, status__in=(APPLIED, UNCHANGED),
+    ).values_list("event_id", "player_id", "points")
+    counted = {event_id: Counted(player_id=player_id, points=points or 0, version=0)
+               for event_id, player_id, points in results}
+    amended = ScoreEvent.objects.using(using).filter(
+        season_id=season_id, corrects__in=list(counted), kind=KIND_CORRECTION, status=APPLIED,
+    ).values_list("corrects", "points", "score_version")
+    for target, points, version in amended:
+        mine = counted[target or ""]
+        if version > mine.version:
+            counted[target or ""] = Counted(player_id=mine.player_id, points=points or 0, version=version)
+    return counted
+
+
 def player_states_fetch(*, season_id: int, player_ids: Iterable[str], using: str) -> dict[str, PlayerState]:
     ids = list(set(player_ids))
     if is_postgres(using=using):
@@ -427,20 +451,20 @@ WITH ledger AS (
     INSERT INTO leaderboard_scoreevent (
         season_id, client_id, received_at, event_id, match_id, player_id, best_score,
         score_version, completed_at, kind, reason, payload_hash, status, status_reason,
-        score_after, version_after, pending_version, reached_at)
+        score_after, version_after, pending_version, reached_at, points, corrects)
     SELECT %(season)s, %(client)s, %(now)s, e.*
-    FROM unnest(%(e_id)s::text[], %(e_match)s::text[], %(e_player)s::text[], %(e_best)s::int[],
+    FROM unnest(%(e_id)s::text[], %(e_match)s::text[], %(e_player)s::text[], %(e_best)s::bigint[],
                 %(e_version)s::bigint[], %(e_completed)s::timestamptz[], %(e_kind)s::text[],
                 %(e_reason)s::text[], %(e_hash)s::text[], %(e_status)s::text[],
-                %(e_status_reason)s::text[], %(e_score_after)s::int[],
+                %(e_status_reason)s::text[], %(e_score_after)s::bigint[],
                 %(e_version_after)s::bigint[], %(e_pending)s::bigint[],
-                %(e_reached)s::timestamptz[]) AS e
+                %(e_reached)s::timestamptz[], %(e_points)s::bigint[], %(e_corrects)s::text[]) AS e
 ), scores AS (
     INSERT INTO leaderboard_playerscore (
         season_id, updated_at, player_id, score, score_version, reached_at, region, revoked_to)
     SELECT %(season)s, %(now)s, s.*
-    FROM unnest(%(s_player)s::text[], %(s_score)s::int[], %(s_version)s::bigint[],
-                %(s_reached)s::timestamptz[], %(s_region)s::text[], %(s_revoked)s::int[]) AS s
+    FROM unnest(%(s_player)s::text[], %(s_score)s::bigint[], %(s_version)s::bigint[],
+                %(s_reached)s::timestamptz[], %(s_region)s::text[], %(s_revoked)s::bigint[]) AS s
     ON CONFLICT (season_id, player_id) DO UPDATE
         SET score = EXCLUDED.score, score_version = EXCLUDED.score_version,
             reached_at = EXCLUDED.reached_at, updated_at = EXCLUDED.updated_at,
@@ -453,7 +477,7 @@ WITH ledger AS (
     -- within the batch take ids in the order they happened.
     SELECT %(season)s, %(now)s, (SELECT h.head FROM head h WHERE h.partition = c.part),
            c.player_id, c.o, c.n, c.v, c.e, c.r, c.orr, c.region, c.region
-    FROM unnest(%(c_player)s::text[], %(c_old)s::int[], %(c_new)s::int[],
+    FROM unnest(%(c_player)s::text[], %(c_old)s::bigint[], %(c_new)s::bigint[],
                 %(c_version)s::bigint[], %(c_event)s::text[], %(c_reached)s::timestamptz[],
                 %(c_old_reached)s::timestamptz[], %(c_region)s::text[], %(c_part)s::int[])
          AS c(player_id, o, n, v, e, r, orr, region, part)
@@ -537,6 +561,8 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "e_version_after": _int_array([r.score_version for r in rows]),
         "e_pending": _int_array([r.pending_version for r in rows]),
         "e_reached": _text_array([utc(r.event.reached) for r in rows]),
+        "e_points": _int_array([r.event.points for r in rows]),
+        "e_corrects": _text_array([r.event.corrects for r in rows]),
         "s_player": _text_array(list(states)),
         "s_score": _int_array([s.score for s in states.values()]),
         "s_version": _int_array([s.score_version for s in states.values()]),
@@ -578,6 +604,8 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
             score_after=r.score,
             version_after=r.score_version,
             pending_version=r.pending_version,
+            points=r.event.points,
+            corrects=r.event.corrects,
             client_id=client_id,
             received_at=now,
         )

@@ -26,7 +26,7 @@ from leaderboard.core.ledger import (
 )
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
 from leaderboard.core.partitions import Watermark, layout_partition, stream_heads_watermark
-from leaderboard.core.season_options import MODE_LATEST, TIE_BREAK_FIRST_REACHED
+from leaderboard.core.season_options import MODE_LATEST, MODE_SUM, TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import reached_rejection
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import MAX_CURSOR_ID, stream_committed_watermark
@@ -242,6 +242,12 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
         current = ledger_store.player_states_fetch(
             season_id=season.pk, player_ids=(e.player_id for e in events), using=using,
         ) if events else {}
+        summed = mode == MODE_SUM
+        # The results the batch's corrections amend (a result and its corrections share
+        # a player, so a partition: they are in this database).
+        counted = ledger_store.counted_points_fetch(
+            season_id=season.pk, event_ids=(e.corrects for e in events if e.corrects is not None), using=using,
+        ) if summed else None
 
         def rejection(event: ScoreEvent) -> str | None:
             why = admission_rejection(
@@ -265,6 +271,9 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
             reached_orders=first_reached,
             staff=actor is not None,
             latest=mode == MODE_LATEST,
+            summed=summed,
+            counted=counted,
+            max_score=season.max_score,
         )
         plan.conflicts.extend(refused.conflicts)
         regions = ledger_store.player_regions_fetch(

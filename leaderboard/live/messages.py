@@ -59,7 +59,8 @@ def snapshot_message(season_slug: str, state: str | None, final_version: int | N
         "type": "snapshot", "season_id": season_slug, **board_fields(manifest.board), "state": state,
         "final_version": final_version,
         "leaderboard_version": manifest.version, "as_of": manifest.as_of, "total_players": manifest.total,
-        "top": snapshot.top,
+        # Fixed for the season: the snapshot states it, the version messages after it do not repeat it.
+        "kind": manifest.kind_dict, "top": snapshot.top,
     }
     if subscription.player_id is not None and snapshot.player is not None:
         message["player"] = player_payload(subscription.player_id, snapshot.player.entry,

@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.services import SYSTEM, Actor, audit_log
-from leaderboard.core.buckets import BucketLayout, LayoutError
+from leaderboard.core.buckets import MAX_SCORE, BucketLayout, LayoutError
 from leaderboard.core.events import EventValidationError, ScoreEvent
 from leaderboard.core.ledger import Outcome
 from leaderboard.core.season_options import MODE_BEST, TIE_BREAK_SHARED, mode_problem, regions_problem
@@ -38,9 +38,11 @@ log = logging.getLogger(__name__)
 
 def series_create(*, slug: str, name: str, every: str, anchor: datetime, actor: Actor, grace_seconds: int = 600,
                   approval: str = APPROVAL_TWO_PERSON, mode: str = MODE_BEST, tie_break: str = TIE_BREAK_SHARED,
-                  regions: Sequence[str] = (), bucket_width: int = 10_000, now: datetime | None = None) -> Series:
+                  regions: Sequence[str] = (), bucket_width: int | None = None, max_score: int = MAX_SCORE,
+                  now: datetime | None = None) -> Series:
     """A new series (audited `series.created`), and the windows it owes by `now`: a series
-    anchored in the past opens its windows since, late, none skipped."""
+    anchored in the past opens its windows since, late, none skipped. Every window's
+    scores are in 0..`max_score`, in buckets of `bucket_width` (default: the range's)."""
     problem = (series_id_problem(slug) or every_problem(every) or approval_problem(approval) or mode_problem(mode)
                or regions_problem(regions))
     if problem:
@@ -48,19 +50,20 @@ def series_create(*, slug: str, name: str, every: str, anchor: datetime, actor: 
     if grace_seconds < 0:
         raise SeasonError(f"the grace must not be negative, got {grace_seconds} s")
     try:
-        BucketLayout.uniform(width=bucket_width)
+        layout = BucketLayout.uniform(width=bucket_width, max_score=max_score)
     except LayoutError as exc:
         raise SeasonError(str(exc)) from exc
+    bucket_width = layout.range_of(0)[1] + 1 if layout.size > 1 else max_score + 1
     if Series.objects.filter(slug=slug).exists():
         raise SeasonError(f"a series {slug!r} already exists")
     with transaction.atomic():
         series = Series.objects.create(
             slug=slug, name=name, every=every, anchor=anchor, grace_seconds=grace_seconds, approval=approval,
-            mode=mode, tie_break=tie_break, regions=list(regions), bucket_width=bucket_width)
+            mode=mode, tie_break=tie_break, regions=list(regions), bucket_width=bucket_width, max_score=max_score)
         audit_log(actor=actor, action="series.created", target_type="series", target_id=slug,
                   after={"name": name, "every": every, "anchor": anchor.isoformat(), "grace_seconds": grace_seconds,
                          "approval": approval, "mode": mode, "tie_break": tie_break, "regions": list(regions),
-                         "bucket_width": bucket_width})
+                         "bucket_width": bucket_width, "max_score": max_score})
     series_windows_open(series=series, now=now)
     return series
 
@@ -82,7 +85,8 @@ def series_windows_open(*, series: Series, now: datetime | None = None) -> list[
             with transaction.atomic():
                 created.append(season_create(
                     slug=f"{series.slug}-{n}", name=f"{series.name} #{n}", starts_at=starts_at, cutoff=cutoff,
-                    actor=SYSTEM, layout=BucketLayout.uniform(width=series.bucket_width), regions=series.regions,
+                    actor=SYSTEM, layout=BucketLayout.uniform(width=series.bucket_width, max_score=series.max_score),
+                    regions=series.regions,
                     tie_break=series.tie_break, mode=series.mode, series=series, series_window=n,
                     seal_after_seconds=series.grace_seconds))
         except IntegrityError:

@@ -41,8 +41,9 @@ def _text(value: str, *, field: str, required: bool = True, limit: int | None = 
     return value
 
 
-def _score(value: int, *, field: str = "score") -> int:
-    problem = check_int(value, low=MIN_SCORE, high=MAX_SCORE)
+def _score(value: int, *, field: str = "score", high: int = MAX_SCORE) -> int:
+    """A score in 0..`high` (the season's highest score)."""
+    problem = check_int(value, low=MIN_SCORE, high=high)
     if problem:
         raise StaffError(f"{field}: {problem}")
     return value

@@ -26,7 +26,7 @@ from leaderboard.recovery.rebuild import (
 from seasons import staff_forms as f
 from seasons.models import Season
 from seasons.selectors import season_lifecycle_offer
-from seasons.services import season_mode_set, season_regions_set, season_seal_ingest, season_transition
+from seasons.services import season_kind_set, season_regions_set, season_seal_ingest, season_transition
 from seasons.staff.common import staff_actor
 from seasons.staff.players import selectors as players_sel
 from seasons.staff.season import selectors as sel
@@ -44,7 +44,7 @@ def season_page(request: HttpRequest, slug: str) -> HttpResponse:
         conflicts=sel.season_conflicts(season=season), regions=sel.season_region_sizes(season=season),
         lifecycle=season_lifecycle_offer(season=season),
         regions_form=f.RegionsForm(initial={"regions": ", ".join(season.regions)}),
-        mode_form=f.ModeForm(initial={"mode": season.mode}),
+        mode_form=f.ModeForm(initial={"mode": season.mode, "max_score": season.max_score}),
         split_form=f.SplitProposeForm(), lookup_form=f.PlayerLookupForm(),
     ))
 
@@ -102,11 +102,11 @@ def season_regions(request: HttpRequest, slug: str) -> HttpResponse:
 @require_POST
 @staff_required("season_transition")
 def season_mode(request: HttpRequest, slug: str) -> HttpResponse:
-    """Set a SCHEDULED season's mode (fixed once it opens)."""
+    """Set a SCHEDULED season's mode and score range (fixed once it opens)."""
     def set_mode(season: Season, data: dict[str, Any]) -> str:
-        changed = season_mode_set(season=season, mode=data["mode"], actor=staff_actor(request.user),
-                                  reason=data["reason"])
-        return f"Mode: {changed.mode}"
+        changed = season_kind_set(season=season, mode=data["mode"], max_score=data["max_score"],
+                                  actor=staff_actor(request.user), reason=data["reason"])
+        return f"Mode: {changed.mode}; scores 0..{changed.max_score:,}"
 
     return _season_option_post(request, slug, f.ModeForm(request.POST), set_mode)
 

@@ -32,6 +32,7 @@ from tests.support.live import live_run
 from tests.support.processes import process_stop
 from tests.support.profiles import Profiles
 from tests.support.publication import (
+    DEFAULT_KIND,
     INVARIANT_CHECKS,
     NARROW,
     announcements_muted,
@@ -72,6 +73,7 @@ from tests.support.writes import (
 )
 
 __all__ = [
+    "DEFAULT_KIND",
     "announcements_muted",
     "CHILD_SETUP", "COMPLETED_AT", "INVARIANT_CHECKS", "NARROW", "RECONCILIATION_CHECKS", "ROOT", "TEST_ACTOR",
     "held_correction_approve",

@@ -28,6 +28,8 @@ from seasons.models import Season
 from tests.support.writes import change_head, db_standings
 
 # Eleven buckets: ten of 100 points for the scores these tests use, then the rest.
+# A season's kind as every read answer states it, for a season created with the defaults.
+DEFAULT_KIND = {"mode": "best", "order": "desc", "max_score": 1_000_000, "tie_break": "shared"}
 NARROW = BucketLayout(layout_id=1, lower_bounds=tuple(range(0, 1001, 100)))
 
 INVARIANT_CHECKS = frozenset({"bucket_counts", "total_players", "players_once", "bucket_ranges",

@@ -46,7 +46,7 @@ def payload_key(event: Event) -> tuple[Any, ...]:
     reached_at only when it differs from its default (completed_at, to the millisecond)."""
     reached = effective_reached(event)
     default = effective_reached({"completed_at": event["completed_at"]})
-    key = (
+    key: tuple[Any, ...] = (
         event["event_id"],
         event["match_id"],
         event["player_id"],
@@ -56,7 +56,13 @@ def payload_key(event: Event) -> tuple[Any, ...]:
         event.get("kind", "result"),
         event.get("reason") or "",
     )
-    return key if reached == default else (*key, reached)
+    key = key if reached == default else (*key, reached)
+    # A sum season's fields, named so they never collide with the ones above.
+    if "points" in event:
+        key = (*key, ("points", event["points"]))
+    if event.get("corrects") is not None:
+        key = (*key, ("corrects", event["corrects"]))
+    return key
 
 
 def outcome_dict(
@@ -98,6 +104,11 @@ class ReferenceLedger:
     revoked: dict[str, int] = field(default_factory=dict)
     # A `latest` season: a newer result sets the score even when lower.
     latest: bool = False
+    # A `sum` season: results add points, a correction replaces one result's points.
+    summed: bool = False
+    max_score: int = 1_000_000
+    # A sum season's accepted results: event_id -> (player, points counted, amendment version)
+    counted: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
     def apply(self, event: Event, *, published_version: int, staff: bool = False) -> dict[str, Any]:
         event_id = event["event_id"]
@@ -126,6 +137,10 @@ class ReferenceLedger:
         current = self.players.get(player_id)
         current_score = current[0] if current else None
         current_version = current[1] if current else None
+        if self.summed:
+            outcome = self._sum_apply(event, current, published_version)
+            self.ledger[event_id] = (key, outcome)
+            return outcome
         why = self.rejection(event)
         if why is not None:
             outcome = outcome_dict(
@@ -176,6 +191,49 @@ class ReferenceLedger:
         self.ledger[event_id] = (key, outcome)
         return outcome
 
+    def _sum_apply(self, event: Event, current: tuple[int, int] | None, published_version: int) -> dict[str, Any]:
+        """docs/rules.md, Board kinds, `sum`, one event at a time."""
+        event_id, player_id = event["event_id"], event["player_id"]
+        score, version = current if current is not None else (0, 0)
+
+        def refused(status: str, reason: str) -> dict[str, Any]:
+            return outcome_dict(event_id=event_id, status=status, reason=reason, player_id=player_id,
+                                score=current[0] if current else None, score_version=current[1] if current else None,
+                                pending_version=None)
+
+        why = self.rejection(event)
+        if why is not None:
+            return refused("rejected", why)
+        correction = event.get("kind", "result") == "correction"
+        if not correction:
+            new_score = score + event["points"]
+        elif event.get("corrects") is None:
+            # staff's: sets the score
+            if event["score_version"] <= version:
+                return refused("stale", STALE_REASON)
+            new_score = event["best_score"]
+        else:
+            target = self.counted.get(event["corrects"])
+            if target is None or target[0] != player_id:
+                return refused("rejected", "unknown_event")
+            if event["score_version"] <= target[2]:
+                return refused("stale", STALE_REASON)
+            new_score = score - target[1] + event["points"]
+        if not 0 <= new_score <= self.max_score:
+            return refused("rejected", "out_of_range")
+        if not correction:
+            self.counted[event_id] = (player_id, event["points"], 0)
+        elif event.get("corrects") is not None:
+            self.counted[event["corrects"]] = (player_id, event["points"], event["score_version"])
+        changed = current is None or new_score != score
+        if changed:
+            self.reached[player_id] = effective_reached(event)
+            self.changes.append((player_id, current[0] if current else None, new_score, version + 1, event_id))
+        self.players[player_id] = (new_score, version + 1)
+        status = "unchanged" if not changed and not correction else "applied"
+        return outcome_dict(event_id=event_id, status=status, player_id=player_id, score=new_score,
+                            score_version=version + 1, pending_version=published_version + 1 if changed else None)
+
 
 def season_rejection(*, starts_at: datetime, cutoff: datetime) -> Callable[[Event], str | None]:
     """The admission rule of an OPEN season (docs/rules.md, Writes and Season lifecycle)."""
@@ -200,6 +258,8 @@ def as_score_event(event: Event) -> ScoreEvent:
         completed_at=event["completed_at"],
         kind=event.get("kind", "result"),
         reason=event.get("reason") or "",
+        points=event.get("points"),
+        corrects=event.get("corrects"),
     )
 
 
@@ -312,12 +372,54 @@ def event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_event
     return Script(batches=batches, published=published, staff=staff)
 
 
+@st.composite
+def sum_event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_events: int = 30) -> Script:
+    """A sum season's scripts: results with points (negative ones and ones that overflow
+    the range too), corrections of earlier results in any order and version (of another
+    player's, of unknown ids, of corrections), staff corrections that set a score, exact
+    resends and conflicting ones, in random batches."""
+    count = draw(st.integers(min_value=1, max_value=max_events))
+    events: list[Event] = []
+    for i in range(count):
+        action = draw(st.sampled_from(("result", "result", "result", "correction", "correction", "set",
+                                       "duplicate", "conflict")))
+        time = slot_time(draw(st.sampled_from(TIME_SLOTS)), starts_at=starts_at, cutoff=cutoff)
+        base: Event = {"event_id": f"e{i}", "match_id": f"m{draw(st.integers(0, 3))}",
+                       "player_id": draw(st.sampled_from(PLAYERS)),
+                       "completed_at": time.astimezone(draw(st.sampled_from(OFFSETS)))}
+        points = draw(st.one_of(st.integers(-6, 12), st.sampled_from((999_990, -1_000_000))))
+        if action in ("duplicate", "conflict") and events:
+            event = dict(draw(st.sampled_from(events)))
+            if action == "conflict":
+                event["match_id"] = event["match_id"] + "-retry"
+        elif action == "correction" and events:
+            target = draw(st.sampled_from(events))
+            # mostly the same player's result; sometimes another's, or an id never sent
+            corrects = draw(st.sampled_from((target["event_id"],) * 4 + ("nobody",)))
+            player = draw(st.sampled_from((target["player_id"],) * 4 + PLAYERS))
+            event = {**base, "player_id": player, "kind": "correction", "reason": "recount", "points": points,
+                     "corrects": corrects, "score_version": draw(st.integers(1, 4))}
+        elif action == "set":
+            event = {**base, "kind": "correction", "reason": "revoked", "best_score": draw(st.integers(0, 20)),
+                     "points": 0, "score_version": draw(st.integers(1, 12))}
+        else:
+            event = {**base, "kind": "result", "reason": "", "points": points, "score_version": 0}
+        event.setdefault("best_score", 0)
+        event.setdefault("score_version", 0)
+        events.append(event)
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, count - 1)), max_size=5))))
+    bounds = [0, *[c for c in cuts if 0 < c < count], count]
+    batches = [events[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    published = sorted(draw(st.lists(st.integers(0, 6), min_size=len(batches), max_size=len(batches))))
+    return Script(batches=batches, published=published)
+
+
 def reference_run(
-    script: Script, rejection: Callable[[Event], str | None], *, latest: bool = False
+    script: Script, rejection: Callable[[Event], str | None], *, latest: bool = False, summed: bool = False,
 ) -> tuple[ReferenceLedger, list[dict[str, Any]]]:
-    """Apply a script to the reference model strictly one event at a time; `latest`: in a
-    season of that mode."""
-    model = ReferenceLedger(rejection=rejection, latest=latest)
+    """Apply a script to the reference model strictly one event at a time; `latest`,
+    `summed`: in a season of that mode."""
+    model = ReferenceLedger(rejection=rejection, latest=latest, summed=summed)
     outcomes = [
         model.apply(event, published_version=published, staff=script.staff_of(i))
         for i, (batch, published) in enumerate(zip(script.batches, script.published, strict=True))

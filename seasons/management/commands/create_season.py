@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.text import slugify
 
 from audit.services import Actor
-from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, BucketLayout, LayoutError
+from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, MAX_SCORE, BucketLayout, LayoutError
 from leaderboard.core.events import parse_rfc3339
 from leaderboard.core.season_options import MAX_REGIONS, MODE_BEST, MODES, REGION_RULE, TIE_BREAK_SHARED, TIE_BREAKS
 from leaderboard.ledger_databases import ledger_aliases
@@ -21,8 +21,12 @@ class Command(BaseCommand):
         parser.add_argument("--name", required=True)
         parser.add_argument("--starts-at", required=True)
         parser.add_argument("--cutoff", required=True)
-        parser.add_argument("--bucket-width", type=int, default=DEFAULT_BUCKET_WIDTH,
-                            help="points per score bucket (default 10,000: 101 buckets)")
+        parser.add_argument("--bucket-width", type=int, default=None,
+                            help=f"points per score bucket (default {DEFAULT_BUCKET_WIDTH:,} over the default range: "
+                                 "101 buckets; over another range, the range in 100 buckets)")
+        parser.add_argument("--max-score", type=int, default=MAX_SCORE,
+                            help=f"scores are integers in 0..N (default {MAX_SCORE:,}, at most 2^40); the buckets "
+                                 "follow the range")
         parser.add_argument("--single-bucket", action="store_true", help="one bucket for the whole range")
         parser.add_argument("--regions", default="",
                             help=f"comma-separated region names, e.g. na,eu,apac (each {REGION_RULE}; at most "
@@ -31,8 +35,9 @@ class Command(BaseCommand):
                             help="equal scores: shared (share a rank; default) or first_reached (who reached the "
                                  "score first ranks ahead)")
         parser.add_argument("--mode", choices=MODES, default=MODE_BEST,
-                            help="how a result sets a score: best (the highest settled best score; default) or "
-                                 "latest (the newest settled value, even when lower)")
+                            help="how a result sets a score: best (the highest settled best score; default), "
+                                 "latest (the newest settled value, even when lower) or sum (events carry points, "
+                                 "the score is their sum; a correction amends one result's points)")
         parser.add_argument("--partitions", type=int, default=None,
                             help="ledger partitions (default SEASON_PARTITIONS); see manage.py season_repartition")
 
@@ -45,8 +50,8 @@ class Command(BaseCommand):
         if starts_at is None or cutoff is None:
             raise CommandError("--starts-at and --cutoff must be RFC 3339 date-times with an offset")
         try:
-            layout = (BucketLayout.single() if options["single_bucket"]
-                      else BucketLayout.uniform(width=options["bucket_width"]))
+            layout = (BucketLayout.single(max_score=options["max_score"]) if options["single_bucket"]
+                      else BucketLayout.uniform(width=options["bucket_width"], max_score=options["max_score"]))
         except LayoutError as exc:
             raise CommandError(str(exc)) from exc
         try:
@@ -63,6 +68,7 @@ class Command(BaseCommand):
             where = ledger_aliases(season=season)
             self.stdout.write("ledger databases: " + "; ".join(
                 f"{alias} partitions {', '.join(map(str, parts))}" for alias, parts in where.items()))
-        if season.regions or season.tie_break != TIE_BREAK_SHARED or season.mode != MODE_BEST:
+        if (season.regions or season.tie_break != TIE_BREAK_SHARED or season.mode != MODE_BEST
+                or season.max_score != MAX_SCORE):
             self.stdout.write(f"regions: {', '.join(season.regions) or 'none'}; tie-break: {season.tie_break}; "
-                              f"mode: {season.mode}")
+                              f"mode: {season.mode}; scores: 0..{season.max_score}")

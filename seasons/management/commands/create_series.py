@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import Actor
-from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH
+from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, MAX_SCORE
 from leaderboard.core.events import parse_rfc3339
 from leaderboard.core.season_options import MODE_BEST, MODES, TIE_BREAK_SHARED, TIE_BREAKS
 from leaderboard.core.series import APPROVAL_TWO_PERSON, APPROVALS, EVERIES
@@ -41,7 +41,11 @@ class Command(BaseCommand):
         parser.add_argument("--mode", choices=MODES, default=MODE_BEST)
         parser.add_argument("--tie-break", choices=TIE_BREAKS, default=TIE_BREAK_SHARED)
         parser.add_argument("--regions", default="", help="comma-separated region names of every window")
-        parser.add_argument("--bucket-width", type=int, default=DEFAULT_BUCKET_WIDTH)
+        parser.add_argument("--bucket-width", type=int, default=None,
+                            help=f"points per score bucket (default {DEFAULT_BUCKET_WIDTH:,} over the default range, "
+                                 "else the range in 100 buckets)")
+        parser.add_argument("--max-score", type=int, default=MAX_SCORE,
+                            help=f"every window's scores are in 0..N (default {MAX_SCORE:,}, at most 2^40)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         anchor = parse_rfc3339(options["anchor"])
@@ -53,7 +57,7 @@ class Command(BaseCommand):
                 grace_seconds=duration_seconds(options["grace"]), approval=options["approval"],
                 mode=options["mode"], tie_break=options["tie_break"],
                 regions=[r.strip() for r in options["regions"].split(",") if r.strip()],
-                bucket_width=options["bucket_width"],
+                bucket_width=options["bucket_width"], max_score=options["max_score"],
                 actor=Actor(kind="system", id="", label="manage.py create_series"),
             )
         except SeasonError as exc:

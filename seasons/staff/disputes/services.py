@@ -25,7 +25,7 @@ def dispute_file(
     match_id = _text(match_id, field="match id", required=False, limit=64)
     external_ref = _text(external_ref, field="external reference", required=False, limit=100)
     if claimed_score is not None:
-        _score(claimed_score, field="claimed score")
+        _score(claimed_score, field="claimed score", high=season.max_score)
     if external_ref:
         existing = Dispute.objects.filter(season=season, external_ref=external_ref).first()
         if existing is not None:

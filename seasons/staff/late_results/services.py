@@ -16,6 +16,8 @@ from django.utils import timezone
 from audit.models import AuditEntry
 from audit.services import Actor, audit_log
 from leaderboard.core.events import KIND_CORRECTION
+from leaderboard.core.season_options import MODE_SUM
+from leaderboard.ingest.ledger_store import counted_points_fetch
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_atomic
 from leaderboard.models import LateResult
 from seasons.models import ScoreRevocation, Season
@@ -127,11 +129,24 @@ def _applied_half_lost_refused() -> Iterator[None]:
 
 def late_result_proposal_score(*, late_result: LateResult) -> int:
     """What applying a queued event means: for a late result, the player's best as if it
-    had arrived in time; for a held correction, the score it sets (even when lower)."""
-    if late_result.ledger_event.kind == KIND_CORRECTION:
-        return late_result.best_score
+    had arrived in time; for a held correction, the score it sets (even when lower). In
+    a sum season: the sum with the late result's points added, or with the corrected
+    result's points amended (staff apply either as the score it comes to)."""
+    event = late_result.ledger_event
     # The season from "default": the late result's database holds no Season rows.
-    current, _ = _player_state(Season.objects.get(pk=late_result.season_id), late_result.player_id)
+    season = Season.objects.get(pk=late_result.season_id)
+    if season.mode == MODE_SUM:
+        current, _ = _player_state(season, late_result.player_id)
+        if event.kind != KIND_CORRECTION or event.corrects is None:
+            return (current or 0) + (event.points or 0)
+        counted = counted_points_fetch(season_id=season.pk, event_ids=[event.corrects],
+                                       using=late_result_alias_of(late_result)).get(event.corrects)
+        if counted is None or counted.player_id != late_result.player_id:
+            raise StaffError(f"it corrects {event.corrects!r}, which is no counted result of this player")
+        return (current or 0) - counted.points + (event.points or 0)
+    if event.kind == KIND_CORRECTION:
+        return late_result.best_score
+    current, _ = _player_state(season, late_result.player_id)
     return max(current or 0, late_result.best_score)
 
 

@@ -42,7 +42,7 @@ def score_revocation_propose(
     """Propose a corrected absolute score, based on the player's current score and version."""
     proposer_id = _user_id(actor)
     player_id = _player(player_id)
-    _score(new_score, field="new score")
+    _score(new_score, field="new score", high=season.max_score)
     # The reason travels into the ledger event, which holds at most 500 characters.
     reason = _text(reason, field="a reason", limit=MAX_REASON_LENGTH)
     evidence = _text(evidence, field="evidence", required=False, limit=10_000)
