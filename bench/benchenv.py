@@ -272,7 +272,8 @@ def season_slug(kind: str) -> str:
     return f"bench-{kind}-{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def season_new(kind: str, layout: Any = None, regions: Sequence[str] = (), mode: str = "best") -> Any:
+def season_new(kind: str, layout: Any = None, regions: Sequence[str] = (), mode: str = "best",
+               order: str = "desc") -> Any:
     """A fresh OPEN season (started a day ago, cutoff in 30 days) with a unique slug."""
     from datetime import UTC, datetime, timedelta
 
@@ -283,7 +284,7 @@ def season_new(kind: str, layout: Any = None, regions: Sequence[str] = (), mode:
     return season_create(
         slug=season_slug(kind), name=f"benchmark ({kind})", starts_at=now - timedelta(days=1),
         cutoff=now + timedelta(days=30), actor=Actor(kind="system", id="", label="bench"), layout=layout,
-        regions=regions, mode=mode,
+        regions=regions, mode=mode, order=order,
     )
 
 

@@ -38,7 +38,9 @@ per round; `moves` that season with K changes per round of which half are region
 season score between regional boards) and half score changes. Board kinds: `sum` is a
 season of mode sum, each change a result of signed points (the same moves; the change
 stream carries absolute scores, so the epoch is the same work); `wide` a season over
-0..1,048,576,000,000 (`--max-score`), every score and move 2^20 times the plain one's.
+0..1,048,576,000,000 (`--max-score`), every score and move 2^20 times the plain one's;
+`asc` a season of order asc (lower first, its views holding max-score - score), the same
+moves.
 Each scenario loads its own season; the ratios against `plain` are printed.
 
 Parts (--parts 1,2,4, docs/architecture.md, Parts): each cell again with EPOCH_PARTS at
@@ -61,7 +63,7 @@ and the time follows K, not the number of players.
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M --changes 10k --modes catch-up \
         --scenarios plain,regional,moves                                # regional boards' cost (~6 min)
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M --changes 10k --modes catch-up \
-        --scenarios plain,sum,wide                                      # board kinds against best
+        --scenarios plain,sum,wide,asc                                  # board kinds against best
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M --changes 10k --modes catch-up \
         --redis single,cluster                                          # one Redis vs a 3-master cluster
     SECRET_KEY=x .venv/bin/python bench/epoch.py --players 1M,10M --changes 1k,10k,100k --modes catch-up \
@@ -101,13 +103,15 @@ TARGET_MS = 500.0
 MODES = {"catch-up": True, "no-catch-up": False}
 TARGETS = ("single", "cluster")
 CLUSTER_MASTERS = 3
-SCENARIOS = ("plain", "regional", "moves", "sum", "wide")
+SCENARIOS = ("plain", "regional", "moves", "sum", "wide", "asc")
 REGIONS = ("na", "eu", "apac")
 # The season each scenario runs on (`moves` on the one `regional` loads): its regions,
-# mode and score scale. `sum`: a sum season whose changes are results of signed points;
-# `wide`: scores 2^20 times the default's over 0..1,048,576,000,000 (--max-score).
+# mode, order and score scale. `sum`: a sum season whose changes are results of signed
+# points; `wide`: scores 2^20 times the default's over 0..1,048,576,000,000 (--max-score);
+# `asc`: a season of order asc (lower first), the same moves.
 LOADS: dict[str, dict[str, Any]] = {
     "plain": {}, "regional": {"regions": REGIONS}, "sum": {"mode": "sum"}, "wide": {"scale": 2**20},
+    "asc": {"order": "asc"},
 }
 
 
@@ -145,10 +149,12 @@ class Cell:
 class ChangeMaker:
     """Distinct random players per round, each moved to another bucket with a newer score_version."""
 
-    def __init__(self, scores: array, *, seed: int, scale: int = 1, summed: bool = False):
+    def __init__(self, scores: array, *, seed: int, scale: int = 1, summed: bool = False,
+                 ascending: bool = False):
         # `scale`: the season's scores are the default range's times it; `summed`: a sum
-        # season, where each change is a result of the signed difference in points.
-        self.scale, self.summed = scale, summed
+        # season, where each change is a result of the signed difference in points;
+        # `ascending`: an asc season, where a move down is the result and up a correction.
+        self.scale, self.summed, self.ascending = scale, summed, ascending
         self.scores = array("q", scores)
         self.versions = array("q", [1]) * len(scores)
         self.rng = random.Random(seed)
@@ -191,6 +197,8 @@ class ChangeMaker:
             else:
                 new = rng.randint(0, cur - width)
                 kind, reason = KIND_CORRECTION, "bench: score revoked"
+            if self.ascending:
+                kind, reason = (KIND_RESULT, "") if new < cur else (KIND_CORRECTION, "bench: score revoked")
             self.scores[i] = new
             self.versions[i] = version
             event = ScoreEvent(event_id=f"r{self.round}-{j}", match_id=f"m{self.round}-{j}",
@@ -294,7 +302,7 @@ def run_size(players: int, changes: list[int], args: argparse.Namespace, profile
         print(f"# loaded {players:,} players ({loaded}): COPY {result.copy_seconds:.1f}s, builds "
               f"{' + '.join(f'{s:.1f}s' for s in result.build_seconds)}", flush=True)
         maker = ChangeMaker(result.scores, seed=args.seed + players, scale=load.get("scale", 1),
-                            summed=load.get("mode") == "sum")
+                            summed=load.get("mode") == "sum", ascending=load.get("order") == "asc")
         del result
         try:
             for scenario in [s for s in args.scenarios if ("regional" if s == "moves" else s) == loaded]:
@@ -425,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="bucket layout of the season (bench/loader.py --help)")
     parser.add_argument("--scenarios", default="plain",
                         help="plain (no regions), regional (3 regions), moves (3 regions, half the changes are "
-                             "region moves), sum (a sum season), wide (scores over 0..2^40), comma-separated")
+                             "region moves), sum (a sum season), wide (scores over 0..2^40), asc (order asc), "
+                             "comma-separated")
     parser.add_argument("--redis", default="single",
                         help="single (the --redis-url server) and/or cluster (a local 3-master Redis Cluster "
                              "started for the run), comma-separated")

@@ -100,9 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--season-modes", default="best",
-        help="comma-separated season modes (best, latest, sum): each phase runs once per mode in every run, each on "
-             "a season of its own, so the modes' costs compare within a run (a sum season gets the same events "
-             "as points: sum_bodies)",
+        help="comma-separated season kinds (best, latest, sum, asc): each phase runs once per kind in every run, "
+             "each on a season of its own, so the kinds' costs compare within a run (a sum season gets the same "
+             "events as points: sum_bodies; asc is a best season of order asc, its scores 1,000,000 - score)",
     )
     parser.add_argument(
         "--server-env", action="append", default=[], metavar="KEY=VALUE",
@@ -119,8 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.phase_list = [p.strip() for p in args.phases.split(",") if p.strip()]
     args.partition_list = [int(p) for p in args.partitions.split(",") if p.strip()]
     args.mode_list = [m.strip() for m in args.season_modes.split(",") if m.strip()]
-    if not args.mode_list or set(args.mode_list) - {"best", "latest", "sum"}:
-        parser.error("--season-modes takes best, latest and/or sum")
+    if not args.mode_list or set(args.mode_list) - {"best", "latest", "sum", "asc"}:
+        parser.error("--season-modes takes best, latest, sum and/or asc")
     args.service_partition_list = ([int(p) for p in args.service_partitions.split(",") if p.strip()]
                                    if args.service_partitions else args.partition_list)
     if not args.phase_list or set(args.phase_list) - {"http", "service"}:
@@ -417,6 +417,14 @@ def sum_bodies(shards: list[list[bytes]]) -> list[list[bytes]]:
     return out
 
 
+def asc_bodies(shards: list[list[bytes]]) -> list[list[bytes]]:
+    """The same workload for an asc season: every best_score s as 1,000,000 - s, so each
+    result that raised a best lowers it, and the outcomes are the same."""
+    return [[orjson.dumps({"events": [{**e, "best_score": 1_000_000 - e["best_score"]}
+                                      for e in orjson.loads(body)["events"]]}) for body in bodies]
+            for bodies in shards]
+
+
 def interleaved(shards: list[list[bytes]]) -> list[bytes]:
     out: list[bytes] = []
     for index in range(max(len(s) for s in shards)):
@@ -569,8 +577,8 @@ class Bench:
     shards: list[list[bytes]]
     tag: str
     backends: PostgresBackends
-    # The shards as a sum season's events, made on first use (shards_of).
-    summed: list[list[bytes]] | None = None
+    # The shards as a sum or asc season's events, made on first use (shards_of).
+    converted: dict[str, list[list[bytes]]] = field(default_factory=dict)
 
     def season_new(self, run: int, phase: str, partitions: int, mode: str) -> Any:
         from audit.services import Actor
@@ -584,7 +592,9 @@ class Bench:
             cutoff=now + timedelta(days=30),
             actor=Actor(kind="system", id="", label="bench/ingest.py"),
             partitions=partitions,
-            mode=mode,
+            # "asc": a best season of order asc.
+            mode="best" if mode == "asc" else mode,
+            order="asc" if mode == "asc" else "desc",
         )
 
     def phase_http(self, run: int, partitions: int = 1, mode: str = "best") -> PhaseResult:
@@ -613,7 +623,7 @@ class Bench:
             started = time.perf_counter()
             for body in bodies:
                 t0 = time.perf_counter()
-                parsed = events_parse(orjson.loads(body), mode=mode)
+                parsed = events_parse(orjson.loads(body), mode="best" if mode == "asc" else mode)
                 result = score_events_apply(season=season, events=parsed, client=self.client_obj)
                 orjson.dumps(result.as_dict())
                 latencies.append(time.perf_counter() - t0)
@@ -629,11 +639,11 @@ class Bench:
 
     def shards_of(self, mode: str) -> list[list[bytes]]:
         """The workload's bodies in the shape of a season of `mode` (converted once)."""
-        if mode != "sum":
+        if mode not in ("sum", "asc"):
             return self.shards
-        if self.summed is None:
-            self.summed = sum_bodies(self.shards)
-        return self.summed
+        if mode not in self.converted:
+            self.converted[mode] = sum_bodies(self.shards) if mode == "sum" else asc_bodies(self.shards)
+        return self.converted[mode]
 
     def ledger_check(self, season: Any, result: PhaseResult) -> None:
         from leaderboard.models import ScoreEvent

@@ -291,10 +291,10 @@ class _Progress:
 
 def load_season(*, players: int, seed: int = 1, distribution: str = "pareto", with_events: bool = False,
                 kind: str = "load", layout: str = "uniform", verbose: bool = True,
-                regions: Sequence[str] = (), mode: str = "best", scale: int = 1) -> LoadResult:
+                regions: Sequence[str] = (), mode: str = "best", scale: int = 1, order: str = "desc") -> LoadResult:
     """A fresh season with `players` players in the ledger and both copies built; version 1
     published. `regions`: the season's regions, each player in one (region_of); `mode`:
-    the season's; `scale`: every score times it, over a range of 0..MAX_SCORE * scale
+    the season's, `order` too; `scale`: every score times it, over a range of 0..MAX_SCORE * scale
     (the same distribution on a wider range: `--max-score`)."""
     from seasons.models import Season
 
@@ -304,7 +304,7 @@ def load_season(*, players: int, seed: int = 1, distribution: str = "pareto", wi
         scores = array("q", (s * scale for s in scores))
     gen_seconds = time.perf_counter() - started
     bucket_layout = layout_for(scores, layout, max_score=MAX_SCORE * scale)
-    season = benchenv.season_new(kind, layout=bucket_layout, regions=regions, mode=mode)
+    season = benchenv.season_new(kind, layout=bucket_layout, regions=regions, mode=mode, order=order)
     season = Season.objects.get(pk=season.pk)
     if verbose:
         print(f"# season {season.slug}: {players:,} players generated in {gen_seconds:.1f}s "

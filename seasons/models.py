@@ -27,6 +27,7 @@ class Series(models.Model):
                                 default="two-person")
     # The options every window season is created with.
     mode = models.CharField(max_length=8, default="best")
+    order = models.CharField(max_length=4, default="desc")
     tie_break = models.CharField(max_length=16, default="shared")
     regions = models.JSONField(default=list, blank=True)
     bucket_width = models.BigIntegerField(default=10_000)
@@ -40,7 +41,7 @@ class Series(models.Model):
     @property
     def board_kind(self) -> BoardKind:
         """Every window's kind."""
-        return BoardKind(mode=self.mode, max_score=self.max_score, tie_break=self.tie_break)
+        return BoardKind(mode=self.mode, order=self.order, max_score=self.max_score, tie_break=self.tie_break)
 
     def __str__(self) -> str:
         return self.slug
@@ -94,6 +95,9 @@ class Season(models.Model):
     # points); fixed once the season opens.
     mode = models.CharField(max_length=8, choices=[("best", "best"), ("latest", "latest"), ("sum", "sum")],
                             default="best")
+    # Which end ranks first: "desc" (a higher score) or "asc" (a lower one, race times);
+    # fixed once the season opens.
+    order = models.CharField(max_length=4, choices=[("desc", "desc"), ("asc", "asc")], default="desc")
     # How equal scores are ordered: "shared" (ties share a rank, display by player id) or
     # "first_reached" (who reached the score first ranks ahead; fixed at creation).
     tie_break = models.CharField(max_length=16, choices=[("shared", "shared"), ("first_reached", "first_reached")],
@@ -126,7 +130,7 @@ class Season(models.Model):
 
     @property
     def board_kind(self) -> BoardKind:
-        return BoardKind(mode=self.mode, max_score=self.max_score, tie_break=self.tie_break)
+        return BoardKind(mode=self.mode, order=self.order, max_score=self.max_score, tie_break=self.tie_break)
 
     @property
     def max_score(self) -> int:

@@ -27,9 +27,12 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.core.partitions import Watermark, layout_check
 from leaderboard.core.season_options import (
     MODE_BEST,
+    ORDER_ASC,
+    ORDER_DESC,
     TIE_BREAK_FIRST_REACHED,
     TIE_BREAK_SHARED,
     mode_problem,
+    order_problem,
     regions_problem,
     tie_break_problem,
 )
@@ -66,6 +69,7 @@ def season_create(
     regions: Sequence[str] = (),
     tie_break: str = TIE_BREAK_SHARED,
     mode: str = MODE_BEST,
+    order: str = ORDER_DESC,
     partitions: int | None = None,
     series: Series | None = None,
     series_window: int | None = None,
@@ -74,7 +78,8 @@ def season_create(
     """A new season in the state its dates call for. `regions`: its fixed set of regions
     (0..16 distinct names by the region rule; each gets its own board), changeable only
     while it is SCHEDULED; `tie_break`: how equal scores are ordered, fixed for good;
-    `mode`: how a result sets a score (best or latest), changeable only while SCHEDULED;
+    `mode`: how a result sets a score (best, latest or sum) and `order`: which end ranks
+    first (desc or asc), both changeable only while SCHEDULED;
     `partitions`: its ledger partitions (default SEASON_PARTITIONS), changed only by
     season_repartition; `series`, `series_window`: the series window it is (one season a
     window: a second one raises IntegrityError); `seal_after_seconds`: how long after the
@@ -86,7 +91,8 @@ def season_create(
         layout_check(base=0, partitions=partitions)
     except ValueError as exc:
         raise SeasonError(str(exc)) from exc
-    if problem := regions_problem(regions) or tie_break_problem(tie_break) or mode_problem(mode):
+    if problem := (regions_problem(regions) or tie_break_problem(tie_break) or mode_problem(mode)
+                   or order_problem(order)):
         raise SeasonError(problem)
     if tie_break == TIE_BREAK_FIRST_REACHED and (problem := first_reached_problem(
             layout=layout or BucketLayout.uniform(), starts_at=starts_at, cutoff=cutoff)):
@@ -98,7 +104,7 @@ def season_create(
         season = Season.objects.create(
             slug=slug, name=name, starts_at=starts_at, cutoff=cutoff, state=state.value,
             layout=(layout or BucketLayout.uniform()).as_dict(), regions=list(regions), tie_break=tie_break,
-            mode=mode, partitions=partitions, series=series, series_window=series_window,
+            mode=mode, order=order, partitions=partitions, series=series, series_window=series_window,
             seal_after_seconds=seal_after_seconds, ledger_databases=ledger_placement_for(partitions=partitions),
         )
         audit_log(
@@ -112,6 +118,7 @@ def season_create(
                 "starts_at": starts_at.isoformat(), "cutoff": cutoff.isoformat(),
                 "buckets": len(season.layout["lower_bounds"]),
                 "regions": season.regions, "tie_break": season.tie_break, "mode": season.mode,
+                "order": season.order, "max_score": season.max_score,
                 "partitions": partitions,
                 **({"ledger_databases": season.ledger_databases} if season.ledger_databases else {}),
                 **({"series": series.slug, "series_window": series_window} if series is not None else {}),
@@ -193,12 +200,24 @@ def season_max_score_set(*, season: Season, max_score: int, actor: Actor, reason
                                  reason=reason, shown="max_score")
 
 
-def season_kind_set(*, season: Season, mode: str, max_score: int, actor: Actor, reason: str = "") -> Season:
-    """A SCHEDULED season's mode and score range at once, from the console's form: both or
-    neither (each audited when it changed)."""
+def season_order_set(*, season: Season, order: str, actor: Actor, reason: str = "") -> Season:
+    """Change a SCHEDULED season's order (audited `season.order.changed`): desc, a higher
+    score ranks first; asc, a lower one. Fixed once the season opens."""
+    if problem := order_problem(order):
+        raise SeasonError(problem)
+    return _scheduled_option_set(season=season, field="order", value=order, fixed="the order is fixed",
+                                 action="season.order.changed", actor=actor, reason=reason)
+
+
+def season_kind_set(*, season: Season, mode: str, order: str, max_score: int, actor: Actor,
+                    reason: str = "") -> Season:
+    """A SCHEDULED season's mode, order and score range at once, from the console's form:
+    all or none (each audited when it changed)."""
     with transaction.atomic():
         if mode != season.mode:
             season = season_mode_set(season=season, mode=mode, actor=actor, reason=reason)
+        if order != season.order:
+            season = season_order_set(season=season, order=order, actor=actor, reason=reason)
         return season_max_score_set(season=season, max_score=max_score, actor=actor, reason=reason)
 
 
@@ -239,6 +258,7 @@ def _season_snapshot(season: Season) -> dict[str, object]:
         "regions": season.regions,
         "tie_break": season.tie_break,
         "mode": season.mode,
+        "order": season.order,
         "published_version": season.published_version,
         "final_version": season.final_version,
         "ingest_watermark": None if season.ingest_watermark is None else season.ingest_watermark.dump(),
@@ -519,7 +539,7 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
     and their hash are the ones one database would give.
     """
     first_reached = season.tie_break == TIE_BREAK_FIRST_REACHED
-    order = display_order_sql(first_reached=first_reached)
+    order = display_order_sql(first_reached=first_reached, ascending=season.order == ORDER_ASC)
     ties = order.split(", player_id")[0]  # the display order without its player_id
     # Regional places make the hash's lines longer (core.final_hash): the season says its rows have them.
     season.final_regional = bool(season.regions)

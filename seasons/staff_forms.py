@@ -8,7 +8,7 @@ from django import forms
 
 from leaderboard.core.buckets import MAX_SCORE_LIMIT
 from leaderboard.core.events import MAX_REASON_LENGTH, MIN_SCORE, check_player_id
-from leaderboard.core.season_options import MODES
+from leaderboard.core.season_options import MODES, ORDER_ASC, ORDER_DESC
 from seasons.models import Dispute, ScoreRevocation, Season
 from seasons.staff.accounts.selectors import staff_users
 
@@ -55,6 +55,7 @@ class ModeForm(forms.Form):
     """A SCHEDULED season's kind: its mode and score range."""
 
     mode = forms.ChoiceField(choices=[(mode, mode) for mode in MODES])
+    order = forms.ChoiceField(choices=[(ORDER_DESC, "higher first (desc)"), (ORDER_ASC, "lower first (asc)")])
     max_score = forms.IntegerField(min_value=1, max_value=MAX_SCORE_LIMIT, label="Highest score",
                                    help_text="scores are in 0..this; the buckets follow the range")
     reason = forms.CharField(max_length=10_000, required=False)

@@ -369,7 +369,8 @@ def test_a_staff_correction_that_raises_a_score_holds_nothing_unless_a_revocatio
 PlanRun = tuple[list[dict[str, Any]], dict[str, tuple[int, int]], list[tuple[Any, ...]], list[str], dict[str, int]]
 
 
-def plan_run(script: Script, rejection: Any, *, latest: bool = False, summed: bool = False) -> PlanRun:
+def plan_run(script: Script, rejection: Any, *, latest: bool = False, summed: bool = False,
+             ascending: bool = False) -> PlanRun:
     """Drive batch_plan the way ledger_store does: per batch, hand it only the recorded
     events, player states and (a sum season) corrected results the batch refers to, then
     persist what the plan decided."""
@@ -393,6 +394,7 @@ def plan_run(script: Script, rejection: Any, *, latest: bool = False, summed: bo
             latest=latest,
             summed=summed,
             counted=counted_of(rows, {e.corrects for e in events if e.corrects is not None}),
+            ascending=ascending,
         )
         rows.extend(plan.ledger_rows)
         outcomes.extend(o.as_dict() for o in plan.outcomes)
@@ -450,14 +452,14 @@ def test_sum_batch_plan_matches_the_sequential_reference_model(script: Script) -
             assert score == sums.get(player, 0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(script=event_scripts(starts_at=START, cutoff=CUTOFF, max_events=40, with_staff=True),
-       latest=st.booleans())
-def test_batch_plan_matches_sequential_reference_model(script: Script, latest: bool) -> None:
-    """In a `best` season and in a `latest` one."""
+       latest=st.booleans(), ascending=st.booleans())
+def test_batch_plan_matches_sequential_reference_model(script: Script, latest: bool, ascending: bool) -> None:
+    """In a `best` season and in a `latest` one, of either order."""
     rejection = season_rejection(starts_at=START, cutoff=CUTOFF)
-    model, expected_outcomes = reference_run(script, rejection, latest=latest)
-    outcomes, final, changes, conflicts, revoked = plan_run(script, rejection, latest=latest)
+    model, expected_outcomes = reference_run(script, rejection, latest=latest, ascending=ascending)
+    outcomes, final, changes, conflicts, revoked = plan_run(script, rejection, latest=latest, ascending=ascending)
     assert outcomes == expected_outcomes
     assert final == model.players
     assert changes == model.changes

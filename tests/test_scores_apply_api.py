@@ -782,15 +782,19 @@ _slugs = itertools.count(1)
     max_examples=40, deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(script=event_scripts(starts_at=SEASON_START, cutoff=SEASON_CUTOFF, max_events=30), latest=st.booleans())
+@given(script=event_scripts(starts_at=SEASON_START, cutoff=SEASON_CUTOFF, max_events=30), latest=st.booleans(),
+       ascending=st.booleans())
 def test_score_events_apply_matches_reference_model(
-    season_factory: Callable[..., Season], writer: tuple[ApiClient, str], script: Script, latest: bool
+    season_factory: Callable[..., Season], writer: tuple[ApiClient, str], script: Script, latest: bool,
+    ascending: bool,
 ) -> None:
-    """In a `best` season and in a `latest` one (`create_season --mode`)."""
-    season = season_factory(slug=f"prop-{next(_slugs)}", mode="latest" if latest else "best")
+    """In a `best` season and in a `latest` one (`create_season --mode`), of either order (`--order`)."""
+    season = season_factory(slug=f"prop-{next(_slugs)}", mode="latest" if latest else "best",
+                            order="asc" if ascending else "desc")
     assert (season.state, season.starts_at, season.cutoff) == ("OPEN", SEASON_START, SEASON_CUTOFF)
     model, expected = reference_run(
-        script, season_rejection(starts_at=season.starts_at, cutoff=season.cutoff), latest=latest
+        script, season_rejection(starts_at=season.starts_at, cutoff=season.cutoff), latest=latest,
+        ascending=ascending,
     )
 
     outcomes: list[dict[str, Any]] = []

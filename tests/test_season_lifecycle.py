@@ -117,7 +117,7 @@ def test_opening_closing_and_sealing_each_write_an_audit_row_with_before_and_aft
     assert audit_actions(season) == ["season.created", "season.opened", "season.closing", "season.ingest.sealed"]
     rows = {e.action: e for e in AuditEntry.objects.filter(season_slug="audited")}
     snapshot: dict[str, object] = {"published_version": 0, "final_version": None, "ingest_watermark": None,
-                                   "regions": [], "tie_break": "shared", "mode": "best"}
+                                   "regions": [], "tie_break": "shared", "mode": "best", "order": "desc"}
     for action, actor, before, after, reason in [
         ("season.opened", opener, "SCHEDULED", "OPEN", "early start"),
         ("season.closing", closer, "OPEN", "CLOSING", "cutoff reached"),

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 from audit.models import AuditEntry
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.models import PlayerScore
 from seasons.models import Season
 from seasons.services import SeasonError, season_create, season_transition
-from tests.support import TEST_ACTOR, Events, assert_board_equals, db_standings, post_ok, publish
+from tests.support import TEST_ACTOR, Events, assert_board_equals, create_season_command, db_standings, post_ok, publish
 from tests.support.publication import fast_get, reader_of
 
 pytest_plugins = ["tests.support.staff_fixtures"]
@@ -25,28 +24,23 @@ pytest_plugins = ["tests.support.staff_fixtures"]
 NOW = datetime.now(UTC)
 
 
-def _create(slug: str, *extra: str) -> str:
-    out = StringIO()
-    call_command("create_season", slug, "--name", "Mode", "--starts-at", (NOW + timedelta(days=1)).isoformat(),
-                 "--cutoff", (NOW + timedelta(days=30)).isoformat(), *extra, stdout=out)
-    return out.getvalue()
 
 
 @pytest.mark.django_db
 def test_create_season_takes_a_mode_prints_and_audits_it() -> None:
-    out = _create("newest", "--mode", "latest")
-    assert out.splitlines()[-1] == "regions: none; tie-break: shared; mode: latest; scores: 0..1000000"
+    out = create_season_command("newest", "--mode", "latest")
+    assert out.splitlines()[-1] == "regions: none; tie-break: shared; mode: latest; scores: 0..1000000, desc"
     assert Season.objects.get(slug="newest").mode == "latest"
     entry = AuditEntry.objects.get(action="season.created", season_slug="newest")
     assert entry.after is not None and entry.after["mode"] == "latest"
-    _create("plain")
+    create_season_command("plain")
     assert Season.objects.get(slug="plain").mode == "best"
 
 
 @pytest.mark.django_db
 def test_an_unknown_mode_is_refused_with_the_modes_there_are() -> None:
     with pytest.raises(CommandError, match="invalid choice: 'max'"):
-        _create("summed", "--mode", "max")
+        create_season_command("summed", "--mode", "max")
     with pytest.raises(SeasonError, match="mode must be one of best, latest, sum, got 'median'"):
         season_create(slug="median", name="x", starts_at=NOW, cutoff=NOW + timedelta(days=1), actor=TEST_ACTOR,
                       mode="median")
@@ -108,7 +102,7 @@ def test_an_approver_changes_the_mode_while_scheduled_and_it_is_fixed_once_open(
     assert 'id="mode-form"' not in client_as("reviewer").get("/staff/seasons/soon/").content.decode()
     approver = client_as("approver")
     assert 'id="mode-form"' in approver.get("/staff/seasons/soon/").content.decode()
-    response = approver.post("/staff/seasons/soon/mode", {"mode": "latest", "max_score": 1_000_000,
+    response = approver.post("/staff/seasons/soon/mode", {"mode": "latest", "order": "desc", "max_score": 1_000_000,
                                                           "reason": "a ladder"})
     assert response.status_code == 302 and response["Location"] == "/staff/seasons/soon/"
     assert Season.objects.get(pk=scheduled.pk).mode == "latest"
@@ -117,22 +111,26 @@ def test_an_approver_changes_the_mode_while_scheduled_and_it_is_fixed_once_open(
     assert (entry.actor_type, entry.actor_label) == ("user", approver.user.username)
     assert not AuditEntry.objects.filter(action="season.max_score.changed").exists()
     # The range: the layout follows it, audited by the range alone.
-    approver.post("/staff/seasons/soon/mode", {"mode": "latest", "max_score": 5_000, "reason": "levels"})
+    approver.post("/staff/seasons/soon/mode", {"mode": "latest", "order": "asc", "max_score": 5_000,
+                                               "reason": "levels"})
     changed = Season.objects.get(pk=scheduled.pk)
     assert (changed.max_score, changed.bucket_layout.size, changed.bucket_layout.range_of(0)) == (5_000, 101, (0, 49))
     entry = AuditEntry.objects.get(action="season.max_score.changed", season_slug="soon")
     assert (entry.before, entry.after) == ({"max_score": 1_000_000}, {"max_score": 5_000})
-    assert 'id="season-range">0..5000<' in approver.get("/staff/seasons/soon/").content.decode()
+    entry = AuditEntry.objects.get(action="season.order.changed", season_slug="soon")
+    assert (entry.before, entry.after) == ({"order": "desc"}, {"order": "asc"})
+    page = approver.get("/staff/seasons/soon/").content.decode()
+    assert 'id="season-range">0..5000<' in page and 'id="season-order">lower first (asc)<' in page
     # A mode the form does not offer, or a range above 2^40, changes nothing.
-    approver.post("/staff/seasons/soon/mode", {"mode": "median", "max_score": 10})
-    approver.post("/staff/seasons/soon/mode", {"mode": "best", "max_score": 2**40 + 1})
+    approver.post("/staff/seasons/soon/mode", {"mode": "median", "order": "asc", "max_score": 10})
+    approver.post("/staff/seasons/soon/mode", {"mode": "best", "order": "asc", "max_score": 2**40 + 1})
     assert (Season.objects.get(pk=scheduled.pk).mode, Season.objects.get(pk=scheduled.pk).max_score) == (
         "latest", 5_000)
     season_transition(season=scheduled, target=SeasonState.OPEN, actor=TEST_ACTOR)
-    refused = approver.post("/staff/seasons/soon/mode", {"mode": "best", "max_score": 5_000},
+    refused = approver.post("/staff/seasons/soon/mode", {"mode": "best", "order": "asc", "max_score": 5_000},
                             follow=True).content.decode()
     assert "the mode is fixed once the season opens; it is OPEN" in refused
-    refused = approver.post("/staff/seasons/soon/mode", {"mode": "latest", "max_score": 9},
+    refused = approver.post("/staff/seasons/soon/mode", {"mode": "latest", "order": "asc", "max_score": 9},
                             follow=True).content.decode()
     assert "the score range is fixed once the season opens; it is OPEN" in refused
     assert Season.objects.get(pk=scheduled.pk).mode == "latest"

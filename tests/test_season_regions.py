@@ -6,19 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from io import StringIO
 from typing import Any
 
 import pytest
 from django.conf import settings
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 from audit.models import AuditEntry
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.ledger_databases import ledger_aliases
 from seasons.models import Season
 from seasons.services import SeasonError, season_create, season_regions_set, season_transition
-from tests.support import TEST_ACTOR
+from tests.support import TEST_ACTOR, create_season_command
 
 pytestmark = pytest.mark.django_db
 pytest_plugins = ["tests.support.staff_fixtures"]
@@ -27,11 +26,6 @@ NOW = datetime.now(UTC)
 SeasonFactory = Callable[..., Season]
 
 
-def create_season(slug: str, *extra: str) -> str:
-    out = StringIO()
-    call_command("create_season", slug, "--name", "Regional", "--starts-at", (NOW + timedelta(days=1)).isoformat(),
-                 "--cutoff", (NOW + timedelta(days=30)).isoformat(), *extra, stdout=out)
-    return out.getvalue()
 
 
 @pytest.fixture
@@ -57,11 +51,11 @@ def placement_lines(season: Season) -> list[str]:
 
 
 def test_create_season_takes_regions_and_a_tie_break_and_audits_them() -> None:
-    out = create_season("reg", "--regions", "na, eu,apac", "--tie-break", "first_reached")
+    out = create_season_command("reg", "--regions", "na, eu,apac", "--tie-break", "first_reached")
     season = Season.objects.get(slug="reg")
     assert out.splitlines() == [f"season reg created, state SCHEDULED, {settings.SEASON_PARTITIONS} ledger partitions",
                                 *placement_lines(season),
-                                "regions: na, eu, apac; tie-break: first_reached; mode: best; scores: 0..1000000"]
+                                "regions: na, eu, apac; tie-break: first_reached; mode: best; scores: 0..1000000, desc"]
     assert (season.regions, season.tie_break) == (["na", "eu", "apac"], "first_reached")
     entry = AuditEntry.objects.get(action="season.created", season_slug="reg")
     assert entry.after is not None
@@ -69,7 +63,7 @@ def test_create_season_takes_regions_and_a_tie_break_and_audits_them() -> None:
 
 
 def test_create_season_without_options_has_no_regions_and_shared_ties() -> None:
-    out = create_season("plain")
+    out = create_season_command("plain")
     season = Season.objects.get(slug="plain")
     assert out.splitlines() == [
         f"season plain created, state SCHEDULED, {settings.SEASON_PARTITIONS} ledger partitions",
@@ -88,14 +82,14 @@ def test_create_season_without_options_has_no_regions_and_shared_ties() -> None:
 )
 def test_create_season_refuses_bad_regions_and_creates_nothing(regions: str, message: str) -> None:
     with pytest.raises(CommandError, match=message):
-        create_season("bad", "--regions", regions)
+        create_season_command("bad", "--regions", regions)
     assert not Season.objects.filter(slug="bad").exists()
     assert not AuditEntry.objects.filter(action="season.created").exists()
 
 
 def test_create_season_refuses_an_unknown_tie_break() -> None:
     with pytest.raises(CommandError, match="invalid choice: 'coin_flip'"):
-        create_season("bad", "--tie-break", "coin_flip")
+        create_season_command("bad", "--tie-break", "coin_flip")
     assert not Season.objects.filter(slug="bad").exists()
 
 

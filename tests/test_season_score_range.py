@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from rest_framework.test import APIClient
 
 from audit.services import SYSTEM
@@ -25,6 +24,7 @@ from tests.support import (
     assert_board_equals,
     canonical_sha256,
     closing_season,
+    create_season_command,
     current_manifest,
     db_standings,
     final_rows,
@@ -41,30 +41,25 @@ TOP = MAX_SCORE_LIMIT  # 2^40 = 1,099,511,627,776
 NOW = datetime.now(UTC)
 
 
-def _create(slug: str, *extra: str) -> str:
-    out = StringIO()
-    call_command("create_season", slug, "--name", "Range", "--starts-at", (NOW + timedelta(days=1)).isoformat(),
-                 "--cutoff", (NOW + timedelta(days=30)).isoformat(), *extra, stdout=out)
-    return out.getvalue()
 
 
 @pytest.mark.django_db
 def test_create_season_takes_a_range_and_the_buckets_follow_it() -> None:
-    out = _create("wide", "--max-score", str(TOP))
-    assert out.splitlines()[-1] == f"regions: none; tie-break: shared; mode: best; scores: 0..{TOP}"
+    out = create_season_command("wide", "--max-score", str(TOP))
+    assert out.splitlines()[-1] == f"regions: none; tie-break: shared; mode: best; scores: 0..{TOP}, desc"
     layout = Season.objects.get(slug="wide").bucket_layout
     assert (layout.size, layout.max_score, layout.range_of(layout.size - 1)[1]) == (100, TOP, TOP)
     assert layout.range_of(0) == (0, -(-TOP // 100) - 1)
-    _create("tiny", "--max-score", "100", "--bucket-width", "10")
+    create_season_command("tiny", "--max-score", "100", "--bucket-width", "10")
     tiny = Season.objects.get(slug="tiny")
     assert (tiny.max_score, tiny.bucket_layout.lower_bounds) == (100, tuple(range(0, 101, 10)))
     # The default range keeps the layout every season had.
-    _create("plain")
+    create_season_command("plain")
     assert Season.objects.get(slug="plain").layout == BucketLayout.uniform().as_dict() == {
         "layout_id": 1, "lower_bounds": list(range(0, 1_000_001, 10_000))}
     for bad in ("0", str(TOP + 1)):
         with pytest.raises(CommandError, match=rf"the highest score must be in 1..{TOP} \(2\^40\), got {bad}"):
-            _create(f"bad-{bad}", "--max-score", bad)
+            create_season_command(f"bad-{bad}", "--max-score", bad)
     with pytest.raises(LayoutError, match="split points must be in 1..100"):
         tiny.bucket_layout.split(at=[101], layout_id=2)
 

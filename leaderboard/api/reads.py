@@ -32,7 +32,7 @@ from leaderboard.api.params import (
 )
 from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.ranking import RADIUS_MAX, Entry, ranked_among
+from leaderboard.core.ranking import RADIUS_MAX, Entry, entry_shown, ranked_among
 from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired
 from leaderboard.views.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
@@ -53,8 +53,8 @@ def _envelope(manifest: Manifest, body: dict[str, Any]) -> dict[str, Any]:
     return {"leaderboard_version": manifest.version, "as_of": manifest.as_of, "kind": manifest.kind_dict, **body}
 
 
-def _entries(entries: list[Entry]) -> list[dict[str, object]]:
-    return [entry.as_dict() for entry in entries]
+def _entries(manifest: Manifest, entries: list[Entry]) -> list[dict[str, object]]:
+    return [entry_shown(manifest.kind, entry).as_dict() for entry in entries]
 
 
 def _board(region: str | None) -> dict[str, Any]:
@@ -112,7 +112,7 @@ def top_params(*, query: Query, region: str | None) -> tuple[str | None, int, in
 def top_of(manifest: Manifest, *, region: str | None, limit: int) -> Answer:
     """The top answer of a version's board (the manifest holds its top 100)."""
     head, entries, tail = _top_encoded(manifest, region)
-    return Answer(200, _envelope(manifest, {**_board(region), "entries": manifest.top[:limit],
+    return Answer(200, _envelope(manifest, {**_board(region), "entries": manifest.shown_top[:limit],
                                             "total_players": manifest.total}),
                   raw=head + b",".join(entries[:limit]) + tail)
 
@@ -124,7 +124,7 @@ def _top_encoded(manifest: Manifest, region: str | None) -> tuple[bytes, list[by
     if parts is None:
         head = orjson.dumps(_envelope(manifest, _board(region)))[:-1] + b',"entries":['
         tail = b'],"total_players":' + orjson.dumps(manifest.total) + b"}"
-        parts = manifest.memo["top_answer"] = (head, [orjson.dumps(entry) for entry in manifest.top], tail)
+        parts = manifest.memo["top_answer"] = (head, [orjson.dumps(entry) for entry in manifest.shown_top], tail)
     return parts
 
 
@@ -138,7 +138,8 @@ def window_answer(*, season_id: str, query: Query, region: str | None = None,
     def call(reader: RankReader) -> Answer:
         manifest, entries = reader.window(first or 1, limit or 100, version)
         return Answer(200, _envelope(manifest, {
-            **_board(region), "from_position": first, "entries": _entries(entries), "total_players": manifest.total,
+            **_board(region), "from_position": first, "entries": _entries(manifest, entries),
+            "total_players": manifest.total,
         }))
 
     return _read(season_id, call, region=region, rider=rider)
@@ -155,9 +156,10 @@ def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | N
 
     def call(reader: RankReader) -> Answer:
         view = reader.rank(player_id, version)
+        entry = None if view.entry is None else entry_shown(view.manifest.kind, view.entry)
         pending = None
         if include_pending:
-            pending = player_pending_score(season_slug=season_id, player_id=player_id, published=view.entry,
+            pending = player_pending_score(season_slug=season_id, player_id=player_id, published=entry,
                                            version=view.manifest.version, region=region)
         if view.entry is None and pending is None:
             raise _not_ranked(view.manifest, player_id, region)
@@ -165,8 +167,8 @@ def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | N
         # the region the version still holds them in.
         body: dict[str, Any] = {"player_id": player_id, "region": region or view.region,
                                 "total_players": view.total}
-        if view.entry is not None:
-            body.update(score=view.entry.score, rank=view.entry.rank, position=view.entry.position)
+        if entry is not None:
+            body.update(score=entry.score, rank=entry.rank, position=entry.position)
         else:
             body.update(score=None, rank=None, position=None)
         if include_pending:
@@ -191,7 +193,8 @@ def neighbors_answer(*, season_id: str, player_id: str, query: Query, region: st
         if me is None:
             raise _not_ranked(manifest, player_id, region)
         return Answer(200, _envelope(manifest, {
-            **_board(region), "player": me.as_dict(), "radius": radius, "entries": _entries(entries),
+            **_board(region), "player": entry_shown(manifest.kind, me).as_dict(), "radius": radius,
+            "entries": _entries(manifest, entries),
             "total_players": manifest.total,
         }))
 
@@ -208,12 +211,13 @@ def friends_answer(*, season_id: str, player_id: str, query: Query, rider: Rider
 
     def call(reader: RankReader) -> Answer:
         view = reader.players([player_id, *friends.player_ids], version)
-        ranks, reached = view.ranks, view.reached
+        ranks, reached, shown = view.ranks, view.reached, view.manifest.kind.flipped
         if reached is None:
             among = ranked_among(view.scores)
         else:  # a first_reached season: an equal score reached earlier is ahead
             among = ranked_among(view.scores, tie_key=lambda member, score: (-score, reached[member]))
-        entries = [{"position": position, "rank": rank, "player_id": member, "score": score,
+        # Ranked on the board's values (higher first), shown as scores.
+        entries = [{"position": position, "rank": rank, "player_id": member, "score": shown(score),
                     "global_rank": ranks[member]}
                    for position, (member, score, rank) in enumerate(among, start=1)]
         unranked = sum(1 for friend in friends.player_ids if friend not in view.scores)

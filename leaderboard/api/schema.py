@@ -32,7 +32,7 @@ from leaderboard.core.events import (
 )
 from leaderboard.core.profiles import MAX_FRIENDS, MAX_GRAPH_VERSION, MAX_PROFILE_BATCH, MAX_PROFILE_VERSION
 from leaderboard.core.ranking import RADIUS_MAX
-from leaderboard.core.season_options import MAX_REGION_LENGTH, MODES, ORDER_DESC, TIE_BREAKS
+from leaderboard.core.season_options import MAX_REGION_LENGTH, MODES, ORDERS, TIE_BREAKS
 
 BEARER = "bearerToken"
 ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,64}$"
@@ -193,7 +193,7 @@ class KindSerializer(serializers.Serializer[Any]):
 
     mode = serializers.ChoiceField(choices=MODES, help_text="how a result sets a score: best (the highest), latest "
                                                             "(the newest) or sum (the sum of the results' points)")
-    order = serializers.ChoiceField(choices=[ORDER_DESC], help_text="desc: a higher score ranks first")
+    order = serializers.ChoiceField(choices=ORDERS, help_text="desc: a higher score ranks first; asc: a lower one")
     max_score = serializers.IntegerField(min_value=1, max_value=MAX_SCORE_LIMIT, help_text="scores are in 0..max_score")
     tie_break = serializers.ChoiceField(choices=TIE_BREAKS, help_text="shared (ties share a rank) or first_reached "
                                                                       "(who reached the score first ranks ahead)")

@@ -281,8 +281,13 @@ class RangeValues:
     taken: dict[str, list[IndexValue]] = field(default_factory=dict)
 
 
+def _row_flipped(row: Sequence[Any], flip: int) -> tuple[Any, ...]:
+    """A stream row with its scores as an asc board's values (old_score may be None)."""
+    return (*row[:3], flip - row[3], row[4], None if row[5] is None else flip - row[5], *row[6:])
+
+
 def range_values(rows: Iterable[Sequence[Any]], *, reached_origin: int | None = None,
-                 regional: bool = False) -> RangeValues:
+                 regional: bool = False, flip: int | None = None) -> RangeValues:
     """RangeValues of stream rows in cursor order: (txid, id, player_id, new_score,
     score_version, old_score), then with `reached_origin` (a first_reached board: values
     are (score, reached_ms - origin)) reached_at and old_reached_at in ms since 1970
@@ -290,7 +295,10 @@ def range_values(rows: Iterable[Sequence[Any]], *, reached_origin: int | None = 
     the row's region and old region; columns after those are not read. A player's first
     row gives their value before the range; the row of their highest score_version (the
     later one of equal versions: a region move repeats its score's version) their value
-    after it."""
+    after it. `flip`: an asc board's max_score, its values max_score - score
+    (core.season_options.BoardKind.flipped)."""
+    if flip is not None:
+        rows = [_row_flipped(row, flip) for row in rows]
     out = RangeValues(new_region={} if regional else None, old_region={} if regional else None)
     at = 6 if reached_origin is None else 8  # the region's column
     versions: dict[str, int] = {}

@@ -151,8 +151,14 @@ def batch_plan(
     summed: bool = False,
     counted: Mapping[str, Counted] | None = None,
     max_score: int | None = None,
+    ascending: bool = False,
 ) -> BatchPlan:
     """Decide every event of a batch in order.
+
+    `ascending`: the season's order is asc, a lower score is better (race times). Every
+    "higher" below then reads "better": a `best` result keeps the lower of the two, a
+    revocation is a correction to a worse (higher) score, and a result better than a
+    standing revocation is held.
 
     `summed`: the season's mode is `sum`. A result adds its points to the player's score;
     a correction replaces the points of the result it `corrects` (found in `counted`, or
@@ -190,6 +196,7 @@ def batch_plan(
     seen: dict[str, RecordedEvent] = dict(recorded)
     state: dict[str, PlayerState] = dict(current)
     sums: dict[str, Counted] = dict(counted or {})
+    better = int.__lt__ if ascending else int.__gt__
 
     for event, digest in zip(events, digests, strict=True):
         prior = seen.get(event.event_id)
@@ -229,7 +236,7 @@ def batch_plan(
             continue
         status, reason, pending = _decide(event, before, rejection, pending_version)
         if (status == APPLIED and event.kind != KIND_CORRECTION and before is not None
-                and before.revoked_to is not None and event.best_score > before.revoked_to):
+                and before.revoked_to is not None and better(event.best_score, before.revoked_to)):
             status, reason, pending = HELD, HELD_REVOKED, None
         after = before
         if status in (APPLIED, UNCHANGED):
@@ -237,14 +244,14 @@ def batch_plan(
             new_score = event.best_score
             revoked_to = before.revoked_to if before is not None else None
             if event.kind != KIND_CORRECTION and before is not None and (
-                    before.score == event.best_score or (before.score > event.best_score and not latest)):
+                    before.score == event.best_score or (better(before.score, event.best_score) and not latest)):
                 # An equal result keeps the score and when it was reached; so does a
                 # lower one but in a `latest` season.
                 new_score, new_reached = before.score, before.reached_at
             elif event.kind == KIND_CORRECTION and not staff:
                 revoked_to = None
             elif event.kind == KIND_CORRECTION and (
-                    revoked_to is not None or (before is not None and new_score < before.score)):
+                    revoked_to is not None or (before is not None and better(before.score, new_score))):
                 revoked_to = new_score
             after = PlayerState(score=new_score, score_version=event.score_version, reached_at=new_reached,
                                 revoked_to=revoked_to)

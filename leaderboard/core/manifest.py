@@ -135,6 +135,14 @@ class Manifest:
         return sum(self.counts)
 
     @cached_property
+    def shown_top(self) -> list[dict[str, Any]]:
+        """The top as players see it: `top` holds the board's values, an asc board's
+        max_score - score (BoardKind.flipped), turned back here once per version."""
+        if self.kind.flip is None:
+            return self.top
+        return [{**entry, "score": self.kind.flipped(entry["score"])} for entry in self.top]
+
+    @cached_property
     def kind_dict(self) -> dict[str, Any]:
         """The kind as read answers carry it, built once per version."""
         return self.kind.as_dict()

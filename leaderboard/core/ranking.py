@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from leaderboard.core.season_options import BoardKind
 from leaderboard.core.tiebreak import IndexValue
 
 # Entries on each side of a player in a neighbours read (the API's `radius`, the live
@@ -34,6 +35,12 @@ class Entry:
 
     def as_dict(self) -> dict[str, object]:
         return {"position": self.position, "rank": self.rank, "player_id": self.player_id, "score": self.score}
+
+
+def entry_shown(kind: BoardKind, entry: Entry) -> Entry:
+    """An entry as players see it: the rank views hold an asc board's scores as
+    max_score - score (BoardKind.flipped), turned back where they leave the views."""
+    return entry if kind.flip is None else replace(entry, score=kind.flipped(entry.score))
 
 
 def ranked(pairs: Iterable[tuple[str, int]], *, first_position: int = 1, higher_before: int = 0,

@@ -36,8 +36,13 @@ TIE_BREAK_SHARED = "shared"
 TIE_BREAK_FIRST_REACHED = "first_reached"
 TIE_BREAKS = (TIE_BREAK_SHARED, TIE_BREAK_FIRST_REACHED)
 
-# Which end of the range is better (docs/rules.md, Board kinds): desc, a higher score.
+# Which end of the range ranks first (docs/rules.md, Board kinds): desc, a higher score;
+# asc, a lower one (race times). The rank views only ever rank higher values first: an
+# asc board holds each score as max_score - score (BoardKind.flipped), turned back where
+# a score leaves them.
 ORDER_DESC = "desc"
+ORDER_ASC = "asc"
+ORDERS = (ORDER_DESC, ORDER_ASC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +55,16 @@ class BoardKind:
     order: str = ORDER_DESC
     max_score: int = MAX_SCORE
     tie_break: str = TIE_BREAK_SHARED
+
+    @property
+    def flip(self) -> int | None:
+        """max_score on an asc board (its view values are max_score - score), else None."""
+        return self.max_score if self.order == ORDER_ASC else None
+
+    def flipped(self, value: int) -> int:
+        """A score's value in the rank views, and a view value's score: the same map both
+        ways (the identity on a desc board)."""
+        return value if self.order != ORDER_ASC else self.max_score - value
 
     def as_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "order": self.order, "max_score": self.max_score, "tie_break": self.tie_break}
@@ -97,6 +112,12 @@ def regions_problem(regions: Sequence[object]) -> str | None:
 def mode_problem(mode: object) -> str | None:
     if mode not in MODES:
         return f"mode must be one of {', '.join(MODES)}, got {mode!r}"
+    return None
+
+
+def order_problem(order: object) -> str | None:
+    if order not in ORDERS:
+        return f"order must be one of {', '.join(ORDERS)}, got {order!r}"
     return None
 
 

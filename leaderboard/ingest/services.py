@@ -26,7 +26,7 @@ from leaderboard.core.ledger import (
 )
 from leaderboard.core.lifecycle import LATE_AFTER_SEAL, SeasonState, admission_rejection
 from leaderboard.core.partitions import Watermark, layout_partition, stream_heads_watermark
-from leaderboard.core.season_options import MODE_LATEST, MODE_SUM, TIE_BREAK_FIRST_REACHED
+from leaderboard.core.season_options import MODE_LATEST, MODE_SUM, ORDER_ASC, TIE_BREAK_FIRST_REACHED
 from leaderboard.core.tiebreak import reached_rejection
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import MAX_CURSOR_ID, stream_committed_watermark
@@ -274,6 +274,7 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
             summed=summed,
             counted=counted,
             max_score=season.max_score,
+            ascending=season.order == ORDER_ASC,
         )
         plan.conflicts.extend(refused.conflicts)
         regions = ledger_store.player_regions_fetch(

@@ -140,11 +140,11 @@ def round_build(season_slug: str, state: str | None, final_version: int | None, 
         "final_version": final_version, "leaderboard_version": manifest.version, "as_of": manifest.as_of,
         "total_players": manifest.total,
     }
-    top = manifest.top[:TOP_LIMIT]
+    top = manifest.shown_top[:TOP_LIMIT]
     full = orjson.dumps({**base, "top": top}).decode()
     diff = None
     if previous is not None:
-        change = top_diff(previous.top[:TOP_LIMIT], top)
+        change = top_diff(previous.shown_top[:TOP_LIMIT], top)
         diff = orjson.dumps({**base, "top_diff": {"base_version": previous.version, **change}}).decode()
     return Round(version=manifest.version, manifest=manifest, full=full, diff=diff)
 

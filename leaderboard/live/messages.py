@@ -18,6 +18,7 @@ from channels.db import database_sync_to_async
 
 from leaderboard.core.live import TOP_LIMIT, Subscription, board_fields, player_payload, recovery_payload
 from leaderboard.core.manifest import Manifest
+from leaderboard.core.ranking import entry_shown
 from leaderboard.live.players import PlayerRead
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.views import rankview
@@ -43,11 +44,14 @@ def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | No
     reader = leaderboard_reader(season_slug=season_slug, region=subscription.region)
     try:
         if subscription.player_id is None:
-            manifest, top = reader.top(TOP_LIMIT)
-            return Snapshot(manifest=manifest, top=top, player=None)
+            manifest, _ = reader.top(TOP_LIMIT)
+            return Snapshot(manifest=manifest, top=manifest.shown_top[:TOP_LIMIT], player=None)
         manifest, me, window = reader.neighbors(subscription.player_id, subscription.radius)
-        return Snapshot(manifest=manifest, top=manifest.top[:TOP_LIMIT],
-                        player=PlayerRead(entry=me, window=tuple(window), radius=subscription.radius))
+        kind = manifest.kind
+        return Snapshot(manifest=manifest, top=manifest.shown_top[:TOP_LIMIT],
+                        player=PlayerRead(entry=None if me is None else entry_shown(kind, me),
+                                          window=tuple(entry_shown(kind, e) for e in window),
+                                          radius=subscription.radius))
     except (rankview.Unavailable, rankview.UnknownRegion):
         return None
 

@@ -21,7 +21,7 @@ import redis.asyncio
 
 from leaderboard.core.epoch import bucket_place, bucket_ranges, bucket_rank
 from leaderboard.core.manifest import Manifest
-from leaderboard.core.ranking import Entry, ranked_values
+from leaderboard.core.ranking import Entry, entry_shown, ranked_values
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score
 from leaderboard.live.redis_async import REDIS_READ_TIMEOUT_SECONDS, Call, pipeline_raw
@@ -202,5 +202,8 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         else:
             rank_first = rank_of_score[first_score]
         window = ranked_values(pairs, first_position=first, rank_of_first=rank_first)
-        out[player_id] = PlayerRead(entry=me, window=tuple(window), radius=wanted[player_id])
+        # Scores as players see them from here on (an asc board's views hold max_score - score).
+        out[player_id] = PlayerRead(entry=entry_shown(manifest.kind, me),
+                                    window=tuple(entry_shown(manifest.kind, e) for e in window),
+                                    radius=wanted[player_id])
     return out

@@ -621,7 +621,7 @@ def season_split_recommendations(*, season: Season, window_seconds: float = 600.
     left = 200_000
     for rows in ledger_querysets_each(season=season, queryset=recent):
         for score in rows[:left].iterator(chunk_size=20_000):
-            changes[live.layout.bucket_of(score)] += 1
+            changes[live.layout.bucket_of(live.kind.flipped(score))] += 1
             left -= 1
         if left <= 0:
             break

@@ -95,10 +95,13 @@ class LedgerMoves:
         return moved
 
 
-def display_order_sql(*, first_reached: bool = False) -> str:
+def display_order_sql(*, first_reached: bool = False, ascending: bool = False) -> str:
+    """The display order over the current scores (an asc board's: lower scores first)."""
     if connection.vendor == "postgresql":
-        return _ORDER_REACHED_PG if first_reached else _ORDER_PG
-    return _ORDER_REACHED_SQLITE if first_reached else _ORDER_SQLITE
+        order = _ORDER_REACHED_PG if first_reached else _ORDER_PG
+    else:
+        order = _ORDER_REACHED_SQLITE if first_reached else _ORDER_SQLITE
+    return order.replace("score DESC", "score ASC") if ascending else order
 
 
 def _rank_key(value: IndexValue) -> Any:
@@ -178,10 +181,11 @@ def ledger_moved_since(*, season: Season, watermark: Watermark, ties: FirstReach
         .order_by("txid", "id")
         .values_list("player_id", "old_score", "old_reached_at", "old_region")
     )
+    flip = season.board_kind.flip
     for rows in ledger_querysets_each(season=season, queryset=after):
         for player_id, old_score, old_reached, old_region in rows.iterator(chunk_size=20_000):
             if player_id not in moved:
-                moved[player_id] = _value(ties, old_score, old_reached) if old_score is not None else None
+                moved[player_id] = _value(ties, old_score, old_reached, flip) if old_score is not None else None
                 was_in[player_id] = old_region
     current = {p: (value, region) for p, value, region in _scores(season, ties, players=list(moved),
                                                                   regions=regions)}
@@ -191,7 +195,11 @@ def ledger_moved_since(*, season: Season, watermark: Watermark, ties: FirstReach
     return LedgerMoves(values=values, regions={p: (current[p][1] if p in current else "", was_in[p]) for p in moved})
 
 
-def _value(ties: FirstReached | None, score: int, reached_at: datetime | None) -> IndexValue:
+def _value(ties: FirstReached | None, score: int, reached_at: datetime | None, flip: int | None) -> IndexValue:
+    """A ledger row's value as the board holds it: its score (max_score - score on an asc
+    board, `flip`), with the reached_ms on a first_reached one."""
+    if flip is not None:
+        score = flip - score
     return score if ties is None else (score, ties.reached_ms(reached_at))
 
 
@@ -219,9 +227,10 @@ def _histogram(season: Season, ties: FirstReached | None = None, *, by_region: b
     fields = ("region", *fields) if by_region else fields
     grouped = (PlayerScore.objects.filter(season_id=season.pk).values(*fields)
                .annotate(n=Count("id")).order_by().values_list(*fields, "n"))
+    flip = season.board_kind.flip
     for rows in ledger_querysets_each(season=season, queryset=grouped):
         for row in rows.iterator(chunk_size=20_000):
-            value = int(row[-2]) if ties is None else _value(ties, row[-3], row[-2])
+            value = _value(None, int(row[-2]), None, flip) if ties is None else _value(ties, row[-3], row[-2], flip)
             yield (str(row[0]) if by_region else "", value, int(row[-1]))
 
 
@@ -234,19 +243,21 @@ def ledger_top(*, season: Season, limit: int = 100, moved: Moved | None = None,
     where = "season_id = %s AND region = %s" if region else "season_id = %s"
     params: list[Any] = [season.pk, region] if region else [season.pk]
     rows: list[tuple[str, IndexValue]] = []
+    flip = season.board_kind.flip
     for alias in ledger_databases_list(season=season):
         if ties is None:
             with connections[alias].cursor() as cursor:
                 cursor.execute(
-                    f"SELECT player_id, score FROM leaderboard_playerscore WHERE {where} {display_order_sql()} "
-                    "LIMIT %s", [*params, limit + len(moved)],
+                    f"SELECT player_id, score FROM leaderboard_playerscore WHERE {where} "
+                    f"{display_order_sql(ascending=flip is not None)} LIMIT %s", [*params, limit + len(moved)],
                 )
-                rows += [(p, int(score)) for p, score in cursor.fetchall() if p not in moved]
+                rows += [(p, _value(None, int(score), None, flip)) for p, score in cursor.fetchall() if p not in moved]
         else:
             top = PlayerScore.objects.using(alias).raw(
                 f"SELECT id, player_id, score, reached_at FROM leaderboard_playerscore WHERE {where} "
-                f"{display_order_sql(first_reached=True)} LIMIT %s", [*params, limit + len(moved)])
-            rows += [(row.player_id, _value(ties, row.score, row.reached_at)) for row in top
+                f"{display_order_sql(first_reached=True, ascending=flip is not None)} LIMIT %s",
+                [*params, limit + len(moved)])
+            rows += [(row.player_id, _value(ties, row.score, row.reached_at, flip)) for row in top
                      if row.player_id not in moved]
     rows += [(p, then) for p, (_, then) in moved.items() if then is not None]
     rows.sort(key=lambda row: (tuple(-x for x in _as_tuple(_rank_key(row[1]))), row[0].encode()))
@@ -296,9 +307,10 @@ def _scores(season: Season, ties: FirstReached | None = None, players: list[str]
     else:
         querysets = [rows.using(alias).filter(player_id__in=names)
                      for alias, names in ledger_players_group(season=season, player_ids=players).items()]
+    flip = season.board_kind.flip
     for queryset in querysets:
         for row in queryset.values_list(*columns).iterator(chunk_size=20_000):
-            value = row[1] if ties is None else _value(ties, row[1], row[2])
+            value = _value(ties, row[1], row[2] if ties is not None else None, flip)
             yield row[0], value, row[-1] if regions else ""
 
 
@@ -596,8 +608,10 @@ def _ledger_spot_check(*, r: redis.Redis, keys: rankview.Keys, season: Season, m
         wrong = []
         for entry in compared:
             score, region = ledger.get(entry.player_id, (None, ""))
-            if score != entry.score:
-                wrong.append(f"{entry.player_id}: version {entry.score}, ledger {score}")
+            # The entry holds the board's value (an asc board's: max_score - score).
+            shown = board.kind.flipped(entry.score)
+            if score != shown:
+                wrong.append(f"{entry.player_id}: version {shown}, ledger {score}")
             elif board.board and region != board.board:
                 wrong.append(f"{entry.player_id}: on the board of {board.board}, ledger region {region or 'none'}")
         report.add(board_check("ledger_scores", board.board), not wrong,

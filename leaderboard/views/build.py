@@ -208,18 +208,22 @@ def _score_batches(*, season: Season, ties: FirstReached | None, regional: bool,
     are read too, into `cursors`: the rows are the scores exactly at those cursors (a
     REPEATABLE READ transaction on PostgreSQL; on SQLite one transaction, which holds the
     writers off while the build reads).
+
+    An asc board's values are max_score - score (core.season_options.BoardKind.flipped).
     """
+    flip = season.board_kind.flip
     for alias in ledger_databases_list(season=season):
         yield from _score_batches_of(season=season, alias=alias, ties=ties, regional=regional, size=size,
-                                     cursors=cursors)
+                                     cursors=cursors, flip=flip)
 
 
 def _score_batches_of(*, season: Season, alias: str, ties: FirstReached | None, regional: bool, size: int,
-                      cursors: dict[int, tuple[int, int]]) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
+                      cursors: dict[int, tuple[int, int]], flip: int | None,
+                      ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
     """`_score_batches` of one ledger database."""
     if connections[alias].vendor == "postgresql" and not connections[alias].in_atomic_block:
         yield from _score_batches_fetched(season=season, alias=alias, ties=ties, regional=regional, size=size,
-                                          cursors=cursors)
+                                          cursors=cursors, flip=flip)
         return
     scores = PlayerScore.objects.using(alias).filter(season_id=season.pk)
     columns: tuple[str, ...] = ("player_id", "score") if ties is None else ("player_id", "score", "reached_at")
@@ -234,6 +238,8 @@ def _score_batches_of(*, season: Season, alias: str, ties: FirstReached | None, 
                 return
             after = rows[-1][0]
             regions = [row[-1] for row in rows] if regional else None
+            if flip is not None:
+                rows = [(row[0], flip - row[1], *row[2:]) for row in rows]
             if ties is not None:
                 yield [(row[0], (row[1], ties.reached_ms(row[2]))) for row in rows], regions
             else:
@@ -244,14 +250,15 @@ _score_of = itemgetter(1)  # a fetched row's score
 
 
 def _score_batches_fetched(*, season: Season, alias: str, ties: FirstReached | None, regional: bool, size: int,
-                           cursors: dict[int, tuple[int, int]]
+                           cursors: dict[int, tuple[int, int]], flip: int | None,
                            ) -> Iterator[tuple[list[tuple[str, Any]], list[str] | None]]:
-    columns = ["player_id", "score"]
+    columns = ["player_id", "score" if flip is None else "%s - score"]
+    params: list[Any] = [] if flip is None else [flip]
     if ties is not None:
         columns.append("coalesce((extract(epoch FROM reached_at) * 1000)::bigint - %s, 0)")
+        params.append(ties.origin_ms)
     if regional:
         columns.append("region")
-    params: list[Any] = [ties.origin_ms] if ties is not None else []
     sql = f"SELECT {', '.join(columns)} FROM leaderboard_playerscore WHERE season_id = %s"
     conn = psycopg.connect(**connections[alias].get_connection_params())
     conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ

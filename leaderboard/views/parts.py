@@ -274,7 +274,8 @@ def _part_apply(season: Season, r: redis.Redis, keys: rankview.Keys, spec: PartS
     rows = stream_range_rows(season_id=season.pk, partitions=spec.partitions, after=Watermark.parse(spec.after),
                              upto=Watermark.parse(spec.upto), reached=ties is not None, regions=regional)
     tick()
-    values = range_values(rows, reached_origin=ties.origin_ms if ties is not None else None, regional=regional)
+    values = range_values(rows, reached_origin=ties.origin_ms if ties is not None else None, regional=regional,
+                          flip=season.board_kind.flip)
     boards = range_deltas(values, layout=meta.layout, regions=meta.boards)
     tick()
     wait = max(0.0, spec.not_before - time.time())

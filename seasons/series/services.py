@@ -18,7 +18,14 @@ from audit.services import SYSTEM, Actor, audit_log
 from leaderboard.core.buckets import MAX_SCORE, BucketLayout, LayoutError
 from leaderboard.core.events import EventValidationError, ScoreEvent
 from leaderboard.core.ledger import Outcome
-from leaderboard.core.season_options import MODE_BEST, TIE_BREAK_SHARED, mode_problem, regions_problem
+from leaderboard.core.season_options import (
+    MODE_BEST,
+    ORDER_DESC,
+    TIE_BREAK_SHARED,
+    mode_problem,
+    order_problem,
+    regions_problem,
+)
 from leaderboard.core.series import (
     APPROVAL_TWO_PERSON,
     approval_problem,
@@ -37,14 +44,15 @@ log = logging.getLogger(__name__)
 
 
 def series_create(*, slug: str, name: str, every: str, anchor: datetime, actor: Actor, grace_seconds: int = 600,
-                  approval: str = APPROVAL_TWO_PERSON, mode: str = MODE_BEST, tie_break: str = TIE_BREAK_SHARED,
+                  approval: str = APPROVAL_TWO_PERSON, mode: str = MODE_BEST, order: str = ORDER_DESC,
+                  tie_break: str = TIE_BREAK_SHARED,
                   regions: Sequence[str] = (), bucket_width: int | None = None, max_score: int = MAX_SCORE,
                   now: datetime | None = None) -> Series:
     """A new series (audited `series.created`), and the windows it owes by `now`: a series
     anchored in the past opens its windows since, late, none skipped. Every window's
     scores are in 0..`max_score`, in buckets of `bucket_width` (default: the range's)."""
     problem = (series_id_problem(slug) or every_problem(every) or approval_problem(approval) or mode_problem(mode)
-               or regions_problem(regions))
+               or order_problem(order) or regions_problem(regions))
     if problem:
         raise SeasonError(problem)
     if grace_seconds < 0:
@@ -59,10 +67,12 @@ def series_create(*, slug: str, name: str, every: str, anchor: datetime, actor: 
     with transaction.atomic():
         series = Series.objects.create(
             slug=slug, name=name, every=every, anchor=anchor, grace_seconds=grace_seconds, approval=approval,
-            mode=mode, tie_break=tie_break, regions=list(regions), bucket_width=bucket_width, max_score=max_score)
+            mode=mode, order=order, tie_break=tie_break, regions=list(regions), bucket_width=bucket_width,
+            max_score=max_score)
         audit_log(actor=actor, action="series.created", target_type="series", target_id=slug,
                   after={"name": name, "every": every, "anchor": anchor.isoformat(), "grace_seconds": grace_seconds,
-                         "approval": approval, "mode": mode, "tie_break": tie_break, "regions": list(regions),
+                         "approval": approval, "mode": mode, "order": order, "tie_break": tie_break,
+                         "regions": list(regions),
                          "bucket_width": bucket_width, "max_score": max_score})
     series_windows_open(series=series, now=now)
     return series
@@ -87,7 +97,7 @@ def series_windows_open(*, series: Series, now: datetime | None = None) -> list[
                     slug=f"{series.slug}-{n}", name=f"{series.name} #{n}", starts_at=starts_at, cutoff=cutoff,
                     actor=SYSTEM, layout=BucketLayout.uniform(width=series.bucket_width, max_score=series.max_score),
                     regions=series.regions,
-                    tie_break=series.tie_break, mode=series.mode, series=series, series_window=n,
+                    tie_break=series.tie_break, mode=series.mode, order=series.order, series=series, series_window=n,
                     seal_after_seconds=series.grace_seconds))
         except IntegrityError:
             log.info("series %s: window %d was opened by another clock", series.slug, n)

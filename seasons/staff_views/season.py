@@ -44,7 +44,7 @@ def season_page(request: HttpRequest, slug: str) -> HttpResponse:
         conflicts=sel.season_conflicts(season=season), regions=sel.season_region_sizes(season=season),
         lifecycle=season_lifecycle_offer(season=season),
         regions_form=f.RegionsForm(initial={"regions": ", ".join(season.regions)}),
-        mode_form=f.ModeForm(initial={"mode": season.mode, "max_score": season.max_score}),
+        mode_form=f.ModeForm(initial={"mode": season.mode, "order": season.order, "max_score": season.max_score}),
         split_form=f.SplitProposeForm(), lookup_form=f.PlayerLookupForm(),
     ))
 
@@ -104,9 +104,9 @@ def season_regions(request: HttpRequest, slug: str) -> HttpResponse:
 def season_mode(request: HttpRequest, slug: str) -> HttpResponse:
     """Set a SCHEDULED season's mode and score range (fixed once it opens)."""
     def set_mode(season: Season, data: dict[str, Any]) -> str:
-        changed = season_kind_set(season=season, mode=data["mode"], max_score=data["max_score"],
+        changed = season_kind_set(season=season, mode=data["mode"], order=data["order"], max_score=data["max_score"],
                                   actor=staff_actor(request.user), reason=data["reason"])
-        return f"Mode: {changed.mode}; scores 0..{changed.max_score:,}"
+        return f"Mode: {changed.mode}; scores 0..{changed.max_score:,}, {changed.order}"
 
     return _season_option_post(request, slug, f.ModeForm(request.POST), set_mode)
 

@@ -20,6 +20,7 @@ from tests.support.lifecycle import (
     RECONCILIATION_CHECKS,
     canonical_sha256,
     closing_season,
+    create_season_command,
     final_rows,
     finalize,
     held_correction_approve,
@@ -73,6 +74,7 @@ from tests.support.writes import (
 )
 
 __all__ = [
+    "create_season_command",
     "DEFAULT_KIND",
     "announcements_muted",
     "CHILD_SETUP", "COMPLETED_AT", "INVARIANT_CHECKS", "NARROW", "RECONCILIATION_CHECKS", "ROOT", "TEST_ACTOR",

@@ -7,8 +7,10 @@ import hashlib
 import itertools
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 
 from audit.services import Actor
 from leaderboard.core.lifecycle import SeasonState
@@ -45,6 +47,16 @@ def staff(name: str | None = None) -> Actor:
 
 def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def create_season_command(slug: str, *extra: str) -> str:
+    """`manage.py create_season SLUG` of a season starting tomorrow, for 29 days, with
+    `extra` options; what it printed."""
+    now = datetime.now(UTC)
+    out = StringIO()
+    call_command("create_season", slug, "--name", slug.title(), "--starts-at", (now + timedelta(days=1)).isoformat(),
+                 "--cutoff", (now + timedelta(days=30)).isoformat(), *extra, stdout=out)
+    return out.getvalue()
 
 
 def closing_season(season_factory: Callable[..., Season], slug: str, *, cutoff_ago: timedelta = timedelta(minutes=5),

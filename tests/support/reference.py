@@ -107,6 +107,11 @@ class ReferenceLedger:
     # A `sum` season: results add points, a correction replaces one result's points.
     summed: bool = False
     max_score: int = 1_000_000
+    # An `asc` season: a lower score is better (race times).
+    ascending: bool = False
+
+    def better(self, a: int, b: int) -> bool:
+        return a < b if self.ascending else a > b
     # A sum season's accepted results: event_id -> (player, points counted, amendment version)
     counted: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
@@ -153,7 +158,7 @@ class ReferenceLedger:
                 score=current_score, score_version=current_version, pending_version=None,
             )
         elif (event.get("kind", "result") == "result" and player_id in self.revoked
-              and event["best_score"] > self.revoked[player_id]):
+              and self.better(event["best_score"], self.revoked[player_id])):
             outcome = outcome_dict(
                 event_id=event_id, status="held", reason=REVOKED_REASON, player_id=player_id,
                 score=current_score, score_version=current_version, pending_version=None,
@@ -164,14 +169,14 @@ class ReferenceLedger:
                 status = "applied"
                 if not staff:
                     self.revoked.pop(player_id, None)
-                elif player_id in self.revoked or (current is not None and new_score < current[0]):
+                elif player_id in self.revoked or (current is not None and self.better(current[0], new_score)):
                     self.revoked[player_id] = new_score
             else:
                 new_score = (event["best_score"] if current is None or self.latest
-                             else max(current[0], event["best_score"]))
+                             else (min if self.ascending else max)(current[0], event["best_score"]))
                 status = "applied" if current is None or new_score != current[0] else "unchanged"
             reached = self.reached.get(player_id)
-            if (event.get("kind", "result") == "correction" or current is None or new_score > current[0]
+            if (event.get("kind", "result") == "correction" or current is None or self.better(new_score, current[0])
                     or (self.latest and new_score != current[0])):
                 reached = effective_reached(event)
             changed = (current is None or new_score != current[0]
@@ -416,10 +421,11 @@ def sum_event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_e
 
 def reference_run(
     script: Script, rejection: Callable[[Event], str | None], *, latest: bool = False, summed: bool = False,
+    ascending: bool = False,
 ) -> tuple[ReferenceLedger, list[dict[str, Any]]]:
     """Apply a script to the reference model strictly one event at a time; `latest`,
-    `summed`: in a season of that mode."""
-    model = ReferenceLedger(rejection=rejection, latest=latest, summed=summed)
+    `summed`: in a season of that mode; `ascending`: of order asc."""
+    model = ReferenceLedger(rejection=rejection, latest=latest, summed=summed, ascending=ascending)
     outcomes = [
         model.apply(event, published_version=published, staff=script.staff_of(i))
         for i, (batch, published) in enumerate(zip(script.batches, script.published, strict=True))

@@ -8,7 +8,16 @@ from django.utils.text import slugify
 from audit.services import Actor
 from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, MAX_SCORE, BucketLayout, LayoutError
 from leaderboard.core.events import parse_rfc3339
-from leaderboard.core.season_options import MAX_REGIONS, MODE_BEST, MODES, REGION_RULE, TIE_BREAK_SHARED, TIE_BREAKS
+from leaderboard.core.season_options import (
+    MAX_REGIONS,
+    MODE_BEST,
+    MODES,
+    ORDER_DESC,
+    ORDERS,
+    REGION_RULE,
+    TIE_BREAK_SHARED,
+    TIE_BREAKS,
+)
 from leaderboard.ledger_databases import ledger_aliases
 from seasons.services import SeasonError, season_create
 
@@ -38,6 +47,9 @@ class Command(BaseCommand):
                             help="how a result sets a score: best (the highest settled best score; default), "
                                  "latest (the newest settled value, even when lower) or sum (events carry points, "
                                  "the score is their sum; a correction amends one result's points)")
+        parser.add_argument("--order", choices=ORDERS, default=ORDER_DESC,
+                            help="which end ranks first: desc (a higher score; default) or asc (a lower one, race "
+                                 "times)")
         parser.add_argument("--partitions", type=int, default=None,
                             help="ledger partitions (default SEASON_PARTITIONS); see manage.py season_repartition")
 
@@ -57,7 +69,8 @@ class Command(BaseCommand):
         try:
             season = season_create(
                 layout=layout, regions=[r.strip() for r in options["regions"].split(",") if r.strip()],
-                tie_break=options["tie_break"], mode=options["mode"], partitions=options["partitions"],
+                tie_break=options["tie_break"], mode=options["mode"], order=options["order"],
+                partitions=options["partitions"],
                 slug=slug, name=options["name"], starts_at=starts_at, cutoff=cutoff,
                 actor=Actor(kind="system", id="", label="manage.py create_season"),
             )
@@ -69,6 +82,6 @@ class Command(BaseCommand):
             self.stdout.write("ledger databases: " + "; ".join(
                 f"{alias} partitions {', '.join(map(str, parts))}" for alias, parts in where.items()))
         if (season.regions or season.tie_break != TIE_BREAK_SHARED or season.mode != MODE_BEST
-                or season.max_score != MAX_SCORE):
+                or season.max_score != MAX_SCORE or season.order != ORDER_DESC):
             self.stdout.write(f"regions: {', '.join(season.regions) or 'none'}; tie-break: {season.tie_break}; "
-                              f"mode: {season.mode}; scores: 0..{season.max_score}")
+                              f"mode: {season.mode}; scores: 0..{season.max_score}, {season.order}")

@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from audit.services import Actor
 from leaderboard.core.buckets import DEFAULT_BUCKET_WIDTH, MAX_SCORE
 from leaderboard.core.events import parse_rfc3339
-from leaderboard.core.season_options import MODE_BEST, MODES, TIE_BREAK_SHARED, TIE_BREAKS
+from leaderboard.core.season_options import MODE_BEST, MODES, ORDER_DESC, ORDERS, TIE_BREAK_SHARED, TIE_BREAKS
 from leaderboard.core.series import APPROVAL_TWO_PERSON, APPROVALS, EVERIES
 from seasons.series.services import series_create
 from seasons.services import SeasonError
@@ -39,6 +39,7 @@ class Command(BaseCommand):
                             help="two-person (default: two staff members approve each FINAL) or auto (the service "
                                  "approves a candidate whose reconciliation passed)")
         parser.add_argument("--mode", choices=MODES, default=MODE_BEST)
+        parser.add_argument("--order", choices=ORDERS, default=ORDER_DESC)
         parser.add_argument("--tie-break", choices=TIE_BREAKS, default=TIE_BREAK_SHARED)
         parser.add_argument("--regions", default="", help="comma-separated region names of every window")
         parser.add_argument("--bucket-width", type=int, default=None,
@@ -55,7 +56,7 @@ class Command(BaseCommand):
             series = series_create(
                 slug=options["series_id"], name=options["name"], every=options["every"], anchor=anchor,
                 grace_seconds=duration_seconds(options["grace"]), approval=options["approval"],
-                mode=options["mode"], tie_break=options["tie_break"],
+                mode=options["mode"], order=options["order"], tie_break=options["tie_break"],
                 regions=[r.strip() for r in options["regions"].split(",") if r.strip()],
                 bucket_width=options["bucket_width"], max_score=options["max_score"],
                 actor=Actor(kind="system", id="", label="manage.py create_series"),

@@ -16,7 +16,7 @@ from django.utils import timezone
 from audit.models import AuditEntry
 from audit.services import Actor, audit_log
 from leaderboard.core.events import KIND_CORRECTION
-from leaderboard.core.season_options import MODE_SUM
+from leaderboard.core.season_options import MODE_SUM, ORDER_ASC
 from leaderboard.ingest.ledger_store import counted_points_fetch
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_atomic
 from leaderboard.models import LateResult
@@ -147,7 +147,10 @@ def late_result_proposal_score(*, late_result: LateResult) -> int:
     if event.kind == KIND_CORRECTION:
         return late_result.best_score
     current, _ = _player_state(season, late_result.player_id)
-    return max(current or 0, late_result.best_score)
+    if current is None:
+        return late_result.best_score
+    # The better of the two: the lower in an asc season.
+    return (min if season.order == ORDER_ASC else max)(current, late_result.best_score)
 
 
 def late_result_dismiss(*, late_result: LateResult, actor: Actor, reason: str) -> LateResult:

@@ -111,7 +111,7 @@ def _bucket_changes(season: Season, layout: BucketLayout, window_seconds: float)
                                                         key=lambda row: (-row[2], -row[3]), limit=CHANGE_SAMPLE):
         if committed_at < since:
             break
-        counts[layout.bucket_of(score)] += 1
+        counts[layout.bucket_of(season.board_kind.flipped(score))] += 1
         read, oldest = read + 1, committed_at
     else:
         if read == CHANGE_SAMPLE:
