@@ -190,20 +190,27 @@ def test_a_sum_seasons_final_is_recomputed_from_the_ledger_rows_alone(
     (held,) = post_ok(post_scores, season, [ev.correction(firsts[6], 0, 1)])
     assert (held["status"], held["reason"], held["score"]) == ("held", "correction_after_seal", 60)
     assert held_correction_approve(season, held["event_id"]).status == "applied"
+    # The approved amendment counts as that result's: a newer one amends from it.
+    (again,) = post_ok(post_scores, season, [ev.correction(firsts[6], 7, 1)])
+    assert (again["status"], again["reason"]) == ("held", "correction_after_seal")
+    assert held_correction_approve(season, again["event_id"]).status == "stale"
+    (newer,) = post_ok(post_scores, season, [ev.correction(firsts[6], 7, 2)])
+    assert held_correction_approve(season, newer["event_id"]).status == "applied"
     final = finalize(season, seal=False)
     assert final.state == "FINAL"
 
     # Replay every ledger row in the order it was recorded through the rules, with
-    # nothing else: the FINAL's scores, ranks and hash come out.
-    replay = ReferenceLedger(rejection=lambda e: None, summed=True)
+    # nothing else: the FINAL's scores, ranks and hash come out. A held row changed
+    # nothing; the staff event that applied it follows it.
+    replay = ReferenceLedger(rejection=lambda e: "held" if e["status"] == "held" else None, summed=True)
     for row in ScoreEvent.objects.filter(season=season).order_by("id").values(
             "event_id", "match_id", "player_id", "best_score", "score_version", "completed_at", "kind",
-            "reason", "points", "corrects"):
+            "reason", "points", "corrects", "status"):
         replay.apply({k: v for k, v in row.items() if v is not None}, published_version=0)
     ranked = Standings({p: s for p, (s, _) in replay.players.items()})
     expected = [(e.position, e.rank, e.player_id, e.score) for e in ranked.window(from_position=1, limit=len(ranked))]
     assert final_rows(season) == expected
-    assert (scores(season)["p03"], scores(season)["p08"], scores(season)["p06"]) == (70 + 2, 33 + 2, 0)
+    assert (scores(season)["p03"], scores(season)["p08"], scores(season)["p06"]) == (70 + 2, 33 + 2, 7)
     final_manifest = Manifest.objects.get(season=season, is_final=True)
     assert final_manifest.content_hash == canonical_sha256(expected)
     assert APIClient().get("/v1/seasons/sum-final/final/players/p03").json()["score"] == 72

@@ -5,7 +5,7 @@ closes the dispute or late result it came from."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.db import transaction
@@ -16,6 +16,7 @@ from audit.services import Actor, audit_log
 from leaderboard.core.events import KIND_CORRECTION, MAX_REASON_LENGTH, ScoreEvent
 from leaderboard.core.ledger import APPLIED, DUPLICATE, Outcome
 from leaderboard.core.lifecycle import two_person_refusal
+from leaderboard.core.season_options import MODE_SUM
 from leaderboard.ingest.services import score_events_apply
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_aliases, ledger_atomic
 from leaderboard.models import LateResult
@@ -236,6 +237,13 @@ def _approval_attempt_begin(*, revocation: ScoreRevocation, actor: Actor, approv
             completed_at=_correction_time(season, late_result, locked.proposed_at), kind=KIND_CORRECTION,
             reason=locked.reason,
         )
+        held = late_result.ledger_event if late_result is not None else None
+        if season.mode == MODE_SUM and held is not None and held.corrects is not None:
+            # A sum season's held amendment is applied as itself (the result it corrects,
+            # its points and version), so a later amendment of that result counts from it;
+            # the proposal's score is the sum it came to when proposed.
+            event = replace(event, best_score=0, score_version=held.score_version, points=held.points,
+                            corrects=held.corrects)
     return locked, event
 
 
