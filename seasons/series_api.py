@@ -64,6 +64,7 @@ class SeriesApplyResultSerializer(serializers.Serializer[Any]):
     results = SeriesOutcomeSerializer(many=True, help_text="one per event, in order")
     leaderboard_versions = serializers.DictField(child=serializers.IntegerField(),
                                                  help_text="each window season written: its published version")
+    kind = api_schema.KindSerializer(help_text="every window's kind, which decided the outcomes")
 
 
 def _series(series_id: str) -> Series:
@@ -144,4 +145,4 @@ class SeriesScoresApplyView(APIView):
             result = series_events_apply(series=series, events=events, client=request.auth)
         except EventValidationError as exc:
             raise validation_error(exc.errors, write=True) from exc
-        return Response(result.as_dict())
+        return Response({**result.as_dict(), "kind": series.board_kind.as_dict()})

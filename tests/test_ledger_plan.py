@@ -370,7 +370,7 @@ PlanRun = tuple[list[dict[str, Any]], dict[str, tuple[int, int]], list[tuple[Any
 
 
 def plan_run(script: Script, rejection: Any, *, latest: bool = False, summed: bool = False,
-             ascending: bool = False) -> PlanRun:
+             ascending: bool = False, max_score: int | None = None) -> PlanRun:
     """Drive batch_plan the way ledger_store does: per batch, hand it only the recorded
     events, player states and (a sum season) corrected results the batch refers to, then
     persist what the plan decided."""
@@ -395,6 +395,7 @@ def plan_run(script: Script, rejection: Any, *, latest: bool = False, summed: bo
             summed=summed,
             counted=counted_of(rows, {e.corrects for e in events if e.corrects is not None}),
             ascending=ascending,
+            max_score=max_score,
         )
         rows.extend(plan.ledger_rows)
         outcomes.extend(o.as_dict() for o in plan.outcomes)
@@ -430,13 +431,15 @@ def counted_of(rows: list[LedgerRow], targets: set[str]) -> dict[str, Counted]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(script=sum_event_scripts(starts_at=START, cutoff=CUTOFF, max_events=40))
-def test_sum_batch_plan_matches_the_sequential_reference_model(script: Script) -> None:
+@given(script=sum_event_scripts(starts_at=START, cutoff=CUTOFF, max_events=40),
+       max_score=st.sampled_from((15, 1_000_000)))
+def test_sum_batch_plan_matches_the_sequential_reference_model(script: Script, max_score: int) -> None:
     """A sum season: points added, corrections amending one result in any order and
-    version, unknown targets, ranges left, exact and conflicting resends."""
+    version, unknown targets, ranges left (a narrow one and the default), exact and
+    conflicting resends."""
     rejection = season_rejection(starts_at=START, cutoff=CUTOFF)
-    model, expected_outcomes = reference_run(script, rejection, summed=True)
-    outcomes, final, changes, conflicts, _ = plan_run(script, rejection, summed=True)
+    model, expected_outcomes = reference_run(script, rejection, summed=True, max_score=max_score)
+    outcomes, final, changes, conflicts, _ = plan_run(script, rejection, summed=True, max_score=max_score)
     assert outcomes == expected_outcomes
     assert final == model.players
     assert changes == model.changes

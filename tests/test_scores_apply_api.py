@@ -28,6 +28,7 @@ from leaderboard.metrics.counters import metrics_key
 from leaderboard.models import ApiClient, LateResult, PlayerScore, ScoreChange, ScoreEvent, ScoreEventConflict
 from seasons.models import Season
 from tests.conftest import SEASON_CUTOFF, SEASON_START
+from tests.support import DEFAULT_KIND
 from tests.support.reference import Script, as_json, event_scripts, reference_run, season_rejection
 
 URL = "/internal/v1/seasons/{}/scores:apply"
@@ -72,6 +73,7 @@ def test_first_result_is_applied_and_written(
              "score_version": 3, "pending_version": 1},
         ],
         "leaderboard_version": 0,
+        "kind": DEFAULT_KIND,
     }
     assert score_of(season, "alice") == (1200, 3)
     row = ScoreEvent.objects.get(season=season, event_id="evt-a")

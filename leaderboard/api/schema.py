@@ -380,6 +380,7 @@ class OutcomeSerializer(serializers.Serializer[Any]):
 class ApplyResultSerializer(serializers.Serializer[Any]):
     results = OutcomeSerializer(many=True, help_text="one per event, in order")
     leaderboard_version = serializers.IntegerField(help_text="the current published version")
+    kind = KindSerializer(help_text="the season's kind, which decided the outcomes")
 
 
 DISPUTE_BODY: dict[str, Any] = {

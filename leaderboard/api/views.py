@@ -66,7 +66,7 @@ class ScoresApplyView(APIView):
         except EventValidationError as exc:
             raise validation_error(exc.errors, write=True) from exc
         result = score_events_apply(season=season, events=events, client=request.auth)
-        return Response(result.as_dict())
+        return Response({**result.as_dict(), "kind": season.board_kind.as_dict()})
 
 
 class ProfilesApplyView(APIView):

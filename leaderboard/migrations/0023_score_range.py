@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from audit.triggers import refuse_changes_again_on_sqlite
+
 
 class Migration(migrations.Migration):
 
@@ -44,5 +46,10 @@ class Migration(migrations.Migration):
             model_name='scoreevent',
             name='score_after',
             field=models.BigIntegerField(null=True),
+        ),
+        # SQLite alters a column by making the table anew, without its triggers.
+        refuse_changes_again_on_sqlite(
+            table="leaderboard_scoreevent", trigger="score_event_append_only",
+            function="leaderboard_refuse_ledger_change", message="the score ledger is append-only",
         ),
     ]

@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from audit.triggers import refuse_changes_again_on_sqlite
+
 
 class Migration(migrations.Migration):
 
@@ -50,4 +52,8 @@ class Migration(migrations.Migration):
             name='bucket_width',
             field=models.BigIntegerField(default=10000),
         ),
+        # SQLite alters a column by making the table anew, without its triggers.
+        refuse_changes_again_on_sqlite(table="seasons_finalstanding", trigger="final_standing_immutable",
+                                       function="seasons_refuse_final_change",
+                                       message="FINAL standings are immutable"),
     ]

@@ -421,11 +421,12 @@ def sum_event_scripts(draw: Any, *, starts_at: datetime, cutoff: datetime, max_e
 
 def reference_run(
     script: Script, rejection: Callable[[Event], str | None], *, latest: bool = False, summed: bool = False,
-    ascending: bool = False,
+    ascending: bool = False, max_score: int = 1_000_000,
 ) -> tuple[ReferenceLedger, list[dict[str, Any]]]:
     """Apply a script to the reference model strictly one event at a time; `latest`,
-    `summed`: in a season of that mode; `ascending`: of order asc."""
-    model = ReferenceLedger(rejection=rejection, latest=latest, summed=summed, ascending=ascending)
+    `summed`: in a season of that mode; `ascending`: of order asc; `max_score`: its range's top."""
+    model = ReferenceLedger(rejection=rejection, latest=latest, summed=summed, ascending=ascending,
+                            max_score=max_score)
     outcomes = [
         model.apply(event, published_version=published, staff=script.staff_of(i))
         for i, (batch, published) in enumerate(zip(script.batches, script.published, strict=True))
