@@ -54,7 +54,11 @@ def _envelope(manifest: Manifest, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _entries(manifest: Manifest, entries: list[Entry]) -> list[dict[str, object]]:
-    return [entry_shown(manifest.kind, entry).as_dict() for entry in entries]
+    kind = manifest.kind
+    # Asked once per answer, not per entry: a desc board's entries are its scores.
+    if kind.flip is None:
+        return [entry.as_dict() for entry in entries]
+    return [entry_shown(kind, entry).as_dict() for entry in entries]
 
 
 def _board(region: str | None) -> dict[str, Any]:
