@@ -418,6 +418,13 @@ class PlayerProfile(models.Model):
     region = models.CharField(max_length=16, blank=True, default="")
     profile_version = models.BigIntegerField()
     updated_at = models.DateTimeField()
+    # What players see beside the id (docs/api.md, Names and countries): null when unset.
+    # Current, not versioned with the board; the read path serves them from Redis
+    # (leaderboard.views.names), which this table can always refill.
+    display_name = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
+    country = models.CharField(max_length=2, null=True, blank=True)  # noqa: DJ001
+    # The name a reviewer reset (player.name.reset): a profile write naming it again keeps no name.
+    name_blocked = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
 
 
 class PlayerProfileChange(models.Model):
@@ -427,6 +434,10 @@ class PlayerProfileChange(models.Model):
     old_region = models.CharField(max_length=16, blank=True, default="")
     region = models.CharField(max_length=16, blank=True, default="")
     profile_version = models.BigIntegerField()
+    # The name and country once the write applied (null: none). Nullable without a default
+    # so SQLite adds the columns in place, keeping the table's append-only trigger.
+    display_name = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
+    country = models.CharField(max_length=2, null=True, blank=True)  # noqa: DJ001
     client = models.ForeignKey(ApiClient, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     recorded_at = models.DateTimeField()
 

@@ -3,19 +3,23 @@
 Each write is one transaction. Writers of the same player are serialized by a per-player
 lock taken before anything is read, so a version only moves forward and the history of
 profile changes is in version order, whichever writer commits first. Neither write is
-audited: like score events they come from a trusted service in volume, and a profile's
+audited (a reviewer's name reset is): like score events they come from a trusted service in volume, and a profile's
 history is its own append-only table.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable
 from datetime import datetime
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.services import Actor, audit_log
+from leaderboard.core.errors import DomainError
 from leaderboard.core.lifecycle import ACCEPTING_STATES
 from leaderboard.core.profiles import (
     ProfileOutcome,
@@ -27,7 +31,12 @@ from leaderboard.core.profiles import (
 )
 from leaderboard.ingest import ledger_store
 from leaderboard.models import ApiClient, FriendList, PlayerProfile, PlayerProfileChange
+from leaderboard.redis_client import redis_get
+from leaderboard.redis_errors import REDIS_OUTAGES
+from leaderboard.views.names import names_store
 from seasons.models import Season
+
+log = logging.getLogger(__name__)
 
 # The seasons whose players follow their profile's region: open ones (a sealed season keeps
 # the regions it was sealed with).
@@ -69,30 +78,78 @@ def player_profiles_apply(*, profiles: list[ProfileWrite], client: ApiClient | N
     with transaction.atomic():
         _player_locks_take(namespace=_PROFILE_LOCK, player_ids=player_ids)
         stored = {
-            player_id: StoredProfile(region=_region_of(region), profile_version=version)
-            for player_id, region, version in PlayerProfile.objects.filter(player_id__in=player_ids).values_list(
-                "player_id", "region", "profile_version")
+            player_id: StoredProfile(region=_region_of(region), profile_version=version, display_name=name,
+                                     country=country, name_blocked=blocked)
+            for player_id, region, version, name, country, blocked in PlayerProfile.objects.filter(
+                player_id__in=player_ids).values_list("player_id", "region", "profile_version", "display_name",
+                                                      "country", "name_blocked")
         }
         plan = profiles_plan(writes=profiles, stored=stored)
         if plan.writes:
             PlayerProfile.objects.bulk_create(
                 [PlayerProfile(player_id=player_id, region=state.region or "", profile_version=state.profile_version,
-                               updated_at=now)
+                               display_name=state.display_name, country=state.country,
+                               name_blocked=state.name_blocked, updated_at=now)
                  for player_id, state in plan.writes.items()],
                 update_conflicts=True, unique_fields=["player_id"],
-                update_fields=["region", "profile_version", "updated_at"],
+                update_fields=["region", "profile_version", "display_name", "country", "updated_at"],
             )
             PlayerProfileChange.objects.bulk_create(
                 PlayerProfileChange(player_id=c.player_id, old_region=c.old_region or "", region=c.region or "",
-                                    profile_version=c.profile_version, client=client, recorded_at=now)
+                                    profile_version=c.profile_version, display_name=c.display_name,
+                                    country=c.country, client=client, recorded_at=now)
                 for c in plan.changes
             )
+            named = [(player_id, state.display_name, state.country) for player_id, state in plan.writes.items()
+                     if _name_of(stored.get(player_id)) != (state.display_name, state.country)]
+            if named:
+                transaction.on_commit(lambda: names_publish(names=named))
             _seasons_follow(moves={
                 player_id: (state.region or "", state.profile_version)
                 for player_id, state in plan.writes.items()
                 if (stored[player_id].region if player_id in stored else None) != state.region
             }, now=now)
     return plan.outcomes
+
+
+def _name_of(profile: StoredProfile | None) -> tuple[str | None, str | None]:
+    return (None, None) if profile is None else (profile.display_name, profile.country)
+
+
+class NameResetRefused(DomainError):
+    code = "name_reset_refused"
+
+
+def names_publish(*, names: list[tuple[str, str | None, str | None]]) -> None:
+    """Store committed names where reads find them (leaderboard.views.names). A Redis that
+    does not answer loses only this copy: the database holds the names, and `manage.py
+    names_refill` writes them all again."""
+    try:
+        names_store(redis_get(), prefix=settings.REDIS_KEY_PREFIX, names=names)
+    except REDIS_OUTAGES:
+        log.warning("names of %d players not stored in Redis; run manage.py names_refill", len(names))
+
+
+def player_name_reset(*, player_id: str, actor: Actor, reason: str) -> PlayerProfile:
+    """A reviewer clears a player's display name (audited `player.name.reset`, with a reason):
+    the name is blocked, so a later profile write naming it again keeps no name. Raises
+    PlayerProfile.DoesNotExist for a player without a profile; a player without a name
+    is refused (nothing to reset)."""
+    if not reason.strip():
+        raise NameResetRefused("a reason is required to reset a name")
+    with transaction.atomic():
+        _player_locks_take(namespace=_PROFILE_LOCK, player_ids=[player_id])
+        profile = PlayerProfile.objects.select_for_update().get(player_id=player_id)
+        if profile.display_name is None:
+            raise NameResetRefused(f"{player_id} has no display name to reset")
+        before = profile.display_name
+        profile.name_blocked, profile.display_name = before, None
+        profile.save(update_fields=["display_name", "name_blocked"])
+        audit_log(actor=actor, action="player.name.reset", target_type="player", target_id=player_id,
+                  before={"display_name": before}, after={"display_name": None}, reason=reason)
+        country = profile.country
+        transaction.on_commit(lambda: names_publish(names=[(player_id, None, country)]))
+    return profile
 
 
 def _seasons_follow(*, moves: dict[str, tuple[str, int]], now: datetime) -> None:

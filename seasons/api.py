@@ -16,6 +16,7 @@ from leaderboard.api.errors import ApiError
 from leaderboard.api.params import int_param, player_id_param, region_param, season_id_param, season_not_found
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.tiebreak import reached_text
+from leaderboard.ingest.selectors import player_names_get
 from leaderboard.ratelimit import ReadRateThrottle
 from seasons.models import FinalStanding, Season
 from seasons.selectors import (
@@ -44,17 +45,22 @@ def _final_season(season_id: str) -> Season:
     return season
 
 
-def _standing(row: FinalStanding, *, regional: bool) -> dict[str, Any]:
+def _standing(row: FinalStanding, *, regional: bool, names: dict[str, tuple[str | None, str | None]]
+              ) -> dict[str, Any]:
     """An entry as the hash covers it: reached_at in a first_reached season, the region and
-    regional place in a season with regions (null for a player with no region)."""
+    regional place in a season with regions (null for a player with no region); then the
+    player's current name and country (not covered: names are not versioned) and the tier
+    of the FINAL version (covered in a season with tiers)."""
+    name, country = names.get(row.player_id, (None, None))
     out: dict[str, Any] = {"position": row.position, "rank": row.rank, "player_id": row.player_id,
-                           "score": row.score}
+                           "display_name": name, "country": country, "score": row.score}
     if row.reached_at is not None:
         out["reached_at"] = reached_text(row.reached_at)
     if regional:
         out["region"] = row.region or None
         out["regional_position"] = row.regional_position
         out["regional_rank"] = row.regional_rank
+    out["tier"] = row.tier
     return out
 
 
@@ -123,7 +129,9 @@ class FinalStandingsView(APIView):
             rows = final_regional_window(season=season, region=region, from_position=first, limit=limit)
             head["region"] = region
         regional = season.final_regional
-        entries = [_standing(row, regional=regional) for row in rows]
+        rows = list(rows)
+        names = player_names_get(player_ids=[row.player_id for row in rows])
+        entries = [_standing(row, regional=regional, names=names) for row in rows]
         return Response({**head, "from_position": first, "entries": entries})
 
 
@@ -143,7 +151,9 @@ class FinalPlayerView(APIView):
             raise ApiError(status_code=404, code="not_in_final",
                            detail=f"player {player_id!r} has no entry in the FINAL standings")
         return Response({"season_id": season.slug, "final_version": season.final_version,
-                         "kind": season.board_kind.as_dict(), **_standing(row, regional=season.final_regional)})
+                         "kind": season.board_kind.as_dict(),
+                         **_standing(row, regional=season.final_regional,
+                                     names=player_names_get(player_ids=[player_id]))})
 
 
 class FinalCorrectionsView(APIView):

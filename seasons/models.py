@@ -7,6 +7,7 @@ from leaderboard.core.buckets import MAX_SCORE, BucketLayout
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.core.partitions import Watermark
 from leaderboard.core.season_options import BoardKind
+from leaderboard.core.tiers import Tiers, tiers_parse
 
 
 def default_layout() -> dict[str, object]:
@@ -102,6 +103,9 @@ class Season(models.Model):
     # "first_reached" (who reached the score first ranks ahead; fixed at creation).
     tie_break = models.CharField(max_length=16, choices=[("shared", "shared"), ("first_reached", "first_reached")],
                                  default="shared")
+    # Named tiers by rank or top share (create_season --tiers, core.tiers), "" for none;
+    # published with every version, so fixed once the season opens.
+    tiers = models.CharField(max_length=600, blank=True, default="")
     # A series' window (its n-th season), or None for a season created on its own.
     series = models.ForeignKey(Series, null=True, blank=True, on_delete=models.PROTECT, related_name="seasons")
     series_window = models.PositiveIntegerField(null=True, blank=True)
@@ -131,6 +135,11 @@ class Season(models.Model):
     @property
     def board_kind(self) -> BoardKind:
         return BoardKind(mode=self.mode, order=self.order, max_score=self.max_score, tie_break=self.tie_break)
+
+    @property
+    def tiers_parsed(self) -> Tiers | None:
+        """The season's tiers (checked when stored), None without any."""
+        return tiers_parse(self.tiers)
 
     @property
     def max_score(self) -> int:
@@ -194,6 +203,10 @@ class FinalStanding(models.Model):
     region = models.CharField(max_length=16, blank=True, default="", db_default="")
     regional_position = models.BigIntegerField(null=True)
     regional_rank = models.BigIntegerField(null=True)
+    # In a season with tiers: the tier of the rank in the FINAL version (covered by the hash
+    # there); null otherwise. Nullable without a default so SQLite adds the column in
+    # place, keeping the table's append-only trigger.
+    tier = models.CharField(max_length=24, null=True)  # noqa: DJ001
 
     class Meta:
         constraints = [

@@ -47,7 +47,8 @@ def final_regional_window(*, season: Season, region: str, from_position: int, li
 
 def final_line_format(*, season: Season) -> FinalLineFormat:
     """The content hash's line of this season's FINAL standings (core.final_hash)."""
-    return FinalLineFormat(first_reached=season.tie_break == TIE_BREAK_FIRST_REACHED, regional=season.final_regional)
+    return FinalLineFormat(first_reached=season.tie_break == TIE_BREAK_FIRST_REACHED, regional=season.final_regional,
+                           tiered=bool(season.tiers))
 
 
 def final_standing_get(*, season: Season, player_id: str) -> FinalStanding | None:

@@ -38,6 +38,7 @@ from leaderboard.core.season_options import (
 )
 from leaderboard.core.series import APPROVAL_AUTO
 from leaderboard.core.tiebreak import first_reached_problem, reached_text
+from leaderboard.core.tiers import Tiers, TiersError, tiers_parse
 from leaderboard.ingest import ledger_store
 from leaderboard.ingest.selectors import changes_after_q, stream_last_watermark
 from leaderboard.ledger_databases import ledger_placement_extended, ledger_placement_for
@@ -74,6 +75,7 @@ def season_create(
     series: Series | None = None,
     series_window: int | None = None,
     seal_after_seconds: int | None = None,
+    tiers: str = "",
 ) -> Season:
     """A new season in the state its dates call for. `regions`: its fixed set of regions
     (0..16 distinct names by the region rule; each gets its own board), changeable only
@@ -83,7 +85,12 @@ def season_create(
     `partitions`: its ledger partitions (default SEASON_PARTITIONS), changed only by
     season_repartition; `series`, `series_window`: the series window it is (one season a
     window: a second one raises IntegrityError); `seal_after_seconds`: how long after the
-    cutoff the clock seals it (default SEAL_AFTER_CUTOFF_SECONDS)."""
+    cutoff the clock seals it (default SEAL_AFTER_CUTOFF_SECONDS); `tiers`: named tiers by
+    rank or top share (core.tiers), refused with the reason when malformed."""
+    try:
+        parsed_tiers = tiers_parse(tiers)
+    except TiersError as exc:
+        raise SeasonError(f"--tiers: {exc}") from exc
     if cutoff <= starts_at:
         raise SeasonError("the cutoff must be after the start")
     partitions = settings.SEASON_PARTITIONS if partitions is None else partitions
@@ -106,6 +113,7 @@ def season_create(
             layout=(layout or BucketLayout.uniform()).as_dict(), regions=list(regions), tie_break=tie_break,
             mode=mode, order=order, partitions=partitions, series=series, series_window=series_window,
             seal_after_seconds=seal_after_seconds, ledger_databases=ledger_placement_for(partitions=partitions),
+            tiers=parsed_tiers.text() if parsed_tiers is not None else "",
         )
         audit_log(
             actor=actor,
@@ -120,6 +128,7 @@ def season_create(
                 "regions": season.regions, "tie_break": season.tie_break, "mode": season.mode,
                 "order": season.order, "max_score": season.max_score,
                 "partitions": partitions,
+                **({"tiers": season.tiers} if season.tiers else {}),
                 **({"ledger_databases": season.ledger_databases} if season.ledger_databases else {}),
                 **({"series": series.slug, "series_window": series_window} if series is not None else {}),
             },
@@ -545,11 +554,15 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
     season.final_regional = bool(season.regions)
     if season.final_regional:
         regional = ("region, "
-                    f"CASE WHEN region = '' THEN NULL ELSE row_number() OVER (PARTITION BY region {order}) END, "
-                    f"CASE WHEN region = '' THEN NULL ELSE rank() OVER (PARTITION BY region {ties}) END")
+                    f"CASE WHEN region = '' THEN NULL ELSE row_number() OVER (PARTITION BY region {order}) END "
+                    "AS regional_position, "
+                    f"CASE WHEN region = '' THEN NULL ELSE rank() OVER (PARTITION BY region {ties}) END "
+                    "AS regional_rank")
     else:
         # PlayerScore.region is "" here anyway; spelled out so such a season's rows never differ.
-        regional = "'', NULL, NULL"
+        # Typed NULLs: PostgreSQL takes an untyped one in a subquery for text.
+        regional = "'' AS region, CAST(NULL AS bigint) AS regional_position, CAST(NULL AS bigint) AS regional_rank"
+    tier_sql, tier_params = _tier_case_sql(season.tiers_parsed)
     source = "leaderboard_playerscore WHERE season_id = %s" if ledger_is_default(season=season) else None
     with connection.cursor() as cursor:
         if source is None:
@@ -557,16 +570,40 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
             source = f"{_FINAL_SCORES} WHERE season_id = %s"
         cursor.execute(
             "INSERT INTO seasons_finalstanding (season_id, position, rank, player_id, score, reached_at, "
-            "region, regional_position, regional_rank) "
-            f"SELECT %s, row_number() OVER w, rank() OVER ({ties}), player_id, score, "
-            f"{'reached_at' if first_reached else 'NULL'}, {regional} "
-            f"FROM {source} WINDOW w AS ({order})",
-            [season.pk, season.pk],
+            "region, regional_position, regional_rank, tier) "
+            f"SELECT season_id, position, rank, player_id, score, reached_at, region, regional_position, "
+            f"regional_rank, {tier_sql} FROM ("
+            f"SELECT %s AS season_id, row_number() OVER w AS position, rank() OVER ({ties}) AS rank, player_id, "
+            f"score, {'reached_at' if first_reached else 'CAST(NULL AS timestamp with time zone)'} AS reached_at, "
+            f"{regional}, "
+            f"count(*) OVER () AS total "
+            f"FROM {source} WINDOW w AS ({order})) AS ranked",
+            [*tier_params, season.pk, season.pk],
         )
         if source.startswith(_FINAL_SCORES):
             cursor.execute(f"DROP TABLE {_FINAL_SCORES}")
     season.save(update_fields=["final_regional"])
     return final_standings_hash(season_id=season.pk)
+
+
+def _tier_case_sql(tiers: Tiers | None) -> tuple[str, list[int | str]]:
+    """The tier of a row with `rank` of `total` players in SQL (core.tiers.Tier.holds, in
+    integers: a share P = n/d holds when rank * 100 * d <= n * total), and its parameters."""
+    if tiers is None:
+        return "NULL", []
+    whens: list[str] = []
+    params: list[int | str] = []
+    for tier in tiers.tiers:
+        if tier.top is not None:
+            whens.append("WHEN rank <= %s THEN %s")
+            params += [tier.top, tier.name]
+        elif tier.share is not None:
+            whens.append("WHEN rank * 100 * %s <= %s * total THEN %s")
+            params += [tier.share.denominator, tier.share.numerator, tier.name]
+        else:
+            whens.append("ELSE %s")
+            params.append(tier.name)
+    return f"CASE {' '.join(whens)} END", params
 
 
 # The temporary table a split season's current scores are gathered into for its standings.
@@ -607,14 +644,13 @@ def final_standings_hash(*, season_id: int) -> tuple[str, int]:
     query = (
         FinalStanding.objects.filter(season_id=season_id).order_by("position")
         .values_list("position", "rank", "player_id", "score", "reached_at", "region", "regional_position",
-                     "regional_rank")
+                     "regional_rank", "tier")
     )
-    for position, rank, player_id, score, reached_at, region, regional_position, regional_rank in query.iterator(
-        chunk_size=20_000
-    ):
+    for position, rank, player_id, score, reached_at, region, regional_position, regional_rank, tier in \
+            query.iterator(chunk_size=20_000):
         digest.update(line_format.line(
             position=position, rank=rank, player_id=player_id, score=score, reached_at=reached_text(reached_at),
-            region=region, regional_position=regional_position, regional_rank=regional_rank,
+            region=region, regional_position=regional_position, regional_rank=regional_rank, tier=tier,
         ).encode())
         rows += 1
     return digest.hexdigest(), rows

@@ -23,6 +23,9 @@ from leaderboard.core.profiles import (
 )
 from leaderboard.core.season_options import check_region, regions_problem, tie_break_problem
 
+# An outcome of a profile without a name or country.
+NO_NAME = {"display_name": None, "country": None}
+
 
 def write(player_id: str, region: str | None, version: int) -> ProfileWrite:
     return ProfileWrite(player_id=player_id, region=region, profile_version=version)
@@ -56,10 +59,10 @@ def test_a_batch_writing_one_player_twice_takes_effect_in_order() -> None:
         stored={"a": StoredProfile("apac", 2)},
     )
     assert [o.as_dict() for o in plan.outcomes] == [
-        {"player_id": "a", "status": "applied", "region": "eu", "profile_version": 5},
-        {"player_id": "a", "status": "stale", "region": "eu", "profile_version": 5},
-        {"player_id": "a", "status": "applied", "region": "na", "profile_version": 6},
-        {"player_id": "a", "status": "unchanged", "region": "na", "profile_version": 7},
+        {"player_id": "a", "status": "applied", "region": "eu", "profile_version": 5, **NO_NAME},
+        {"player_id": "a", "status": "stale", "region": "eu", "profile_version": 5, **NO_NAME},
+        {"player_id": "a", "status": "applied", "region": "na", "profile_version": 6, **NO_NAME},
+        {"player_id": "a", "status": "unchanged", "region": "na", "profile_version": 7, **NO_NAME},
     ]
     assert [(c.old_region, c.region, c.profile_version) for c in plan.changes] == [
         ("apac", "eu", 5), ("eu", "na", 6), ("na", "na", 7),
@@ -69,7 +72,8 @@ def test_a_batch_writing_one_player_twice_takes_effect_in_order() -> None:
 
 def test_stale_items_write_nothing_and_report_what_is_stored() -> None:
     plan = profiles_plan(writes=[write("a", "eu", 1)], stored={"a": StoredProfile("na", 8)})
-    assert plan.outcomes[0].as_dict() == {"player_id": "a", "status": "stale", "region": "na", "profile_version": 8}
+    assert plan.outcomes[0].as_dict() == {"player_id": "a", "status": "stale", "region": "na", "profile_version": 8,
+                                          **NO_NAME}
     assert plan.changes == [] and plan.writes == {}
 
 

@@ -29,6 +29,7 @@ from tests.support import (
     seal_and_build,
     staff,
 )
+from tests.support.reference import answer_entry
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -57,7 +58,7 @@ def final_season(season_factory: SeasonFactory, post_scores: Post) -> Season:
 
 def expected_entries() -> list[dict[str, Any]]:
     standings = Standings(SCORES)
-    return [e.as_dict() for e in standings.window(from_position=1, limit=PLAYERS)]
+    return [answer_entry(e) for e in standings.window(from_position=1, limit=PLAYERS)]
 
 
 # --- /final -------------------------------------------------------------------------------
@@ -104,10 +105,10 @@ def test_standings_default_to_the_first_hundred_in_display_order(final_season: S
         "fin", final_season.final_version, 1)
     assert body["entries"] == expected_entries()[:100]
     assert body["entries"][:4] == [
-        {"position": 1, "rank": 1, "player_id": "p147", "score": 49000},
-        {"position": 2, "rank": 1, "player_id": "p148", "score": 49000},
-        {"position": 3, "rank": 1, "player_id": "p149", "score": 49000},
-        {"position": 4, "rank": 4, "player_id": "p144", "score": 48000},
+        answer_entry({"position": 1, "rank": 1, "player_id": "p147", "score": 49000}),
+        answer_entry({"position": 2, "rank": 1, "player_id": "p148", "score": 49000}),
+        answer_entry({"position": 3, "rank": 1, "player_id": "p149", "score": 49000}),
+        answer_entry({"position": 4, "rank": 4, "player_id": "p144", "score": 48000}),
     ]
 
 
@@ -167,7 +168,8 @@ def test_standings_windows_start_anywhere_and_bad_paging_is_a_400_naming_the_par
 def test_a_player_in_the_final(final_season: Season) -> None:
     body = get("/v1/seasons/fin/final/players/p145").json()
     assert body == {"season_id": "fin", "final_version": final_season.final_version, "kind": DEFAULT_KIND,
-                    "position": 5, "rank": 4, "player_id": "p145", "score": 48000}
+                    "position": 5, "rank": 4, "player_id": "p145", "score": 48000, "display_name": None,
+                    "country": None, "tier": None}
     for entry in expected_entries()[::17]:
         got = get(f"/v1/seasons/fin/final/players/{entry['player_id']}").json()
         assert {k: got[k] for k in entry} == entry

@@ -251,10 +251,10 @@ def test_a_season_without_regions_hashes_and_answers_exactly_as_before(
     body = get("/v1/seasons/fin-plain/final").json()
     assert body["hash_algorithm"] == "sha256 over 'position\\trank\\tplayer_id\\tscore\\n' lines in position order"
     assert set(get("/v1/seasons/fin-plain/final/standings").json()["entries"][0]) == {
-        "position", "rank", "player_id", "score"}
+        "position", "rank", "player_id", "score", *UNHASHED}
     assert get("/v1/seasons/fin-plain/final/players/a1").json() == {
         "season_id": "fin-plain", "final_version": season.final_version, "kind": DEFAULT_KIND, "position": 2, "rank": 1,
-        "player_id": "a1", "score": 500}
+        "player_id": "a1", "score": 500, "display_name": None, "country": None, "tier": None}
     # No region is known to a season without regions.
     response = get("/v1/seasons/fin-plain/final/standings?region=na")
     assert (response.status_code, response.json()["error"]) == (404, "unknown_region")
@@ -277,11 +277,16 @@ def test_a_final_approved_before_regional_places_keeps_its_rows_hash_and_answers
     assert old.final_regional is False
     assert final_standings_hash(season_id=old.pk) == (canonical_sha256(row[:4] for row in EXPECTED), len(EXPECTED))
     assert set(get("/v1/seasons/fin-old-final/final/standings").json()["entries"][0]) == {
-        "position", "rank", "player_id", "score"}
+        "position", "rank", "player_id", "score", *UNHASHED}
     assert set(get("/v1/seasons/fin-old-final/final/players/d4").json()) == {
-        "season_id", "final_version", "kind", "position", "rank", "player_id", "score"}
+        "season_id", "final_version", "kind", "position", "rank", "player_id", "score", *UNHASHED}
     response = get("/v1/seasons/fin-old-final/final/standings?region=na")
     assert (response.status_code, response.json()["error"]) == (404, "unknown_region")
+
+
+# Beside the hashed fields every entry carries the player's current name and country and
+# its tier (null in a season without tiers; hashed in a season with them).
+UNHASHED = ("display_name", "country", "tier")
 
 
 # --- the API ---------------------------------------------------------------------------------
@@ -290,7 +295,8 @@ def test_a_final_approved_before_regional_places_keeps_its_rows_hash_and_answers
 def entry_of(row: Row) -> dict[str, Any]:
     position, rank, player, score, region, regional_position, regional_rank = row
     return {"position": position, "rank": rank, "player_id": player, "score": score, "region": region or None,
-            "regional_position": regional_position, "regional_rank": regional_rank}
+            "regional_position": regional_position, "regional_rank": regional_rank, "display_name": None,
+            "country": None, "tier": None}
 
 
 def test_standings_of_a_region_page_by_regional_position_with_global_places(regional_final: Season) -> None:
@@ -343,7 +349,7 @@ def test_a_player_in_the_final_names_their_region_and_regional_place(regional_fi
     assert get("/v1/seasons/fin-reg/final/players/d4").json()["regional_rank"] == 3
     assert get("/v1/seasons/fin-reg/final/players/i9").json() == {
         **head, "position": 5, "rank": 5, "player_id": "i9", "score": 450, "region": None,
-        "regional_position": None, "regional_rank": None}
+        "regional_position": None, "regional_rank": None, "display_name": None, "country": None, "tier": None}
 
 
 def test_the_staff_player_page_shows_the_regional_final_place(regional_final: Season, client_as: Any) -> None:

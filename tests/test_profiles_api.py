@@ -28,6 +28,9 @@ from tests.support import TEST_ACTOR
 URL = "/internal/v1/players/profiles:apply"
 Post = Callable[[Any], Any]
 
+# An outcome of a profile without a name or country.
+NO_NAME = {"display_name": None, "country": None}
+
 
 @pytest.fixture
 def profile_service(db: Any) -> tuple[ApiClient, APIClient]:
@@ -90,7 +93,7 @@ def test_a_first_profile_with_a_region_is_applied_stored_and_recorded(
     response = post({"profiles": [item("alice", "eu", 3)]})
     assert response.status_code == 200
     assert response.json() == {"results": [{"player_id": "alice", "status": "applied", "region": "eu",
-                                            "profile_version": 3}]}
+                                            "profile_version": 3, **NO_NAME}]}
     assert stored("alice") == ("eu", 3)
     change = PlayerProfileChange.objects.get(player_id="alice")
     assert (change.old_region, change.region, change.profile_version, change.client_id) == (
@@ -99,7 +102,7 @@ def test_a_first_profile_with_a_region_is_applied_stored_and_recorded(
 
 def test_a_first_profile_without_a_region_is_unchanged_but_recorded(post: Post) -> None:
     assert apply_ok(post, item("bob", None, 1)) == [
-        {"player_id": "bob", "status": "unchanged", "region": None, "profile_version": 1}]
+        {"player_id": "bob", "status": "unchanged", "region": None, "profile_version": 1, **NO_NAME}]
     assert stored("bob") == ("", 1)
     assert history("bob") == [("", "", 1)]
 
@@ -107,15 +110,15 @@ def test_a_first_profile_without_a_region_is_unchanged_but_recorded(post: Post) 
 def test_newer_versions_apply_or_leave_unchanged_and_older_ones_are_stale(post: Post) -> None:
     apply_ok(post, item("p", "eu", 5))
     assert apply_ok(post, item("p", "eu", 6)) == [
-        {"player_id": "p", "status": "unchanged", "region": "eu", "profile_version": 6}]
+        {"player_id": "p", "status": "unchanged", "region": "eu", "profile_version": 6, **NO_NAME}]
     assert apply_ok(post, item("p", "na", 6), item("p", "na", 2)) == [
-        {"player_id": "p", "status": "stale", "region": "eu", "profile_version": 6},
-        {"player_id": "p", "status": "stale", "region": "eu", "profile_version": 6},
+        {"player_id": "p", "status": "stale", "region": "eu", "profile_version": 6, **NO_NAME},
+        {"player_id": "p", "status": "stale", "region": "eu", "profile_version": 6, **NO_NAME},
     ]
     assert apply_ok(post, item("p", "na", 9)) == [
-        {"player_id": "p", "status": "applied", "region": "na", "profile_version": 9}]
+        {"player_id": "p", "status": "applied", "region": "na", "profile_version": 9, **NO_NAME}]
     assert apply_ok(post, item("p", None, 10)) == [
-        {"player_id": "p", "status": "applied", "region": None, "profile_version": 10}]
+        {"player_id": "p", "status": "applied", "region": None, "profile_version": 10, **NO_NAME}]
     assert stored("p") == ("", 10)
     assert history("p") == [("", "eu", 5), ("eu", "eu", 6), ("eu", "na", 9), ("na", "", 10)]
 

@@ -14,6 +14,7 @@ from leaderboard.core.buckets import BucketLayout
 from leaderboard.core.ranking import Standings
 from seasons.models import Season
 from tests.support import DEFAULT_KIND, Events, db_standings, epoch, post_ok, publish
+from tests.support.reference import answer_entry
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -60,7 +61,7 @@ def ok(client: APIClient, url: str, **params: Any) -> dict[str, Any]:
 
 
 def entries(board: Standings, first: int, limit: int) -> list[dict[str, object]]:
-    return [e.as_dict() for e in board.window(from_position=first, limit=limit)]
+    return [answer_entry(e) for e in board.window(from_position=first, limit=limit)]
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def test_top_defaults_to_100_entries(client: APIClient, season: Season, board: S
     assert len(body["entries"]) == 100
     # The tie straddles positions 100/101 and keeps its shared rank on both sides.
     assert body["entries"][40]["rank"] == 41
-    assert body["entries"][99] == {"position": 100, "rank": 41, "player_id": "tie55", "score": 500_000}
+    assert body["entries"][99] == answer_entry({"position": 100, "rank": 41, "player_id": "tie55", "score": 500_000})
     # UTF-8 byte order inside the tie: "B" < "Z" < "_" < "a" < "tie..".
     assert [e["player_id"] for e in body["entries"][40:44]] == ["B", "Z", "_", "a"]
 
@@ -127,9 +128,9 @@ def test_top_of_a_small_board_has_every_player(client: APIClient, season: Season
     publish(season)
     body = ok(client, top_url(season.slug))
     assert body["entries"] == [
-        {"position": 1, "rank": 1, "player_id": "z", "score": 7},
-        {"position": 2, "rank": 2, "player_id": "x", "score": 5},
-        {"position": 3, "rank": 2, "player_id": "y", "score": 5},
+        answer_entry({"position": 1, "rank": 1, "player_id": "z", "score": 7}),
+        answer_entry({"position": 2, "rank": 2, "player_id": "x", "score": 5}),
+        answer_entry({"position": 3, "rank": 2, "player_id": "y", "score": 5}),
     ]
     assert body["total_players"] == 3
 
@@ -139,13 +140,17 @@ def test_top_of_a_small_board_has_every_player(client: APIClient, season: Season
 
 def test_rank_of_every_player(client: APIClient, season: Season, board: Standings,
                               django_assert_num_queries: Any) -> None:
-    for entry in board.window(from_position=1, limit=200):
+    everyone = board.window(from_position=1, limit=200)
+    for entry in everyone:
         with django_assert_num_queries(0):
             body = ok(client, rank_url(season.slug, entry.player_id))
+        # 100 x the players with a strictly lower score / all, rounded down to two decimals.
+        worse = sum(1 for other in everyone if other.score < entry.score)
         assert body == {
             "leaderboard_version": 1, "as_of": body["as_of"], "kind": DEFAULT_KIND, "player_id": entry.player_id,
+            "display_name": None, "country": None,
             "score": entry.score, "rank": entry.rank, "position": entry.position, "region": None,
-            "total_players": 130,
+            "total_players": 130, "percentile": int(worse * 10_000 / 130) / 100, "tier": None,
         }
     assert ok(client, rank_url(season.slug, "tie75"))["rank"] == 41
     assert ok(client, rank_url(season.slug, "lo00"))["position"] == 130
@@ -187,14 +192,14 @@ def test_neighbors_are_contiguous_with_the_player_in_the_middle(client: APIClien
             body = ok(client, neighbors_url(season.slug, player_id), radius=radius)
             me = board.entry(player_id)
             assert me is not None
-            assert body["player"] == me.as_dict()
+            assert body["player"] == answer_entry(me)
             assert body["radius"] == radius
             assert body["total_players"] == 130
             got = body["entries"]
-            assert got == [e.as_dict() for e in board.neighbors(player_id, radius)], (player_id, radius)
+            assert got == [answer_entry(e) for e in board.neighbors(player_id, radius)], (player_id, radius)
             positions = [e["position"] for e in got]
             assert positions == list(range(max(1, me.position - radius), min(130, me.position + radius) + 1))
-            assert got[me.position - positions[0]] == me.as_dict()
+            assert got[me.position - positions[0]] == answer_entry(me)
 
 
 def test_neighbors_radius_defaults_to_10(client: APIClient, season: Season, board: Standings) -> None:
@@ -412,7 +417,7 @@ def test_reads_of_a_single_bucket_season(client: APIClient, season_factory: Call
     assert ok(client, top_url(season.slug))["entries"] == entries(board, 1, 100)
     assert ok(client, window_url(season.slug), from_position=90, limit=30)["entries"] == entries(board, 90, 30)
     body = ok(client, neighbors_url(season.slug, "p077"), radius=10)
-    assert body["entries"] == [e.as_dict() for e in board.neighbors("p077", 10)]
+    assert body["entries"] == [answer_entry(e) for e in board.neighbors("p077", 10)]
 
 
 def test_a_read_that_outlives_its_deadline_is_never_answered_from_it(client: APIClient, season: Season,

@@ -31,9 +31,11 @@ from django.http.request import split_domain_port, validate_host
 from leaderboard.api import reads
 from leaderboard.api.errors import OUTAGES, ApiError, api_error_body, outage_error, reads_saturated
 from leaderboard.api.params import season_id_param
+from leaderboard.core.manifest import Manifest
 from leaderboard.live.redis_async import loop_redis, pipeline_raw
 from leaderboard.ratelimit import ReadLimit, read_limit_for, scope_address
 from leaderboard.redis_errors import REDIS_OUTAGES
+from leaderboard.views.names import names_call
 from leaderboard.views.rankview import Rider, manifest_cached
 from leaderboard.views.season_index import season_keys
 
@@ -152,6 +154,8 @@ class ReadFastPath:
         self.in_flight = 0
         self.in_flight_max = threads * QUEUED_PER_THREAD
         self.outage = _Outage()
+        # (prefix, season, region) -> the version whose top the loop served last (`_top_on_loop`).
+        self.tops_served: dict[tuple[str, str, str | None], Manifest] = {}
         self.routes = ROUTES + (_baseline_routes() if settings.BENCH_BASELINE else [])
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reads")
         self.headers = _security_headers()
@@ -191,6 +195,12 @@ class ReadFastPath:
         commands: list[tuple[Any, ...]] = [("GET", keys.ptr)]
         if limit is not None:
             commands.append(limit.rider.command)
+        # The names of the top this process served last for the board, read in the same
+        # round trip: right whenever the version has not moved since.
+        guess = self.tops_served.get((keys.prefix, keys.season, region))
+        ids = reads.top_ids(guess) if guess is not None else []
+        if ids:
+            commands.append(names_call(keys.prefix, ids))
         try:
             async with asyncio.timeout(settings.READ_REDIS_TIMEOUT_SECONDS):
                 replies = await pipeline_raw(loop_redis(), commands)
@@ -212,7 +222,10 @@ class ReadFastPath:
             manifest = manifest.board_of(region)
         if manifest is None:
             return None
-        return reads.top_of(manifest, region=region, limit=size)
+        self.tops_served[(keys.prefix, keys.season, region)] = manifest
+        if manifest is not guess or not ids:
+            return None  # a new version: its names with the read thread's top
+        return reads.top_of(manifest, region=region, limit=size, names=replies[-1])
 
     def _host_ok(self, scope: Scope) -> bool:
         host = next((value for name, value in scope["headers"] if name == b"host"), b"").decode("latin-1")

@@ -33,7 +33,9 @@ from leaderboard.api.params import (
 from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import RADIUS_MAX, Entry, entry_shown, ranked_among
-from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired
+from leaderboard.core.tiers import percentile
+from leaderboard.views.names import NO_NAME, Name, names_call, names_of
+from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired, round_trip
 from leaderboard.views.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
 
@@ -53,12 +55,37 @@ def _envelope(manifest: Manifest, body: dict[str, Any]) -> dict[str, Any]:
     return {"leaderboard_version": manifest.version, "as_of": manifest.as_of, "kind": manifest.kind_dict, **body}
 
 
-def _entries(manifest: Manifest, entries: list[Entry]) -> list[dict[str, object]]:
-    kind = manifest.kind
-    # Asked once per answer, not per entry: a desc board's entries are its scores.
-    if kind.flip is None:
-        return [entry.as_dict() for entry in entries]
-    return [entry_shown(kind, entry).as_dict() for entry in entries]
+def _entries(manifest: Manifest, entries: list[Entry], names: Mapping[str, Name]) -> list[dict[str, object]]:
+    """Entries as players see them: the score (an asc board's turned back, core.ranking.
+    entry_shown), the player's current name and country, and the tier of the rank."""
+    flip = manifest.kind.flip
+    out: list[dict[str, object]] = []
+    for entry in entries:
+        name, country = names.get(entry.player_id, NO_NAME)
+        out.append({"position": entry.position, "rank": entry.rank, "player_id": entry.player_id,
+                    "score": entry.score if flip is None else flip - entry.score, "display_name": name,
+                    "country": country, "tier": manifest.tier_of(entry.rank)})
+    return out
+
+
+def _names_read(reader: RankReader, player_ids: list[str]) -> dict[str, Name]:
+    """The players' current names and countries: one command, in a round trip of its own
+    (a page's players are known only once its entries are read)."""
+    if not player_ids:
+        return {}
+    (reply,) = round_trip(reader.r, [names_call(reader.keys.prefix, player_ids)])
+    return names_of(player_ids, reply)
+
+
+def _names_along(reader: RankReader, player_ids: list[str]) -> None:
+    """Ask for the players' names in the reader's first round trip (`_names_riding` reads them)."""
+    reader.also = [names_call(reader.keys.prefix, player_ids)]
+
+
+def _names_riding(reader: RankReader, player_ids: list[str]) -> dict[str, Name]:
+    if reader.also_replies is None:  # the read needed no round trip of its own
+        return _names_read(reader, player_ids)
+    return names_of(player_ids, reader.also_replies[0])
 
 
 def _board(region: str | None) -> dict[str, Any]:
@@ -100,7 +127,9 @@ def top_answer(*, season_id: str, query: Query, region: str | None = None, rider
 
     def call(reader: RankReader) -> Answer:
         manifest, _ = reader.top(limit, version)
-        return top_of(manifest, region=region, limit=limit)
+        ids = top_ids(manifest)
+        (names,) = round_trip(reader.r, [names_call(reader.keys.prefix, ids)]) if ids else ([],)
+        return top_of(manifest, region=region, limit=limit, names=names)
 
     return _read(season_id, call, region=region, rider=rider)
 
@@ -113,22 +142,41 @@ def top_params(*, query: Query, region: str | None) -> tuple[str | None, int, in
     return region, limit or 100, version
 
 
-def top_of(manifest: Manifest, *, region: str | None, limit: int) -> Answer:
-    """The top answer of a version's board (the manifest holds its top 100)."""
-    head, entries, tail = _top_encoded(manifest, region)
-    return Answer(200, _envelope(manifest, {**_board(region), "entries": manifest.shown_top[:limit],
+def top_ids(manifest: Manifest) -> list[str]:
+    """The players of a version's top 100, whose names a top answer reads (names_call)."""
+    ids: list[str] | None = manifest.memo.get("top_ids")
+    if ids is None:
+        ids = manifest.memo["top_ids"] = [entry["player_id"] for entry in manifest.top]
+    return ids
+
+
+def top_of(manifest: Manifest, *, region: str | None, limit: int, names: list[Any]) -> Answer:
+    """The top answer of a version's board (the manifest holds its top 100), with the
+    names (the raw reply of names_call for top_ids) as they are now."""
+    head, entries, tail, shown = _top_encoded(manifest, region, names)
+    return Answer(200, _envelope(manifest, {**_board(region), "entries": shown[:limit],
                                             "total_players": manifest.total}),
                   raw=head + b",".join(entries[:limit]) + tail)
 
 
-def _top_encoded(manifest: Manifest, region: str | None) -> tuple[bytes, list[bytes], bytes]:
-    """The version's top answer encoded once, in three parts: every `limit` is the head,
-    that many entries and the tail. The same bytes as the body encoded whole."""
-    parts: tuple[bytes, list[bytes], bytes] | None = manifest.memo.get("top_answer")
-    if parts is None:
-        head = orjson.dumps(_envelope(manifest, _board(region)))[:-1] + b',"entries":['
-        tail = b'],"total_players":' + orjson.dumps(manifest.total) + b"}"
-        parts = manifest.memo["top_answer"] = (head, [orjson.dumps(entry) for entry in manifest.shown_top], tail)
+def _top_encoded(manifest: Manifest, region: str | None, names: list[Any]
+                 ) -> tuple[bytes, list[bytes], bytes, list[dict[str, Any]]]:
+    """The version's top answer encoded once for a set of names, in three parts: every
+    `limit` is the head, that many entries and the tail (the same bytes as the body
+    encoded whole), and the entries. Names change seldom beside the reads: the last
+    encoding is kept with the names it has, and serves every read that finds the same."""
+    held: tuple[tuple[Any, ...], tuple[bytes, list[bytes], bytes, list[dict[str, Any]]]] | None = \
+        manifest.memo.get("top_answer")
+    key = tuple(names)
+    if held is not None and held[0] == key:
+        return held[1]
+    named = names_of(top_ids(manifest), names)
+    shown = [{**entry, "display_name": named[entry["player_id"]][0], "country": named[entry["player_id"]][1]}
+             for entry in manifest.shown_top]
+    head = orjson.dumps(_envelope(manifest, _board(region)))[:-1] + b',"entries":['
+    tail = b'],"total_players":' + orjson.dumps(manifest.total) + b"}"
+    parts = (head, [orjson.dumps(entry) for entry in shown], tail, shown)
+    manifest.memo["top_answer"] = (key, parts)
     return parts
 
 
@@ -141,8 +189,9 @@ def window_answer(*, season_id: str, query: Query, region: str | None = None,
 
     def call(reader: RankReader) -> Answer:
         manifest, entries = reader.window(first or 1, limit or 100, version)
+        names = _names_read(reader, [entry.player_id for entry in entries])
         return Answer(200, _envelope(manifest, {
-            **_board(region), "from_position": first, "entries": _entries(manifest, entries),
+            **_board(region), "from_position": first, "entries": _entries(manifest, entries, names),
             "total_players": manifest.total,
         }))
 
@@ -159,7 +208,9 @@ def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | N
     include_pending = bool_param(query, "include_pending")
 
     def call(reader: RankReader) -> Answer:
+        _names_along(reader, [player_id])
         view = reader.rank(player_id, version)
+        name, country = _names_riding(reader, [player_id])[player_id]
         entry = None if view.entry is None else entry_shown(view.manifest.kind, view.entry)
         pending = None
         if include_pending:
@@ -169,12 +220,14 @@ def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | N
             raise _not_ranked(view.manifest, player_id, region)
         # On a regional board a player only pending there is named by the board, not by
         # the region the version still holds them in.
-        body: dict[str, Any] = {"player_id": player_id, "region": region or view.region,
-                                "total_players": view.total}
+        body: dict[str, Any] = {"player_id": player_id, "display_name": name, "country": country,
+                                "region": region or view.region, "total_players": view.total}
         if entry is not None:
-            body.update(score=entry.score, rank=entry.rank, position=entry.position)
+            body.update(score=entry.score, rank=entry.rank, position=entry.position,
+                        percentile=percentile(rank=entry.rank, tied=view.tied, total=view.total),
+                        tier=view.manifest.tier_of(entry.rank))
         else:
-            body.update(score=None, rank=None, position=None)
+            body.update(score=None, rank=None, position=None, percentile=None, tier=None)
         if include_pending:
             body["pending"] = None if pending is None else {
                 "score": pending.score, "score_version": pending.score_version,
@@ -196,9 +249,10 @@ def neighbors_answer(*, season_id: str, player_id: str, query: Query, region: st
         manifest, me, entries = reader.neighbors(player_id, radius or 0, version)
         if me is None:
             raise _not_ranked(manifest, player_id, region)
+        names = _names_read(reader, [entry.player_id for entry in entries])
         return Answer(200, _envelope(manifest, {
-            **_board(region), "player": entry_shown(manifest.kind, me).as_dict(), "radius": radius,
-            "entries": _entries(manifest, entries),
+            **_board(region), "player": _entries(manifest, [me], names)[0], "radius": radius,
+            "entries": _entries(manifest, entries, names),
             "total_players": manifest.total,
         }))
 
@@ -213,16 +267,21 @@ def friends_answer(*, season_id: str, player_id: str, query: Query, rider: Rider
     version = int_param(query, "version", default=None, low=1, high=None)
     friends = player_friends_get(player_id=player_id)
 
+    members = [player_id, *friends.player_ids]
+
     def call(reader: RankReader) -> Answer:
-        view = reader.players([player_id, *friends.player_ids], version)
-        ranks, reached, shown = view.ranks, view.reached, view.manifest.kind.flipped
+        _names_along(reader, members)
+        view = reader.players(members, version)
+        names = _names_riding(reader, members)
+        ranks, reached, shown, tier_of = view.ranks, view.reached, view.manifest.kind.flipped, view.manifest.tier_of
         if reached is None:
             among = ranked_among(view.scores)
         else:  # a first_reached season: an equal score reached earlier is ahead
             among = ranked_among(view.scores, tie_key=lambda member, score: (-score, reached[member]))
         # Ranked on the board's values (higher first), shown as scores.
         entries = [{"position": position, "rank": rank, "player_id": member, "score": shown(score),
-                    "global_rank": ranks[member]}
+                    "display_name": names[member][0], "country": names[member][1],
+                    "global_rank": ranks[member], "tier": tier_of(ranks[member])}
                    for position, (member, score, rank) in enumerate(among, start=1)]
         unranked = sum(1 for friend in friends.player_ids if friend not in view.scores)
         return Answer(200, _envelope(view.manifest, {

@@ -14,6 +14,7 @@ from leaderboard.core.partitions import Watermark
 from leaderboard.core.season_options import BOARD_KIND_DEFAULT, TIE_BREAK_FIRST_REACHED, BoardKind
 from leaderboard.core.slots import SLOT_GROUPS_DEFAULT
 from leaderboard.core.tiebreak import FirstReached
+from leaderboard.core.tiers import Tiers, tiers_parse
 
 # The lookup shards of a manifest written before the copies sized them by their players,
 # and the fewest a copy gets unless the caller asks for more (VIEW_LOOKUP_SHARDS_MIN: a
@@ -112,6 +113,9 @@ class Manifest:
     # The index (the data keys) the copy reads: its own name unless two copies share one
     # set of buckets, each reading its own side.
     index: str = ""
+    # The season's tiers (core.tiers): every entry of the version names its tier, by its
+    # rank and this board's total. None: the season has none (entries carry tier null).
+    tiers: Tiers | None = None
 
     def __post_init__(self) -> None:
         if not self.index:
@@ -137,10 +141,15 @@ class Manifest:
     @cached_property
     def shown_top(self) -> list[dict[str, Any]]:
         """The top as players see it: `top` holds the board's values, an asc board's
-        max_score - score (BoardKind.flipped), turned back here once per version."""
-        if self.kind.flip is None:
-            return self.top
-        return [{**entry, "score": self.kind.flipped(entry["score"])} for entry in self.top]
+        max_score - score (BoardKind.flipped), turned back here once per version, and
+        each entry's tier."""
+        flip = self.kind.flip
+        return [{**entry, "score": entry["score"] if flip is None else flip - entry["score"],
+                 "tier": self.tier_of(entry["rank"])} for entry in self.top]
+
+    def tier_of(self, rank: int) -> str | None:
+        """The tier of a rank on this board (None: the season has no tiers)."""
+        return None if self.tiers is None else self.tiers.of(rank=rank, total=self.total)
 
     @cached_property
     def kind_dict(self) -> dict[str, Any]:
@@ -178,6 +187,7 @@ class Manifest:
             **({} if self.ties is None else {"tie_break": self.ties.as_dict()}),
             # Only when not the default: a manifest written before kinds existed reads the same.
             **({} if self.kind == BOARD_KIND_DEFAULT else {"kind": self.kind.as_dict()}),
+            **({} if self.tiers is None else {"tiers": self.tiers.text()}),
             **({} if not self.regions else
                {"regions": {name: b.to_dict(self.layout) for name, b in self.regions.items()}}),
         }
@@ -206,6 +216,7 @@ class Manifest:
             groups=int(data.get("groups", SLOT_GROUPS_DEFAULT)),
             side=int(data.get("side", 0)),
             index=str(data.get("index", data["copy"])),
+            tiers=tiers_parse(data.get("tiers", "")),
         )
 
     @classmethod

@@ -16,7 +16,7 @@ from leaderboard.core.partitions import (
 )
 from leaderboard.core.tiebreak import instant_ms
 from leaderboard.ledger_databases import ledger_alias_by_id, ledger_databases_by_id
-from leaderboard.models import ScoreChange, StreamHead
+from leaderboard.models import PlayerProfile, ScoreChange, StreamHead
 from seasons.models import Season
 
 # Larger than any row id: a watermark at (head, MAX_CURSOR_ID) covers every change of its
@@ -320,3 +320,11 @@ def _change_rows(*, season_id: int, cursor: ChangeCursor | Watermark, limit: int
         if len(rows) >= limit:
             break
     return rows
+
+
+def player_names_get(*, player_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
+    """The players' current (display_name, country) from their profiles, for answers served
+    from the database (the FINAL standings, the staff console); the read path serves the
+    same from Redis (leaderboard.views.names). Players without a profile are left out."""
+    return {player_id: (name, country) for player_id, name, country in PlayerProfile.objects.filter(
+        player_id__in=player_ids).values_list("player_id", "display_name", "country")}

@@ -473,7 +473,7 @@ def copy_manifest(*, r: redis.Redis, keys: rankview.Keys, season: Season, meta: 
         counts=list(meta.counts), checksums=list(meta.checksums),
         top=rankview.copy_top(r, keys, meta, limit=100), ties=meta.ties,
         regions=copy_regions_boards(r=r, keys=keys, meta=meta), lookup_shards=meta.lookup_shards,
-        groups=meta.groups, side=meta.side, index=meta.index, kind=season.board_kind,
+        groups=meta.groups, side=meta.side, index=meta.index, kind=season.board_kind, tiers=season.tiers_parsed,
     )
 
 

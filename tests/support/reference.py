@@ -27,6 +27,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from leaderboard.core.events import ScoreEvent
+from leaderboard.core.ranking import Entry
 
 CONFLICT_REASON = "event_id_reused_with_different_payload"
 STALE_REASON = "score_version_not_newer"
@@ -433,3 +434,11 @@ def reference_run(
         for event in batch
     ]
     return model, outcomes
+
+
+def answer_entry(entry: Entry | dict[str, Any], *, tier: str | None = None, display_name: str | None = None,
+                 country: str | None = None) -> dict[str, Any]:
+    """An entry as a read answer gives it: the model's entry with the player's name and
+    country (null when unset) and the tier of its rank (null in a season without tiers)."""
+    out = dict(entry.as_dict() if isinstance(entry, Entry) else entry)
+    return {**out, "display_name": display_name, "country": country, "tier": tier}

@@ -42,7 +42,7 @@ from leaderboard.views.rankview.manifests import (
     manifest_get,
     pointer_get,
 )
-from leaderboard.views.rankview.shared import ahead_call, lookup_seen, place_call, window_call, window_values
+from leaderboard.views.rankview.shared import ahead_call, lookup_seen, place_tied_call, window_call, window_values
 from leaderboard.views.rankview.wire import round_trip
 
 # ------------------------------------------------------------------------------ reads
@@ -103,6 +103,8 @@ class PlayerView:
     # The player's region in this version (a season with regions; None: no regional board
     # holds them, or the season has none).
     region: str | None = None
+    # How many players share the entry's rank, the player among them (0 without an entry).
+    tied: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,10 +171,20 @@ class RankReader:
         # manifest and entry it was made for and its replies, for `_player_place` to use
         # when they are its own.
         self._early: tuple[Manifest, tuple[str, str], list[Any]] | None = None
+        # Reads of the answer's own (the players' names) that ride along the reader's first
+        # round trip, after its commands; their replies in `also_replies` once sent.
+        self.also: list[tuple[Any, ...]] = []
+        self.also_replies: list[Any] | None = None
 
     def _trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """round_trip of `commands`; the first one of the reader also carries its rider."""
-        return round_trip_with(self.r, commands, self.rider)
+        """round_trip of `commands`; the first one of the reader also carries its rider and
+        the reads in `also`."""
+        also, self.also = self.also, []
+        replies = round_trip_with(self.r, [*commands, *also], self.rider)
+        if not also:
+            return replies
+        self.also_replies = replies[len(commands):]
+        return replies[:len(commands)]
 
     # -- manifest selection
     def _manifest(self, version: int | None) -> Manifest:
@@ -235,7 +247,9 @@ class RankReader:
                                 groups=manifest.groups)
 
     def _place_call(self, manifest: Manifest, bucket: int, key: int, name: str) -> tuple[Any, ...]:
-        return place_call(bucket=self._bucket_key(manifest, bucket), hidden=self._hidden_key(manifest, bucket),
+        # With the tied count: the rank answer's percentile needs it, and it costs the
+        # script one more count in the same bucket.
+        return place_tied_call(bucket=self._bucket_key(manifest, bucket), hidden=self._hidden_key(manifest, bucket),
                           key=key, name=name)
 
     def _ahead_call(self, manifest: Manifest, bucket: int, key: int) -> tuple[Any, ...]:
@@ -282,7 +296,8 @@ class RankReader:
             return None
         score = lookup_value(manifest.ties, entry[0])
         bucket, sort_key = index_key(manifest.layout, manifest.ties, score)
-        ((higher_in_bucket, index),) = round_trip(self.r, [self._place_call(manifest, bucket, sort_key, entry[1])])
+        ((higher_in_bucket, index, _),) = round_trip(self.r, [self._place_call(manifest, bucket, sort_key,
+                                                                                entry[1])])
         if index is None:
             # The lookup and the index disagree: only possible mid-mutation.
             raise _Torn()
@@ -408,26 +423,27 @@ class RankReader:
                                     *seqlock_commands(self.keys, manifest, [self._bucket_group(manifest, bucket)])]
 
     def _player_place(self, manifest: Manifest, entry: tuple[str, str], started: float
-                      ) -> tuple[IndexValue, int, int, int]:
+                      ) -> tuple[IndexValue, int, int, int, int]:
         """The second round trip of a player's reads: the place of their entry (value text,
         entry name) in the bucket of its value as the version's side sees it (its count
-        ahead and position), checked. (value, bucket, position, rank)."""
+        ahead and position), checked. (value, bucket, position, rank, tied: the players
+        sharing the rank, the player among them)."""
         value = lookup_value(manifest.ties, entry[0])
         bucket, sort_key = index_key(manifest.layout, manifest.ties, value)
         early, self._early = self._early, None
         if (early is not None and early[0] is manifest and early[1] == entry
                 and self._seqlock_passed(manifest, early[2][1:], started)):
             # Sent with the lookup, after the pointer, for this very entry and version.
-            higher_in_bucket, index = early[2][0]
+            higher_in_bucket, index, tied = early[2][0]
         else:
-            ((higher_in_bucket, index),) = self._checked(
+            ((higher_in_bucket, index, tied),) = self._checked(
                 manifest, [self._place_call(manifest, bucket, sort_key, entry[1])],
                 [self._bucket_group(manifest, bucket)], started)
         if index is None:
             # The lookup and the index disagree: only possible mid-mutation.
             raise _Torn()
         position, rank = bucket_place(manifest.higher, bucket, index=int(index), ahead=int(higher_in_bucket))
-        return value, bucket, position, rank
+        return value, bucket, position, rank, int(tied)
 
     def _rank_of(self, manifest: Manifest, player_id: str, score_raw: bytes | None, region_raw: bytes | None,
                  started: float) -> PlayerView:
@@ -435,9 +451,9 @@ class RankReader:
         if on_board is None:
             self._validate(manifest, started)
             return PlayerView(manifest=manifest, entry=None, total=manifest.total, region=region)
-        value, _, position, rank = self._player_place(manifest, on_board, started)
+        value, _, position, rank, tied = self._player_place(manifest, on_board, started)
         entry = Entry(position=position, rank=rank, player_id=player_id, score=value_score(value))
-        return PlayerView(manifest=manifest, entry=entry, total=manifest.total, region=region)
+        return PlayerView(manifest=manifest, entry=entry, total=manifest.total, region=region, tied=tied)
 
     def players(self, player_ids: Iterable[str], version: int | None = None) -> PlayersView:
         """Scores and season ranks of a set of players (a friends board) in one version.
@@ -564,7 +580,7 @@ class RankReader:
                 if on_board is None:
                     self._validate(manifest, started)
                     return manifest, None, []
-                value, _, position, rank = self._player_place(manifest, on_board, started)
+                value, _, position, rank, _ = self._player_place(manifest, on_board, started)
                 first = max(1, position - radius)
                 entries = self._entries(manifest, first, position + radius - first + 1, (position, value, rank),
                                         started)

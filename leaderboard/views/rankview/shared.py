@@ -61,6 +61,18 @@ local index = redis.call('ZRANK', KEYS[1], ARGV[2])
 if not index then return {ahead, false} end
 return {ahead, index - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. ARGV[3] .. ARGV[2])}
 """
+# The place read with a third reply: how many entries the copy sees with exactly key
+# ARGV[1] (the entry's tied players, itself among them): those hidden with that key are
+# the hidden members that start with its prefix ARGV[3] (entry names are ASCII, below \255).
+_PLACE_TIED = """
+local key, prefix = ARGV[1], ARGV[3]
+local ahead = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. key) - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. prefix)
+local tied = redis.call('ZCOUNT', KEYS[1], key, key)
+  - redis.call('ZLEXCOUNT', KEYS[2], '[' .. prefix, '(' .. prefix .. '\255')
+local index = redis.call('ZRANK', KEYS[1], ARGV[2])
+if not index then return {ahead, false, tied} end
+return {ahead, index - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. prefix .. ARGV[2]), tied}
+"""
 
 # Up to ARGV[2] entries the copy of hidden set KEYS[2] sees, from its ARGV[1]-th (0-based)
 # in the bucket, as ZRANGE WITHSCORES gives them (name, key, ...). The first is found as
@@ -194,6 +206,12 @@ def lookup_seen(raw: bytes | str | None, side: int) -> Seen | None:
 def place_call(*, bucket: str, hidden: str, key: int, name: str) -> tuple[Any, ...]:
     """The read of an entry's (ahead, position) in a bucket as one copy sees it."""
     return _script_call(_PLACE, [bucket, hidden], [key, name, hidden_member(key)])
+
+
+def place_tied_call(*, bucket: str, hidden: str, key: int, name: str) -> tuple[Any, ...]:
+    """`place_call` with a third reply: the entries one copy sees with exactly `key` (the
+    entry's tied players, the percentile's share at its rank)."""
+    return _script_call(_PLACE_TIED, [bucket, hidden], [key, name, hidden_member(key)])
 
 
 def ahead_call(*, bucket: str, hidden: str, key: int) -> tuple[Any, ...]:

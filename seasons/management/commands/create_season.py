@@ -50,6 +50,10 @@ class Command(BaseCommand):
         parser.add_argument("--order", choices=ORDERS, default=ORDER_DESC,
                             help="which end ranks first: desc (a higher score; default) or asc (a lower one, race "
                                  "times)")
+        parser.add_argument("--tiers", default="",
+                            help="named tiers, best first, each bounded by a rank (topN) or a top share (P%%), the "
+                                 "last unbounded, e.g. \"Champion:top100,Diamond:1%%,Gold:10%%,Silver:50%%,Bronze\" "
+                                 "(default none)")
         parser.add_argument("--partitions", type=int, default=None,
                             help="ledger partitions (default SEASON_PARTITIONS); see manage.py season_repartition")
 
@@ -70,7 +74,7 @@ class Command(BaseCommand):
             season = season_create(
                 layout=layout, regions=[r.strip() for r in options["regions"].split(",") if r.strip()],
                 tie_break=options["tie_break"], mode=options["mode"], order=options["order"],
-                partitions=options["partitions"],
+                partitions=options["partitions"], tiers=options["tiers"],
                 slug=slug, name=options["name"], starts_at=starts_at, cutoff=cutoff,
                 actor=Actor(kind="system", id="", label="manage.py create_season"),
             )
@@ -85,3 +89,5 @@ class Command(BaseCommand):
                 or season.max_score != MAX_SCORE or season.order != ORDER_DESC):
             self.stdout.write(f"regions: {', '.join(season.regions) or 'none'}; tie-break: {season.tie_break}; "
                               f"mode: {season.mode}; scores: 0..{season.max_score}, {season.order}")
+        if season.tiers:
+            self.stdout.write(f"tiers: {season.tiers}")
