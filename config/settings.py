@@ -292,6 +292,9 @@ FINAL_SAMPLE_SIZE = env_int("FINAL_SAMPLE_SIZE", 1000, minimum=1)
 # epoch duration and version age are sampled this often (Celery beat) and kept this long.
 METRICS_SAMPLE_SECONDS = env_float("METRICS_SAMPLE_SECONDS", 10.0, minimum=1.0)
 METRICS_HISTORY_SECONDS = env_float("METRICS_HISTORY_SECONDS", 86_400.0, minimum=60.0)
+# How often beat checks that Redis still holds the players' names (refilled from the
+# database when it lost them: leaderboard.profiles.names_recover).
+NAMES_CHECK_SECONDS = env_float("NAMES_CHECK_SECONDS", 60.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE = {
     "leaderboard-reconciliation": {
         "task": "leaderboard.tasks.reconciliations_dispatch",
@@ -317,6 +320,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "leaderboard.tasks.rebuild_jobs_resend",
         "schedule": REBUILD_RESEND_SECONDS,
         "options": {"expires": REBUILD_RESEND_SECONDS},
+    },
+    "leaderboard-names-recover": {
+        "task": "leaderboard.tasks.names_recover_task",
+        "schedule": NAMES_CHECK_SECONDS,
+        "options": {"expires": NAMES_CHECK_SECONDS},
     },
 }
 # bench/reads.py only: routes /bench/baseline/... (rank from one plain sorted set) so the

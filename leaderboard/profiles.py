@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from django.conf import settings
@@ -33,7 +33,7 @@ from leaderboard.ingest import ledger_store
 from leaderboard.models import ApiClient, FriendList, PlayerProfile, PlayerProfileChange
 from leaderboard.redis_client import redis_get
 from leaderboard.redis_errors import REDIS_OUTAGES
-from leaderboard.views.names import names_store
+from leaderboard.views.names import NAMES_FILLED, REFILL_BATCH, names_key, names_store
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -182,3 +182,48 @@ def player_friends_put(*, player_id: str, friends: list[str], graph_version: int
             defaults={"friends": friends, "graph_version": graph_version, "updated_at": timezone.now()},
         )
     return row
+
+
+def names_refill(*, progress: Callable[[int], None] | None = None) -> int:
+    """Write every profile's name and country to where reads find them, from the database
+    (after Redis lost them, or onto a new Redis), a batch at a time; a profile without
+    either has its field removed. Idempotent; a profile write meanwhile stores its own
+    name once it commits, so running this during writes leaves nothing stale for longer
+    than that write's commit. Returns the profiles gone through."""
+    r = redis_get()
+    done = 0
+    rows = PlayerProfile.objects.order_by("player_id").values_list("player_id", "display_name", "country")
+    batch: list[tuple[str, str | None, str | None]] = []
+    for row in rows.iterator(chunk_size=REFILL_BATCH):
+        batch.append(row)
+        if len(batch) == REFILL_BATCH:
+            names_store(r, prefix=settings.REDIS_KEY_PREFIX, names=batch)
+            done += len(batch)
+            batch = []
+            if progress is not None:
+                progress(done)
+    if batch:
+        names_store(r, prefix=settings.REDIS_KEY_PREFIX, names=batch)
+        done += len(batch)
+    r.hset(names_key(settings.REDIS_KEY_PREFIX), NAMES_FILLED, "1")
+    return done
+
+
+def names_recover() -> int | None:
+    """Refill the names (`names_refill`) when Redis has lost them: the hash's mark, set by
+    the last refill, is gone with the hash (a flush, a restart without persistence, a new
+    Redis). One refill at a time (a lock with the hash, in its slot); None when nothing
+    was to do or another process is at it."""
+    r = redis_get()
+    key = names_key(settings.REDIS_KEY_PREFIX)
+    if r.hexists(key, NAMES_FILLED):
+        return None
+    lock = f"{key}:refill"
+    if not r.set(lock, "1", nx=True, ex=3600):
+        return None
+    try:
+        done = names_refill()
+    finally:
+        r.delete(lock)
+    log.info("names: Redis had lost them; %d profiles written again", done)
+    return done

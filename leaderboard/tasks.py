@@ -13,6 +13,7 @@ from kombu.exceptions import OperationalError
 
 from leaderboard.core.lifecycle import MATERIALIZED_STATES
 from leaderboard.metrics.samples import metrics_seasons_sample
+from leaderboard.profiles import names_recover
 from leaderboard.recovery.rebuild import rebuild_jobs_resend_due, rebuild_run, season_epoch_advance
 from leaderboard.recovery.reconcile import reconciliation_run
 from leaderboard.views.parts import PartSpec, part_run
@@ -171,3 +172,9 @@ def rebuild_jobs_resend() -> int:
 def metrics_sample() -> int:
     """Every METRICS_SAMPLE_SECONDS (beat): one health sample per live season; a repeat of a tick writes nothing."""
     return metrics_seasons_sample()
+
+
+@shared_task(ignore_result=True)
+def names_recover_task() -> int | None:
+    """Every NAMES_CHECK_SECONDS (beat): refill the players' names in Redis when it lost them."""
+    return names_recover()

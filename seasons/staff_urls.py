@@ -29,6 +29,8 @@ urlpatterns = [
     path("seasons/<slug:slug>/reconciliation/<int:run_id>/", season.reconciliation_run_page, name="reconciliation-run"),
     path("seasons/<slug:slug>/players/", season.player_lookup, name="player-lookup"),
     path("seasons/<slug:slug>/players/<str:player_id>/", season.player_page, name="player"),
+    path("seasons/<slug:slug>/players/<str:player_id>/name-reset/", season.player_name_reset_action,
+         name="player-name-reset"),
     path("seasons/<slug:slug>/late/", disputes.late_results, name="late-results"),
     path("seasons/<slug:slug>/late/<int:late_id>/apply", disputes.late_result_apply, name="late-apply"),
     path("seasons/<slug:slug>/late/<int:late_id>/dismiss", disputes.late_result_dismiss_action, name="late-dismiss"),

@@ -21,6 +21,9 @@ import redis
 
 SEPARATOR = "\x1f"
 REFILL_BATCH = 10_000
+# A field no player id can be (ids have no NUL): set by the last refill, gone with the
+# hash when Redis loses it (leaderboard.profiles.names_recover).
+NAMES_FILLED = "\x00filled"
 
 Name = tuple[str | None, str | None]  # (display_name, country)
 NO_NAME: Name = (None, None)

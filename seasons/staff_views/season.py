@@ -15,7 +15,8 @@ from django.views.decorators.http import require_GET, require_POST
 from leaderboard.core.events import ID_RULE, id_is_valid
 from leaderboard.core.humanize import instant_text
 from leaderboard.core.lifecycle import SeasonState
-from leaderboard.models import RebuildJob, ReconciliationRun
+from leaderboard.models import PlayerProfile, RebuildJob, ReconciliationRun
+from leaderboard.profiles import player_name_reset
 from leaderboard.recovery.rebuild import (
     RebuildError,
     rebuild_discard,
@@ -250,4 +251,21 @@ def player_page(request: HttpRequest, slug: str, player_id: str) -> HttpResponse
         request, season=season, player=players_sel.player_detail(season=season, player_id=player_id),
         regions=players_sel.player_regions(player_id=player_id),
         friends=players_sel.player_friends(player_id=player_id),
+        reason_form=f.ReasonForm(),
     ))
+
+
+@require_POST
+@staff_required("players_moderate")
+def player_name_reset_action(request: HttpRequest, slug: str, player_id: str) -> HttpResponse:
+    season = get_object_or_404(Season, slug=slug)
+    back = reverse("staff:player", args=[season.slug, player_id])
+
+    def reset(data: dict[str, Any]) -> str:
+        try:
+            profile = player_name_reset(player_id=player_id, actor=staff_actor(request.user), reason=data["reason"])
+        except PlayerProfile.DoesNotExist:
+            raise Http404(f"{player_id} has no profile") from None
+        return f"The name {profile.name_blocked!r} was reset; a profile write naming it again keeps no name"
+
+    return act(request, f.ReasonForm(request.POST), reset, back=back)

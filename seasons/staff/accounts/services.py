@@ -28,8 +28,9 @@ User = get_user_model()
 # an approver can also propose, but never approve their own proposal.
 VIEWER = ("console_view",)
 REVIEWER = VIEWER + ("disputes_manage", "revocation_propose", "late_results_dismiss", "views_operate",
-                     "final_propose")
-APPROVER = REVIEWER + ("revocation_approve", "split_publish", "final_approve", "season_transition")
+                     "final_propose", "players_moderate")
+APPROVER = REVIEWER + ("revocation_approve", "split_publish", "final_approve", "season_transition",
+                       "players_restore")
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {"viewer": VIEWER, "reviewer": REVIEWER, "approver": APPROVER}
 ROLES = tuple(ROLE_PERMISSIONS)
 
