@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from leaderboard.api.errors import ApiError
+from leaderboard.api.cursors import cursor_make, cursor_read
+from leaderboard.api.errors import ApiError, validation_error
 from leaderboard.api.params import (
     bool_param,
     int_param,
@@ -154,9 +155,25 @@ def top_of(manifest: Manifest, *, region: str | None, limit: int, names: list[An
     """The top answer of a version's board (the manifest holds its top 100), with the
     names (the raw reply of names_call for top_ids) as they are now."""
     head, entries, tail, shown = _top_encoded(manifest, region, names)
+    cursor = _top_cursor(manifest, region, limit)
     return Answer(200, _envelope(manifest, {**_board(region), "entries": shown[:limit],
-                                            "total_players": manifest.total}),
-                  raw=head + b",".join(entries[:limit]) + tail)
+                                            "total_players": manifest.total, "next_cursor": cursor}),
+                  raw=head + b",".join(entries[:limit]) + tail + b',"next_cursor":' + orjson.dumps(cursor) + b"}")
+
+
+def _top_cursor(manifest: Manifest, region: str | None, limit: int) -> str | None:
+    """The cursor after the top's `limit`-th entry, made once per version and limit."""
+    cursors: dict[int, str | None] = manifest.memo.setdefault("top_cursors", {})
+    if limit not in cursors:
+        top = manifest.top[:limit]
+        if not top or top[-1]["position"] >= manifest.total:
+            cursors[limit] = None
+        else:
+            last = top[-1]
+            value = last["score"] if "reached_ms" not in last else (last["score"], last["reached_ms"])
+            cursors[limit] = cursor_make(season=manifest.season, region=region, value=value,
+                                         player_id=last["player_id"])
+    return cursors[limit]
 
 
 def _top_encoded(manifest: Manifest, region: str | None, names: list[Any]
@@ -174,7 +191,7 @@ def _top_encoded(manifest: Manifest, region: str | None, names: list[Any]
     shown = [{**entry, "display_name": named[entry["player_id"]][0], "country": named[entry["player_id"]][1]}
              for entry in manifest.shown_top]
     head = orjson.dumps(_envelope(manifest, _board(region)))[:-1] + b',"entries":['
-    tail = b'],"total_players":' + orjson.dumps(manifest.total) + b"}"
+    tail = b'],"total_players":' + orjson.dumps(manifest.total)
     parts = (head, [orjson.dumps(entry) for entry in shown], tail, shown)
     manifest.memo["top_answer"] = (key, parts)
     return parts
@@ -182,20 +199,42 @@ def _top_encoded(manifest: Manifest, region: str | None, names: list[Any]
 
 def window_answer(*, season_id: str, query: Query, region: str | None = None,
                   rider: Rider | None = None) -> Answer:
+    """A page of the board from `from_position`, or with `after` (a next_cursor) the page
+    after the cursor's entry in the current version (docs/api.md, Paging without expiry)."""
     region = _region(region)
-    first = int_param(query, "from_position", default=1, low=1, high=None)
-    limit = int_param(query, "limit", default=100, low=1, high=100)
+    limit = int_param(query, "limit", default=100, low=1, high=100) or 100
+    after = query.get("after")
+    if after is not None:
+        for other in ("from_position", "version"):
+            if other in query:
+                raise validation_error({other: ["a cursor (after) pages the current version from its own place: "
+                                                "leave this parameter out"]})
+        value, player_id = cursor_read(after, season=season_id, region=region)
+    first = int_param(query, "from_position", default=1, low=1, high=None) or 1
     version = int_param(query, "version", default=None, low=1, high=None)
 
     def call(reader: RankReader) -> Answer:
-        manifest, entries = reader.window(first or 1, limit or 100, version)
+        if after is None:
+            manifest, entries = reader.window(first, limit, version)
+        else:
+            manifest, entries = reader.after(value, player_id, limit)
         names = _names_read(reader, [entry.player_id for entry in entries])
-        return Answer(200, _envelope(manifest, {
-            **_board(region), "from_position": first, "entries": _entries(manifest, entries, names),
-            "total_players": manifest.total,
-        }))
+        body: dict[str, Any] = {**_board(region)}
+        if after is None:
+            body["from_position"] = first
+        body.update(entries=_entries(manifest, entries, names), total_players=manifest.total,
+                    next_cursor=_next_cursor(season_id, region, manifest, entries, reader.last))
+        return Answer(200, _envelope(manifest, body))
 
     return _read(season_id, call, region=region, rider=rider)
+
+
+def _next_cursor(season_id: str, region: str | None, manifest: Manifest, entries: list[Entry],
+                 last: tuple[str, Any] | None) -> str | None:
+    """The cursor after a page's last entry; None when the page reaches the board's end."""
+    if not entries or last is None or entries[-1].position >= manifest.total:
+        return None
+    return cursor_make(season=season_id, region=region, value=last[1], player_id=last[0])
 
 
 def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | None = None,

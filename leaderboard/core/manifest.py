@@ -144,7 +144,8 @@ class Manifest:
         max_score - score (BoardKind.flipped), turned back here once per version, and
         each entry's tier."""
         flip = self.kind.flip
-        return [{**entry, "score": entry["score"] if flip is None else flip - entry["score"],
+        return [{"position": entry["position"], "rank": entry["rank"], "player_id": entry["player_id"],
+                 "score": entry["score"] if flip is None else flip - entry["score"],
                  "tier": self.tier_of(entry["rank"])} for entry in self.top]
 
     def tier_of(self, rank: int) -> str | None:

@@ -503,7 +503,13 @@ def copy_top(r: redis.Redis, keys: Keys, meta: CopyMeta, limit: int = 100, board
                                          start=0, count=take) for bucket, take in plan]) if plan else []
     values = [value for (bucket, _), reply in zip(plan, replies, strict=True)
               for value in window_values(reply, layout=meta.layout, ties=meta.ties, bucket=bucket)]
-    return [entry.as_dict() for entry in ranked_values(values)]
+    entries = [entry.as_dict() for entry in ranked_values(values)]
+    if meta.ties is not None:
+        # Where a page after an entry starts needs its whole value (api.cursors): kept in
+        # the manifest, left out of what players see (Manifest.shown_top).
+        for entry, (_, value) in zip(entries, values, strict=True):
+            entry["reached_ms"] = value[1]  # type: ignore[index]
+    return entries
 
 
 def bucket_values_scan(r: redis.Redis, keys: Keys, index: str, layout: BucketLayout, ties: FirstReached | None,

@@ -42,7 +42,14 @@ from leaderboard.views.rankview.manifests import (
     manifest_get,
     pointer_get,
 )
-from leaderboard.views.rankview.shared import ahead_call, lookup_seen, place_tied_call, window_call, window_values
+from leaderboard.views.rankview.shared import (
+    ahead_call,
+    lookup_seen,
+    place_tied_call,
+    through_call,
+    window_call,
+    window_values,
+)
 from leaderboard.views.rankview.wire import round_trip
 
 # ------------------------------------------------------------------------------ reads
@@ -175,6 +182,9 @@ class RankReader:
         # round trip, after its commands; their replies in `also_replies` once sent.
         self.also: list[tuple[Any, ...]] = []
         self.also_replies: list[Any] | None = None
+        # The last entry a window read returned, as (player_id, index value): where a page
+        # that follows it starts (`after`).
+        self.last: tuple[str, IndexValue] | None = None
 
     def _trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """round_trip of `commands`; the first one of the reader also carries its rider and
@@ -527,6 +537,7 @@ class RankReader:
         that entry's rank is its position, and no ZCOUNT is needed; only a first entry
         tied with players above the window (and not the known player's value) costs one
         more round trip."""
+        self.last = None
         if limit <= 0 or first > manifest.total:
             if started is not None:
                 self._validate(manifest, started)
@@ -540,6 +551,7 @@ class RankReader:
         values = _window_values(manifest, reads, replies)
         if len(values) != min(limit + first - start, manifest.total - start + 1):
             raise _Torn()
+        self.last = values[-1]
         rank_of_first: int | None = 1
         if start < first:
             above, values = values[0], values[1:]
@@ -565,6 +577,27 @@ class RankReader:
                 return manifest, self._entries(manifest, from_position, limit, None, time.monotonic())
             except _Torn:
                 self._torn_pinned(version)
+        raise Unavailable()
+
+    def after(self, value: IndexValue, player_id: str, limit: int) -> tuple[Manifest, list[Entry]]:
+        """Up to `limit` entries of the current version after (value, player_id) in display
+        order: a keyset page, whatever version the key came from. Three round trips: the
+        pointer, the count at or ahead of the key in its bucket (checked), then the window's
+        ranges (checked). A player at the key counts as at it under either entry name."""
+        for _ in range(self.attempts):
+            manifest = self._manifest(None)
+            started = time.monotonic()
+            try:
+                bucket, key = index_key(manifest.layout, manifest.ties, value)
+                (through,) = self._checked(
+                    manifest, [through_call(bucket=self._bucket_key(manifest, bucket),
+                                            hidden=self._hidden_key(manifest, bucket), key=key,
+                                            name=entry_name(player_id, True))],
+                    [self._bucket_group(manifest, bucket)], started)
+                first = manifest.higher[bucket] + int(through) + 1
+                return manifest, self._entries(manifest, first, limit, None, started)
+            except _Torn:
+                pass
         raise Unavailable()
 
     def neighbors(

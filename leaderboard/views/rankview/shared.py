@@ -74,6 +74,34 @@ if not index then return {ahead, false, tied} end
 return {ahead, index - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. prefix .. ARGV[2]), tied}
 """
 
+# How many entries the copy of hidden set KEYS[2] sees in bucket KEYS[1] at or ahead of
+# (key ARGV[1], name ARGV[2]): those strictly ahead of the key, and those of the key whose
+# name is at most the name, found by bisecting the key's members by their bytes (Redis
+# orders equal keys so; Lua's own string order follows the server's locale). What the
+# other side has in the bucket is taken off as _PLACE does.
+_THROUGH = _HIDDEN_MEMBER_LUA + """
+local z, h = KEYS[1], KEYS[2]
+local key, name = ARGV[1], ARGV[2]
+local prefix = hidden(key, '')
+local function le(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a <= #b
+end
+local ahead = redis.call('ZCOUNT', z, '-inf', '(' .. key)
+local lo, hi = 0, redis.call('ZCOUNT', z, key, key)
+while lo < hi do
+  local mid = math.floor((lo + hi) / 2)
+  local member = redis.call('ZRANGE', z, ahead + mid, ahead + mid)[1]
+  if le(member, name) then lo = mid + 1 else hi = mid end
+end
+return ahead + lo - redis.call('ZLEXCOUNT', h, '-', '(' .. prefix)
+  - redis.call('ZLEXCOUNT', h, '[' .. prefix, '[' .. prefix .. name)
+"""
+
 # Up to ARGV[2] entries the copy of hidden set KEYS[2] sees, from its ARGV[1]-th (0-based)
 # in the bucket, as ZRANGE WITHSCORES gives them (name, key, ...). The first is found as
 # core.shared_index.physical_index does; the rest are read in slices, each slice's hidden
@@ -212,6 +240,12 @@ def place_tied_call(*, bucket: str, hidden: str, key: int, name: str) -> tuple[A
     """`place_call` with a third reply: the entries one copy sees with exactly `key` (the
     entry's tied players, the percentile's share at its rank)."""
     return _script_call(_PLACE_TIED, [bucket, hidden], [key, name, hidden_member(key)])
+
+
+def through_call(*, bucket: str, hidden: str, key: int, name: str) -> tuple[Any, ...]:
+    """The read of how many entries one copy sees in a bucket at or ahead of (key, name) in
+    display order (a cursor's place: what is after it starts there)."""
+    return _script_call(_THROUGH, [bucket, hidden], [key, name])
 
 
 def ahead_call(*, bucket: str, hidden: str, key: int) -> tuple[Any, ...]:
