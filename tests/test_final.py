@@ -51,6 +51,7 @@ from tests.support import (
     staff,
     statuses,
 )
+from tests.support.reference import answer_entry
 from tests.support.staff_console import audit_actions
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
@@ -295,7 +296,7 @@ def test_a_revoked_champion_after_final_gets_a_corrected_version_and_final_never
     assert "newcomer" not in db_scores(season)
     top = get(f"/v1/seasons/{season.slug}/leaderboard/top?limit=100").json()
     assert top["leaderboard_version"] == final_version + 1
-    assert top["entries"] == [e.as_dict() for e in corrected.top(100)]
+    assert top["entries"] == [answer_entry(e) for e in corrected.top(100)]
     assert top["entries"][0]["player_id"] == "runner_up"
     rank = get(f"/v1/seasons/{season.slug}/players/champ/rank").json()
     assert (rank["score"], rank["rank"], rank["position"]) == (12, 17, 17)

@@ -20,6 +20,7 @@ from leaderboard.models import FriendList
 from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support import NARROW, Events, apply_events, db_scores, fast_get, post_ok, publish
+from tests.support.reference import answer_entry
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -42,7 +43,7 @@ def expected_board(scores: dict[str, int], player_id: str, friends: list[str]) -
     """(entries, unranked_friends) from the brute-force reference of the whole season."""
     season_board = Standings(scores)
     among = {p: scores[p] for p in [player_id, *friends] if p in scores}
-    entries = [{**entry.as_dict(), "global_rank": season_board.rank_of_score(entry.score)}
+    entries = [{**answer_entry(entry), "global_rank": season_board.rank_of_score(entry.score)}
                for entry in Standings(among).top(len(among))]
     return entries, sum(1 for f in friends if f not in scores)
 
@@ -113,7 +114,8 @@ def test_a_player_without_a_friend_list_sees_themselves_alone_at_graph_version_0
     body = friends_ok(small.slug, "me")
     assert body["graph_version"] == 0
     assert body["unranked_friends"] == 0
-    assert body["entries"] == [{"position": 1, "rank": 1, "player_id": "me", "score": 500, "global_rank": 3}]
+    assert body["entries"] == [
+        {**answer_entry({"position": 1, "rank": 1, "player_id": "me", "score": 500}), "global_rank": 3}]
 
 
 def test_an_unranked_player_is_absent_and_unranked_friends_are_only_counted(small: Season) -> None:
@@ -122,9 +124,9 @@ def test_an_unranked_player_is_absent_and_unranked_friends_are_only_counted(smal
     assert body["graph_version"] == 7
     assert body["unranked_friends"] == 1
     assert body["entries"] == [
-        {"position": 1, "rank": 1, "player_id": "me", "score": 500, "global_rank": 3},
-        {"position": 2, "rank": 1, "player_id": "tie", "score": 500, "global_rank": 3},
-        {"position": 3, "rank": 3, "player_id": "low", "score": 100, "global_rank": 5},
+        {**answer_entry({"position": 1, "rank": 1, "player_id": "me", "score": 500}), "global_rank": 3},
+        {**answer_entry({"position": 2, "rank": 1, "player_id": "tie", "score": 500}), "global_rank": 3},
+        {**answer_entry({"position": 3, "rank": 3, "player_id": "low", "score": 100}), "global_rank": 5},
     ]
 
 

@@ -38,6 +38,7 @@ from tests.support import (
     post_ok,
     publish,
 )
+from tests.support.reference import answer_entry
 
 # Epochs read the change stream below the oldest running transaction (PostgreSQL): every
 # test commits for real.
@@ -69,12 +70,12 @@ apublish = sync_to_async(publish)
 
 
 def expected_top(standings: Standings) -> list[dict[str, object]]:
-    return [e.as_dict() for e in standings.top(100)]
+    return [answer_entry(e) for e in standings.top(100)]
 
 
 def expected_player(standings: Standings, player_id: str, radius: int) -> tuple[dict[str, Any] | None, list[Any]]:
     me = standings.entry(player_id)
-    return (None if me is None else me.as_dict()), [e.as_dict() for e in standings.neighbors(player_id, radius)]
+    return (None if me is None else answer_entry(me)), [answer_entry(e) for e in standings.neighbors(player_id, radius)]
 
 
 def board(season: Season, post_scores: Post, ev: Events, scores: dict[str, int]) -> None:
@@ -106,8 +107,9 @@ def test_snapshot_on_connect_then_one_message_per_published_version(season: Seas
         entry, around = expected_player(v1, "p020", 3)
         assert psnap["leaderboard_version"] == 1
         assert psnap["top"] == snap["top"]
+        # 150 players, p020 at rank 130 alone: 20 below it.
         assert psnap["player"] == {"player_id": "p020", "ranked": True, "entry": entry, "radius": 3,
-                                   "neighbors": around}
+                                   "neighbors": around, "percentile": 13.33}
         assert entry is not None and entry["rank"] == 130
 
         # p020 jumps into the top 100 and a newcomer takes first place.
@@ -166,7 +168,7 @@ def test_unavailable_before_the_first_version_then_the_full_board(season: Season
         assert pushed["type"] == "version" and pushed["previous_version"] is None
         assert "top_diff" not in pushed
         assert [e["player_id"] for e in pushed["top"]] == ["b", "a"]
-        assert pushed["player"]["entry"] == {"position": 2, "rank": 2, "player_id": "a", "score": 10}
+        assert pushed["player"]["entry"] == answer_entry({"position": 2, "rank": 2, "player_id": "a", "score": 10})
         assert pushed["player"]["events"] == []
         await comm.disconnect()
 
@@ -196,11 +198,11 @@ def test_player_not_on_the_board_then_ranked(season: Season, post_scores: Post) 
         comm = await connect(season.slug, "player_id=later")
         snap = await receive(comm)
         assert snap["player"] == {"player_id": "later", "ranked": False, "entry": None, "radius": 5,
-                                  "neighbors": []}
+                                  "neighbors": [], "percentile": None}
         await sync_to_async(post_ok)(post_scores, season, [ev.result("later", 50)])
         await apublish(season)
         pushed = await receive(comm)
-        assert pushed["player"]["entry"] == {"position": 6, "rank": 6, "player_id": "later", "score": 50}
+        assert pushed["player"]["entry"] == answer_entry({"position": 6, "rank": 6, "player_id": "later", "score": 50})
         assert [e["player_id"] for e in pushed["player"]["neighbors"]] == ["p4", "p3", "p2", "p1", "p0", "later"]
         assert pushed["player"]["events"] == [
             {"type": "ranked", "rank": 6, "position": 6, "score": 50},

@@ -145,7 +145,8 @@ def test_payload_and_neighbour_slicing() -> None:
     assert [e["player_id"] for e in payload["neighbors"]] == ["p8", "p9", "p10", "p11", "p12"]
     assert payload["events"][0]["type"] == "rank_changed"
     absent = player_payload("nobody", None, [], 2)
-    assert absent == {"player_id": "nobody", "ranked": False, "entry": None, "radius": 2, "neighbors": []}
+    assert absent == {"player_id": "nobody", "ranked": False, "entry": None, "radius": 2, "neighbors": [],
+                      "percentile": None}
 
 
 def test_player_mark_of_an_entry() -> None:

@@ -44,6 +44,7 @@ from tests.support import (
     ledger_rows,
     publish,
 )
+from tests.support.reference import answer_entry
 from tests.test_live_consumer import connect, receive, run
 from tests.test_live_page import browse, text, wait_version
 
@@ -82,14 +83,14 @@ def ledger_board(season: Season, region: str) -> Standings:
 
 def reader_top(slug: str, region: str | None, version: int) -> list[dict[str, Any]]:
     _, top = leaderboard_reader(season_slug=slug, region=region).top(100, version=version)
-    return top
+    return [answer_entry(e) for e in top]  # as the live board shows it: nobody here has a name
 
 
 def reader_place(slug: str, region: str | None, player_id: str, radius: int,
                  version: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The player's entry and neighbours on the board as the read API has them in `version`."""
     _, me, window = leaderboard_reader(season_slug=slug, region=region).neighbors(player_id, radius, version=version)
-    return (None if me is None else me.as_dict()), ([e.as_dict() for e in window] if me is not None else [])
+    return (None if me is None else answer_entry(me)), ([answer_entry(e) for e in window] if me is not None else [])
 
 
 def assert_player_on_board(message: dict[str, Any], slug: str, region: str | None, player_id: str,
@@ -110,7 +111,7 @@ def test_a_regional_socket_follows_the_regional_top_and_the_players_regional_pla
     eu = ledger_board(regional, "eu")
     eu_player = eu.top(100)[-1].player_id  # last on eu's board: somewhere to climb
     na_player = next(p for p, g in sorted(homes.items()) if g == "na")
-    assert reader_top(slug, "eu", 1) == [e.as_dict() for e in eu.top(100)]  # the reference is the ledger's
+    assert reader_top(slug, "eu", 1) == [answer_entry(e) for e in eu.top(100)]  # the reference is the ledger's
     assert reader_top(slug, "eu", 1) != reader_top(slug, None, 1)
 
     async def body() -> None:
@@ -131,7 +132,7 @@ def test_a_regional_socket_follows_the_regional_top_and_the_players_regional_pla
         other = await receive(stranger)
         # On another region's board: not ranked on this one, as without a score.
         assert other["player"] == {"player_id": na_player, "ranked": False, "entry": None, "radius": 2,
-                                   "neighbors": []}
+                                   "neighbors": [], "percentile": None}
         whole = await receive(everyone)
         assert "region" not in whole and whole["total_players"] == 30
         assert whole["top"] == await areader_top(slug, None, 1)
@@ -227,11 +228,11 @@ def test_the_batched_reads_of_a_regional_board_match_the_regional_reader(regiona
         for player_id, radius in wanted.items():
             entry, around = reader_place(regional.slug, region, player_id, radius, manifest.version)
             read = reads[player_id]
-            assert (None if read.entry is None else read.entry.as_dict()) == entry, (region, player_id)
+            assert (None if read.entry is None else answer_entry(read.entry)) == entry, (region, player_id)
             if read.entry is not None:
                 ranked += 1
                 assert homes[player_id] == region
-                assert [e.as_dict() for e in read.window if abs(e.position - read.entry.position) <= radius] == \
+                assert [answer_entry(e) for e in read.window if abs(e.position - read.entry.position) <= radius] == \
                     around, (region, player_id)
         assert ranked == len(ledger_board(regional, region)) > 0
 

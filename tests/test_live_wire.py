@@ -32,6 +32,7 @@ from leaderboard.live import redis_async
 from leaderboard.live.frames import Deflate, SplicedDeflate, frame_build, text_frame, wire_of
 from seasons.models import Season
 from tests.support import Events, db_standings, post_ok, publish
+from tests.support.reference import answer_entry
 
 TIMEOUT = 10
 
@@ -190,10 +191,10 @@ def test_every_socket_gets_every_version_in_order_through_either_path(season: Se
                 assert got[3] == got[5]
                 for index, message in enumerate(got):
                     tops[index] = top_apply(tops[index], message["top_diff"])
-                    assert tops[index] == [e.as_dict() for e in standings.top(100)]
+                    assert tops[index] == [answer_entry(e) for e in standings.top(100)]
                 me = standings.entry("p020")
-                assert me is not None and got[3]["player"]["entry"] == me.as_dict()
-                assert got[3]["player"]["neighbors"] == [e.as_dict() for e in standings.neighbors("p020", 2)]
+                assert me is not None and got[3]["player"]["entry"] == answer_entry(me)
+                assert got[3]["player"]["neighbors"] == [answer_entry(e) for e in standings.neighbors("p020", 2)]
             # Three versions to four plain sockets went straight to their transports, and to
             # the deflate socket too when its messages compress alike on every socket.
             assert hub.stats.direct == 3 * (6 if deflate_direct else 4)

@@ -38,6 +38,7 @@ from tests.support import (
     reader_of,
     scores_at_watermark,
 )
+from tests.support.reference import answer_entry
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views")]
 
@@ -150,11 +151,11 @@ def check_version(season: Season, client: APIClient, players: set[str]) -> tuple
     # The same through HTTP, for the top and a few players.
     body = client.get(f"/v1/seasons/{season.slug}/leaderboard/top").json()
     assert body["leaderboard_version"] == version
-    assert body["entries"] == [e.as_dict() for e in expected.top(100)]
+    assert body["entries"] == [answer_entry(e) for e in expected.top(100)]
     for player_id in sorted(scores)[:3]:
         body = client.get(f"/v1/seasons/{season.slug}/players/{player_id}/neighbors", {"radius": 10}).json()
-        assert body["entries"] == [e.as_dict() for e in expected.neighbors(player_id, 10)]
-        assert body["player"] == expected.entry(player_id).as_dict()  # type: ignore[union-attr]
+        assert body["entries"] == [answer_entry(e) for e in expected.neighbors(player_id, 10)]
+        assert body["player"] == answer_entry(expected.entry(player_id))  # type: ignore[arg-type]
     report = version_check(r=redis_get(), keys=keys_of(season), full=True, sample=50, seed=version)
     assert report.ok, report.failures()
     return version, board_read(reader, version)[1]

@@ -35,7 +35,7 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.live.redis_async import loop_redis, pipeline_raw
 from leaderboard.ratelimit import ReadLimit, read_limit_for, scope_address
 from leaderboard.redis_errors import REDIS_OUTAGES
-from leaderboard.views.names import names_call
+from leaderboard.views.names import names_call, top_ids
 from leaderboard.views.rankview import Rider, manifest_cached
 from leaderboard.views.season_index import season_keys
 
@@ -138,6 +138,10 @@ def _error_answer(error: ApiError) -> reads.Answer:
     return reads.Answer(error.status_code, api_error_body(error), error.headers)
 
 
+# (prefix, season, region) -> the version whose top this process's event loop served
+# last (`ReadFastPath._top_on_loop`): its players' names are read with the next pointer.
+_TOPS_SERVED: dict[tuple[str, str, str | None], Manifest] = {}
+
 # Reads a process holds at once, per read thread, running or queued for one: past it a
 # read answers 503 at once. Normally a handful wait (a read takes about a millisecond); a
 # Redis that stops answering holds each thread up to READ_REDIS_TIMEOUT_SECONDS, and
@@ -154,8 +158,6 @@ class ReadFastPath:
         self.in_flight = 0
         self.in_flight_max = threads * QUEUED_PER_THREAD
         self.outage = _Outage()
-        # (prefix, season, region) -> the version whose top the loop served last (`_top_on_loop`).
-        self.tops_served: dict[tuple[str, str, str | None], Manifest] = {}
         self.routes = ROUTES + (_baseline_routes() if settings.BENCH_BASELINE else [])
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reads")
         self.headers = _security_headers()
@@ -197,8 +199,8 @@ class ReadFastPath:
             commands.append(limit.rider.command)
         # The names of the top this process served last for the board, read in the same
         # round trip: right whenever the version has not moved since.
-        guess = self.tops_served.get((keys.prefix, keys.season, region))
-        ids = reads.top_ids(guess) if guess is not None else []
+        guess = _TOPS_SERVED.get((keys.prefix, keys.season, region))
+        ids = top_ids(guess) if guess is not None else []
         if ids:
             commands.append(names_call(keys.prefix, ids))
         try:
@@ -222,7 +224,7 @@ class ReadFastPath:
             manifest = manifest.board_of(region)
         if manifest is None:
             return None
-        self.tops_served[(keys.prefix, keys.season, region)] = manifest
+        _TOPS_SERVED[(keys.prefix, keys.season, region)] = manifest
         if manifest is not guess or not ids:
             return None  # a new version: its names with the read thread's top
         return reads.top_of(manifest, region=region, limit=size, names=replies[-1])

@@ -35,7 +35,7 @@ from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import RADIUS_MAX, Entry, entry_shown, ranked_among
 from leaderboard.core.tiers import percentile
-from leaderboard.views.names import NO_NAME, Name, names_call, names_of
+from leaderboard.views.names import Name, entry_dict, names_call, names_of, top_ids, top_shown
 from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired, round_trip
 from leaderboard.views.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
@@ -59,14 +59,8 @@ def _envelope(manifest: Manifest, body: dict[str, Any]) -> dict[str, Any]:
 def _entries(manifest: Manifest, entries: list[Entry], names: Mapping[str, Name]) -> list[dict[str, object]]:
     """Entries as players see them: the score (an asc board's turned back, core.ranking.
     entry_shown), the player's current name and country, and the tier of the rank."""
-    flip = manifest.kind.flip
-    out: list[dict[str, object]] = []
-    for entry in entries:
-        name, country = names.get(entry.player_id, NO_NAME)
-        out.append({"position": entry.position, "rank": entry.rank, "player_id": entry.player_id,
-                    "score": entry.score if flip is None else flip - entry.score, "display_name": name,
-                    "country": country, "tier": manifest.tier_of(entry.rank)})
-    return out
+    kind = manifest.kind
+    return [entry_dict(manifest, entry_shown(kind, entry), names) for entry in entries]
 
 
 def _names_read(reader: RankReader, player_ids: list[str]) -> dict[str, Name]:
@@ -143,14 +137,6 @@ def top_params(*, query: Query, region: str | None) -> tuple[str | None, int, in
     return region, limit or 100, version
 
 
-def top_ids(manifest: Manifest) -> list[str]:
-    """The players of a version's top 100, whose names a top answer reads (names_call)."""
-    ids: list[str] | None = manifest.memo.get("top_ids")
-    if ids is None:
-        ids = manifest.memo["top_ids"] = [entry["player_id"] for entry in manifest.top]
-    return ids
-
-
 def top_of(manifest: Manifest, *, region: str | None, limit: int, names: list[Any]) -> Answer:
     """The top answer of a version's board (the manifest holds its top 100), with the
     names (the raw reply of names_call for top_ids) as they are now."""
@@ -180,20 +166,17 @@ def _top_encoded(manifest: Manifest, region: str | None, names: list[Any]
                  ) -> tuple[bytes, list[bytes], bytes, list[dict[str, Any]]]:
     """The version's top answer encoded once for a set of names, in three parts: every
     `limit` is the head, that many entries and the tail (the same bytes as the body
-    encoded whole), and the entries. Names change seldom beside the reads: the last
-    encoding is kept with the names it has, and serves every read that finds the same."""
-    held: tuple[tuple[Any, ...], tuple[bytes, list[bytes], bytes, list[dict[str, Any]]]] | None = \
+    encoded whole, but for next_cursor, which follows the tail), and the entries. Kept
+    with the names it has (views.names.top_shown)."""
+    shown = top_shown(manifest, names)
+    held: tuple[list[dict[str, Any]], tuple[bytes, list[bytes], bytes, list[dict[str, Any]]]] | None = \
         manifest.memo.get("top_answer")
-    key = tuple(names)
-    if held is not None and held[0] == key:
+    if held is not None and held[0] is shown:
         return held[1]
-    named = names_of(top_ids(manifest), names)
-    shown = [{**entry, "display_name": named[entry["player_id"]][0], "country": named[entry["player_id"]][1]}
-             for entry in manifest.shown_top]
     head = orjson.dumps(_envelope(manifest, _board(region)))[:-1] + b',"entries":['
     tail = b'],"total_players":' + orjson.dumps(manifest.total)
     parts = (head, [orjson.dumps(entry) for entry in shown], tail, shown)
-    manifest.memo["top_answer"] = (key, parts)
+    manifest.memo["top_answer"] = (shown, parts)
     return parts
 
 

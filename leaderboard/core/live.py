@@ -24,7 +24,7 @@ What a live socket sends, independent of Django, Redis and Channels:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -143,18 +143,27 @@ def neighbors_within(entries: Sequence[Entry], position: int, radius: int) -> li
     return [entry for entry in entries if abs(entry.position - position) <= radius]
 
 
+# How an entry goes out to a client (core.ranking.Entry.as_dict, or with names and tier).
+Shown = Callable[[Entry], dict[str, Any]]
+
+
 def player_payload(player_id: str, entry: Entry | None, neighbors: Sequence[Entry], radius: int,
-                   events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                   events: list[dict[str, Any]] | None = None, *, shown: Shown = Entry.as_dict,
+                   percentile: float | None = None) -> dict[str, Any]:
+    """The followed player's part of a message: their entry and neighbours as `shown` makes
+    them (with names and tiers, views.names.entry_dict) and their percentile."""
     payload: dict[str, Any] = {
         "player_id": player_id,
         "ranked": entry is not None,
-        "entry": None if entry is None else entry.as_dict(),
+        "entry": None if entry is None else shown(entry),
+        "percentile": percentile if entry is not None else None,
         "radius": radius,
-        "neighbors": [e.as_dict() for e in neighbors] if entry is not None else [],
+        "neighbors": [shown(e) for e in neighbors] if entry is not None else [],
     }
     if events is not None:
         payload["events"] = events
     return payload
+
 
 
 # -------------------------------------------------------------------------- the protocol
@@ -278,7 +287,8 @@ def splice(common: str, tail: Mapping[str, Any]) -> str:
 
 def version_text(*, version: int, full: str, diff: str | None, sent_version: int | None,
                  subscription: Subscription, mark: PlayerMark | None, entry: Entry | None = None,
-                 window: Sequence[Entry] = ()) -> tuple[str, PlayerMark | None]:
+                 window: Sequence[Entry] = (), shown: Shown = Entry.as_dict,
+                 percentile: float | None = None) -> tuple[str, PlayerMark | None]:
     """A socket's `version` message and what it then tells its client about its player.
 
     `full` and `diff` are the version's shared fields serialized once (with the full top,
@@ -294,7 +304,8 @@ def version_text(*, version: int, full: str, diff: str | None, sent_version: int
         new_mark = PlayerMark.of(entry)
         events = player_events(mark, new_mark) if sent_version is not None else []
         around = neighbors_within(window, entry.position, subscription.radius) if entry is not None else []
-        tail["player"] = player_payload(subscription.player_id, entry, around, subscription.radius, events)
+        tail["player"] = player_payload(subscription.player_id, entry, around, subscription.radius, events,
+                                        shown=shown, percentile=percentile)
     common = diff if diff is not None and sent_version == version - 1 else full
     return splice(common, tail), new_mark
 

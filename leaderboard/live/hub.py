@@ -48,7 +48,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,9 +73,10 @@ from leaderboard.live.frames import (
     wire_write,
 )
 from leaderboard.live.messages import unavailable_text
-from leaderboard.live.players import PlayerRead, players_read_async
-from leaderboard.live.redis_async import REDIS_READ_TIMEOUT_SECONDS, loop_redis
+from leaderboard.live.players import PlayerRead, player_shown, players_read_async
+from leaderboard.live.redis_async import REDIS_READ_TIMEOUT_SECONDS, loop_redis, pipeline_raw
 from leaderboard.views import rankview
+from leaderboard.views.names import names_call, top_ids, top_shown
 from leaderboard.views.season_index import season_keys
 
 log = logging.getLogger(__name__)
@@ -133,18 +134,20 @@ class Round:
 
 
 def round_build(season_slug: str, state: str | None, final_version: int | None, manifest: Manifest,
-                previous: Manifest | None) -> Round:
-    """The shared half of a round: the version's fields and top, serialized once per process."""
+                previous: Manifest | None, names: Sequence[Sequence[bytes | None]] = ((), ())) -> Round:
+    """The shared half of a round: the version's fields and top, serialized once per process.
+    `names`: the names of the version's top and of the previous one's (names_call of each
+    top_ids), read with the round; names change between versions like scores do."""
     base: dict[str, Any] = {
         "type": "version", "season_id": season_slug, **board_fields(manifest.board), "state": state,
         "final_version": final_version, "leaderboard_version": manifest.version, "as_of": manifest.as_of,
         "total_players": manifest.total,
     }
-    top = manifest.shown_top[:TOP_LIMIT]
+    top = top_shown(manifest, names[0])[:TOP_LIMIT]
     full = orjson.dumps({**base, "top": top}).decode()
     diff = None
     if previous is not None:
-        change = top_diff(previous.shown_top[:TOP_LIMIT], top)
+        change = top_diff(top_shown(previous, names[1])[:TOP_LIMIT], top)
         diff = orjson.dumps({**base, "top_diff": {"base_version": previous.version, **change}}).decode()
     return Round(version=manifest.version, manifest=manifest, full=full, diff=diff)
 
@@ -352,8 +355,13 @@ class SeasonHub:
         if manifest is None:
             await self.unavailable_publish()
             return
+        try:
+            names = await self._top_names(manifest, previous)
+        except Exception:
+            log.exception("live: names for version %s of %s failed", version, self.slug)
+            return
         self.stats.rounds += 1
-        rnd = self.current = round_build(self.slug, self.state, self.final_version, manifest, previous)
+        rnd = self.current = round_build(self.slug, self.state, self.final_version, manifest, previous, names)
         wanted = self.wanted()
         reading = asyncio.ensure_future(self._players_read(manifest, wanted)) if wanted else None
         if reading is not None:
@@ -362,6 +370,14 @@ class SeasonHub:
         if reading is not None:
             rnd.players = await reading
             await self._fan_out(rnd, with_player=True)
+
+    async def _top_names(self, manifest: Manifest, previous: Manifest | None) -> list[list[bytes | None]]:
+        """The names of the version's top and of the previous version's, in one round trip."""
+        tops = [top_ids(manifest), top_ids(previous) if previous is not None else []]
+        calls = [names_call(self.keys.prefix, ids) for ids in tops if ids]
+        async with asyncio.timeout(REDIS_READ_TIMEOUT_SECONDS):
+            replies = iter(await pipeline_raw(self.redis, calls)) if calls else iter(())
+        return [next(replies) if ids else [] for ids in tops]
 
     async def _players_read(self, manifest: Manifest, wanted: dict[str, int]) -> dict[str, PlayerRead] | None:
         try:
@@ -418,7 +434,8 @@ class SeasonHub:
                 continue
             text, mark = version_text(version=rnd.version, full=rnd.full, diff=rnd.diff,
                                       sent_version=socket.sent_version, subscription=socket.subscription,
-                                      mark=socket.mark, entry=read.entry, window=read.window)
+                                      mark=socket.mark, entry=read.entry, window=read.window,
+                                      **player_shown(rnd.manifest, read))
             frame = None
             if isinstance(socket.kind, Deflate):
                 deflater = spliced.get(socket.kind)
@@ -515,7 +532,8 @@ class SeasonHub:
         if read is None:
             return None, socket.mark  # superseded before it was read: the next version follows
         return version_text(version=rnd.version, full=rnd.full, diff=rnd.diff, sent_version=socket.sent_version,
-                            subscription=sub, mark=socket.mark, entry=read.entry, window=read.window)
+                            subscription=sub, mark=socket.mark, entry=read.entry, window=read.window,
+                            **player_shown(rnd.manifest, read))
 
     async def player_one(self, manifest: Manifest, player_id: str, radius: int) -> PlayerRead | None:
         """One player in a round's version, for a socket the round's batch did not cover."""

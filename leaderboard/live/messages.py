@@ -19,9 +19,10 @@ from channels.db import database_sync_to_async
 from leaderboard.core.live import TOP_LIMIT, Subscription, board_fields, player_payload, recovery_payload
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import entry_shown
-from leaderboard.live.players import PlayerRead
+from leaderboard.live.players import PlayerRead, player_shown
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.views import rankview
+from leaderboard.views.names import names_call, names_of, top_ids, top_shown
 from leaderboard.views.selectors import leaderboard_reader, read_unavailable
 
 log = logging.getLogger(__name__)
@@ -45,15 +46,24 @@ def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | No
     try:
         if subscription.player_id is None:
             manifest, _ = reader.top(TOP_LIMIT)
-            return Snapshot(manifest=manifest, top=manifest.shown_top[:TOP_LIMIT], player=None)
+            return Snapshot(manifest=manifest, top=_top(reader, manifest), player=None)
         manifest, me, window = reader.neighbors(subscription.player_id, subscription.radius)
         kind = manifest.kind
-        return Snapshot(manifest=manifest, top=manifest.shown_top[:TOP_LIMIT],
+        ids = [e.player_id for e in window]
+        names = names_of(ids, rankview.round_trip(reader.r, [names_call(reader.keys.prefix, ids)])[0]) if ids else {}
+        return Snapshot(manifest=manifest, top=_top(reader, manifest),
                         player=PlayerRead(entry=None if me is None else entry_shown(kind, me),
                                           window=tuple(entry_shown(kind, e) for e in window),
-                                          radius=subscription.radius))
+                                          radius=subscription.radius, tied=reader.tied, names=names))
     except (rankview.Unavailable, rankview.UnknownRegion):
         return None
+
+
+def _top(reader: rankview.RankReader, manifest: Manifest) -> list[dict[str, Any]]:
+    """The version's top with the names it has now."""
+    ids = top_ids(manifest)
+    names = rankview.round_trip(reader.r, [names_call(reader.keys.prefix, ids)])[0] if ids else []
+    return top_shown(manifest, names)[:TOP_LIMIT]
 
 
 def snapshot_message(season_slug: str, state: str | None, final_version: int | None, snapshot: Snapshot,
@@ -68,7 +78,8 @@ def snapshot_message(season_slug: str, state: str | None, final_version: int | N
     }
     if subscription.player_id is not None and snapshot.player is not None:
         message["player"] = player_payload(subscription.player_id, snapshot.player.entry,
-                                           snapshot.player.window, subscription.radius)
+                                           snapshot.player.window, subscription.radius,
+                                           **player_shown(manifest, snapshot.player))
     return message
 
 

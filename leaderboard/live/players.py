@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -24,10 +24,12 @@ from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry, entry_shown, ranked_values
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score
+from leaderboard.core.tiers import percentile
 from leaderboard.live.redis_async import REDIS_READ_TIMEOUT_SECONDS, Call, pipeline_raw
 from leaderboard.views import rankview
+from leaderboard.views.names import Name, entry_dict, names_call, names_of
 from leaderboard.views.rankview.reads import board_entry, seqlock_commands, seqlock_holds
-from leaderboard.views.rankview.shared import ahead_call, place_call, window_call, window_values
+from leaderboard.views.rankview.shared import ahead_call, place_tied_call, window_call, window_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,10 @@ class PlayerRead:
     entry: Entry | None
     window: tuple[Entry, ...] = ()
     radius: int = 0
+    # The players sharing the entry's rank, the player among them (its percentile).
+    tied: int = 0
+    # Names and countries of the window's players (views.names), read with the window.
+    names: Mapping[str, Name] = field(default_factory=dict)
 
 
 Plan = Generator[list[Call], list[Any], dict[str, "PlayerRead"]]
@@ -136,10 +142,13 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         for _, value, name in found:
             bucket, sort_key = index_key(layout, ties, value)
             buckets.append(bucket)
-            calls.append(place_call(bucket=bucket_key(bucket), hidden=hidden_key(bucket), key=sort_key, name=name))
+            calls.append(place_tied_call(bucket=bucket_key(bucket), hidden=hidden_key(bucket), key=sort_key,
+                                         name=name))
         replies = yield calls
+        tied_of: dict[str, int] = {}
         for i, (player_id, value, _) in enumerate(found):
-            higher, index = replies[i]
+            higher, index, tied = replies[i]
+            tied_of[player_id] = int(tied)
             if index is None:
                 raise rankview.Torn()  # the lookup and the index disagree: mid-mutation
             position, rank = bucket_place(manifest.higher, buckets[i], index=int(index), ahead=int(higher))
@@ -182,11 +191,15 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     keyed = {value: index_key(layout, ties, value) for value in rank_queries}
     counts: list[Call] = [ahead_call(bucket=bucket_key(keyed[value][0]), hidden=hidden_key(keyed[value][0]),
                                      key=keyed[value][1]) for value in rank_queries]
+    # The names of every window's players ride along: not versioned, so not under the seqlock.
+    named = list(dict.fromkeys(player for _, pairs in pending.values() for player, _ in pairs))
+    names_calls: list[Call] = [names_call(keys.prefix, named)] if named else []
     # The seqlock's reads after every data read (the earlier round trips answered before
     # this one was sent).
-    replies = yield [*counts, *seqlock_commands(keys, manifest, sorted(touched))]
-    if not seqlock_holds(manifest, replies[len(counts):]):
+    replies = yield [*counts, *names_calls, *seqlock_commands(keys, manifest, sorted(touched))]
+    if not seqlock_holds(manifest, replies[len(counts) + len(names_calls):]):
         raise rankview.Torn()
+    names = names_of(named, replies[len(counts)]) if named else {}
     rank_of_score = {
         value: bucket_rank(manifest.higher, keyed[value][0], int(replies[index][0]))
         for value, index in rank_queries.items()
@@ -205,5 +218,14 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         # Scores as players see them from here on (an asc board's views hold max_score - score).
         out[player_id] = PlayerRead(entry=entry_shown(manifest.kind, me),
                                     window=tuple(entry_shown(manifest.kind, e) for e in window),
-                                    radius=wanted[player_id])
+                                    radius=wanted[player_id], tied=tied_of[player_id], names=names)
     return out
+
+
+def player_shown(manifest: Manifest, read: PlayerRead) -> dict[str, Any]:
+    """How a player read goes out (core.live.version_text's `shown` and `percentile`):
+    entries with names and tiers, and the player's percentile on the board."""
+    names = read.names
+    return {"shown": lambda entry: entry_dict(manifest, entry, names),
+            "percentile": None if read.entry is None else percentile(rank=read.entry.rank, tied=read.tied,
+                                                                        total=manifest.total)}

@@ -14,10 +14,13 @@ about 2 GB at 50M (docs/operations.md, Names).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
+
+from leaderboard.core.manifest import Manifest
+from leaderboard.core.ranking import Entry
 
 SEPARATOR = "\x1f"
 REFILL_BATCH = 10_000
@@ -74,3 +77,35 @@ def names_store(r: redis.Redis, *, prefix: str, names: Iterable[tuple[str, str |
     if sets:
         pipe.hset(key, mapping=sets)  # type: ignore[arg-type]
     pipe.execute()
+
+
+def entry_dict(manifest: Manifest, entry: Entry, names: Mapping[str, Name]) -> dict[str, object]:
+    """An entry as players see it everywhere (reads, the live board): its score as shown
+    (the caller turned an asc board's back: core.ranking.entry_shown), the player's current
+    name and country, and the tier of its rank on this board."""
+    name, country = names.get(entry.player_id, NO_NAME)
+    return {"position": entry.position, "rank": entry.rank, "player_id": entry.player_id, "score": entry.score,
+            "display_name": name, "country": country, "tier": manifest.tier_of(entry.rank)}
+
+
+def top_shown(manifest: Manifest, names: Sequence[bytes | None]) -> list[dict[str, Any]]:
+    """The version's top as players see it (Manifest.shown_top) with the names of `names`,
+    the reply of names_call for top_ids. Names change seldom beside the reads: the last
+    list is kept with the names it has, and serves every read that finds the same."""
+    key = tuple(names)
+    held: tuple[tuple[bytes | None, ...], list[dict[str, Any]]] | None = manifest.memo.get("top_shown")
+    if held is not None and held[0] == key:
+        return held[1]
+    named = names_of(top_ids(manifest), names)
+    shown = [{**entry, "display_name": named[entry["player_id"]][0], "country": named[entry["player_id"]][1]}
+             for entry in manifest.shown_top]
+    manifest.memo["top_shown"] = (key, shown)
+    return shown
+
+
+def top_ids(manifest: Manifest) -> list[str]:
+    """The players of a version's top 100, whose names a top read asks for (names_call)."""
+    ids: list[str] | None = manifest.memo.get("top_ids")
+    if ids is None:
+        ids = manifest.memo["top_ids"] = [entry["player_id"] for entry in manifest.top]
+    return ids

@@ -34,6 +34,7 @@ from websockets.typing import Origin
 from websockets.uri import parse_uri
 
 from leaderboard.core.ranking import Standings
+from tests.support.reference import answer_entry
 
 SNAPSHOT_REQUEST = b'{"type": "snapshot"}'
 
@@ -299,15 +300,15 @@ def deliveries_check(clients: LiveClients, versions: list[int], last: int,
             expected = board(r.version)
             key = (r.board, r.version)
             if key not in checked:
-                checked[key] = orjson.loads(clients.tops[r.board]) == [e.as_dict() for e in expected.top(100)]
+                checked[key] = orjson.loads(clients.tops[r.board]) == [answer_entry(e) for e in expected.top(100)]
             if not checked[key]:
                 problems.append(f"client {index}: the top shown at v{r.version} is not the ledger's")
             if r.total != len(expected):
                 problems.append(f"client {index}: v{r.version} says {r.total} players, the ledger {len(expected)}")
             if client.player_id is not None and r.player is not None:
                 me = expected.entry(client.player_id)
-                around = [e.as_dict() for e in expected.neighbors(client.player_id, clients.radius)]
-                if r.player.get("entry") != (me.as_dict() if me else None) or (
+                around = [answer_entry(e) for e in expected.neighbors(client.player_id, clients.radius)]
+                if r.player.get("entry") != (answer_entry(me) if me else None) or (
                         me is not None and r.player.get("neighbors") != around):
                     problems.append(f"client {index}: {client.player_id} at v{r.version} is not the ledger's")
         if client.held != last or client.top is None:

@@ -185,6 +185,8 @@ class RankReader:
         # The last entry a window read returned, as (player_id, index value): where a page
         # that follows it starts (`after`).
         self.last: tuple[str, IndexValue] | None = None
+        # The players sharing the rank of the last player placed (`_player_place`).
+        self.tied = 0
 
     def _trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """round_trip of `commands`; the first one of the reader also carries its rider and
@@ -453,7 +455,8 @@ class RankReader:
             # The lookup and the index disagree: only possible mid-mutation.
             raise _Torn()
         position, rank = bucket_place(manifest.higher, bucket, index=int(index), ahead=int(higher_in_bucket))
-        return value, bucket, position, rank, int(tied)
+        self.tied = int(tied)
+        return value, bucket, position, rank, self.tied
 
     def _rank_of(self, manifest: Manifest, player_id: str, score_raw: bytes | None, region_raw: bytes | None,
                  started: float) -> PlayerView:
