@@ -271,8 +271,7 @@ class StaffConsole(models.Model):
             ("split_publish", "Can publish or discard split layouts"),
             ("final_approve", "Can approve or reject FINAL candidates"),
             ("season_transition", "Can open, close and seal seasons"),
-            ("players_moderate", "Can reset player names and hide players"),
-            ("players_restore", "Can restore hidden players"),
+            ("players_moderate", "Can reset player names"),
         ]
 
 

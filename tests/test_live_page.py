@@ -13,8 +13,10 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.test import Client
 
+from leaderboard.core.profiles import ProfileWrite
+from leaderboard.profiles import player_profiles_apply
 from seasons.models import Season
-from tests.support import Events, browser, current_manifest, db_standings, post_ok, publish
+from tests.support import Events, apply_events, browser, current_manifest, db_standings, post_ok, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -130,6 +132,45 @@ async def text(page: Any, selector: str) -> str:
 
 async def wait_version(page: Any, version: int) -> None:
     await page.wait_for_function(f"document.getElementById('lb-version')?.textContent === '{version}'")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.usefixtures("rank_views")
+def test_the_page_shows_names_flags_tiers_and_the_followed_players_percentile(
+        season_factory: Callable[..., Season], asgi_server: str) -> None:
+    season = season_factory(slug="named", tiers="Champion:top1,Gold:25%,Rest")
+    named = {"p00": ("Ana Lima", "BR"), "p01": ("Łukasz", "PL"), "p02": ("東京", "JP")}
+    player_profiles_apply(profiles=[
+        ProfileWrite(player_id=p, region=None, profile_version=1, carries=frozenset({"display_name", "country"}),
+                     display_name=name, country=country) for p, (name, country) in named.items()], client=None)
+    apply_events(season, [Events("named").result(f"p{i:02d}", 1000 - 10 * i) for i in range(20)])
+    assert publish(season) == 1
+
+    async def scenario(page: Any) -> None:
+        await page.set_viewport_size({"width": 1280, "height": 900})
+        await page.goto(f"{asgi_server}/seasons/named/live")
+        await wait_version(page, 1)
+        first = "#lb-top tbody tr:first-child"
+        assert await text(page, f"{first} td.player .name") == "Ana Lima"
+        assert await text(page, f"{first} td.player .id") == "p00"
+        assert await page.get_attribute(f"{first} td.player .flag", "title") == "BR"
+        assert await text(page, f"{first} .flag") == "\U0001F1E7\U0001F1F7"
+        # Without a name the cell is the id alone.
+        assert await text(page, "#lb-top tbody tr:nth-child(4) td:nth-child(3)") == "p03"
+        # Top 1: Champion; ranks 2..5 of 20: Gold (25%); then Rest.
+        assert [await text(page, f"#lb-top tbody tr:nth-child({n}) td.tier") for n in (1, 2, 5, 6)] == [
+            "Champion", "Gold", "Gold", "Rest"]
+        await page.fill("#findme-input", "p01")
+        await page.click("#findme-form button[type=submit]")
+        await page.wait_for_function("document.getElementById('me-summary')?.dataset.rank === '2'")
+        # 18 of 20 players below rank 2.
+        assert await text(page, "#me-summary") == (
+            "Łukasz (p01): rank 2 · position 2 of 20 · score 990 · ahead of 90.00% of players · Gold")
+        await browser.shot(page, "live-names-tiers")
+
+    errors = browse(asgi_server, scenario)
+    assert errors == []
 
 
 @pytest.mark.browser

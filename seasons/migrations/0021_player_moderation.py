@@ -2,11 +2,10 @@
 
 from django.db import migrations
 
-# The two permissions this migration adds, and the roles that hold them (as of this
+# The permission this migration adds, and the roles that hold them (as of this
 # migration; seasons.staff.accounts.services.staff_roles_ensure re-applies the current map).
 PERMISSIONS = {
-    "players_moderate": ("Can reset player names and hide players", ["reviewer", "approver"]),
-    "players_restore": ("Can restore hidden players", ["approver"]),
+    "players_moderate": ("Can reset player names", ["reviewer", "approver"]),
 }
 
 
@@ -38,6 +37,6 @@ class Migration(migrations.Migration):
         migrations.RunPython(roles_grant, roles_revoke),
         migrations.AlterModelOptions(
             name='staffconsole',
-            options={'default_permissions': (), 'managed': False, 'permissions': [('console_view', 'Can view the staff console'), ('disputes_manage', 'Can file, assign, annotate and reject disputes'), ('revocation_propose', 'Can propose score revocations'), ('late_results_dismiss', 'Can dismiss late results'), ('views_operate', 'Can start rebuilds, splits and reconciliation runs'), ('final_propose', 'Can build and propose FINAL candidates'), ('revocation_approve', 'Can approve or reject score revocations'), ('split_publish', 'Can publish or discard split layouts'), ('final_approve', 'Can approve or reject FINAL candidates'), ('season_transition', 'Can open, close and seal seasons'), ('players_moderate', 'Can reset player names and hide players'), ('players_restore', 'Can restore hidden players')]},
+            options={'default_permissions': (), 'managed': False, 'permissions': [('console_view', 'Can view the staff console'), ('disputes_manage', 'Can file, assign, annotate and reject disputes'), ('revocation_propose', 'Can propose score revocations'), ('late_results_dismiss', 'Can dismiss late results'), ('views_operate', 'Can start rebuilds, splits and reconciliation runs'), ('final_propose', 'Can build and propose FINAL candidates'), ('revocation_approve', 'Can approve or reject score revocations'), ('split_publish', 'Can publish or discard split layouts'), ('final_approve', 'Can approve or reject FINAL candidates'), ('season_transition', 'Can open, close and seal seasons'), ('players_moderate', 'Can reset player names')]},
         ),
     ]

@@ -276,26 +276,65 @@
   }
 
   // Rows are reused: a version changes text in place, and the rows that changed flash.
+  // Columns: position, rank, player (flag, name, id), the tier on a season with tiers, score.
   function fillRows(tbody, entries, changed) {
     var mine = view.playerId;
+    var tiers = root.dataset.tiers === "true";
+    var scoreAt = tiers ? 4 : 3;
     entries.forEach(function (entry, i) {
       var row = tbody.rows[i];
       if (!row) {
         row = tbody.insertRow(-1);
-        for (var c = 0; c < 4; c++) row.insertCell(-1);
+        for (var c = 0; c <= scoreAt; c++) row.insertCell(-1);
         row.cells[0].className = "num";
         row.cells[1].className = "num";
-        row.cells[3].className = "num";
+        row.cells[2].className = "player";
+        if (tiers) row.cells[3].className = "tier";
+        row.cells[scoreAt].className = "num";
       }
       setText(row.cells[0], entry.position);
       setText(row.cells[1], entry.rank);
-      setText(row.cells[2], entry.player_id);
-      setText(row.cells[3], Number(entry.score).toLocaleString());
+      fillPlayer(row.cells[2], entry);
+      if (tiers) setText(row.cells[3], entry.tier || "");
+      setText(row.cells[scoreAt], Number(entry.score).toLocaleString());
       row.dataset.player = entry.player_id;
       row.classList.toggle("me", entry.player_id === mine);
       if (changed[entry.position]) flash(row);
     });
     while (tbody.rows.length > entries.length) tbody.deleteRow(-1);
+  }
+
+  // A player as people know them: their country's flag and name, with the id beside it;
+  // the id alone when they have no name. Text only (names come from players).
+  function fillPlayer(cell, entry) {
+    var key = (entry.country || "") + "|" + (entry.display_name || "") + "|" + entry.player_id;
+    if (cell.dataset.key === key) return;
+    cell.dataset.key = key;
+    cell.textContent = "";
+    if (entry.country) {
+      var flag = document.createElement("span");
+      flag.className = "flag";
+      flag.title = entry.country;
+      flag.textContent = flagOf(entry.country);
+      cell.appendChild(flag);
+    }
+    if (entry.display_name) {
+      var name = document.createElement("span");
+      name.className = "name";
+      name.textContent = entry.display_name;
+      cell.appendChild(name);
+      var id = document.createElement("small");
+      id.className = "id";
+      id.textContent = entry.player_id;
+      cell.appendChild(id);
+    } else {
+      cell.appendChild(document.createTextNode(entry.player_id));
+    }
+  }
+
+  // An ISO 3166-1 alpha-2 code as its flag: two regional indicator symbols.
+  function flagOf(country) {
+    return String.fromCodePoint(0x1F1E6 + country.charCodeAt(0) - 65, 0x1F1E6 + country.charCodeAt(1) - 65);
   }
 
   function setText(cell, value) {
@@ -327,8 +366,11 @@
       fillRows(el.meBody, [], {});
     } else {
       var e = player.entry;
-      el.meSummary.textContent = player.player_id + ": rank " + e.rank + " · position " + e.position +
-        " of " + Number(message.total_players).toLocaleString() + " · score " + Number(e.score).toLocaleString();
+      el.meSummary.textContent = (e.display_name ? e.display_name + " (" + player.player_id + ")" : player.player_id) +
+        ": rank " + e.rank + " · position " + e.position + " of " + Number(message.total_players).toLocaleString() +
+        " · score " + Number(e.score).toLocaleString() +
+        (player.percentile == null ? "" : " · ahead of " + player.percentile.toFixed(2) + "% of players") +
+        (e.tier ? " · " + e.tier : "");
       fillRows(el.meBody, player.neighbors, {});
     }
     el.meSummary.dataset.rank = player.ranked ? String(player.entry.rank) : "";

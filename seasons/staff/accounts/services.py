@@ -29,8 +29,7 @@ User = get_user_model()
 VIEWER = ("console_view",)
 REVIEWER = VIEWER + ("disputes_manage", "revocation_propose", "late_results_dismiss", "views_operate",
                      "final_propose", "players_moderate")
-APPROVER = REVIEWER + ("revocation_approve", "split_publish", "final_approve", "season_transition",
-                       "players_restore")
+APPROVER = REVIEWER + ("revocation_approve", "split_publish", "final_approve", "season_transition")
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {"viewer": VIEWER, "reviewer": REVIEWER, "approver": APPROVER}
 ROLES = tuple(ROLE_PERMISSIONS)
 
