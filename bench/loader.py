@@ -383,3 +383,26 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# Countries the benchmark's players come from, and the share of players with a name.
+NAME_COUNTRIES = ("US", "DE", "BR", "JP", "KR", "FR", "PL", "SE", "IN", "MX")
+
+
+def names_load(players: int) -> int:
+    """Names and countries for 9 players of 10 (the rest have none), as the profile service
+    would have written them: every read then fetches real names (views.names)."""
+    from django.conf import settings
+
+    from leaderboard.redis_client import redis_get
+    from leaderboard.views.names import names_store
+
+    r = redis_get()
+    named = 0
+    batch = 20_000
+    for start in range(0, players, batch):
+        rows = [(player_id(i), f"Player {i:,}", NAME_COUNTRIES[i % len(NAME_COUNTRIES)])
+                for i in range(start, min(players, start + batch)) if i % 10]
+        names_store(r, prefix=settings.REDIS_KEY_PREFIX, names=rows)
+        named += len(rows)
+    return named

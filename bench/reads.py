@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--compare-root", metavar="DIR", default=None,
                         help="A/B: also serve another source tree of this project (e.g. the code before a change) "
-                             "on --port + 1 and measure its rank endpoint as `rank@before`")
+                             "on --port + 1 and measure its rank, neighbors and top endpoints as `rank@before`...")
     parser.add_argument("--redis", default="single",
                         help="single, or single,cluster: also serve the season from a local 3-master Redis Cluster "
                              "(a second server on --port + 2) and measure rank, neighbors and top there")
@@ -339,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     key = baseline_load(season, result.scores)
     print(f"# baseline sorted set {key}: {players:,} members in {time.perf_counter() - started:.1f}s")
+    started = time.perf_counter()
+    print(f"# names: {loader.names_load(players):,} players named in {time.perf_counter() - started:.1f}s")
     server = benchenv.AppServer(workers=args.workers, port=args.port, env={**env, "BENCH_BASELINE": "true"},
                                 kind=kinds[0])
     other: benchenv.AppServer | None = None
@@ -347,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_root:
         other = benchenv.AppServer(workers=args.workers, port=args.port + 1, env={**env, "BENCH_BASELINE": "true"},
                                    root=Path(args.compare_root).resolve(), kind=kinds[0])
-        for name in [n for n in ("rank", "neighbors") if n in endpoints]:
+        for name in [n for n in ("rank", "neighbors", "top") if n in endpoints]:
             ENDPOINTS[f"{name}@before"] = ENDPOINTS[name]
             urls[f"{name}@before"] = f"http://127.0.0.1:{args.port + 1}"
             servers[f"{name}@before"] = other
@@ -508,8 +510,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{kind} c={connections}: {line}")
         cpu = {name: benchenv.median([cpu_of(s) for _, s in samples
                                       if s.endpoint == name and s.connections == connections])
-               for name in ("rank", "rank@before", "neighbors", "neighbors@before")}
-        for name in ("rank", "neighbors"):
+               for name in ("rank", "rank@before", "neighbors", "neighbors@before", "top", "top@before")}
+        for name in ("rank", "neighbors", "top"):
             if cpu[name] == cpu[name] and cpu[f"{name}@before"] == cpu[f"{name}@before"]:
                 faster = paired(samples, name, f"{name}@before", connections=connections)
                 cheaper = paired(samples, name, f"{name}@before", connections=connections, metric=cpu_of)

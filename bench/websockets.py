@@ -519,7 +519,8 @@ def run(args: argparse.Namespace) -> int:
 
     result = loader.load_season(players=args.players, seed=args.seed, kind="ws", verbose=False)
     season = result.season
-    print(f"# season {season.slug}: {args.players:,} players, version 1 published", flush=True)
+    print(f"# season {season.slug}: {args.players:,} players, version 1 published; "
+          f"{loader.names_load(args.players):,} of them named", flush=True)
     maker = epoch_bench.ChangeMaker(result.scores, seed=args.seed)
     rng = random.Random(args.seed)
     subscribed = int(args.clients * args.subscribed)

@@ -116,12 +116,13 @@ def assert_regional_reads_match_ledger(season: Season, region: str, version: int
                 "kind": {**DEFAULT_KIND, "tie_break": season.tie_break}}
 
     top = ok(url(slug, "top", region=region))
-    assert top == {**envelope, "as_of": top["as_of"], "entries": dicts(expected.top(100))}
+    assert top == {**envelope, "as_of": top["as_of"], "entries": dicts(expected.top(100)), "next_cursor": None}
     assert ok(url(slug, "top", region=region, limit=2))["entries"] == dicts(expected.top(2))
     for first in range(1, len(expected) + 2):
         window = ok(url(slug, "window", region=region, from_position=first, limit=3))
         assert window == {**envelope, "as_of": top["as_of"], "from_position": first,
-                          "entries": dicts(everything[first - 1 : first + 2])}
+                          "entries": dicts(everything[first - 1 : first + 2]), "next_cursor": window["next_cursor"]}
+        assert (window["next_cursor"] is None) == (first + 2 >= len(expected))
     for player_id, (_, home) in ledger(season).items():
         entry = expected.entry(player_id)
         if entry is None:  # no region, or another region's board: not ranked on this one

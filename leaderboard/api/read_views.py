@@ -37,9 +37,10 @@ class TopView(LeaderboardReadView):
 
 
 class WindowView(LeaderboardReadView):
-    @extend_schema(operation_id="leaderboard_window", summary="A window of the board from any position",
+    @extend_schema(operation_id="leaderboard_window",
+                   summary="A window of the board from any position, or the page after a cursor",
                    parameters=[api_schema.SEASON_ID, api_schema.FROM_POSITION, api_schema.LIMIT,
-                               api_schema.VERSION],
+                               api_schema.VERSION, api_schema.AFTER],
                    responses={200: api_schema.WindowSerializer, **api_schema.read_errors()})
     def get(self, request: Request, season_id: str) -> Response:
         return _respond(reads.window_answer(season_id=season_id, query=request.query_params))
@@ -85,7 +86,7 @@ class RegionalTopView(LeaderboardReadView):
 class RegionalWindowView(LeaderboardReadView):
     @extend_schema(operation_id="region_leaderboard_window", summary="A window of a region's board from any position",
                    parameters=[api_schema.SEASON_ID, api_schema.REGION, api_schema.FROM_POSITION, api_schema.LIMIT,
-                               api_schema.VERSION],
+                               api_schema.VERSION, api_schema.AFTER],
                    responses={200: api_schema.RegionalWindowSerializer, **api_schema.regional_read_errors()})
     def get(self, request: Request, season_id: str, region: str) -> Response:
         return _respond(reads.window_answer(season_id=season_id, query=request.query_params, region=region))

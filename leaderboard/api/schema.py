@@ -30,7 +30,14 @@ from leaderboard.core.events import (
     MAX_SCORE_VERSION,
     MIN_SCORE,
 )
-from leaderboard.core.profiles import MAX_FRIENDS, MAX_GRAPH_VERSION, MAX_PROFILE_BATCH, MAX_PROFILE_VERSION
+from leaderboard.core.profiles import (
+    COUNTRIES,
+    MAX_DISPLAY_NAME,
+    MAX_FRIENDS,
+    MAX_GRAPH_VERSION,
+    MAX_PROFILE_BATCH,
+    MAX_PROFILE_VERSION,
+)
 from leaderboard.core.ranking import RADIUS_MAX
 from leaderboard.core.season_options import MAX_REGION_LENGTH, MODES, ORDERS, TIE_BREAKS
 
@@ -165,6 +172,10 @@ VERSION = int_query("version", "read this published version instead of the curre
                                "retained is 410", low=1)
 LIMIT = int_query("limit", "entries to return", low=1, high=100, default=100)
 FROM_POSITION = int_query("from_position", "the first display position of the window", low=1, default=1)
+AFTER = OpenApiParameter(
+    "after", {"type": "string", "maxLength": 512}, OpenApiParameter.QUERY,
+    description="a next_cursor: the page after its entry in the current version (not with from_position or "
+                "version); a cursor this service did not make for this board is a 400")
 RADIUS = int_query("radius", "entries on each side of the player", low=0, high=RADIUS_MAX, default=RADIUS_MAX)
 INCLUDE_PENDING = OpenApiParameter(
     "include_pending",
@@ -179,7 +190,18 @@ INCLUDE_PENDING = OpenApiParameter(
 # --- read bodies ----------------------------------------------------------------------------
 
 
-class EntrySerializer(serializers.Serializer[Any]):
+class NamedSerializer(serializers.Serializer[Any]):
+    """The player as people know them and the tier of the rank (docs/api.md, Names and countries)."""
+
+    display_name = serializers.CharField(allow_null=True, max_length=MAX_DISPLAY_NAME,
+                                         help_text="the player's current name (NFC), null when unset; not versioned")
+    country = serializers.CharField(allow_null=True, min_length=2, max_length=2,
+                                    help_text="ISO 3166-1 alpha-2, null when unset; not versioned")
+    tier = serializers.CharField(allow_null=True, help_text="the tier of the rank on this board (create_season "
+                                                            "--tiers); null in a season without tiers")
+
+
+class EntrySerializer(NamedSerializer):
     position = serializers.IntegerField(min_value=1, help_text="1-based index in display order (score "
                                                                "descending, then player_id ascending)")
     rank = serializers.IntegerField(min_value=1, help_text="1 + players with a strictly higher score")
@@ -205,15 +227,22 @@ class VersionedSerializer(serializers.Serializer[Any]):
     kind = KindSerializer()
 
 
+_NEXT_CURSOR = ("the page after this one's last entry, for ?after= (opaque; it never expires); null when this "
+                "page reaches the end of the board")
+
+
 class TopSerializer(VersionedSerializer):
     entries = EntrySerializer(many=True)
     total_players = serializers.IntegerField(min_value=0)
+    next_cursor = serializers.CharField(allow_null=True, help_text=_NEXT_CURSOR)
 
 
 class WindowSerializer(VersionedSerializer):
-    from_position = serializers.IntegerField(min_value=1)
+    from_position = serializers.IntegerField(min_value=1, required=False,
+                                             help_text="the position asked for; absent on a page read with after=")
     entries = EntrySerializer(many=True)
     total_players = serializers.IntegerField(min_value=0)
+    next_cursor = serializers.CharField(allow_null=True, help_text=_NEXT_CURSOR)
 
 
 class PendingSerializer(serializers.Serializer[Any]):
@@ -222,10 +251,13 @@ class PendingSerializer(serializers.Serializer[Any]):
     pending_version = serializers.IntegerField(help_text="the first version that will include it")
 
 
-class RankSerializer(VersionedSerializer):
+class RankSerializer(VersionedSerializer, NamedSerializer):
     player_id = serializers.CharField()
     score = serializers.IntegerField(allow_null=True, help_text="null only with include_pending, for a player "
                                                                 "the version does not hold yet")
+    percentile = serializers.FloatField(allow_null=True, min_value=0, max_value=100,
+                                        help_text="100 x players ranked below / total_players, rounded down to two "
+                                                  "decimals; null when the version does not hold the player")
     rank = serializers.IntegerField(allow_null=True)
     position = serializers.IntegerField(allow_null=True)
     region = serializers.CharField(allow_null=True, help_text="the player's region in this version (null for none); "
@@ -254,7 +286,7 @@ RegionalWindowSerializer = _regional(WindowSerializer)
 RegionalNeighborsSerializer = _regional(NeighborsSerializer)
 
 
-class FriendEntrySerializer(serializers.Serializer[Any]):
+class FriendEntrySerializer(NamedSerializer):
     position = serializers.IntegerField(min_value=1, help_text="1-based index among the player and their ranked "
                                                                "friends, in display order")
     rank = serializers.IntegerField(min_value=1, help_text="among them: 1 + those with a strictly higher score")
@@ -438,6 +470,13 @@ PROFILES_APPLY_BODY: dict[str, Any] = {
                 "region": _REGION,
                 "profile_version": {"type": "integer", "minimum": 1, "maximum": MAX_PROFILE_VERSION,
                                     "description": "per-player version from the profile service"},
+                # The name rule (letters of any script with their marks, digits, spaces and
+                # _-.) is beyond an OpenAPI pattern: the server checks it, a 400 naming the field.
+                "display_name": {"type": "string", "nullable": True, "minLength": 1, "maxLength": MAX_DISPLAY_NAME,
+                                 "description": "1..32 characters after NFC: letters, digits, spaces and _-., no "
+                                                "leading or trailing space; null clears it; left out, it stays"},
+                "country": {"type": "string", "nullable": True, "enum": [*sorted(COUNTRIES), None],
+                            "description": "ISO 3166-1 alpha-2 in upper case; null clears it; left out, it stays"},
             },
         },
     }},
@@ -452,6 +491,8 @@ class ProfileOutcomeSerializer(serializers.Serializer[Any]):
                                                "same region; stale: version not newer than the stored one")
     region = serializers.CharField(allow_null=True, help_text="the stored region once this item is decided")
     profile_version = serializers.IntegerField(help_text="the stored version once this item is decided")
+    display_name = serializers.CharField(allow_null=True, help_text="the stored name once this item is decided")
+    country = serializers.CharField(allow_null=True, help_text="the stored country once this item is decided")
 
 
 class ProfilesApplyResultSerializer(serializers.Serializer[Any]):
@@ -517,6 +558,9 @@ class FinalSerializer(serializers.Serializer[Any]):
 
 
 class FinalEntrySerializer(EntrySerializer):
+    """A FINAL standing: `tier` is the tier in the FINAL version (in the content hash in a
+    season with tiers); `display_name` and `country` are the player's current ones."""
+
     reached_at = serializers.CharField(
         required=False, help_text="first_reached seasons only: when the score was reached (UTC, milliseconds); "
                                   "in the content hash")

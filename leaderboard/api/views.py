@@ -75,7 +75,8 @@ class ProfilesApplyView(APIView):
     authentication_classes = [ApiClientTokenAuthentication]
     permission_classes = [scope_required("profiles:write")]
 
-    @extend_schema(operation_id="profiles_apply", summary="Apply player profiles: regions (scope profiles:write)",
+    @extend_schema(operation_id="profiles_apply",
+                   summary="Apply player profiles: regions, names and countries (scope profiles:write)",
                    description="Each profile is applied in order, in one transaction, and answered with its outcome "
                                "and the stored region and version after it; every applied or unchanged item is kept "
                                "in the player's region history. Rules: docs/rules.md.",
