@@ -34,6 +34,8 @@ class Series(models.Model):
     bucket_width = models.BigIntegerField(default=10_000)
     # Every window's score range: 0..max_score (create_series --max-score).
     max_score = models.BigIntegerField(default=MAX_SCORE)
+    # Every window's tiers (create_series --tiers, core.tiers), "" for none.
+    tiers = models.CharField(max_length=600, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

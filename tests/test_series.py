@@ -81,14 +81,15 @@ def _create(series_id: str, *extra: str) -> str:
 def test_create_series_opens_every_window_since_its_anchor_late_and_the_next_ahead() -> None:
     anchor = _now() - timedelta(days=2, hours=12)
     out = _create("daily", "--every", "1d", "--anchor", anchor.isoformat(), "--approval", "auto", "--grace", "5m",
-                  "--mode", "latest")
+                  "--mode", "latest", "--tiers", "Top:top10,Rest")
     assert out.splitlines() == [
         f"series daily created: every 1d from {anchor.isoformat()}, approval auto",
         "window daily-1: CLOSING", "window daily-2: CLOSING", "window daily-3: OPEN", "window daily-4: SCHEDULED"]
     series = Series.objects.get(slug="daily")
     seasons = list(Season.objects.filter(series=series).order_by("series_window"))
-    assert [(s.slug, s.starts_at, s.cutoff, s.mode, s.seal_after_seconds) for s in seasons] == [
-        (f"daily-{n}", anchor + timedelta(days=n - 1), anchor + timedelta(days=n), "latest", 300) for n in (1, 2, 3, 4)]
+    assert [(s.slug, s.starts_at, s.cutoff, s.mode, s.seal_after_seconds, s.tiers) for s in seasons] == [
+        (f"daily-{n}", anchor + timedelta(days=n - 1), anchor + timedelta(days=n), "latest", 300, "Top:top10,Rest")
+        for n in (1, 2, 3, 4)]
     created = AuditEntry.objects.get(action="series.created", target_id="daily")
     assert created.after is not None and (created.after["every"], created.after["approval"]) == ("1d", "auto")
     windows = AuditEntry.objects.filter(action="season.created", season_slug__startswith="daily-")
@@ -100,6 +101,7 @@ def test_create_series_opens_every_window_since_its_anchor_late_and_the_next_ahe
     (("--every", "2d"), "invalid choice: '2d'"),
     (("--every", "1d", "--grace", "ten"), "--grace takes a whole number with s, m, h or d"),
     (("--every", "1d", "--anchor", "tomorrow"), "--anchor must be an RFC 3339 date-time with an offset"),
+    (("--every", "1d", "--tiers", "Gold:10%,Diamond:1%,Rest"), "must be above the tier before it"),
 ])
 def test_create_series_refuses_bad_options_with_the_reason(args: tuple[str, ...], message: str) -> None:
     anchor = ("--anchor", _now().isoformat()) if "--anchor" not in args else ()

@@ -35,7 +35,7 @@ from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import RADIUS_MAX, Entry, entry_shown, ranked_among
 from leaderboard.core.tiers import percentile
-from leaderboard.views.names import Name, entry_dict, names_call, names_of, top_ids, top_shown
+from leaderboard.views.names import NO_NAME, Name, entry_dict, names_call, names_of, top_ids, top_shown
 from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired, round_trip
 from leaderboard.views.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
@@ -232,7 +232,7 @@ def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | N
     def call(reader: RankReader) -> Answer:
         _names_along(reader, [player_id])
         view = reader.rank(player_id, version)
-        name, country = _names_riding(reader, [player_id])[player_id]
+        name, country = _names_riding(reader, [player_id]).get(player_id, NO_NAME)
         entry = None if view.entry is None else entry_shown(view.manifest.kind, view.entry)
         pending = None
         if include_pending:
@@ -302,7 +302,7 @@ def friends_answer(*, season_id: str, player_id: str, query: Query, rider: Rider
             among = ranked_among(view.scores, tie_key=lambda member, score: (-score, reached[member]))
         # Ranked on the board's values (higher first), shown as scores.
         entries = [{"position": position, "rank": rank, "player_id": member, "score": shown(score),
-                    "display_name": names[member][0], "country": names[member][1],
+                    "display_name": names.get(member, NO_NAME)[0], "country": names.get(member, NO_NAME)[1],
                     "global_rank": ranks[member], "tier": tier_of(ranks[member])}
                    for position, (member, score, rank) in enumerate(among, start=1)]
         unranked = sum(1 for friend in friends.player_ids if friend not in view.scores)

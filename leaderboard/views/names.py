@@ -56,7 +56,16 @@ def names_call(prefix: str, player_ids: Sequence[str]) -> tuple[Any, ...]:
 
 
 def names_of(player_ids: Sequence[str], reply: Sequence[bytes | None]) -> dict[str, Name]:
-    return {player_id: name_decode(raw) for player_id, raw in zip(player_ids, reply, strict=True)}
+    """The players' (name, country) from a names_call reply; players without either are
+    left out (readers take NO_NAME for them). A live round decodes tens of thousands:
+    the decoding is inlined."""
+    out: dict[str, Name] = {}
+    separator = SEPARATOR.encode()
+    for player_id, raw in zip(player_ids, reply, strict=True):
+        if raw is not None:
+            country, _, name = raw.partition(separator)
+            out[player_id] = (name.decode() or None, country.decode() or None)
+    return out
 
 
 def names_store(r: redis.Redis, *, prefix: str, names: Iterable[tuple[str, str | None, str | None]]) -> None:
@@ -97,8 +106,10 @@ def top_shown(manifest: Manifest, names: Sequence[bytes | None]) -> list[dict[st
     if held is not None and held[0] == key:
         return held[1]
     named = names_of(top_ids(manifest), names)
-    shown = [{**entry, "display_name": named[entry["player_id"]][0], "country": named[entry["player_id"]][1]}
-             for entry in manifest.shown_top]
+    shown = []
+    for entry in manifest.shown_top:
+        name, country = named.get(entry["player_id"], NO_NAME)
+        shown.append({**entry, "display_name": name, "country": country})
     manifest.memo["top_shown"] = (key, shown)
     return shown
 

@@ -35,6 +35,7 @@ from leaderboard.core.series import (
     window_of,
     windows_due,
 )
+from leaderboard.core.tiers import TiersError, tiers_parse
 from leaderboard.ingest.services import score_events_apply
 from leaderboard.models import ApiClient
 from seasons.models import Season, Series
@@ -47,10 +48,15 @@ def series_create(*, slug: str, name: str, every: str, anchor: datetime, actor: 
                   approval: str = APPROVAL_TWO_PERSON, mode: str = MODE_BEST, order: str = ORDER_DESC,
                   tie_break: str = TIE_BREAK_SHARED,
                   regions: Sequence[str] = (), bucket_width: int | None = None, max_score: int = MAX_SCORE,
-                  now: datetime | None = None) -> Series:
+                  tiers: str = "", now: datetime | None = None) -> Series:
     """A new series (audited `series.created`), and the windows it owes by `now`: a series
     anchored in the past opens its windows since, late, none skipped. Every window's
-    scores are in 0..`max_score`, in buckets of `bucket_width` (default: the range's)."""
+    scores are in 0..`max_score`, in buckets of `bucket_width` (default: the range's), and
+    its entries named by `tiers` (core.tiers, refused with the reason when malformed)."""
+    try:
+        parsed_tiers = tiers_parse(tiers)
+    except TiersError as exc:
+        raise SeasonError(f"--tiers: {exc}") from exc
     problem = (series_id_problem(slug) or every_problem(every) or approval_problem(approval) or mode_problem(mode)
                or order_problem(order) or regions_problem(regions))
     if problem:
@@ -68,12 +74,13 @@ def series_create(*, slug: str, name: str, every: str, anchor: datetime, actor: 
         series = Series.objects.create(
             slug=slug, name=name, every=every, anchor=anchor, grace_seconds=grace_seconds, approval=approval,
             mode=mode, order=order, tie_break=tie_break, regions=list(regions), bucket_width=bucket_width,
-            max_score=max_score)
+            max_score=max_score, tiers=parsed_tiers.text() if parsed_tiers is not None else "")
         audit_log(actor=actor, action="series.created", target_type="series", target_id=slug,
                   after={"name": name, "every": every, "anchor": anchor.isoformat(), "grace_seconds": grace_seconds,
                          "approval": approval, "mode": mode, "order": order, "tie_break": tie_break,
                          "regions": list(regions),
-                         "bucket_width": bucket_width, "max_score": max_score})
+                         "bucket_width": bucket_width, "max_score": max_score, **({"tiers": series.tiers}
+                                                                                    if series.tiers else {})})
     series_windows_open(series=series, now=now)
     return series
 
@@ -98,7 +105,7 @@ def series_windows_open(*, series: Series, now: datetime | None = None) -> list[
                     actor=SYSTEM, layout=BucketLayout.uniform(width=series.bucket_width, max_score=series.max_score),
                     regions=series.regions,
                     tie_break=series.tie_break, mode=series.mode, order=series.order, series=series, series_window=n,
-                    seal_after_seconds=series.grace_seconds))
+                    seal_after_seconds=series.grace_seconds, tiers=series.tiers))
         except IntegrityError:
             log.info("series %s: window %d was opened by another clock", series.slug, n)
         except SeasonError as exc:

@@ -27,9 +27,11 @@ from config import embedded_redis
 from leaderboard.api_clients import api_client_create
 from leaderboard.core.humanize import instant_text
 from leaderboard.core.lifecycle import SeasonState
+from leaderboard.core.profiles import MAX_PROFILE_BATCH, ProfileWrite
 from leaderboard.core.series import APPROVAL_AUTO, EVERY_DAY
 from leaderboard.ledger_databases import ledger_aliases_configured
 from leaderboard.management.commands.simulate_matches import TOKEN_ENV
+from leaderboard.profiles import player_profiles_apply
 from leaderboard.simulation import player_ids
 from seasons.models import Season, Series
 from seasons.selectors import season_get
@@ -78,8 +80,9 @@ class Command(BaseCommand):
             now = timezone.now()
             season_create(
                 slug=slug, name="Demo season", starts_at=now - timedelta(days=1),
-                cutoff=now + timedelta(days=30), actor=DEMO_ACTOR,
+                cutoff=now + timedelta(days=30), actor=DEMO_ACTOR, tiers=DEMO_TIERS,
             )
+        _demo_names(player_ids(options["players"]))
         cup = _demo_cup(minutes=options["cup_minutes"])
         today = _demo_series()
         client, token = api_client_create(
@@ -210,6 +213,23 @@ class Command(BaseCommand):
                 pass
             time.sleep(0.2)
         raise CommandError(f"the web server did not answer {url} within 60 s")
+
+
+# The demo season's tiers (create_season --tiers).
+DEMO_TIERS = "Champion:top10,Diamond:1%,Gold:10%,Silver:50%,Bronze"
+_NAME_PARTS = ("Nova", "Kai", "Mira", "Zed", "Luna", "Orin", "Sasha", "Teo", "Yuki", "Amélie", "Łukasz", "Ines")
+_COUNTRIES = ("US", "DE", "BR", "JP", "KR", "FR", "PL", "SE", "IN", "MX", "ES", "CA")
+
+
+def _demo_names(players: list[str]) -> None:
+    """Names and countries for 9 of 10 demo players, as the profile service would send them
+    (a first run writes them; a later one finds them stored, unchanged)."""
+    writes = [ProfileWrite(player_id=p, region=None, profile_version=1, carries=frozenset({"display_name", "country"}),
+                           display_name=f"{_NAME_PARTS[i % len(_NAME_PARTS)]} {i}",
+                           country=_COUNTRIES[(i * 7) % len(_COUNTRIES)])
+              for i, p in enumerate(players) if i % 10]
+    for start in range(0, len(writes), MAX_PROFILE_BATCH):
+        player_profiles_apply(profiles=writes[start:start + MAX_PROFILE_BATCH], client=None)
 
 
 def _demo_series() -> Season:

@@ -47,6 +47,8 @@ class Command(BaseCommand):
                                  "else the range in 100 buckets)")
         parser.add_argument("--max-score", type=int, default=MAX_SCORE,
                             help=f"every window's scores are in 0..N (default {MAX_SCORE:,}, at most 2^40)")
+        parser.add_argument("--tiers", default="",
+                            help="every window's named tiers, as create_season --tiers (default none)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         anchor = parse_rfc3339(options["anchor"])
@@ -58,7 +60,7 @@ class Command(BaseCommand):
                 grace_seconds=duration_seconds(options["grace"]), approval=options["approval"],
                 mode=options["mode"], order=options["order"], tie_break=options["tie_break"],
                 regions=[r.strip() for r in options["regions"].split(",") if r.strip()],
-                bucket_width=options["bucket_width"], max_score=options["max_score"],
+                bucket_width=options["bucket_width"], max_score=options["max_score"], tiers=options["tiers"],
                 actor=Actor(kind="system", id="", label="manage.py create_series"),
             )
         except SeasonError as exc:
