@@ -8,8 +8,8 @@ PlayerProfile in the database is the record; `names_refill` writes this hash fro
 (after a Redis outage lost it, or on a new Redis), and a profile write or a reset stores
 its players here once it commits.
 
-The hash is one key, so on a cluster it lives in one slot: ~40 bytes a named player,
-about 2 GB at 50M (docs/operations.md, Names).
+The hash is one key, so on a cluster it lives in one slot: 81 bytes a named player (4 GB
+at 50M; docs/benchmarks.md, Names on every read).
 """
 
 from __future__ import annotations
