@@ -31,6 +31,7 @@ from leaderboard.live.hub import VIEWS_CHECK_SECONDS
 from seasons.models import Season
 from tests.support import Events, apply_events, db_standings, publish
 from tests.support.browser import asgi_server
+from tests.support.reference import answer_entry
 from tests.support.stall import stall_proxy
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rank_views"), pytest.mark.slow]
@@ -127,7 +128,7 @@ def test_live_boards_keep_moving_and_epochs_keep_their_pace_while_the_channel_la
         started = time.monotonic()
         version = publish(season)
         took = time.monotonic() - started
-        expected[version] = [e.as_dict() for e in db_standings(season).top(100)]
+        expected[version] = [answer_entry(e) for e in db_standings(season).top(100)]
         return version, took
 
     apply_events(season, [events.result(f"p{i:03d}", 1000 + i) for i in range(150)])

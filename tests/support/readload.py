@@ -35,6 +35,7 @@ from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from seasons.models import Season
 from tests.support.publication import keys_of
+from tests.support.reference import answer_entry
 from tests.support.writes import Events, scores_at_watermark
 
 WINDOW = 50
@@ -72,16 +73,17 @@ def answer_mismatch(answered: Answered, expected: Standings) -> str | None:
     if body.get("total_players") != len(expected):
         return f"total_players {body.get('total_players')} != {len(expected)}"
     if answered.kind == "top":
-        ok = body["entries"] == [e.as_dict() for e in expected.top(100)]
+        ok = body["entries"] == [answer_entry(e) for e in expected.top(100)]
     elif answered.kind == "rank":
         me = expected.entry(answered.player)
         ok = me is not None and {k: body[k] for k in ("position", "rank", "player_id", "score")} == me.as_dict()
     elif answered.kind == "neighbors":
         me = expected.entry(answered.player)
-        ok = me is not None and body["player"] == me.as_dict() and body["entries"] == [
-            e.as_dict() for e in expected.neighbors(answered.player, RADIUS)]
+        ok = me is not None and body["player"] == answer_entry(me) and body["entries"] == [
+            answer_entry(e) for e in expected.neighbors(answered.player, RADIUS)]
     else:
-        ok = body["entries"] == [e.as_dict() for e in expected.window(from_position=answered.first, limit=WINDOW)]
+        ok = body["entries"] == [answer_entry(e) for e in expected.window(from_position=answered.first,
+                                                                          limit=WINDOW)]
     return None if ok else "a wrong or partial answer"
 
 
