@@ -3,8 +3,8 @@
 Each write is one transaction. Writers of the same player are serialized by a per-player
 lock taken before anything is read, so a version only moves forward and the history of
 profile changes is in version order, whichever writer commits first. Neither write is
-audited (a reviewer's name reset is): like score events they come from a trusted service in volume, and a profile's
-history is its own append-only table.
+audited (a reviewer's name reset is): like score events they come from a trusted service
+in volume, and a profile's history is its own append-only table.
 """
 
 from __future__ import annotations

@@ -35,8 +35,17 @@ from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import RADIUS_MAX, Entry, entry_shown, ranked_among
 from leaderboard.core.tiers import percentile
-from leaderboard.views.names import NO_NAME, Name, entry_dict, names_call, names_of, top_ids, top_shown
-from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired, round_trip
+from leaderboard.views.names import (
+    NO_NAME,
+    Name,
+    entry_dict,
+    names_call,
+    names_of,
+    names_read,
+    top_names_read,
+    top_shown,
+)
+from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired
 from leaderboard.views.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
 
@@ -64,12 +73,7 @@ def _entries(manifest: Manifest, entries: list[Entry], names: Mapping[str, Name]
 
 
 def _names_read(reader: RankReader, player_ids: list[str]) -> dict[str, Name]:
-    """The players' current names and countries: one command, in a round trip of its own
-    (a page's players are known only once its entries are read)."""
-    if not player_ids:
-        return {}
-    (reply,) = round_trip(reader.r, [names_call(reader.keys.prefix, player_ids)])
-    return names_of(player_ids, reply)
+    return names_read(reader.r, prefix=reader.keys.prefix, player_ids=player_ids)
 
 
 def _names_along(reader: RankReader, player_ids: list[str]) -> None:
@@ -122,8 +126,7 @@ def top_answer(*, season_id: str, query: Query, region: str | None = None, rider
 
     def call(reader: RankReader) -> Answer:
         manifest, _ = reader.top(limit, version)
-        ids = top_ids(manifest)
-        (names,) = round_trip(reader.r, [names_call(reader.keys.prefix, ids)]) if ids else ([],)
+        names = top_names_read(reader.r, prefix=reader.keys.prefix, manifest=manifest)
         return top_of(manifest, region=region, limit=limit, names=names)
 
     return _read(season_id, call, region=region, rider=rider)
@@ -302,9 +305,10 @@ def friends_answer(*, season_id: str, player_id: str, query: Query, rider: Rider
             among = ranked_among(view.scores, tie_key=lambda member, score: (-score, reached[member]))
         # Ranked on the board's values (higher first), shown as scores.
         entries = [{"position": position, "rank": rank, "player_id": member, "score": shown(score),
-                    "display_name": names.get(member, NO_NAME)[0], "country": names.get(member, NO_NAME)[1],
-                    "global_rank": ranks[member], "tier": tier_of(ranks[member])}
-                   for position, (member, score, rank) in enumerate(among, start=1)]
+                    "display_name": name, "country": country, "global_rank": ranks[member],
+                    "tier": tier_of(ranks[member])}
+                   for position, (member, score, rank) in enumerate(among, start=1)
+                   for name, country in [names.get(member, NO_NAME)]]
         unranked = sum(1 for friend in friends.player_ids if friend not in view.scores)
         return Answer(200, _envelope(view.manifest, {
             "player_id": player_id, "graph_version": friends.graph_version, "entries": entries,

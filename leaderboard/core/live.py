@@ -165,7 +165,6 @@ def player_payload(player_id: str, entry: Entry | None, neighbors: Sequence[Entr
     return payload
 
 
-
 # -------------------------------------------------------------------------- the protocol
 
 

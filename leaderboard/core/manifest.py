@@ -14,7 +14,7 @@ from leaderboard.core.partitions import Watermark
 from leaderboard.core.season_options import BOARD_KIND_DEFAULT, TIE_BREAK_FIRST_REACHED, BoardKind
 from leaderboard.core.slots import SLOT_GROUPS_DEFAULT
 from leaderboard.core.tiebreak import FirstReached
-from leaderboard.core.tiers import Tiers, tiers_parse
+from leaderboard.core.tiers import Tiers, tier_at, tiers_parse
 
 # The lookup shards of a manifest written before the copies sized them by their players,
 # and the fewest a copy gets unless the caller asks for more (VIEW_LOOKUP_SHARDS_MIN: a
@@ -134,7 +134,7 @@ class Manifest:
         return {name: replace(self, counts=b.counts, checksums=b.checksums, top=b.top, regions={}, board=name)
                 for name, b in self.regions.items()}
 
-    @property
+    @cached_property
     def total(self) -> int:
         return sum(self.counts)
 
@@ -150,7 +150,13 @@ class Manifest:
 
     def tier_of(self, rank: int) -> str | None:
         """The tier of a rank on this board (None: the season has no tiers)."""
-        return None if self.tiers is None else self.tiers.of(rank=rank, total=self.total)
+        return None if self._tier_bounds is None else tier_at(self._tier_bounds, rank)
+
+    @cached_property
+    def _tier_bounds(self) -> list[tuple[int | None, str]] | None:
+        # Worked out once per version and board: every entry of a page, the top and a live
+        # round's windows name their tier from it.
+        return None if self.tiers is None else self.tiers.bounds(self.total)
 
     @cached_property
     def kind_dict(self) -> dict[str, Any]:

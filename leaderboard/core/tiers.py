@@ -16,7 +16,6 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any
 
 MAX_TIERS = 16
 MAX_TIER_NAME = 24
@@ -36,13 +35,15 @@ class Tier:
     top: int | None = None
     share: Fraction | None = None
 
-    def holds(self, *, rank: int, total: int) -> bool:
+    def last_rank(self, total: int) -> int | None:
+        """The last rank this tier holds on a board of `total` players (None: unbounded).
+        A share holds the ranks r with r x 100 <= P x total, exactly: no float between a
+        tie and its tier."""
         if self.top is not None:
-            return rank <= self.top
+            return self.top
         if self.share is not None:
-            # rank <= share% of total, exactly: no float between a tie and its tier.
-            return rank * 100 <= self.share * total
-        return True
+            return self.share.numerator * total // (self.share.denominator * 100)
+        return None
 
     def bound_text(self) -> str:
         if self.top is not None:
@@ -50,14 +51,6 @@ class Tier:
         if self.share is not None:
             return f"{_share_text(self.share)}%"
         return ""
-
-    def as_dict(self) -> dict[str, Any]:
-        bound: dict[str, Any] = {}
-        if self.top is not None:
-            bound = {"top": self.top}
-        elif self.share is not None:
-            bound = {"percent": _share_text(self.share)}
-        return {"name": self.name, **bound}
 
 
 def _share_text(share: Fraction) -> str:
@@ -70,17 +63,24 @@ class Tiers:
     tiers: tuple[Tier, ...]
 
     def of(self, *, rank: int, total: int) -> str:
-        for tier in self.tiers:
-            if tier.holds(rank=rank, total=total):
-                return tier.name
-        return self.tiers[-1].name  # the last is unbounded: never reached
+        return tier_at(self.bounds(total), rank)
+
+    def bounds(self, total: int) -> list[tuple[int | None, str]]:
+        """(last rank, name) of each tier on a board of `total` players, best first: what
+        a board works out once and names every entry's tier from (`tier_at`)."""
+        return [(tier.last_rank(total), tier.name) for tier in self.tiers]
 
     def text(self) -> str:
         """The --tiers value this parses from (the season's and the manifest's form)."""
         return ",".join(f"{t.name}:{t.bound_text()}" if t.bound_text() else t.name for t in self.tiers)
 
-    def as_list(self) -> list[dict[str, Any]]:
-        return [tier.as_dict() for tier in self.tiers]
+
+def tier_at(bounds: list[tuple[int | None, str]], rank: int) -> str:
+    """The tier of `rank`: the first whose last rank it does not pass."""
+    for last, name in bounds:
+        if last is None or rank <= last:
+            return name
+    raise AssertionError("the last tier is unbounded")
 
 
 def tiers_parse(text: str) -> Tiers | None:

@@ -22,7 +22,7 @@ from leaderboard.core.ranking import entry_shown
 from leaderboard.live.players import PlayerRead, player_shown
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.views import rankview
-from leaderboard.views.names import names_call, names_of, top_ids, top_shown
+from leaderboard.views.names import names_read, top_names_read, top_shown
 from leaderboard.views.selectors import leaderboard_reader, read_unavailable
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,7 @@ def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | No
             return Snapshot(manifest=manifest, top=_top(reader, manifest), player=None)
         manifest, me, window = reader.neighbors(subscription.player_id, subscription.radius)
         kind = manifest.kind
-        ids = [e.player_id for e in window]
-        names = names_of(ids, rankview.round_trip(reader.r, [names_call(reader.keys.prefix, ids)])[0]) if ids else {}
+        names = names_read(reader.r, prefix=reader.keys.prefix, player_ids=[e.player_id for e in window])
         return Snapshot(manifest=manifest, top=_top(reader, manifest),
                         player=PlayerRead(entry=None if me is None else entry_shown(kind, me),
                                           window=tuple(entry_shown(kind, e) for e in window),
@@ -61,9 +60,7 @@ def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | No
 
 def _top(reader: rankview.RankReader, manifest: Manifest) -> list[dict[str, Any]]:
     """The version's top with the names it has now."""
-    ids = top_ids(manifest)
-    names = rankview.round_trip(reader.r, [names_call(reader.keys.prefix, ids)])[0] if ids else []
-    return top_shown(manifest, names)[:TOP_LIMIT]
+    return top_shown(manifest, top_names_read(reader.r, prefix=reader.keys.prefix, manifest=manifest))[:TOP_LIMIT]
 
 
 def snapshot_message(season_slug: str, state: str | None, final_version: int | None, snapshot: Snapshot,

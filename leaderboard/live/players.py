@@ -29,7 +29,7 @@ from leaderboard.live.redis_async import REDIS_READ_TIMEOUT_SECONDS, Call, pipel
 from leaderboard.views import rankview
 from leaderboard.views.names import Name, entry_dict, names_call, names_of
 from leaderboard.views.rankview.reads import board_entry, seqlock_commands, seqlock_holds
-from leaderboard.views.rankview.shared import ahead_call, place_tied_call, window_call, window_values
+from leaderboard.views.rankview.shared import ahead_call, place_call, window_call, window_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +142,8 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         for _, value, name in found:
             bucket, sort_key = index_key(layout, ties, value)
             buckets.append(bucket)
-            calls.append(place_tied_call(bucket=bucket_key(bucket), hidden=hidden_key(bucket), key=sort_key,
-                                         name=name))
+            calls.append(place_call(bucket=bucket_key(bucket), hidden=hidden_key(bucket), key=sort_key, name=name,
+                                    tied=True))
         replies = yield calls
         tied_of: dict[str, int] = {}
         for i, (player_id, value, _) in enumerate(found):

@@ -21,6 +21,7 @@ import redis
 
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import Entry
+from leaderboard.views.rankview.wire import round_trip
 
 SEPARATOR = "\x1f"
 REFILL_BATCH = 10_000
@@ -42,14 +43,6 @@ def name_encode(display_name: str | None, country: str | None) -> str | None:
     return f"{country or ''}{SEPARATOR}{display_name or ''}"
 
 
-def name_decode(raw: bytes | str | None) -> Name:
-    if raw is None:
-        return NO_NAME
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    country, _, name = text.partition(SEPARATOR)
-    return (name or None, country or None)
-
-
 def names_call(prefix: str, player_ids: Sequence[str]) -> tuple[Any, ...]:
     """The one command that reads a page's names (to send in a read's round trip)."""
     return ("HMGET", names_key(prefix), *player_ids)
@@ -66,6 +59,21 @@ def names_of(player_ids: Sequence[str], reply: Sequence[bytes | None]) -> dict[s
             country, _, name = raw.partition(separator)
             out[player_id] = (name.decode() or None, country.decode() or None)
     return out
+
+
+def names_read(r: redis.Redis, *, prefix: str, player_ids: Sequence[str]) -> dict[str, Name]:
+    """The players' names in a round trip of their own (a page's players are known only once
+    its entries are read); one command."""
+    if not player_ids:
+        return {}
+    (reply,) = round_trip(r, [names_call(prefix, player_ids)])
+    return names_of(player_ids, reply)
+
+
+def top_names_read(r: redis.Redis, *, prefix: str, manifest: Manifest) -> list[bytes | None]:
+    """The names_call reply for a version's top (top_shown takes it), in a round trip of its own."""
+    ids = top_ids(manifest)
+    return round_trip(r, [names_call(prefix, ids)])[0] if ids else []
 
 
 def names_store(r: redis.Redis, *, prefix: str, names: Iterable[tuple[str, str | None, str | None]]) -> None:

@@ -45,7 +45,7 @@ from leaderboard.views.rankview.manifests import (
 from leaderboard.views.rankview.shared import (
     ahead_call,
     lookup_seen,
-    place_tied_call,
+    place_call,
     through_call,
     window_call,
     window_values,
@@ -260,9 +260,10 @@ class RankReader:
 
     def _place_call(self, manifest: Manifest, bucket: int, key: int, name: str) -> tuple[Any, ...]:
         # With the tied count: the rank answer's percentile needs it, and it costs the
-        # script one more count in the same bucket.
-        return place_tied_call(bucket=self._bucket_key(manifest, bucket), hidden=self._hidden_key(manifest, bucket),
-                          key=key, name=name)
+        # script two more counts in the same bucket. The neighbours read shares the place
+        # read (and the place hint sent before the read knows which it is) and drops it.
+        return place_call(bucket=self._bucket_key(manifest, bucket), hidden=self._hidden_key(manifest, bucket),
+                          key=key, name=name, tied=True)
 
     def _ahead_call(self, manifest: Manifest, bucket: int, key: int) -> tuple[Any, ...]:
         return ahead_call(bucket=self._bucket_key(manifest, bucket), hidden=self._hidden_key(manifest, bucket),

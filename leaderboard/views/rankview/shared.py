@@ -53,25 +53,18 @@ end
 
 # (ahead, position) of entry ARGV[2] (key ARGV[1]) in the bucket as copy of hidden set
 # KEYS[2] sees it: the entries it sees strictly ahead of the key (the rank's share of the
-# bucket), and the entry's index among those it sees (nil when the bucket lacks it).
+# bucket), and the entry's index among those it sees (nil when the bucket lacks it). With
+# ARGV[4] = 1 a third reply: the entries it sees with exactly the key (the entry's tied
+# players, itself among them; the percentile's), its hidden ones those whose member starts
+# with the key's prefix ARGV[3] (entry names are ASCII, below \255).
 _PLACE = """
-local ahead = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[1])
-  - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. ARGV[3])
-local index = redis.call('ZRANK', KEYS[1], ARGV[2])
-if not index then return {ahead, false} end
-return {ahead, index - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. ARGV[3] .. ARGV[2])}
-"""
-# The place read with a third reply: how many entries the copy sees with exactly key
-# ARGV[1] (the entry's tied players, itself among them): those hidden with that key are
-# the hidden members that start with its prefix ARGV[3] (entry names are ASCII, below \255).
-_PLACE_TIED = """
 local key, prefix = ARGV[1], ARGV[3]
 local ahead = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. key) - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. prefix)
-local tied = redis.call('ZCOUNT', KEYS[1], key, key)
-  - redis.call('ZLEXCOUNT', KEYS[2], '[' .. prefix, '(' .. prefix .. '\255')
 local index = redis.call('ZRANK', KEYS[1], ARGV[2])
-if not index then return {ahead, false, tied} end
-return {ahead, index - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. prefix .. ARGV[2]), tied}
+if index then index = index - redis.call('ZLEXCOUNT', KEYS[2], '-', '(' .. prefix .. ARGV[2]) else index = false end
+if ARGV[4] ~= '1' then return {ahead, index} end
+return {ahead, index, redis.call('ZCOUNT', KEYS[1], key, key)
+  - redis.call('ZLEXCOUNT', KEYS[2], '[' .. prefix, '(' .. prefix .. '\255')}
 """
 
 # How many entries the copy of hidden set KEYS[2] sees in bucket KEYS[1] at or ahead of
@@ -231,15 +224,10 @@ def lookup_seen(raw: bytes | str | None, side: int) -> Seen | None:
     return None if raw is None else lookup_decode(raw)[side]
 
 
-def place_call(*, bucket: str, hidden: str, key: int, name: str) -> tuple[Any, ...]:
-    """The read of an entry's (ahead, position) in a bucket as one copy sees it."""
-    return _script_call(_PLACE, [bucket, hidden], [key, name, hidden_member(key)])
-
-
-def place_tied_call(*, bucket: str, hidden: str, key: int, name: str) -> tuple[Any, ...]:
-    """`place_call` with a third reply: the entries one copy sees with exactly `key` (the
-    entry's tied players, the percentile's share at its rank)."""
-    return _script_call(_PLACE_TIED, [bucket, hidden], [key, name, hidden_member(key)])
+def place_call(*, bucket: str, hidden: str, key: int, name: str, tied: bool = False) -> tuple[Any, ...]:
+    """The read of an entry's (ahead, position) in a bucket as one copy sees it; with
+    `tied`, (ahead, position, tied): the entries it sees with exactly `key`."""
+    return _script_call(_PLACE, [bucket, hidden], [key, name, hidden_member(key), int(tied)])
 
 
 def through_call(*, bucket: str, hidden: str, key: int, name: str) -> tuple[Any, ...]:
