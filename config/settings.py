@@ -295,6 +295,9 @@ METRICS_HISTORY_SECONDS = env_float("METRICS_HISTORY_SECONDS", 86_400.0, minimum
 # How often beat checks that Redis still holds the players' names (refilled from the
 # database when it lost them: leaderboard.profiles.names_recover).
 NAMES_CHECK_SECONDS = env_float("NAMES_CHECK_SECONDS", 60.0, minimum=1.0)
+# How often beat looks for full hours (UTC) an accepting season has no snapshot of yet
+# (docs/rules.md, Movement and history): a tick after the hour takes it.
+SNAPSHOT_CHECK_SECONDS = env_float("SNAPSHOT_CHECK_SECONDS", 60.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE = {
     "leaderboard-reconciliation": {
         "task": "leaderboard.tasks.reconciliations_dispatch",
@@ -325,6 +328,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "leaderboard.tasks.names_recover_task",
         "schedule": NAMES_CHECK_SECONDS,
         "options": {"expires": NAMES_CHECK_SECONDS},
+    },
+    "leaderboard-snapshots": {
+        "task": "leaderboard.tasks.snapshots_take",
+        "schedule": SNAPSHOT_CHECK_SECONDS,
+        "options": {"expires": SNAPSHOT_CHECK_SECONDS},
     },
 }
 # bench/reads.py only: routes /bench/baseline/... (rank from one plain sorted set) so the

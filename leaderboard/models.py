@@ -457,3 +457,35 @@ class FriendList(models.Model):
     graph_version = models.BigIntegerField()
     updated_at = models.DateTimeField()
 
+
+
+class SeasonSnapshot(models.Model):
+    """A season's board at a full hour (UTC): the version current then and its score
+    histogram (SnapshotChunk), never its players (core.history)."""
+
+    season = models.ForeignKey("seasons.Season", on_delete=models.PROTECT, related_name="+")
+    # The full hour this snapshot stands for; unique per season, so takers racing for it
+    # (beat's ticks, a retried task) write it once.
+    taken_for = models.DateTimeField()
+    version = models.BigIntegerField()
+    total_players = models.BigIntegerField()
+    distinct_values = models.BigIntegerField()
+    taken_at = models.DateTimeField()
+    took_ms = models.FloatField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["season", "taken_for"], name="season_snapshot_one_per_hour")]
+
+
+class SnapshotChunk(models.Model):
+    """Consecutive values of a snapshot's histogram, ascending (core.history.HistogramChunk):
+    int64 little-endian arrays of values and players, and the players above the chunk."""
+
+    snapshot = models.ForeignKey(SeasonSnapshot, on_delete=models.CASCADE, related_name="chunks")
+    low = models.BigIntegerField()
+    above = models.BigIntegerField()
+    chunk_values = models.BinaryField()
+    chunk_counts = models.BinaryField()
+
+    class Meta:
+        indexes = [models.Index(fields=["snapshot", "low"], name="snapshot_chunk_by_low")]

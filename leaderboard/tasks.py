@@ -12,6 +12,7 @@ from django.conf import settings
 from kombu.exceptions import OperationalError
 
 from leaderboard.core.lifecycle import MATERIALIZED_STATES
+from leaderboard.history.services import snapshots_due_take
 from leaderboard.metrics.samples import metrics_seasons_sample
 from leaderboard.profiles import names_recover
 from leaderboard.recovery.rebuild import rebuild_jobs_resend_due, rebuild_run, season_epoch_advance
@@ -178,3 +179,10 @@ def metrics_sample() -> int:
 def names_recover_task() -> int | None:
     """Every NAMES_CHECK_SECONDS (beat): refill the players' names in Redis when it lost them."""
     return names_recover()
+
+
+@shared_task(ignore_result=True)
+def snapshots_take() -> int | None:
+    """Every SNAPSHOT_CHECK_SECONDS (beat): each accepting season's snapshots of the full hours
+    it does not have yet; a second tick in the same hour finds them taken."""
+    return snapshots_due_take()

@@ -30,6 +30,7 @@ from leaderboard.core.events import (
     MAX_SCORE_VERSION,
     MIN_SCORE,
 )
+from leaderboard.core.history import HISTORY_DAYS_DEFAULT, HISTORY_DAYS_MAX
 from leaderboard.core.profiles import (
     COUNTRIES,
     MAX_DISPLAY_NAME,
@@ -176,6 +177,8 @@ AFTER = OpenApiParameter(
     "after", {"type": "string", "maxLength": 512}, OpenApiParameter.QUERY,
     description="a next_cursor: the page after its entry in the current version (not with from_position or "
                 "version); a cursor this service did not make for this board is a 400")
+DAYS = int_query("days", "days of history, ending today (UTC)", low=1, high=HISTORY_DAYS_MAX,
+                 default=HISTORY_DAYS_DEFAULT)
 RADIUS = int_query("radius", "entries on each side of the player", low=0, high=RADIUS_MAX, default=RADIUS_MAX)
 INCLUDE_PENDING = OpenApiParameter(
     "include_pending",
@@ -264,6 +267,25 @@ class RankSerializer(VersionedSerializer, NamedSerializer):
                                                               "on a regional board, the board's")
     total_players = serializers.IntegerField(min_value=0)
     pending = PendingSerializer(allow_null=True, required=False, help_text="with include_pending only")
+
+
+class HistoryPointSerializer(serializers.Serializer[Any]):
+    date = serializers.DateField(help_text="the day (UTC) whose 00:00 snapshot this is")
+    rank = serializers.IntegerField(min_value=1)
+    score = serializers.IntegerField()
+    total_players = serializers.IntegerField(min_value=1)
+    leaderboard_version = serializers.IntegerField(help_text="the version current at 00:00 UTC that day")
+
+
+class HistorySerializer(serializers.Serializer[Any]):
+    season_id = serializers.CharField()
+    player_id = serializers.CharField()
+    days = serializers.IntegerField(min_value=1, max_value=HISTORY_DAYS_MAX)
+    entries = HistoryPointSerializer(many=True, help_text="oldest first; only days the player was ranked at 00:00")
+
+
+HISTORY_ERRORS = {400: BAD_REQUEST, 404: _error("`season_not_found`, `player_not_found` (an id outside the id rule)"),
+                  429: RATE_LIMITED, 503: DB_UNAVAILABLE}
 
 
 class NeighborsSerializer(VersionedSerializer):

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.urls import path
 
 from leaderboard.api import read_views
+from leaderboard.api.history import PlayerHistoryView
 from leaderboard.api.views import FriendsPutView, ProfilesApplyView, ScoresApplyView
 from seasons import api as final_api
 from seasons.disputes_api import DisputesView
@@ -20,6 +21,8 @@ urlpatterns = [
     path("v1/seasons/<str:season_id>/leaderboard/top", read_views.TopView.as_view(), name="leaderboard-top"),
     path("v1/seasons/<str:season_id>/leaderboard", read_views.WindowView.as_view(), name="leaderboard-window"),
     path("v1/seasons/<str:season_id>/players/<str:player_id>/rank", read_views.RankView.as_view(), name="player-rank"),
+    path("v1/seasons/<str:season_id>/players/<str:player_id>/history", PlayerHistoryView.as_view(),
+         name="player-history"),
     path("v1/seasons/<str:season_id>/players/<str:player_id>/neighbors", read_views.NeighborsView.as_view(),
          name="player-neighbors"),
     path("v1/seasons/<str:season_id>/players/<str:player_id>/friends", read_views.FriendsView.as_view(),

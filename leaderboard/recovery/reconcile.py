@@ -219,6 +219,24 @@ def ledger_histograms(*, season: Season, ties: FirstReached | None, moves: Ledge
     return {name: histogram.finish(moves.on_board(name)) for name, histogram in histograms.items()}
 
 
+def ledger_value_counts(*, season: Season, watermark: Watermark) -> dict[int, int]:
+    """The global board of a shared-ties season as of `watermark`, value -> players (zero
+    counts left out): one GROUP BY over the current scores of each ledger database, less
+    the players' values changed after it. Call it inside `ledger_snapshot`, so both reads
+    describe one moment."""
+    moves = ledger_moved_since(season=season, watermark=watermark)
+    counts: dict[int, int] = {}
+    for _, value, n in _histogram(season):
+        assert isinstance(value, int)  # shared ties: a value is a score
+        counts[value] = counts.get(value, 0) + n
+    for now, then in moves.values.values():
+        if now is not None:
+            counts[now] -= 1  # type: ignore[index]
+        if then is not None:
+            counts[then] = counts.get(then, 0) + 1  # type: ignore[index, arg-type]
+    return {value: n for value, n in counts.items() if n}
+
+
 def _histogram(season: Season, ties: FirstReached | None = None, *, by_region: bool = False
                ) -> Iterator[tuple[str, IndexValue, int]]:
     """(region, value, players) rows, from each ledger database on a server-side cursor;
