@@ -358,3 +358,45 @@ def test_a_newcomer_reads_the_page_on_a_phone_and_looks_for_a_stranger(season: S
 
     errors = browse(asgi_server, scenario)
     assert errors == []
+
+
+def test_find_me_shows_the_rank_a_day_ago_as_an_arrow_and_the_difference(
+        season_factory: Callable[..., Season], asgi_server: str) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from leaderboard.core.history import hour_floor
+    from leaderboard.history.services import movement_snapshot_name, season_snapshot_take
+    from leaderboard.models import Manifest
+
+    season = season_factory(slug="moving")
+    events = Events("moving")
+    apply_events(season, [events.result(f"p{i:02d}", 1000 - 10 * i) for i in range(10)])
+    assert publish(season) == 1
+    # A day later p06 climbed to 2nd, pushing p01..p05 down one; p00 stayed 1st.
+    apply_events(season, [events.result("p06", 995)])
+    assert publish(season) == 2
+    latest = hour_floor(datetime.now(UTC))
+    Manifest.objects.filter(season=season, version=1).update(published_at=latest - timedelta(hours=30))
+    for hour in (latest - timedelta(hours=24), latest):
+        season_snapshot_take(season=season, taken_for=hour)
+    assert movement_snapshot_name(season=season) is not None
+
+    async def follow(page: Any, player: str, rank: str) -> str:
+        await page.fill("#findme-input", player)
+        await page.click("#findme-form button[type=submit]")
+        await page.wait_for_function(f"document.getElementById('me-summary')?.dataset.rank === '{rank}'")
+        await page.wait_for_selector("#me-movement:not([hidden])")
+        return await text(page, "#me-movement")
+
+    async def scenario(page: Any) -> None:
+        await page.set_viewport_size({"width": 1280, "height": 900})
+        await page.goto(f"{asgi_server}/seasons/moving/live")
+        await wait_version(page, 2)
+        assert await follow(page, "p06", "2") == "▲ up 5 since yesterday (rank 7)"
+        assert await page.get_attribute("#me-movement", "data-moved") == "up"
+        await browser.shot(page, "live-movement")
+        assert await follow(page, "p03", "5") == "▼ down 1 since yesterday (rank 4)"
+        assert await follow(page, "p00", "1") == "= same rank as yesterday"
+
+    errors = browse(asgi_server, scenario)
+    assert errors == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -28,13 +29,23 @@ from leaderboard.core.history import (
 )
 from leaderboard.history.selectors import player_history_get
 from leaderboard.history.services import (
+    movement_snapshot_name,
     season_snapshot_take,
     season_snapshots_prune,
     snapshots_due_take,
 )
 from leaderboard.models import Manifest, SeasonSnapshot, SnapshotChunk
+from leaderboard.redis_client import redis_get
+from leaderboard.views.rankview.keys import Keys
 from seasons.models import Season
-from tests.support import Events, apply_events, publish
+from tests.support import Events, Profiles, apply_events, fast_get, publish
+
+
+def settings_module() -> Any:
+    from django.conf import settings as django_settings
+
+    return django_settings
+
 
 # --- the core --------------------------------------------------------------------------------
 
@@ -90,7 +101,8 @@ STAGES: list[list[tuple[str, int, str]]] = [
 def _boards(*, ascending: bool = False) -> list[dict[str, int]]:
     """The scores after each stage, by the rules of a best season."""
     better = (lambda x, y: x < y) if ascending else (lambda x, y: x > y)
-    boards, scores = [], {}
+    boards: list[dict[str, int]] = []
+    scores: dict[str, int] = {}
     for stage in STAGES:
         for player, score, kind in stage:
             if kind == "c" or player not in scores or better(score, scores[player]):
@@ -201,6 +213,10 @@ def test_beat_takes_each_missing_hour_once_and_prunes_what_no_read_needs(
     assert hours == [now - timedelta(hours=h) for h in range(24, -1, -1)]
     assert {s.version for s in SeasonSnapshot.objects.filter(season=season)} == {version}
     assert SnapshotChunk.objects.filter(snapshot__season=season).count() == 25  # 7 values: one chunk each
+    # rank_24h_ago's snapshot is named: the one a day before the latest.
+    moved = Keys(settings_module().REDIS_KEY_PREFIX, season.slug).moved
+    assert int(redis_get().hget(moved, "")) == SeasonSnapshot.objects.get(
+        season=season, taken_for=now - timedelta(hours=24)).pk
     # Two days on, the hours older than HOURLY_KEPT go; midnight's stay for the history.
     later = now + timedelta(days=2)
     season_snapshot_take(season=season, taken_for=later)
@@ -224,3 +240,41 @@ def test_a_first_reached_season_keeps_no_snapshot(season_factory: Callable[..., 
     publish(season)
     assert season_snapshot_take(season=season, taken_for=datetime.now(UTC) + timedelta(hours=1)) is None
     assert not SeasonSnapshot.objects.filter(season=season).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rank_views")
+def test_the_rank_answer_carries_the_rank_of_a_day_before_the_latest_snapshot(
+        season_factory: Callable[..., Season], django_assert_num_queries: Any) -> None:
+    season = season_factory(slug="moved", regions=["eu"])
+    Profiles().set(a="eu")
+    events = Events(season.slug)
+    day_ago = {"a": 10, "b": 30, "c": 20}
+    apply_events(season, [events.result(p, s) for p, s in day_ago.items()])
+    first = publish(season)
+    apply_events(season, [events.result("a", 50), events.result("d", 40), events.correction("b", 5)])
+    second = publish(season)
+    latest = hour_floor(datetime.now(UTC))
+    Manifest.objects.filter(season=season, version=first).update(published_at=latest - timedelta(hours=25))
+    Manifest.objects.filter(season=season, version=second).update(published_at=latest - timedelta(minutes=1))
+    for hour in (latest - timedelta(hours=24), latest):
+        season_snapshot_take(season=season, taken_for=hour)
+    target = movement_snapshot_name(season=season)
+    assert target == SeasonSnapshot.objects.get(season=season, taken_for=latest - timedelta(hours=24)).pk
+    url = f"/v1/seasons/{season.slug}/players/{{}}/rank"
+    # a: 3rd a day ago, 1st now (up 2); b: 1st, now last; d: new, so null.
+    for player, then, now in [("a", 3, 1), ("b", 1, 4), ("c", 2, 3), ("d", None, 2)]:
+        body = fast_get(url.format(player)).json()
+        assert (body["rank"], body["rank_24h_ago"]) == (now, then), (player, body)
+    # Once read, the rank of that snapshot rides the read's first round trip: no query.
+    with django_assert_num_queries(0):
+        assert APIClient().get(url.format("a")).json()["rank_24h_ago"] == 3
+    assert redis_get().hget(Keys(settings_module().REDIS_KEY_PREFIX, season.slug).moved, "c") == f"{target}:2".encode()
+    # A regional board's answer has none (the snapshots are of the global board).
+    regional = fast_get(f"/v1/seasons/{season.slug}/regions/eu/players/a/rank").json()
+    assert regional["rank"] == 1 and "rank_24h_ago" not in regional
+    # A newer latest snapshot with none a day before it: null, the kept ranks gone.
+    season_snapshot_take(season=season, taken_for=latest + timedelta(hours=1))
+    assert movement_snapshot_name(season=season) is None
+    assert fast_get(url.format("a")).json()["rank_24h_ago"] is None
+    assert not redis_get().exists(Keys(settings_module().REDIS_KEY_PREFIX, season.slug).moved)

@@ -262,6 +262,10 @@ class RankSerializer(VersionedSerializer, NamedSerializer):
                                         help_text="100 x players ranked below / total_players, rounded down to two "
                                                   "decimals; null when the version does not hold the player")
     rank = serializers.IntegerField(allow_null=True)
+    rank_24h_ago = serializers.IntegerField(
+        allow_null=True, required=False, min_value=1,
+        help_text="the player's rank in the snapshot taken 24 hours before the latest one (null: no such snapshot, "
+                  "or it did not rank them); on the global board only")
     position = serializers.IntegerField(allow_null=True)
     region = serializers.CharField(allow_null=True, help_text="the player's region in this version (null for none); "
                                                               "on a regional board, the board's")

@@ -3,16 +3,21 @@ the ledger as of each snapshot's version, their rank from the snapshot's histogr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 
-from django.db import connection
+import redis
+from django.db import DatabaseError, connection
 
 from leaderboard.core.history import HistogramChunk, midnights, value_at
 from leaderboard.ledger_reads import ledger_queryset_of_player
 from leaderboard.models import ScoreEvent, SeasonSnapshot
+from leaderboard.views.rankview.keys import Keys
 from seasons.models import Season
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +86,43 @@ def player_history_get(*, season: Season, player_id: str, days: int, today: date
     snapshots = list(SeasonSnapshot.objects.filter(season=season, taken_for__in=midnights(today=today, days=days))
                      .order_by("taken_for").values_list("pk", "taken_for", "version", "total_players"))
     return snapshot_places(season=season, player_id=player_id, snapshots=snapshots)
+
+
+# --- rank_24h_ago: the rank answer's movement -----------------------------------------------------
+# The snapshot it reads is named in a Redis hash beside the season's pointer, which also
+# keeps each rank once computed: a player's first rank read of the hour reads their ledger
+# rows and one chunk (as a history point does), later ones ride the read's first round trip.
+# When the snapshot 24 hours before the latest one changes (hourly), the hash starts over.
+
+
+def movement_call(keys: Keys, player_id: str) -> tuple[str, ...]:
+    """The one command, sent in the rank read's first round trip, that reads the snapshot
+    rank_24h_ago comes from and the player's rank in it when known."""
+    return ("HMGET", keys.moved, "", player_id)
+
+
+def rank_24h_ago_of(r: redis.Redis, *, keys: Keys, player_id: str, reply: Sequence[bytes | None]) -> int | None:
+    """The player's rank in the snapshot taken 24 hours before the latest one, from a
+    movement_call reply; null when there is no such snapshot or it did not rank them."""
+    of, cached = reply
+    if of is None:
+        return None
+    snapshot_id = of.decode()
+    if cached is not None:
+        seen, _, rank = cached.decode().partition(":")
+        if seen == snapshot_id:
+            return int(rank) if rank else None
+    try:
+        snapshot = SeasonSnapshot.objects.select_related("season").filter(pk=int(snapshot_id)).first()
+        if snapshot is None:  # pruned since: the next snapshot names another
+            return None
+        places = snapshot_places(season=snapshot.season, player_id=player_id, snapshots=[
+            (snapshot.pk, snapshot.taken_for, snapshot.version, snapshot.total_players)])
+    except DatabaseError:
+        # The rank is Redis's: a database that cannot answer costs the movement (null,
+        # not kept), never the read.
+        log.warning("rank_24h_ago of %s left out: the database did not answer", player_id, exc_info=True)
+        return None
+    found = places[0].rank if places else None
+    r.hset(keys.moved, player_id, f"{snapshot_id}:{'' if found is None else found}")
+    return found

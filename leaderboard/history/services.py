@@ -18,6 +18,7 @@ from leaderboard.ledger_reads import ledger_snapshot
 from leaderboard.models import Manifest, SeasonSnapshot, SnapshotChunk
 from leaderboard.recovery.reconcile import ledger_value_counts
 from leaderboard.redis_client import redis_get
+from leaderboard.views.rankview.keys import Keys
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -119,4 +120,26 @@ def _snapshots_due_take(*, now: datetime) -> int:
             if season_snapshot_take(season=season, taken_for=hour) is not None:
                 taken += 1
         season_snapshots_prune(season=season)
+        movement_snapshot_name(season=season)
     return taken
+
+
+def movement_snapshot_name(*, season: Season) -> int | None:
+    """Name in Redis the snapshot rank_24h_ago reads: the one taken MOVEMENT_HOURS before the
+    season's latest (none: the name removed). A change, or a Redis that lost the name,
+    starts the ranks kept beside it over; an unchanged name keeps them. Returns its id."""
+    latest = SeasonSnapshot.objects.filter(season=season).order_by("-taken_for").values_list(
+        "taken_for", flat=True).first()
+    target = None if latest is None else SeasonSnapshot.objects.filter(
+        season=season, taken_for=latest - timedelta(hours=MOVEMENT_HOURS)).values_list("pk", flat=True).first()
+    r = redis_get()
+    key = Keys(settings.REDIS_KEY_PREFIX, season.slug).moved
+    named = r.hget(key, "")
+    if (None if named is None else int(named)) == target:
+        return target
+    pipe = r.pipeline(transaction=True)
+    pipe.unlink(key)
+    if target is not None:
+        pipe.hset(key, "", str(target))
+    pipe.execute()
+    return target

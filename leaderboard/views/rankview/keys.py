@@ -124,6 +124,12 @@ class Keys:
     def manifest(self, version: int) -> str:
         return f"{self._base}:m:{version}"
 
+    @property
+    def moved(self) -> str:
+        """rank_24h_ago's snapshot and the ranks read in it (leaderboard.history.selectors):
+        field "" the snapshot's id, each other field a player's "<snapshot id>:<rank>"."""
+        return f"{self._base}:moved"
+
     def copy_meta(self, copy: str) -> str:
         return f"{self._base}:copy:{copy}"
 
