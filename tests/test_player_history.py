@@ -215,8 +215,8 @@ def test_beat_takes_each_missing_hour_once_and_prunes_what_no_read_needs(
     assert SnapshotChunk.objects.filter(snapshot__season=season).count() == 25  # 7 values: one chunk each
     # rank_24h_ago's snapshot is named: the one a day before the latest.
     moved = Keys(settings_module().REDIS_KEY_PREFIX, season.slug).moved
-    assert int(redis_get().hget(moved, "")) == SeasonSnapshot.objects.get(
-        season=season, taken_for=now - timedelta(hours=24)).pk
+    assert redis_get().hget(moved, "") == str(SeasonSnapshot.objects.get(
+        season=season, taken_for=now - timedelta(hours=24)).pk).encode()
     # Two days on, the hours older than HOURLY_KEPT go; midnight's stay for the history.
     later = now + timedelta(days=2)
     season_snapshot_take(season=season, taken_for=later)
