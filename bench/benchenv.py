@@ -320,6 +320,9 @@ def season_cleanup(season: Any, *, keep: bool, extra_keys: Iterable[str] = (), q
     rankview.manifest_cache_clear()
     tables = ("leaderboard_manifest", "leaderboard_scorechange", "leaderboard_playerscore")
     with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM leaderboard_snapshotchunk WHERE snapshot_id IN "
+                       "(SELECT id FROM leaderboard_seasonsnapshot WHERE season_id = %s)", [season.pk])
+        cursor.execute("DELETE FROM leaderboard_seasonsnapshot WHERE season_id = %s", [season.pk])
         for table in tables:
             cursor.execute(f"DELETE FROM {table} WHERE season_id = %s", [season.pk])
         # Without this, a PostgreSQL whose autovacuum is off (as on the development machine)

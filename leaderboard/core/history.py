@@ -26,8 +26,9 @@ from datetime import UTC, date, datetime, time, timedelta
 
 HISTORY_DAYS_DEFAULT = 30
 HISTORY_DAYS_MAX = 366
-# Values per chunk: a rank reads one chunk, 2 x 8 bytes a value.
-CHUNK_VALUES = 512
+# Values per chunk: a rank reads one chunk, 2 x 8 bytes a value; a chunk of 1 KB stays in
+# its row (PostgreSQL moves values over 2 KB out of line, and a history reads 30 of them).
+CHUNK_VALUES = 64
 # The snapshot rank_24h_ago reads: this long before the latest one.
 MOVEMENT_HOURS = 24
 # Snapshots other than midnight's are kept this long (rank_24h_ago reads the snapshot a
