@@ -406,3 +406,27 @@ def names_load(players: int) -> int:
         names_store(r, prefix=settings.REDIS_KEY_PREFIX, names=rows)
         named += len(rows)
     return named
+
+
+def movement_load(season: str, scores: array) -> int:
+    """rank_24h_ago's snapshot named (a made-up id) and every player's rank in it kept, as
+    a season's players leave them after their first rank read of the hour: every rank read
+    then takes the kept rank from its first round trip (leaderboard.history.selectors)."""
+    from bisect import bisect_right
+
+    from django.conf import settings
+
+    from leaderboard.redis_client import redis_get
+    from leaderboard.views.rankview.keys import Keys
+
+    r = redis_get()
+    key = Keys(settings.REDIS_KEY_PREFIX, season).moved
+    ordered = sorted(scores)
+    n = len(scores)
+    r.unlink(key)
+    r.hset(key, "", "1")
+    batch = 20_000
+    for start in range(0, n, batch):
+        r.hset(key, mapping={player_id(i): f"1:{n - bisect_right(ordered, scores[i]) + 1}"
+                             for i in range(start, min(n, start + batch))})
+    return n

@@ -3,7 +3,9 @@
 
 1. The loader (bench/loader.py) fills a fresh season (default 1M players) and publishes
    version 1; the same players go into ONE plain Redis sorted set, the baseline key
-   f"{REDIS_KEY_PREFIX}:baseline:{season}".
+   f"{REDIS_KEY_PREFIX}:baseline:{season}". Nine players in ten get a name, and every
+   player's rank_24h_ago is kept in Redis as its first read of the hour leaves it
+   (loader.names_load, loader.movement_load): each read fetches what it serves.
 2. The real ASGI server starts as a child: `uvicorn config.asgi:application --workers 2
    --no-access-log --log-level warning --http httptools --loop uvloop`, with
    BENCH_BASELINE=true so /bench/baseline/seasons/{s}/players/{p}/rank is routed
@@ -341,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# baseline sorted set {key}: {players:,} members in {time.perf_counter() - started:.1f}s")
     started = time.perf_counter()
     print(f"# names: {loader.names_load(players):,} players named in {time.perf_counter() - started:.1f}s")
+    started = time.perf_counter()
+    print(f"# rank_24h_ago: {loader.movement_load(season, result.scores):,} players' ranks kept in "
+          f"{time.perf_counter() - started:.1f}s")
     server = benchenv.AppServer(workers=args.workers, port=args.port, env={**env, "BENCH_BASELINE": "true"},
                                 kind=kinds[0])
     other: benchenv.AppServer | None = None
