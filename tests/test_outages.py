@@ -7,6 +7,7 @@ on localhost nothing listens on: the connection is refused at once."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -16,6 +17,9 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from leaderboard.api.errors import OUTAGE_RETRY_AFTER_SECONDS
+from leaderboard.core.history import hour_floor
+from leaderboard.history.services import movement_snapshot_name, season_snapshot_take
+from leaderboard.models import Manifest
 from leaderboard.redis_client import redis_get
 from seasons.models import Season
 from tests.support import NARROW, Events, browser, db_scores, fast_get, post_ok, publish
@@ -87,12 +91,23 @@ def closed_database_url() -> str:
 def test_with_postgres_unreachable_reads_go_on_from_redis_and_writes_answer_503(
     published: Season, writer: Any, fast_path: str
 ) -> None:
+    # Snapshots a day apart, so a rank answer carries rank_24h_ago: p03's is kept in Redis
+    # by the read below, p05's needs the database.
+    latest = hour_floor(datetime.now(UTC))
+    Manifest.objects.filter(season=published).update(published_at=latest - timedelta(hours=25))
+    for hour in (latest - timedelta(hours=24), latest):
+        season_snapshot_take(season=published, taken_for=hour)
+    assert movement_snapshot_name(season=published) is not None
     expected = {url: APIClient().get(url) for url in READS[:4]}
+    assert expected[READS[2]].json()["rank_24h_ago"] == 7
     with browser.asgi_server(DATABASE_URL=closed_database_url(), DB_POOL_TIMEOUT="1",
                              READ_FAST_PATH=fast_path) as base, httpx.Client(base_url=base, timeout=30) as client:
         for url, answer in expected.items():
             response = client.get(url)
             assert (response.status_code, response.json()) == (200, answer.json()), url
+        # The rank is Redis's: without the database only the movement not kept yet is lost.
+        uncached = client.get("/v1/seasons/outage/players/p05/rank")
+        assert uncached.status_code == 200 and (uncached.json()["rank"], uncached.json()["rank_24h_ago"]) == (5, None)
         write = client.post("/internal/v1/seasons/outage/scores:apply", json={"events": [Events().result("p01", 5)]},
                             headers={"Authorization": f"Bearer {writer[1]}"})
         assert_unavailable(write.status_code, write.json(), write.headers.get("retry-after"))
