@@ -9,6 +9,7 @@ the README's SQLite) and Redis.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -39,6 +40,8 @@ from leaderboard.redis_client import redis_get
 from leaderboard.views.rankview.keys import Keys
 from seasons.models import Season
 from tests.support import Events, Profiles, apply_events, fast_get, publish
+
+pytest_plugins = ["tests.support.staff_fixtures"]
 
 
 def settings_module() -> Any:
@@ -177,6 +180,26 @@ def test_a_history_is_the_players_exact_rank_at_each_midnight(season_factory: Ca
     # days=2: the last two midnights; a player with no score is no error.
     assert [e["date"] for e in _history(season, "c", 2)] == [d.date().isoformat() for d in days[2:]]
     assert _history(season, "nobody") == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rank_views")
+def test_the_staff_player_page_charts_the_rank_at_each_midnight(season_factory: Callable[..., Season],
+                                                                client_as: Any) -> None:
+    season = season_factory(slug="hist-staff")
+    versions = _staged(season)
+    for midnight in midnights(today=TODAY, days=3):
+        season_snapshot_take(season=season, taken_for=midnight)
+    page = client_as("viewer").get(f"/staff/seasons/{season.slug}/players/b/").content.decode()
+    card = page.split('id="player-history"')[1].split("</section>")[0]
+    assert 'id="player-history-chart"' in card and "<polyline" in card
+    rows = re.findall(r"<tr><td>([0-9-]+)</td><td class=\"num\">(\d+)</td><td class=\"num\">(\d+)</td>"
+                      r"<td class=\"num\">(\d+)</td><td class=\"num\">(\d+)</td></tr>", card)
+    # Newest first: b at 4th of 6 (stage 3), 4th of 5, 2nd of 4.
+    assert [(r, s, n, v) for _, r, s, n, v in rows] == [
+        ("4", "40", "6", str(versions[2])), ("4", "40", "5", str(versions[1])), ("2", "40", "4", str(versions[0]))]
+    unranked = client_as("viewer").get(f"/staff/seasons/{season.slug}/players/nobody/").content.decode()
+    assert "No snapshot at 00:00 UTC ranked this player" in unranked
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from leaderboard.core.events import ID_RULE, id_is_valid
+from leaderboard.core.history import HISTORY_DAYS_DEFAULT
 from leaderboard.core.humanize import instant_text
 from leaderboard.core.lifecycle import SeasonState
 from leaderboard.models import PlayerProfile, RebuildJob, ReconciliationRun
@@ -251,7 +252,7 @@ def player_page(request: HttpRequest, slug: str, player_id: str) -> HttpResponse
         request, season=season, player=players_sel.player_detail(season=season, player_id=player_id),
         regions=players_sel.player_regions(player_id=player_id),
         friends=players_sel.player_friends(player_id=player_id),
-        reason_form=f.ReasonForm(),
+        reason_form=f.ReasonForm(), history_days=HISTORY_DAYS_DEFAULT,
     ))
 
 

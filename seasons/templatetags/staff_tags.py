@@ -62,6 +62,25 @@ def time_series(series: Any, unit: str, title: str, window: int, window_label: s
 
 
 @register.simple_tag
+def rank_history_chart(places: Any, days: int) -> SafeString:
+    """A player's rank at each midnight (leaderboard.history.selectors.SnapshotPlace), over
+    the last `days` days; a day they were not ranked breaks the line."""
+    if not places:
+        return staff_charts.time_chart([], span=1.0, fmt=_rank, title="rank at 00:00 UTC", span_label=f"{days} d")
+    end = places[-1].taken_for
+    start = end.timestamp() - (days - 1) * 86_400
+    by_day = {p.taken_for.timestamp(): p.rank for p in places}
+    points = [(t - start, by_day.get(t)) for t in (start + d * 86_400 for d in range(days))]
+    return staff_charts.time_chart(points, span=max(1.0, (days - 1) * 86_400.0), fmt=_rank,
+                                   title="rank at 00:00 UTC (lower is better)", span_label=f"{days - 1} d",
+                                   css_id="player-history-chart")
+
+
+def _rank(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+@register.simple_tag
 def series_latest(series: Any, unit: str) -> str:
     """The newest value of a sample series in its chart's unit; "–" when there is none."""
     return "–" if series.latest is None else _UNITS[unit](series.latest)

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Q
+from django.utils import timezone
 
+from leaderboard.core.history import HISTORY_DAYS_DEFAULT
+from leaderboard.history.selectors import SnapshotPlace, player_history_get
 from leaderboard.ledger_databases import DEFAULT_ALIAS, ledger_alias_of_player
 from leaderboard.ledger_reads import ledger_queryset_of_player
 from leaderboard.models import (
@@ -57,6 +60,8 @@ class PlayerDetail:
     # Deliveries that reused one of this player's event ids, or named this player, with
     # another payload (outcome `conflict`): recorded, never applied.
     conflicts: list[ConflictRow]
+    # The player's rank at each midnight (UTC) of the last HISTORY_DAYS_DEFAULT days.
+    history: list[SnapshotPlace]
 
 
 def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
@@ -103,6 +108,8 @@ def player_detail(*, season: Season, player_id: str) -> PlayerDetail:
                 season=season).filter(Q(event_id__in=[e.event_id for e in events]) | Q(payload__player_id=player_id))),
             season=season, known={e.event_id: e for e in events},
         ),
+        history=player_history_get(season=season, player_id=player_id, days=HISTORY_DAYS_DEFAULT,
+                                   today=timezone.now().date()),
     )
 
 
