@@ -160,9 +160,9 @@ def run_round(season: Any, sampled: list[int], *, reads: int, days: int, rnd: ra
     kinds: dict[str, Callable[[str], None]] = {"baseline": baseline, "history": history,
                                                "history_http": history_http, "one_snapshot": one_snapshot}
     out: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for kind in kinds.values():  # warm-up, not timed: the first reads of a process set up its caches
+    for read in kinds.values():  # warm-up, not timed: the first reads of a process set up its caches
         for i in sampled[:WARM_UP]:
-            kind(f"p{i:08d}")
+            read(f"p{i:08d}")
     for _ in range(reads):
         pid = f"p{rnd.choice(sampled):08d}"
         order = list(kinds)

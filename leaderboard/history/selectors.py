@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
+from typing import Any
 
 import redis
 from django.db import DatabaseError, connection
@@ -77,7 +78,7 @@ def _chunks_holding(wanted: Sequence[tuple[int, int]]) -> dict[int, HistogramChu
                "AS w(sid, v) CROSS JOIN LATERAL (SELECT above, chunk_values, chunk_counts "
                "FROM leaderboard_snapshotchunk WHERE snapshot_id = w.sid AND low <= w.v "
                "ORDER BY low DESC LIMIT 1) AS c")
-        params: list[object] = [[pk for pk, _ in wanted], [value for _, value in wanted]]
+        params: list[Any] = [[pk for pk, _ in wanted], [value for _, value in wanted]]
     else:
         one = ("SELECT * FROM (SELECT snapshot_id, above, chunk_values, chunk_counts FROM leaderboard_snapshotchunk "
                "WHERE snapshot_id = %s AND low <= %s ORDER BY low DESC LIMIT 1) AS c{}")
