@@ -119,6 +119,10 @@ class PlayerScore(models.Model):
     # A staff revocation the match service has not acknowledged yet: results that would
     # raise the score above it are held for staff (docs/rules.md, Revocations that stick).
     revoked_to = models.BigIntegerField(null=True, blank=True)
+    # Taken off every board of the season by staff (docs/rules.md, Hidden players): their
+    # events still apply to `score`; the boards, totals and FINAL leave them out. A
+    # database default too, so the bulk loader's COPY and the batch upsert leave it as is.
+    hidden = models.BooleanField(default=False, db_default=False)
     updated_at = models.DateTimeField()
 
     class Meta:
@@ -156,6 +160,11 @@ class ScoreChange(models.Model):
     # keeps the score.
     region = models.CharField(max_length=16, blank=True, default="", db_default="")
     old_region = models.CharField(max_length=16, blank=True, default="", db_default="")
+    # Whether the player was hidden after and before the change (null: not): equal for a
+    # score change; a hide or a restore (event_id "hide:<n>" / "restore:<n>") keeps the
+    # score and flips it. A hidden player's value on every board is none.
+    hidden = models.BooleanField(null=True)
+    old_hidden = models.BooleanField(null=True)
     event_id = models.CharField(max_length=64)
     committed_at = models.DateTimeField()
     txid = models.BigIntegerField(default=0)

@@ -563,7 +563,8 @@ def final_standings_write(*, season: Season) -> tuple[str, int]:
         # Typed NULLs: PostgreSQL takes an untyped one in a subquery for text.
         regional = "'' AS region, CAST(NULL AS bigint) AS regional_position, CAST(NULL AS bigint) AS regional_rank"
     tier_sql, tier_params = _tier_case_sql(season.tiers_parsed)
-    source = "leaderboard_playerscore WHERE season_id = %s" if ledger_is_default(season=season) else None
+    # Hidden players are left out (docs/rules.md, Hidden players), as from every version.
+    source = "leaderboard_playerscore WHERE season_id = %s AND NOT hidden" if ledger_is_default(season=season) else None
     with connection.cursor() as cursor:
         if source is None:
             _final_scores_gather(season=season)
@@ -623,10 +624,10 @@ def _final_scores_gather(*, season: Season) -> None:
         for alias in ledger_databases_list(season=season):
             if alias == DEFAULT_DB_ALIAS:
                 cursor.execute(f"INSERT INTO {_FINAL_SCORES} SELECT {_FINAL_COLUMNS} FROM leaderboard_playerscore "
-                               "WHERE season_id = %s", [season.pk])
+                               "WHERE season_id = %s AND NOT hidden", [season.pk])
                 continue
             with connections[alias].cursor() as source, source.copy(
-                f"COPY (SELECT {_FINAL_COLUMNS} FROM leaderboard_playerscore WHERE season_id = %s) "
+                f"COPY (SELECT {_FINAL_COLUMNS} FROM leaderboard_playerscore WHERE season_id = %s AND NOT hidden) "
                 "TO STDOUT (FORMAT BINARY)", [season.pk],
             ) as rows, cursor.copy(f"COPY {_FINAL_SCORES} FROM STDIN (FORMAT BINARY)") as into:
                 for chunk in rows:

@@ -31,6 +31,8 @@ urlpatterns = [
     path("seasons/<slug:slug>/players/<str:player_id>/", season.player_page, name="player"),
     path("seasons/<slug:slug>/players/<str:player_id>/name-reset/", season.player_name_reset_action,
          name="player-name-reset"),
+    path("seasons/<slug:slug>/players/<str:player_id>/hide/", season.player_hide_action, name="player-hide"),
+    path("seasons/<slug:slug>/players/<str:player_id>/restore/", season.player_restore_action, name="player-restore"),
     path("seasons/<slug:slug>/late/", disputes.late_results, name="late-results"),
     path("seasons/<slug:slug>/late/<int:late_id>/apply", disputes.late_result_apply, name="late-apply"),
     path("seasons/<slug:slug>/late/<int:late_id>/dismiss", disputes.late_result_dismiss_action, name="late-dismiss"),

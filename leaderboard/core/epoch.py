@@ -177,7 +177,7 @@ def regional_values(
     *,
     regions: Iterable[str],
     old_values: Mapping[str, IndexValue | None],
-    new_values: Mapping[str, IndexValue],
+    new_values: Mapping[str, IndexValue | None],
     old_regions: Mapping[str, str],
     new_regions: Mapping[str, str],
 ) -> dict[str, tuple[dict[str, IndexValue | None], dict[str, IndexValue | None]]]:
@@ -272,13 +272,13 @@ class RangeValues:
     so it is the same whatever part of it a copy already holds: the counts and checksums
     a copy gains from the range (`range_deltas`) never depend on a half-applied write."""
 
-    new: dict[str, IndexValue] = field(default_factory=dict)
+    new: dict[str, IndexValue | None] = field(default_factory=dict)
     old: dict[str, IndexValue | None] = field(default_factory=dict)
     new_region: dict[str, str] | None = None
     old_region: dict[str, str] | None = None
     # Every value each player took within the range, oldest first (a copy resumed after
     # a crash may hold any of them: what it holds is checked against these).
-    taken: dict[str, list[IndexValue]] = field(default_factory=dict)
+    taken: dict[str, list[IndexValue | None]] = field(default_factory=dict)
 
 
 def _row_flipped(row: Sequence[Any], flip: int) -> tuple[Any, ...]:
@@ -287,7 +287,7 @@ def _row_flipped(row: Sequence[Any], flip: int) -> tuple[Any, ...]:
 
 
 def range_values(rows: Iterable[Sequence[Any]], *, reached_origin: int | None = None,
-                 regional: bool = False, flip: int | None = None) -> RangeValues:
+                 regional: bool = False, flip: int | None = None, hidden: bool = False) -> RangeValues:
     """RangeValues of stream rows in cursor order: (txid, id, player_id, new_score,
     score_version, old_score), then with `reached_origin` (a first_reached board: values
     are (score, reached_ms - origin)) reached_at and old_reached_at in ms since 1970
@@ -296,17 +296,20 @@ def range_values(rows: Iterable[Sequence[Any]], *, reached_origin: int | None = 
     row gives their value before the range; the row of their highest score_version (the
     later one of equal versions: a region move repeats its score's version) their value
     after it. `flip`: an asc board's max_score, its values max_score - score
-    (core.season_options.BoardKind.flipped)."""
+    (core.season_options.BoardKind.flipped). With `hidden`, the next two columns say
+    whether the player was hidden after and before the row: a hidden player's value is
+    None (on no board), so a hide takes them off and a restore puts them back."""
     if flip is not None:
         rows = [_row_flipped(row, flip) for row in rows]
     out = RangeValues(new_region={} if regional else None, old_region={} if regional else None)
     at = 6 if reached_origin is None else 8  # the region's column
+    off = at + 2 if regional else at  # the hidden mark's
     versions: dict[str, int] = {}
     new, old, taken = out.new, out.old, out.taken
     new_region, old_region = out.new_region, out.old_region
     for row in rows:
         player_id = row[2]
-        value: IndexValue
+        value: IndexValue | None
         before: IndexValue | None
         if reached_origin is None:
             value, before = row[3], row[5]
@@ -314,6 +317,11 @@ def range_values(rows: Iterable[Sequence[Any]], *, reached_origin: int | None = 
             reached, was = row[6], row[7]
             value = (row[3], 0 if reached is None else reached - reached_origin)
             before = None if row[5] is None else (row[5], 0 if was is None else was - reached_origin)
+        if hidden:
+            if row[off]:
+                value = None
+            if row[off + 1]:
+                before = None
         seen = versions.get(player_id)
         if seen is None:
             old[player_id] = before
@@ -381,9 +389,11 @@ def range_deltas(values: RangeValues, *, layout: BucketLayout, regions: Iterable
     old_region, new_region = values.old_region or {}, values.new_region or {}
     for player_id, new in values.new.items():
         old = values.old[player_id]
-        new_bucket = bucket_of(value_score(new))
-        new_hash = pair_hash(player_id, value_token(new))
-        old_bucket = old_hash = None
+        # None: not on the board (a hidden player, or none yet).
+        new_bucket = new_hash = old_bucket = old_hash = None
+        if new is not None:
+            new_bucket = bucket_of(value_score(new))
+            new_hash = pair_hash(player_id, value_token(new))
         if old is not None:
             old_bucket = bucket_of(value_score(old))
             old_hash = pair_hash(player_id, value_token(old))
@@ -392,9 +402,10 @@ def range_deltas(values: RangeValues, *, layout: BucketLayout, regions: Iterable
                 counts[old_bucket] -= 1
                 sums[old_bucket] -= old_hash  # type: ignore[operator]
                 touched.add(old_bucket)
-            counts[new_bucket] += 1
-            sums[new_bucket] += new_hash
-            touched.add(new_bucket)
+            if new_bucket is not None:
+                counts[new_bucket] += 1
+                sums[new_bucket] += new_hash  # type: ignore[operator]
+                touched.add(new_bucket)
         if not boards:
             continue
         was = old_region.get(player_id, "")
@@ -406,10 +417,10 @@ def range_deltas(values: RangeValues, *, layout: BucketLayout, regions: Iterable
             board.counts[old_bucket] -= 1
             board.checksums[old_bucket] -= old_hash  # type: ignore[operator]
             board.touched.add(old_bucket)
-        if now in boards:
+        if now in boards and new_bucket is not None:
             board = boards[now]
             board.counts[new_bucket] += 1
-            board.checksums[new_bucket] += new_hash
+            board.checksums[new_bucket] += new_hash  # type: ignore[operator]
             board.touched.add(new_bucket)
     for deltas in out.values():
         deltas.checksums = [s % MODULUS for s in deltas.checksums]

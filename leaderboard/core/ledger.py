@@ -52,6 +52,9 @@ class PlayerState:
     # until then, a result that would raise the score above it is held (HELD_REVOKED).
     # None: no revocation stands. Left out of == like reached_at.
     revoked_to: int | None = field(default=None, compare=False)
+    # Hidden by staff (docs/rules.md, Hidden players): decides nothing here; the write
+    # marks the player's changes hidden, so no board shows them. Left out of ==.
+    hidden: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

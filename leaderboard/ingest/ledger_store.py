@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 
 from django.db import DatabaseError, connection, connections, transaction
@@ -280,9 +280,9 @@ def player_states_fetch(*, season_id: int, player_ids: Iterable[str], using: str
             # Unique-index probes, as for the ledger above (ANY(...) may turn into a scan of
             # the season's current scores).
             cursor.execute(
-                "SELECT p.player_id, p.score, p.score_version, p.reached_at, p.revoked_to "
+                "SELECT p.player_id, p.score, p.score_version, p.reached_at, p.revoked_to, p.hidden "
                 "FROM unnest(%s::text[]) AS u(player_id) "
-                "CROSS JOIN LATERAL (SELECT player_id, score, score_version, reached_at, revoked_to "
+                "CROSS JOIN LATERAL (SELECT player_id, score, score_version, reached_at, revoked_to, hidden "
                 "FROM leaderboard_playerscore s WHERE s.season_id = %s AND s.player_id = u.player_id LIMIT 1) AS p",
                 [_text_array(ids), season_id],
             )
@@ -290,11 +290,11 @@ def player_states_fetch(*, season_id: int, player_ids: Iterable[str], using: str
     else:
         rows = list(
             PlayerScore.objects.using(using).filter(season_id=season_id, player_id__in=ids).values_list(
-                "player_id", "score", "score_version", "reached_at", "revoked_to"
+                "player_id", "score", "score_version", "reached_at", "revoked_to", "hidden"
             )
         )
-    return {row[0]: PlayerState(score=row[1], score_version=row[2], reached_at=row[3], revoked_to=row[4])
-            for row in rows}
+    return {row[0]: PlayerState(score=row[1], score_version=row[2], reached_at=row[3], revoked_to=row[4],
+                                hidden=bool(row[5])) for row in rows}
 
 
 def player_regions_fetch(*, season_id: int, season_regions: list[str], player_ids: Iterable[str],
@@ -366,7 +366,8 @@ def _region_moves_write(*, season_id: int, players: list[str], wanted: Mapping[s
         ScoreChange(
             season_id=season_id, player_id=score.player_id, old_score=score.score, new_score=score.score,
             score_version=score.score_version, reached_at=score.reached_at, old_reached_at=score.reached_at,
-            region=score.region, old_region=old_region, event_id=f"region:{moves[score.player_id][1]}",
+            region=score.region, old_region=old_region, hidden=score.hidden, old_hidden=score.hidden,
+            event_id=f"region:{moves[score.player_id][1]}",
             committed_at=now, txid=txids[partition[score.player_id]],
         )
         for score, old_region in moved
@@ -436,6 +437,34 @@ RETURNING partition, head
 """
 
 
+def season_player_hidden_set(*, season: Season, player_id: str, hidden: bool, event_id: str,
+                             now: datetime) -> tuple[PlayerScore | None, bool]:
+    """Hide a player of one season, or restore them (docs/rules.md, Hidden players): their
+    current-scores row marked, and a change-stream row that keeps the score and flips the
+    mark, numbered like a score batch in the player's ledger partition, so the next
+    version takes them off every board or puts their current score back. In the player's
+    ledger database, in a transaction there; call under the season's write lock
+    (season_write_lock). Returns the row (None: no score in the season) and whether it
+    changed (not when it already was as asked: nothing written)."""
+    part = layout_partition(player_id, base=season.partition_base, partitions=season.partitions)
+    alias = ledger_alias(season=season, partition=part)
+    with transaction.atomic(using=alias):
+        score = PlayerScore.objects.using(alias).select_for_update().filter(
+            season_id=season.pk, player_id=player_id).first()
+        if score is None or score.hidden == hidden:
+            return score, False
+        score.hidden, score.updated_at = hidden, now
+        score.save(using=alias, update_fields=["hidden", "updated_at"])
+        txids = stream_numbers_take(season_id=season.pk, partitions=[part], using=alias)
+        ScoreChange.objects.using(alias).create(
+            season_id=season.pk, player_id=player_id, old_score=score.score, new_score=score.score,
+            score_version=score.score_version, reached_at=score.reached_at, old_reached_at=score.reached_at,
+            region=score.region, old_region=score.region, hidden=hidden or None, old_hidden=(not hidden) or None,
+            event_id=event_id, committed_at=now, txid=txids[part],
+        )
+    return score, True
+
+
 # Partition p's first number is p << 48 | 1 (core.partitions): partition 0's are the plain
 # numbers of a season without partitions.
 _HEADS_TAKE = """head AS (
@@ -472,28 +501,31 @@ WITH ledger AS (
 ), {_HEADS_TAKE}, changes AS (
     INSERT INTO leaderboard_scorechange (
         season_id, committed_at, txid, player_id, old_score, new_score, score_version, event_id,
-        reached_at, old_reached_at, region, old_region)
+        reached_at, old_reached_at, region, old_region, hidden, old_hidden)
     -- A subquery, not a join: the rows keep the arrays' order, so a player's changes
     -- within the batch take ids in the order they happened.
     SELECT %(season)s, %(now)s, (SELECT h.head FROM head h WHERE h.partition = c.part),
-           c.player_id, c.o, c.n, c.v, c.e, c.r, c.orr, c.region, c.region
+           c.player_id, c.o, c.n, c.v, c.e, c.r, c.orr, c.region, c.region, c.hidden, c.hidden
     FROM unnest(%(c_player)s::text[], %(c_old)s::bigint[], %(c_new)s::bigint[],
                 %(c_version)s::bigint[], %(c_event)s::text[], %(c_reached)s::timestamptz[],
-                %(c_old_reached)s::timestamptz[], %(c_region)s::text[], %(c_part)s::int[])
-         AS c(player_id, o, n, v, e, r, orr, region, part)
+                %(c_old_reached)s::timestamptz[], %(c_region)s::text[], %(c_part)s::int[],
+                %(c_hidden)s::boolean[])
+         AS c(player_id, o, n, v, e, r, orr, region, part, hidden)
 )
 SELECT 1
 """
 
 
 def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-                     partitions: Mapping[str, int], using: str, regions: Mapping[str, str] | None = None) -> None:
+                     partitions: Mapping[str, int], using: str, regions: Mapping[str, str] | None = None,
+                     hidden: Collection[str] = ()) -> None:
     """Write the plan; `regions` are the batch's players' regions in the season
     (player_regions_fetch; none for a season without regions). A score write never moves
     a player's region: a new player takes it, an existing one keeps its own. `partitions`:
     every player of the batch's ledger partition (the one whose lock the batch holds);
     each partition's changes take that partition's next commit number. `using`: the
-    database of those partitions (the conflicts are kept there, beside the event)."""
+    database of those partitions (the conflicts are kept there, beside the event). `hidden`:
+    the batch's players staff hid (PlayerState.hidden): their changes are marked so."""
     regions = regions or {}
     if plan.conflicts:
         ScoreEventConflict.objects.using(using).bulk_create(
@@ -518,14 +550,14 @@ def batch_plan_write(*, season_id: int, plan: BatchPlan, client_id: int | None, 
         return
     if is_postgres(using=using):
         _pg_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions,
-                  partitions=partitions, using=using)
+                  partitions=partitions, using=using, hidden=hidden)
     else:
         _orm_write(season_id=season_id, plan=plan, client_id=client_id, now=now, regions=regions,
-                   partitions=partitions, using=using)
+                   partitions=partitions, using=using, hidden=hidden)
 
 
 def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-              regions: Mapping[str, str], partitions: Mapping[str, int], using: str) -> None:
+              regions: Mapping[str, str], partitions: Mapping[str, int], using: str, hidden: Collection[str]) -> None:
     rows = plan.ledger_rows
     states = plan.player_states
     changes = plan.changes
@@ -578,6 +610,8 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "c_old_reached": _text_array([utc(c.old_reached_at) for c in changes]),
         "c_region": _text_array([regions.get(c.player_id, "") for c in changes]),
         "c_part": _int_array(change_parts := [partitions[c.player_id] for c in changes]),
+        # Null for a player not hidden, as the rows written before the column.
+        "c_hidden": "{" + ",".join("t" if c.player_id in hidden else "NULL" for c in changes) + "}",
         "parts": _int_array(sorted(set(change_parts))),
     }
     with connections[using].cursor() as cursor:
@@ -585,7 +619,7 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
 
 
 def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: datetime,
-               regions: Mapping[str, str], partitions: Mapping[str, int], using: str) -> None:
+               regions: Mapping[str, str], partitions: Mapping[str, int], using: str, hidden: Collection[str]) -> None:
     ScoreEvent.objects.using(using).bulk_create(
         ScoreEvent(
             season_id=season_id,
@@ -633,6 +667,7 @@ def _orm_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: d
                 reached_at=c.reached_at, old_reached_at=c.old_reached_at, committed_at=now,
                 txid=partitions[c.player_id] << TXID_PARTITION_SHIFT,
                 region=regions.get(c.player_id, ""), old_region=regions.get(c.player_id, ""),
+                hidden=True if c.player_id in hidden else None, old_hidden=True if c.player_id in hidden else None,
             )
             for c in plan.changes
         )

@@ -125,8 +125,9 @@ def stream_range_rows(*, season_id: int, partitions: list[int], after: Watermark
     """The changes of `partitions` (ascending) after `after` and at or before `upto`, each
     partition's in cursor order, as (txid, id, player_id, new_score, score_version,
     old_score), then with `reached` reached_at and old_reached_at in ms since 1970 (None:
-    not recorded), then with `regions` region and old_region, and last committed_at in
-    ms since 1970: what core.epoch.range_values reads, and the publication lag of each.
+    not recorded), then with `regions` region and old_region, then hidden and old_hidden
+    (booleans), and last committed_at in ms since 1970: what core.epoch.range_values reads
+    (with hidden=True), and the publication lag of each.
     One query a partition, in the partition's own database; a part of an epoch reads its
     own partitions with it (views.parts)."""
     rows: list[tuple] = []  # type: ignore[type-arg]
@@ -139,7 +140,8 @@ def stream_range_rows(*, season_id: int, partitions: list[int], after: Watermark
             columns = ["txid", "id", "player_id", "new_score", "score_version", "old_score"]
             if reached:
                 columns += [_EPOCH_MS.format("reached_at"), _EPOCH_MS.format("old_reached_at")]
-            columns += [*_regions(regions), _EPOCH_MS.format("committed_at")]
+            columns += [*_regions(regions), "COALESCE(hidden, false)", "COALESCE(old_hidden, false)",
+                        _EPOCH_MS.format("committed_at")]
             with connections[alias].cursor() as db:
                 db.execute(
                     f"SELECT {', '.join(columns)} FROM leaderboard_scorechange "
@@ -150,7 +152,8 @@ def stream_range_rows(*, season_id: int, partitions: list[int], after: Watermark
                 rows += db.fetchall()
             continue
         names = ["txid", "id", "player_id", "new_score", "score_version", "old_score",
-                 *(("reached_at", "old_reached_at") if reached else ()), *_regions(regions), "committed_at"]
+                 *(("reached_at", "old_reached_at") if reached else ()), *_regions(regions), "hidden", "old_hidden",
+                 "committed_at"]
         found = ScoreChange.objects.using(alias).filter(
             season_id=season_id, txid__gte=partition_start(partition)[0], txid__lt=partition_end(partition)).filter(
             Q(txid__gt=low[0]) | Q(txid=low[0], id__gt=low[1])).filter(
@@ -159,7 +162,7 @@ def stream_range_rows(*, season_id: int, partitions: list[int], after: Watermark
             out = list(row)
             if reached:
                 out[6:8] = [None if t is None else instant_ms(t) for t in row[6:8]]
-            out[-1] = instant_ms(row[-1])
+            out[-3:] = [bool(row[-3]), bool(row[-2]), instant_ms(row[-1])]
             rows.append(tuple(out))
     return rows
 

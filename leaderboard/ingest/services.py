@@ -282,7 +282,7 @@ def _part_apply(*, season: Season, events: list[ScoreEvent], client: ApiClient |
         ) if season_regions and plan.player_states else None
         ledger_store.batch_plan_write(
             season_id=season.pk, plan=plan, client_id=client.pk if client else None, now=now, regions=regions,
-            partitions=partitions, using=using,
+            partitions=partitions, using=using, hidden={p for p, held in current.items() if held.hidden},
         )
         # Both wait in one queue for staff: pre-cutoff results that arrived after the seal,
         # and corrections held since the seal.

@@ -179,13 +179,15 @@ def ledger_moved_since(*, season: Season, watermark: Watermark, ties: FirstReach
         ScoreChange.objects.filter(season_id=season.pk)
         .filter(changes_after_q(watermark))
         .order_by("txid", "id")
-        .values_list("player_id", "old_score", "old_reached_at", "old_region")
+        .values_list("player_id", "old_score", "old_reached_at", "old_region", "old_hidden")
     )
     flip = season.board_kind.flip
     for rows in ledger_querysets_each(season=season, queryset=after):
-        for player_id, old_score, old_reached, old_region in rows.iterator(chunk_size=20_000):
+        for player_id, old_score, old_reached, old_region, old_hidden in rows.iterator(chunk_size=20_000):
             if player_id not in moved:
-                moved[player_id] = _value(ties, old_score, old_reached, flip) if old_score is not None else None
+                # Hidden then: on no board at the watermark.
+                moved[player_id] = (_value(ties, old_score, old_reached, flip)
+                                    if old_score is not None and not old_hidden else None)
                 was_in[player_id] = old_region
     current = {p: (value, region) for p, value, region in _scores(season, ties, players=list(moved),
                                                                   regions=regions)}
@@ -243,7 +245,7 @@ def _histogram(season: Season, ties: FirstReached | None = None, *, by_region: b
     the region is "" unless `by_region`."""
     fields = ("score", *(("reached_at",) if ties is not None else ()))
     fields = ("region", *fields) if by_region else fields
-    grouped = (PlayerScore.objects.filter(season_id=season.pk).values(*fields)
+    grouped = (PlayerScore.objects.filter(season_id=season.pk, hidden=False).values(*fields)
                .annotate(n=Count("id")).order_by().values_list(*fields, "n"))
     flip = season.board_kind.flip
     for rows in ledger_querysets_each(season=season, queryset=grouped):
@@ -258,7 +260,7 @@ def ledger_top(*, season: Season, limit: int = 100, moved: Moved | None = None,
     order, as of the watermark `moved` was taken at (its moves as that board sees them):
     each ledger database's first ones, merged by the sort below."""
     moved = moved or {}
-    where = "season_id = %s AND region = %s" if region else "season_id = %s"
+    where = "season_id = %s AND NOT hidden AND region = %s" if region else "season_id = %s AND NOT hidden"
     params: list[Any] = [season.pk, region] if region else [season.pk]
     rows: list[tuple[str, IndexValue]] = []
     flip = season.board_kind.flip
@@ -319,7 +321,8 @@ def _scores(season: Season, ties: FirstReached | None = None, players: list[str]
     given, each asked of the database holding it); the region is read only with `regions`
     ("" otherwise)."""
     columns = ("player_id", "score", *(("reached_at",) if ties is not None else ()), *(("region",) if regions else ()))
-    rows = PlayerScore.objects.filter(season_id=season.pk)
+    # A hidden player is on no board (docs/rules.md, Hidden players): no value.
+    rows = PlayerScore.objects.filter(season_id=season.pk, hidden=False)
     if players is None:
         querysets = ledger_querysets_each(season=season, queryset=rows)
     else:
@@ -618,7 +621,7 @@ def _ledger_spot_check(*, r: redis.Redis, keys: rankview.Keys, season: Season, m
         # two reads lands in `moved` and is left out, instead of reading as a wrong score
         # (these are separate statements, not one snapshot).
         ledger.update((p, (score, region)) for p, score, region in PlayerScore.objects.using(alias).filter(
-            season_id=season.pk, player_id__in=names).values_list("player_id", "score", "region"))
+            season_id=season.pk, player_id__in=names, hidden=False).values_list("player_id", "score", "region"))
         moved.update(ScoreChange.objects.using(alias).filter(season_id=season.pk, player_id__in=names)
                      .filter(changes_after_q(manifest.watermark)).values_list("player_id", flat=True))
     # On a first_reached board the reached_at of these players is checked by the rank and

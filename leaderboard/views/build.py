@@ -96,7 +96,7 @@ def season_copies_build(
     keys = season_keys(season)
     ties = season_ties(season)
     # Counted first: the copies' lookup shards are sized for the players they will hold.
-    total = ledger_rows_count(season=season, queryset=PlayerScore.objects.filter(season_id=season.pk))
+    total = ledger_rows_count(season=season, queryset=PlayerScore.objects.filter(season_id=season.pk, hidden=False))
     shards = lookup_shards_for(players=total, minimum=settings.VIEW_LOOKUP_SHARDS_MIN)
     index = copies[0]
     olds = [old for copy in copies if (old := rankview.copy_meta_load(r, keys, copy)) is not None]
@@ -225,7 +225,8 @@ def _score_batches_of(*, season: Season, alias: str, ties: FirstReached | None, 
         yield from _score_batches_fetched(season=season, alias=alias, ties=ties, regional=regional, size=size,
                                           cursors=cursors, flip=flip)
         return
-    scores = PlayerScore.objects.using(alias).filter(season_id=season.pk)
+    # Hidden players are on no board (docs/rules.md, Hidden players).
+    scores = PlayerScore.objects.using(alias).filter(season_id=season.pk, hidden=False)
     columns: tuple[str, ...] = ("player_id", "score") if ties is None else ("player_id", "score", "reached_at")
     if regional:
         columns = (*columns, "region")
@@ -259,7 +260,7 @@ def _score_batches_fetched(*, season: Season, alias: str, ties: FirstReached | N
         params.append(ties.origin_ms)
     if regional:
         columns.append("region")
-    sql = f"SELECT {', '.join(columns)} FROM leaderboard_playerscore WHERE season_id = %s"
+    sql = f"SELECT {', '.join(columns)} FROM leaderboard_playerscore WHERE season_id = %s AND NOT hidden"
     conn = psycopg.connect(**connections[alias].get_connection_params())
     conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     try:

@@ -275,7 +275,7 @@ def _part_apply(season: Season, r: redis.Redis, keys: rankview.Keys, spec: PartS
                              upto=Watermark.parse(spec.upto), reached=ties is not None, regions=regional)
     tick()
     values = range_values(rows, reached_origin=ties.origin_ms if ties is not None else None, regional=regional,
-                          flip=season.board_kind.flip)
+                          flip=season.board_kind.flip, hidden=True)
     boards = range_deltas(values, layout=meta.layout, regions=meta.boards)
     tick()
     wait = max(0.0, spec.not_before - time.time())

@@ -50,7 +50,8 @@ def player_pending_score(*, season_slug: str, player_id: str, published: Entry |
     One query joined to the season, in "default"; only when that finds no row is the
     season looked at, and the player's row asked of their ledger database if it is
     another (whose tables hold no Season rows to join)."""
-    scores = PlayerScore.objects.filter(player_id=player_id)
+    # A hidden player has nothing pending on any board: they are on none.
+    scores = PlayerScore.objects.filter(player_id=player_id, hidden=False)
     if region is not None:
         scores = scores.filter(region=region)
     row = (

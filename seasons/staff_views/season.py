@@ -31,6 +31,7 @@ from seasons.selectors import season_lifecycle_offer
 from seasons.services import season_kind_set, season_regions_set, season_seal_ingest, season_transition
 from seasons.staff.common import staff_actor
 from seasons.staff.players import selectors as players_sel
+from seasons.staff.players.services import player_hide, player_restore
 from seasons.staff.season import selectors as sel
 from seasons.staff.season.services import reconciliation_trigger
 from seasons.staff_views.common import GET_OR_POST, Done, act, context, staff_required
@@ -270,3 +271,30 @@ def player_name_reset_action(request: HttpRequest, slug: str, player_id: str) ->
         return f"The name {profile.name_blocked!r} was reset; a profile write naming it again keeps no name"
 
     return act(request, f.ReasonForm(request.POST), reset, back=back)
+
+
+@require_POST
+@staff_required("players_moderate")
+def player_hide_action(request: HttpRequest, slug: str, player_id: str) -> HttpResponse:
+    season = get_object_or_404(Season, slug=slug)
+
+    def hide(data: dict[str, Any]) -> str:
+        score = player_hide(season=season, player_id=player_id, actor=staff_actor(request.user), reason=data["reason"])
+        return (f"{player_id} is hidden from every board of {season.slug} from the next version; their score "
+                f"({score.score:,}) still follows their events")
+
+    return act(request, f.ReasonForm(request.POST), hide, back=reverse("staff:player", args=[season.slug, player_id]))
+
+
+@require_POST
+@staff_required("revocation_approve")
+def player_restore_action(request: HttpRequest, slug: str, player_id: str) -> HttpResponse:
+    season = get_object_or_404(Season, slug=slug)
+
+    def restore(data: dict[str, Any]) -> str:
+        score = player_restore(season=season, player_id=player_id, actor=staff_actor(request.user),
+                               reason=data["reason"])
+        return f"{player_id} is restored: the next version shows their current score ({score.score:,}) on every board"
+
+    return act(request, f.ReasonForm(request.POST), restore,
+               back=reverse("staff:player", args=[season.slug, player_id]))

@@ -107,8 +107,10 @@ def db_scores(season: Season) -> dict[str, int]:
 
 
 def db_standings(season: Season) -> Standings:
-    """The reference board: the ranking rules (docs/rules.md, "Ranking") applied to the current-scores table."""
-    return Standings(db_scores(season))
+    """The reference board: the ranking rules (docs/rules.md, "Ranking") applied to the
+    current-scores table, less the players staff hid (docs/rules.md, Hidden players)."""
+    hidden = set(ledger_rows(PlayerScore, season, "player_id", "hidden"))
+    return Standings({p: s for p, s in db_scores(season).items() if (p, True) not in hidden})
 
 
 def change_head(season: Season) -> Watermark:

@@ -144,8 +144,8 @@ def _range_plan(keys: Keys, meta: CopyMeta, values: RangeValues, fields: dict[st
         raw, region_raw = fields[player_id]
         views = _views(raw)
         mine = views[side]
-        text = str(value_token(new))
-        if mine is None or mine.value != text:
+        text = None if new is None else str(value_token(new))  # None: off every board (hidden)
+        if (None if mine is None else mine.value) != text:
             _held_check(player_id, mine, values, resume=resume)
         planned, after = change_plan(copy=side, player_id=player_id, views=views, value=text, place=place)
         if planned:
@@ -207,7 +207,7 @@ def _held_check(player_id: str, mine: Seen | None, values: RangeValues, *, resum
     held = None if mine is None else mine.value
     if held == (None if old is None else str(value_token(old))):
         return
-    if resume and held is not None and held in {str(value_token(v)) for v in values.taken[player_id]}:
+    if resume and held is not None and held in {str(value_token(v)) for v in values.taken[player_id] if v is not None}:
         return
     raise CopyMismatch(f"player {player_id}: the side holds {held!r}, the stream says "
                        f"{None if old is None else value_token(old)!r} before this range")
