@@ -134,12 +134,12 @@ WARM_UP = 20
 def run_round(season: Any, sampled: list[int], *, reads: int, days: int, rnd: random.Random) -> dict[str, list[float]]:
     from rest_framework.test import APIClient
 
-    from leaderboard.history.selectors import player_history_get, snapshot_places
+    from leaderboard.history.selectors import SNAPSHOT_FIELDS, player_history_get, snapshot_places
     from leaderboard.models import PlayerScore, SeasonSnapshot
 
     today = datetime.now(UTC).date()
     newest = SeasonSnapshot.objects.filter(season=season).order_by("-taken_for").values_list(
-        "pk", "taken_for", "version", "total_players").first()
+        *SNAPSHOT_FIELDS).first()
     assert newest is not None
     client = APIClient()
 

@@ -479,6 +479,9 @@ class SeasonSnapshot(models.Model):
     version = models.BigIntegerField()
     total_players = models.BigIntegerField()
     distinct_values = models.BigIntegerField()
+    # The players staff had hidden at that version (docs/rules.md, Hidden players): in no
+    # count of the histogram, and ranked in no history of that hour. A few, not the board.
+    hidden = models.JSONField(default=list)
     taken_at = models.DateTimeField()
     took_ms = models.FloatField()
 

@@ -301,3 +301,32 @@ def test_the_rank_answer_carries_the_rank_of_a_day_before_the_latest_snapshot(
     assert movement_snapshot_name(season=season) is None
     assert fast_get(url.format("a")).json()["rank_24h_ago"] is None
     assert not redis_get().exists(Keys(settings_module().REDIS_KEY_PREFIX, season.slug).moved)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rank_views")
+def test_a_player_hidden_at_a_midnight_has_no_place_that_day_and_counts_for_no_one(
+        season_factory: Callable[..., Season]) -> None:
+    from seasons.staff.players.services import player_hide, player_restore
+    from tests.support.lifecycle import staff
+
+    season = season_factory(slug="hist-hidden")
+    events = Events(season.slug)
+    days = midnights(today=TODAY, days=3)
+    apply_events(season, [events.result("a", 50), events.result("b", 40), events.result("c", 30)])
+    steps = [publish(season)]
+    player_hide(season=season, player_id="b", actor=staff(), reason="exploit")
+    apply_events(season, [events.result("b", 60)])  # applied while hidden: no board shows it
+    steps.append(publish(season))
+    player_restore(season=season, player_id="b", actor=staff(), reason="cleared")
+    steps.append(publish(season))
+    for version, midnight in zip(steps, days, strict=True):
+        Manifest.objects.filter(season=season, version=version).update(published_at=midnight - timedelta(minutes=1))
+    # Taken after the restore: each from the ledger as of its own version, hidden or not.
+    for midnight in days:
+        season_snapshot_take(season=season, taken_for=midnight)
+    assert list(SeasonSnapshot.objects.filter(season=season).order_by("taken_for").values_list(
+        "total_players", "hidden")) == [(3, []), (2, ["b"]), (3, [])]
+    assert [(e["date"], e["rank"], e["score"]) for e in _history(season, "b", 3)] == [
+        (days[0].date().isoformat(), 2, 40), (days[2].date().isoformat(), 1, 60)]
+    assert [(e["rank"], e["total_players"]) for e in _history(season, "c", 3)] == [(3, 3), (2, 2), (3, 3)]

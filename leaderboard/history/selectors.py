@@ -36,14 +36,19 @@ class SnapshotPlace:
                 "total_players": self.total_players, "leaderboard_version": self.version}
 
 
-def snapshot_places(*, season: Season, player_id: str, snapshots: Sequence[tuple[int, datetime, int, int]]
-                    ) -> list[SnapshotPlace]:
-    """The player's place in each of `snapshots` ((id, taken_for, version, total_players),
-    oldest first) where they were ranked: one read of their applied events, one of the
-    chunks holding their values."""
+# A snapshot as its places are read: (id, taken_for, version, total_players, hidden players).
+Snapshot = tuple[int, datetime, int, int, list[str]]
+SNAPSHOT_FIELDS = ("pk", "taken_for", "version", "total_players", "hidden")
+
+
+def snapshot_places(*, season: Season, player_id: str, snapshots: Sequence[Snapshot]) -> list[SnapshotPlace]:
+    """The player's place in each of `snapshots` (oldest first) where they were ranked (not
+    before their first score, nor while staff had them hidden): one read of their applied
+    events, one of the chunks holding their values."""
+    snapshots = [s for s in snapshots if player_id not in s[4]]
     if not snapshots:
         return []
-    newest = max(version for _, _, version, _ in snapshots)
+    newest = max(version for _, _, version, _, _ in snapshots)
     changes = [(published, after) for published, after in ledger_queryset_of_player(
         season=season, player_id=player_id,
         queryset=ScoreEvent.objects.filter(season=season, player_id=player_id, status="applied",
@@ -52,7 +57,7 @@ def snapshot_places(*, season: Season, player_id: str, snapshots: Sequence[tuple
         if published is not None and after is not None]
     flip = season.board_kind.flip
     wanted: list[tuple[int, datetime, int, int, int, int]] = []
-    for pk, taken_for, version, total in snapshots:
+    for pk, taken_for, version, total, _ in snapshots:
         score = value_at(changes, version)
         if score is not None:
             wanted.append((pk, taken_for, version, total, score, score if flip is None else flip - score))
@@ -95,7 +100,7 @@ def player_history_get(*, season: Season, player_id: str, days: int, today: date
     """The player's place at 00:00 UTC of each of the `days` days ending `today`, oldest
     first, for the days they were ranked (and a snapshot was taken)."""
     snapshots = list(SeasonSnapshot.objects.filter(season=season, taken_for__in=midnights(today=today, days=days))
-                     .order_by("taken_for").values_list("pk", "taken_for", "version", "total_players"))
+                     .order_by("taken_for").values_list(*SNAPSHOT_FIELDS))
     return snapshot_places(season=season, player_id=player_id, snapshots=snapshots)
 
 
@@ -128,7 +133,7 @@ def rank_24h_ago_of(r: redis.Redis, *, keys: Keys, player_id: str, reply: Sequen
         if snapshot is None:  # pruned since: the next snapshot names another
             return None
         places = snapshot_places(season=snapshot.season, player_id=player_id, snapshots=[
-            (snapshot.pk, snapshot.taken_for, snapshot.version, snapshot.total_players)])
+            (snapshot.pk, snapshot.taken_for, snapshot.version, snapshot.total_players, snapshot.hidden)])
     except DatabaseError:
         # The rank is Redis's: a database that cannot answer costs the movement (null,
         # not kept), never the read.

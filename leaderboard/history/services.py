@@ -45,14 +45,15 @@ def season_snapshot_take(*, season: Season, taken_for: datetime) -> SeasonSnapsh
         return None
     started = time.perf_counter()
     with ledger_snapshot(season=season):
-        counts = ledger_value_counts(season=season, watermark=manifest.watermark)
+        counts, hidden = ledger_value_counts(season=season, watermark=manifest.watermark)
     chunks = histogram_chunks(counts)
     took_ms = (time.perf_counter() - started) * 1000
     with transaction.atomic():
         snapshot, created = SeasonSnapshot.objects.get_or_create(
             season=season, taken_for=taken_for,
             defaults={"version": manifest.version, "total_players": sum(counts.values()),
-                      "distinct_values": len(counts), "taken_at": timezone.now(), "took_ms": took_ms})
+                      "distinct_values": len(counts), "hidden": hidden, "taken_at": timezone.now(),
+                      "took_ms": took_ms})
         if created:
             rows = []
             for chunk in chunks:

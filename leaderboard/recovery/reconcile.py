@@ -50,6 +50,7 @@ from leaderboard.ledger_reads import (
     ledger_databases_list,
     ledger_players_group,
     ledger_querysets_each,
+    ledger_rows_list,
     ledger_snapshot,
 )
 from leaderboard.models import PlayerScore, ReconciliationRun, ScoreChange
@@ -80,6 +81,8 @@ class LedgerMoves:
 
     values: Moved
     regions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # The moved players staff had hidden at the watermark (their value there is None).
+    hidden: set[str] = field(default_factory=set)
 
     def on_board(self, board: str) -> Moved:
         """The moves as one board sees them ("" the global board): on a regional board a
@@ -175,6 +178,7 @@ def ledger_moved_since(*, season: Season, watermark: Watermark, ties: FirstReach
     """
     moved: dict[str, IndexValue | None] = {}
     was_in: dict[str, str] = {}
+    hidden_then: set[str] = set()
     after = (
         ScoreChange.objects.filter(season_id=season.pk)
         .filter(changes_after_q(watermark))
@@ -188,13 +192,16 @@ def ledger_moved_since(*, season: Season, watermark: Watermark, ties: FirstReach
                 # Hidden then: on no board at the watermark.
                 moved[player_id] = (_value(ties, old_score, old_reached, flip)
                                     if old_score is not None and not old_hidden else None)
+                if old_hidden:
+                    hidden_then.add(player_id)
                 was_in[player_id] = old_region
     current = {p: (value, region) for p, value, region in _scores(season, ties, players=list(moved),
                                                                   regions=regions)}
     values = {p: (current[p][0] if p in current else None, then) for p, then in moved.items()}
     if not regions:
-        return LedgerMoves(values=values)
-    return LedgerMoves(values=values, regions={p: (current[p][1] if p in current else "", was_in[p]) for p in moved})
+        return LedgerMoves(values=values, hidden=hidden_then)
+    return LedgerMoves(values=values, regions={p: (current[p][1] if p in current else "", was_in[p]) for p in moved},
+                       hidden=hidden_then)
 
 
 def _value(ties: FirstReached | None, score: int, reached_at: datetime | None, flip: int | None) -> IndexValue:
@@ -221,12 +228,14 @@ def ledger_histograms(*, season: Season, ties: FirstReached | None, moves: Ledge
     return {name: histogram.finish(moves.on_board(name)) for name, histogram in histograms.items()}
 
 
-def ledger_value_counts(*, season: Season, watermark: Watermark) -> dict[int, int]:
+def ledger_value_counts(*, season: Season, watermark: Watermark) -> tuple[dict[int, int], list[str]]:
     """The global board of a shared-ties season as of `watermark`, value -> players (zero
     counts left out): one GROUP BY over the current scores of each ledger database, less
-    the players' values changed after it. Call it inside `ledger_snapshot`, so both reads
-    describe one moment."""
+    the players' values changed after it; and the players staff had hidden then (left out
+    of the counts). Call it inside `ledger_snapshot`, so the reads describe one moment."""
     moves = ledger_moved_since(season=season, watermark=watermark)
+    hidden = {p for p in ledger_rows_list(season=season, queryset=PlayerScore.objects.filter(
+        season_id=season.pk, hidden=True).values_list("player_id", flat=True)) if p not in moves.values}
     counts: dict[int, int] = {}
     for _, value, n in _histogram(season):
         assert isinstance(value, int)  # shared ties: a value is a score
@@ -236,7 +245,7 @@ def ledger_value_counts(*, season: Season, watermark: Watermark) -> dict[int, in
             counts[now] -= 1  # type: ignore[index]
         if then is not None:
             counts[then] = counts.get(then, 0) + 1  # type: ignore[index, arg-type]
-    return {value: n for value, n in counts.items() if n}
+    return {value: n for value, n in counts.items() if n}, sorted(hidden | moves.hidden)
 
 
 def _histogram(season: Season, ties: FirstReached | None = None, *, by_region: bool = False
