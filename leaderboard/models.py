@@ -129,7 +129,12 @@ class PlayerScore(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["season", "player_id"], name="player_score_unique_player"),
         ]
-        indexes = [models.Index(fields=["season", "score"], name="player_score_by_score")]
+        indexes = [
+            models.Index(fields=["season", "score"], name="player_score_by_score"),
+            # The few hidden players of a season (a snapshot lists them): partial, so the
+            # writes of everyone else pay nothing for it.
+            models.Index(fields=["season"], condition=models.Q(hidden=True), name="player_score_hidden"),
+        ]
 
 
 class ScoreChange(models.Model):

@@ -207,7 +207,8 @@ def _held_check(player_id: str, mine: Seen | None, values: RangeValues, *, resum
     held = None if mine is None else mine.value
     if held == (None if old is None else str(value_token(old))):
         return
-    if resume and held is not None and held in {str(value_token(v)) for v in values.taken[player_id] if v is not None}:
+    # None taken: the range hid the player (off every board), which a resumed apply may have done.
+    if resume and held in {None if v is None else str(value_token(v)) for v in values.taken[player_id]}:
         return
     raise CopyMismatch(f"player {player_id}: the side holds {held!r}, the stream says "
                        f"{None if old is None else value_token(old)!r} before this range")
