@@ -24,7 +24,17 @@ from leaderboard.redis_client import redis_get
 from leaderboard.views import rankview
 from seasons.models import FinalStanding, Season
 from seasons.staff.players.services import HideRefused, player_hide, player_restore
-from tests.support import Events, Profiles, apply_events, assert_matches_ledger, fast_get, keys_of, publish
+from tests.support import (
+    Events,
+    Profiles,
+    apply_events,
+    assert_matches_ledger,
+    db_scores,
+    fast_get,
+    keys_of,
+    ledger_rows,
+    publish,
+)
 from tests.support.lifecycle import finalize, in_season, staff
 
 pytest_plugins = ["tests.support.staff_fixtures"]
@@ -80,7 +90,7 @@ def test_a_hidden_player_is_on_no_board_and_counted_nowhere_until_restored(
     apply_events(season, [events.result("b", 99), events.result("e", 75)])
     publish(season)
     _checked(season)
-    assert PlayerScore.objects.get(season=season, player_id="b").score == 99
+    assert db_scores(season)["b"] == 99
     assert _rank(season, "b")[0] == 404 and _rank(season, "e")[1]["rank"] == 2
     # Restored: their current score, everywhere.
     player_restore(season=season, player_id="b", actor=staff("ann"), reason="false positive: cleared on appeal")
@@ -151,4 +161,4 @@ def test_the_staff_player_page_hides_with_a_reviewer_and_restores_with_an_approv
     assert "hidden from every board" in done and 'id="player-hidden"' in done
     assert reviewer.post(restore, {"reason": "ok"}).status_code == 403
     restored = client_as("approver").post(restore, {"reason": "appeal upheld"}, follow=True).content.decode()
-    assert "restored" in restored and not PlayerScore.objects.get(season=season, player_id="d").hidden
+    assert "restored" in restored and ("d", False) in ledger_rows(PlayerScore, season, "player_id", "hidden")
