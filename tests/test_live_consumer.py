@@ -109,7 +109,7 @@ def test_snapshot_on_connect_then_one_message_per_published_version(season: Seas
         assert psnap["top"] == snap["top"]
         # 150 players, p020 at rank 130 alone: 20 below it.
         assert psnap["player"] == {"player_id": "p020", "ranked": True, "entry": entry, "radius": 3,
-                                   "neighbors": around, "percentile": 13.33}
+                                   "neighbors": around, "percentile": 13.33, "rank_24h_ago": None}
         assert entry is not None and entry["rank"] == 130
 
         # p020 jumps into the top 100 and a newcomer takes first place.
@@ -198,7 +198,7 @@ def test_player_not_on_the_board_then_ranked(season: Season, post_scores: Post) 
         comm = await connect(season.slug, "player_id=later")
         snap = await receive(comm)
         assert snap["player"] == {"player_id": "later", "ranked": False, "entry": None, "radius": 5,
-                                  "neighbors": [], "percentile": None}
+                                  "neighbors": [], "percentile": None, "rank_24h_ago": None}
         await sync_to_async(post_ok)(post_scores, season, [ev.result("later", 50)])
         await apublish(season)
         pushed = await receive(comm)

@@ -146,7 +146,7 @@ def test_payload_and_neighbour_slicing() -> None:
     assert payload["events"][0]["type"] == "rank_changed"
     absent = player_payload("nobody", None, [], 2)
     assert absent == {"player_id": "nobody", "ranked": False, "entry": None, "radius": 2, "neighbors": [],
-                      "percentile": None}
+                      "percentile": None, "rank_24h_ago": None}
 
 
 def test_player_mark_of_an_entry() -> None:

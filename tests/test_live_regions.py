@@ -132,7 +132,7 @@ def test_a_regional_socket_follows_the_regional_top_and_the_players_regional_pla
         other = await receive(stranger)
         # On another region's board: not ranked on this one, as without a score.
         assert other["player"] == {"player_id": na_player, "ranked": False, "entry": None, "radius": 2,
-                                   "neighbors": [], "percentile": None}
+                                   "neighbors": [], "percentile": None, "rank_24h_ago": None}
         whole = await receive(everyone)
         assert "region" not in whole and whole["total_players"] == 30
         assert whole["top"] == await areader_top(slug, None, 1)

@@ -149,14 +149,16 @@ Shown = Callable[[Entry], dict[str, Any]]
 
 def player_payload(player_id: str, entry: Entry | None, neighbors: Sequence[Entry], radius: int,
                    events: list[dict[str, Any]] | None = None, *, shown: Shown = Entry.as_dict,
-                   percentile: float | None = None) -> dict[str, Any]:
+                   percentile: float | None = None, rank_24h_ago: int | None = None) -> dict[str, Any]:
     """The followed player's part of a message: their entry and neighbours as `shown` makes
-    them (with names and tiers, views.names.entry_dict) and their percentile."""
+    them (with names and tiers, views.names.entry_dict), their percentile and their rank a
+    day before (the global board's hourly snapshots)."""
     payload: dict[str, Any] = {
         "player_id": player_id,
         "ranked": entry is not None,
         "entry": None if entry is None else shown(entry),
         "percentile": percentile if entry is not None else None,
+        "rank_24h_ago": rank_24h_ago if entry is not None else None,
         "radius": radius,
         "neighbors": [shown(e) for e in neighbors] if entry is not None else [],
     }
@@ -287,7 +289,7 @@ def splice(common: str, tail: Mapping[str, Any]) -> str:
 def version_text(*, version: int, full: str, diff: str | None, sent_version: int | None,
                  subscription: Subscription, mark: PlayerMark | None, entry: Entry | None = None,
                  window: Sequence[Entry] = (), shown: Shown = Entry.as_dict,
-                 percentile: float | None = None) -> tuple[str, PlayerMark | None]:
+                 percentile: float | None = None, rank_24h_ago: int | None = None) -> tuple[str, PlayerMark | None]:
     """A socket's `version` message and what it then tells its client about its player.
 
     `full` and `diff` are the version's shared fields serialized once (with the full top,
@@ -304,7 +306,7 @@ def version_text(*, version: int, full: str, diff: str | None, sent_version: int
         events = player_events(mark, new_mark) if sent_version is not None else []
         around = neighbors_within(window, entry.position, subscription.radius) if entry is not None else []
         tail["player"] = player_payload(subscription.player_id, entry, around, subscription.radius, events,
-                                        shown=shown, percentile=percentile)
+                                        shown=shown, percentile=percentile, rank_24h_ago=rank_24h_ago)
     common = diff if diff is not None and sent_version == version - 1 else full
     return splice(common, tail), new_mark
 

@@ -16,6 +16,7 @@ from leaderboard.core.history import HistogramChunk, midnights, value_at
 from leaderboard.ledger_reads import ledger_queryset_of_player
 from leaderboard.models import ScoreEvent, SeasonSnapshot
 from leaderboard.views.rankview.keys import Keys
+from leaderboard.views.rankview.wire import round_trip
 from seasons.models import Season
 
 log = logging.getLogger(__name__)
@@ -114,20 +115,42 @@ def player_history_get(*, season: Season, player_id: str, days: int, today: date
 def movement_call(keys: Keys, player_id: str) -> tuple[str, ...]:
     """The one command, sent in the rank read's first round trip, that reads the snapshot
     rank_24h_ago comes from and the player's rank in it when known."""
-    return ("HMGET", keys.moved, "", player_id)
+    return movements_call(keys, [player_id])
+
+
+def movements_call(keys: Keys, player_ids: Sequence[str]) -> tuple[str, ...]:
+    """movement_call for many players (the live board's followed players)."""
+    return ("HMGET", keys.moved, "", *player_ids)
+
+
+def movements_of(player_ids: Sequence[str], reply: Sequence[bytes | None]) -> tuple[dict[str, int | None], list[str]]:
+    """The players' rank_24h_ago kept in Redis, from a movements_call reply, and the players
+    whose rank in the named snapshot is not kept yet (rank_24h_ago_of computes those)."""
+    of, *cached = reply
+    if of is None:
+        return dict.fromkeys(player_ids), []
+    snapshot_id = of.decode()
+    ranks: dict[str, int | None] = {}
+    missing: list[str] = []
+    for player_id, raw in zip(player_ids, cached, strict=True):
+        seen, _, rank = (raw.decode() if raw is not None else "").partition(":")
+        if seen == snapshot_id:
+            ranks[player_id] = int(rank) if rank else None
+        else:
+            ranks[player_id] = None
+            missing.append(player_id)
+    return ranks, missing
 
 
 def rank_24h_ago_of(r: redis.Redis, *, keys: Keys, player_id: str, reply: Sequence[bytes | None]) -> int | None:
     """The player's rank in the snapshot taken 24 hours before the latest one, from a
     movement_call reply; null when there is no such snapshot or it did not rank them."""
-    of, cached = reply
-    if of is None:
-        return None
+    ranks, missing = movements_of([player_id], reply)
+    if not missing:
+        return ranks[player_id]
+    of = reply[0]
+    assert of is not None
     snapshot_id = of.decode()
-    if cached is not None:
-        seen, _, rank = cached.decode().partition(":")
-        if seen == snapshot_id:
-            return int(rank) if rank else None
     try:
         snapshot = SeasonSnapshot.objects.select_related("season").filter(pk=int(snapshot_id)).first()
         if snapshot is None:  # pruned since: the next snapshot names another
@@ -142,3 +165,13 @@ def rank_24h_ago_of(r: redis.Redis, *, keys: Keys, player_id: str, reply: Sequen
     found = places[0].rank if places else None
     r.hset(keys.moved, player_id, f"{snapshot_id}:{'' if found is None else found}")
     return found
+
+
+def movements_fill(r: redis.Redis, *, keys: Keys, player_ids: Sequence[str]) -> int:
+    """Compute and keep the rank_24h_ago of players whose rank is not kept yet (the live
+    board's followers, after the hourly change of snapshot); how many it computed."""
+    (reply,) = round_trip(r, [movements_call(keys, player_ids)])
+    _, missing = movements_of(player_ids, reply)
+    for player_id in missing:
+        rank_24h_ago_of(r, keys=keys, player_id=player_id, reply=[reply[0], None])
+    return len(missing)

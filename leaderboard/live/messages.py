@@ -19,6 +19,7 @@ from channels.db import database_sync_to_async
 from leaderboard.core.live import TOP_LIMIT, Subscription, board_fields, player_payload, recovery_payload
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import entry_shown
+from leaderboard.history.selectors import movement_call, rank_24h_ago_of
 from leaderboard.live.players import PlayerRead, player_shown
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.views import rankview
@@ -50,10 +51,17 @@ def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | No
         manifest, me, window = reader.neighbors(subscription.player_id, subscription.radius)
         kind = manifest.kind
         names = names_read(reader.r, prefix=reader.keys.prefix, player_ids=[e.player_id for e in window])
+        moved = None
+        if me is not None and subscription.region is None:
+            # A follow's first message: computed here (a worker thread) when not kept yet,
+            # so the versions after it find it in Redis.
+            (reply,) = rankview.round_trip(reader.r, [movement_call(reader.keys, subscription.player_id)])
+            moved = rank_24h_ago_of(reader.r, keys=reader.keys, player_id=subscription.player_id, reply=reply)
         return Snapshot(manifest=manifest, top=_top(reader, manifest),
                         player=PlayerRead(entry=None if me is None else entry_shown(kind, me),
                                           window=tuple(entry_shown(kind, e) for e in window),
-                                          radius=subscription.radius, tied=reader.tied, names=names))
+                                          radius=subscription.radius, tied=reader.tied, names=names,
+                                          rank_24h_ago=moved))
     except (rankview.Unavailable, rankview.UnknownRegion):
         return None
 

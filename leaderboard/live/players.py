@@ -25,6 +25,7 @@ from leaderboard.core.ranking import Entry, entry_shown, ranked_values
 from leaderboard.core.slots import bucket_group, shard_group
 from leaderboard.core.tiebreak import IndexValue, index_key, lookup_value, value_score
 from leaderboard.core.tiers import percentile
+from leaderboard.history.selectors import movements_call, movements_of
 from leaderboard.live.redis_async import REDIS_READ_TIMEOUT_SECONDS, Call, pipeline_raw
 from leaderboard.views import rankview
 from leaderboard.views.names import Name, entry_dict, names_call, names_of
@@ -44,6 +45,10 @@ class PlayerRead:
     tied: int = 0
     # Names and countries of the window's players (views.names), read with the window.
     names: Mapping[str, Name] = field(default_factory=dict)
+    # The player's rank in the snapshot a day before the latest (the global board's;
+    # leaderboard.history), and whether it is not kept in Redis yet (None meanwhile).
+    rank_24h_ago: int | None = None
+    movement_missing: bool = False
 
 
 Plan = Generator[list[Call], list[Any], dict[str, "PlayerRead"]]
@@ -120,8 +125,15 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
     if manifest.board:
         # The players' regions in the same round trip; the global board never asks.
         lookups += [("HMGET", keys.region(index_name, shard, groups=groups), *players) for shard, players in shards]
+    # rank_24h_ago of the global board's players rides the first round trip.
+    followed = list(wanted)
+    if not manifest.board:
+        lookups.append(movements_call(keys, followed))
     replies = yield lookups
-    homes = replies[len(shards):] if manifest.board else [[None] * len(players) for _, players in shards]
+    moved, missing = movements_of(followed, replies[-1]) if not manifest.board else ({}, [])
+    gone = set(missing)
+    homes = (replies[len(shards):len(lookups)] if manifest.board
+             else [[None] * len(players) for _, players in shards])
     # Values: scores, or (score, reached_ms) on a first_reached board (core.tiebreak), as
     # the version's side sees them, with the name of the entry that holds each; on a
     # region's board only the players whose region entry names it.
@@ -218,7 +230,8 @@ def players_plan(keys: rankview.Keys, manifest: Manifest, wanted: Mapping[str, i
         # Scores as players see them from here on (an asc board's views hold max_score - score).
         out[player_id] = PlayerRead(entry=entry_shown(manifest.kind, me),
                                     window=tuple(entry_shown(manifest.kind, e) for e in window),
-                                    radius=wanted[player_id], tied=tied_of[player_id], names=names)
+                                    radius=wanted[player_id], tied=tied_of[player_id], names=names,
+                                    rank_24h_ago=moved.get(player_id), movement_missing=player_id in gone)
     return out
 
 
@@ -228,4 +241,5 @@ def player_shown(manifest: Manifest, read: PlayerRead) -> dict[str, Any]:
     names = read.names
     return {"shown": lambda entry: entry_dict(manifest, entry, names),
             "percentile": None if read.entry is None else percentile(rank=read.entry.rank, tied=read.tied,
-                                                                        total=manifest.total)}
+                                                                        total=manifest.total),
+            "rank_24h_ago": read.rank_24h_ago}

@@ -375,43 +375,21 @@
       fillRows(el.meBody, player.neighbors, {});
     }
     el.meSummary.dataset.rank = player.ranked ? String(player.entry.rank) : "";
-    showMovement();
+    showMovement(player);
     // Newest first on the page, and a version's own events in the order they happened.
     (events || []).slice().reverse().forEach(function (event) { addEvent(event, message.leaderboard_version); });
   }
 
-  // Movement: the rank answer's rank_24h_ago (hourly snapshots of the global board), read
-  // when a player is followed and every ten minutes after, set against the live rank.
-  var movement = {player: null, then: null, timer: null};
-
-  function loadMovement() {
-    clearTimeout(movement.timer);
-    movement.player = null;
-    showMovement();
-    var playerId = view.playerId;
-    if (!playerId || view.region) return;
-    fetch("/v1/seasons/" + encodeURIComponent(root.dataset.season) + "/players/" +
-          encodeURIComponent(playerId) + "/rank", {headers: {"Accept": "application/json"}})
-      .then(function (response) { return response.ok ? response.json() : null; })
-      .then(function (body) {
-        if (view.playerId !== playerId) return;
-        movement.player = playerId;
-        movement.then = body ? body.rank_24h_ago : null;
-        showMovement();
-      })
-      .catch(function () { /* no arrow this time; the next try may */ });
-    movement.timer = setTimeout(loadMovement, 600000);
-  }
-
-  function showMovement() {
-    var rank = parseInt(el.meSummary.dataset.rank || "", 10);
-    var known = movement.player === view.playerId && movement.then != null && !isNaN(rank);
-    el.meMovement.hidden = !known;
-    if (!known) return;
-    var moved = movement.then - rank;  // a smaller rank is higher up
+  // Movement: the followed player's rank in the snapshot a day before the latest (the
+  // global board's hourly snapshots), as the socket sends it, set against the live rank.
+  function showMovement(player) {
+    var then = player && player.ranked ? player.rank_24h_ago : null;
+    el.meMovement.hidden = then == null;
+    if (then == null) return;
+    var moved = then - player.entry.rank;  // a smaller rank is higher up
     el.meMovement.dataset.moved = moved > 0 ? "up" : moved < 0 ? "down" : "same";
-    el.meMovement.textContent = moved > 0 ? "▲ up " + moved + " since yesterday (rank " + movement.then + ")" :
-      moved < 0 ? "▼ down " + (-moved) + " since yesterday (rank " + movement.then + ")" :
+    el.meMovement.textContent = moved > 0 ? "▲ up " + moved + " since yesterday (rank " + then + ")" :
+      moved < 0 ? "▼ down " + (-moved) + " since yesterday (rank " + then + ")" :
       "= same rank as yesterday";
   }
 
@@ -486,7 +464,6 @@
     el.meHistory.hidden = true;
     setPlayerQuery(playerId);
     reconnect();
-    loadMovement();
   });
 
   el.clear.addEventListener("click", function () {
@@ -498,7 +475,6 @@
     el.meHistory.hidden = true;
     setPlayerQuery(null);
     reconnect();
-    loadMovement();
   });
 
   var initial = new URL(location.href).searchParams.get("player_id");
@@ -509,5 +485,4 @@
   }
   showSeasonState(root.dataset.state, root.dataset.finalVersion || null);
   connect();
-  loadMovement();
 })();
