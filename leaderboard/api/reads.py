@@ -35,7 +35,7 @@ from leaderboard.core.errors import ReadVersionExpired
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import RADIUS_MAX, Entry, entry_shown, ranked_among
 from leaderboard.core.tiers import percentile
-from leaderboard.history.selectors import movement_call, rank_24h_ago_of
+from leaderboard.history.selectors import movement_call, rank_24h_ago_riding
 from leaderboard.views.names import (
     NO_NAME,
     Name,
@@ -46,7 +46,7 @@ from leaderboard.views.names import (
     top_names_read,
     top_shown,
 )
-from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired, round_trip
+from leaderboard.views.rankview import RankReader, Rider, Unavailable, UnknownRegion, VersionExpired
 from leaderboard.views.selectors import leaderboard_reader, player_friends_get, player_pending_score, read_unavailable
 from seasons.selectors import season_get
 
@@ -257,9 +257,7 @@ def rank_answer(*, season_id: str, player_id: str, query: Query, region: str | N
         else:
             body.update(score=None, rank=None, position=None, percentile=None, tier=None)
         if region is None:
-            moved = (reader.also_replies[1] if reader.also_replies is not None
-                     else round_trip(reader.r, [movement_call(reader.keys, player_id)])[0])
-            body["rank_24h_ago"] = rank_24h_ago_of(reader.r, keys=reader.keys, player_id=player_id, reply=moved)
+            body["rank_24h_ago"] = rank_24h_ago_riding(reader, player_id=player_id, at=1)
         if include_pending:
             body["pending"] = None if pending is None else {
                 "score": pending.score, "score_version": pending.score_version,

@@ -16,6 +16,7 @@ from leaderboard.core.history import HistogramChunk, midnights, value_at
 from leaderboard.ledger_reads import ledger_queryset_of_player
 from leaderboard.models import ScoreEvent, SeasonSnapshot
 from leaderboard.views.rankview.keys import Keys
+from leaderboard.views.rankview.reads import RankReader
 from leaderboard.views.rankview.wire import round_trip
 from seasons.models import Season
 
@@ -165,6 +166,14 @@ def rank_24h_ago_of(r: redis.Redis, *, keys: Keys, player_id: str, reply: Sequen
     found = places[0].rank if places else None
     r.hset(keys.moved, player_id, f"{snapshot_id}:{'' if found is None else found}")
     return found
+
+
+def rank_24h_ago_riding(reader: RankReader, *, player_id: str, at: int) -> int | None:
+    """rank_24h_ago_of the movement_call a read sent as its `at`-th `also` command (in its
+    first round trip); in a round trip of its own when the read needed none."""
+    reply = (reader.also_replies[at] if reader.also_replies is not None
+             else round_trip(reader.r, [movement_call(reader.keys, player_id)])[0])
+    return rank_24h_ago_of(reader.r, keys=reader.keys, player_id=player_id, reply=reply)
 
 
 def movements_fill(r: redis.Redis, *, keys: Keys, player_ids: Sequence[str]) -> int:

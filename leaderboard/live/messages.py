@@ -19,7 +19,7 @@ from channels.db import database_sync_to_async
 from leaderboard.core.live import TOP_LIMIT, Subscription, board_fields, player_payload, recovery_payload
 from leaderboard.core.manifest import Manifest
 from leaderboard.core.ranking import entry_shown
-from leaderboard.history.selectors import movement_call, rank_24h_ago_of
+from leaderboard.history.selectors import movement_call, rank_24h_ago_riding
 from leaderboard.live.players import PlayerRead, player_shown
 from leaderboard.models import ACTIVE_REBUILD_STATUSES, RebuildJob
 from leaderboard.views import rankview
@@ -48,6 +48,8 @@ def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | No
         if subscription.player_id is None:
             manifest, _ = reader.top(TOP_LIMIT)
             return Snapshot(manifest=manifest, top=_top(reader, manifest), player=None)
+        if subscription.region is None:  # the snapshots are of the global board
+            reader.also.append(movement_call(reader.keys, subscription.player_id))
         manifest, me, window = reader.neighbors(subscription.player_id, subscription.radius)
         kind = manifest.kind
         names = names_read(reader.r, prefix=reader.keys.prefix, player_ids=[e.player_id for e in window])
@@ -55,8 +57,7 @@ def snapshot_read(season_slug: str, subscription: Subscription) -> Snapshot | No
         if me is not None and subscription.region is None:
             # A follow's first message: computed here (a worker thread) when not kept yet,
             # so the versions after it find it in Redis.
-            (reply,) = rankview.round_trip(reader.r, [movement_call(reader.keys, subscription.player_id)])
-            moved = rank_24h_ago_of(reader.r, keys=reader.keys, player_id=subscription.player_id, reply=reply)
+            moved = rank_24h_ago_riding(reader, player_id=subscription.player_id, at=0)
         return Snapshot(manifest=manifest, top=_top(reader, manifest),
                         player=PlayerRead(entry=None if me is None else entry_shown(kind, me),
                                           window=tuple(entry_shown(kind, e) for e in window),
