@@ -610,8 +610,9 @@ def _pg_write(*, season_id: int, plan: BatchPlan, client_id: int | None, now: da
         "c_old_reached": _text_array([utc(c.old_reached_at) for c in changes]),
         "c_region": _text_array([regions.get(c.player_id, "") for c in changes]),
         "c_part": _int_array(change_parts := [partitions[c.player_id] for c in changes]),
-        # Null for a player not hidden, as the rows written before the column.
-        "c_hidden": "{" + ",".join("t" if c.player_id in hidden else "NULL" for c in changes) + "}",
+        # Null for a player not hidden, as the rows written before the column; without a
+        # hidden player, an empty array (unnest pads it with nulls): nothing per change.
+        "c_hidden": "{" + ",".join("t" if c.player_id in hidden else "NULL" for c in changes) + "}" if hidden else "{}",
         "parts": _int_array(sorted(set(change_parts))),
     }
     with connections[using].cursor() as cursor:
